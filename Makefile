@@ -1,0 +1,32 @@
+# Everything lives in .venv inside the checkout.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	test -d $(VENV) || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# CPU build of torch; a bare `torch` would pull a multi-GB CUDA build.
+	$(BIN)/pip install -q "torch==2.13.0" || $(BIN)/pip install -q "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/keel demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check server trainer_hooks dashboard tests bench
+
+bench: $(STAMP)
+	$(BIN)/python bench/ingest.py
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,176 @@
+"""The ingest websocket: hello -> welcome, points -> ack (after commit), finish -> bye.
+
+One connection streams one run. Frames are handled in the order they arrive,
+so a client may keep several in flight; each ack follows its commit. Any
+protocol error is answered with an error message and a close code, and never
+touches what was already acknowledged.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+from server.live import LiveHub
+from server.storage import Store, UnknownRun
+from trainer_hooks.protocol import (
+    CLOSE_OVERLOADED,
+    CLOSE_SERVER_FAULT,
+    CLOSE_TOO_LARGE,
+    Limits,
+    ProtocolError,
+    Row,
+    encode_value,
+    parse_finish,
+    parse_hello,
+    parse_points,
+)
+
+log = logging.getLogger("keel.ingest")
+
+PointsListener = Callable[[str, list[Row]], Awaitable[None]]
+"""Called after each commit with the run id and the rows just stored (alert engine seam)."""
+
+
+class IngestState(enum.Enum):
+    AWAIT_HELLO = "await_hello"
+    STREAMING = "streaming"
+    FINISHED = "finished"
+
+
+def rows_json(rows: list[Row]) -> list[dict[str, Any]]:
+    return [
+        {
+            "step": row.step,
+            "time": row.time,
+            "values": {key: encode_value(value) for key, value in row.values.items()},
+        }
+        for row in rows
+    ]
+
+
+class IngestSession:
+    """The server side of one ingest websocket, as an explicit state machine."""
+
+    def __init__(
+        self,
+        websocket: WebSocket,
+        store: Store,
+        hub: LiveHub,
+        limits: Limits,
+        listeners: list[PointsListener],
+    ):
+        self.websocket = websocket
+        self.store = store
+        self.hub = hub
+        self.limits = limits
+        self.listeners = listeners
+        self.state = IngestState.AWAIT_HELLO
+        self.run_id: str | None = None
+
+    async def serve(self) -> None:
+        try:
+            while self.state is not IngestState.FINISHED:
+                message = await self._receive()
+                if message is None:
+                    return
+                await self._dispatch(message)
+        except ProtocolError as exc:
+            await self._fail(exc.to_message(), exc.close_code)
+        except WebSocketDisconnect:
+            return
+        except Exception:
+            log.exception("ingest failed for run %s", self.run_id)
+            await self._fail(
+                {"type": "error", "code": "server_fault", "message": "internal error; retry"},
+                CLOSE_SERVER_FAULT,
+            )
+
+    async def _receive(self) -> dict[str, Any] | None:
+        event = await self.websocket.receive()
+        if event["type"] == "websocket.disconnect":
+            return None
+        raw = event.get("text")
+        if raw is None:
+            raw = event.get("bytes") or b""
+        if len(raw) > self.limits.max_frame_bytes:
+            raise ProtocolError(
+                f"frame of {len(raw)} bytes exceeds the limit of {self.limits.max_frame_bytes}",
+                code="too_large",
+                close_code=CLOSE_TOO_LARGE,
+            )
+        try:
+            message = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise ProtocolError(f"frame is not valid JSON: {exc}") from None
+        if not isinstance(message, dict) or not isinstance(message.get("type"), str):
+            raise ProtocolError("frame must be a JSON object with a string 'type'")
+        return message
+
+    async def _dispatch(self, message: dict[str, Any]) -> None:
+        kind = message["type"]
+        if self.state is IngestState.AWAIT_HELLO:
+            info = parse_hello(message, self.limits)
+            acked_seq = await self.store.open_run(info, time.time())
+            self.run_id = info.id
+            self.state = IngestState.STREAMING
+            await self._send({"type": "welcome", "run_id": info.id, "acked_seq": acked_seq})
+            return
+        assert self.run_id is not None
+        if kind == "points":
+            seq, rows = parse_points(message, self.limits)
+            result = await self.store.write_points(self.run_id, rows, time.time(), seq=seq)
+            await self._send({"type": "ack", "seq": seq})
+            if result.stored:
+                await self._after_commit(rows)
+        elif kind == "finish":
+            status = parse_finish(message)
+            await self.store.finish_run(self.run_id, status, time.time())
+            self.hub.publish(self.run_id, {"type": "status", "run_id": self.run_id, "status": status})
+            await self._send({"type": "bye"})
+            self.state = IngestState.FINISHED
+            await self.websocket.close(1000)
+        elif kind == "hello":
+            raise ProtocolError("hello was already received on this connection")
+        else:
+            raise ProtocolError(f"unknown message type {kind[:40]!r}")
+
+    async def _after_commit(self, rows: list[Row]) -> None:
+        assert self.run_id is not None
+        self.hub.publish(self.run_id, {"type": "points", "run_id": self.run_id, "rows": rows_json(rows)})
+        for listener in self.listeners:
+            try:
+                await listener(self.run_id, rows)
+            except Exception:
+                # A listener (alert engine) failing must not fail ingest: data is committed.
+                log.exception("points listener failed for run %s", self.run_id)
+
+    async def _send(self, message: dict[str, Any]) -> None:
+        await self.websocket.send_text(orjson.dumps(message).decode())
+
+    async def _fail(self, message: dict[str, Any], close_code: int) -> None:
+        if self.websocket.application_state is WebSocketState.CONNECTED:
+            try:
+                await self._send(message)
+                await self.websocket.close(close_code)
+            except (WebSocketDisconnect, RuntimeError):
+                pass
+
+
+async def refuse_overloaded(websocket: WebSocket) -> None:
+    await websocket.accept()
+    await websocket.send_text(
+        orjson.dumps(
+            {"type": "error", "code": "overloaded", "message": "too many ingest connections; retry later"}
+        ).decode()
+    )
+    await websocket.close(CLOSE_OVERLOADED)
+
+
+__all__ = ["IngestSession", "IngestState", "PointsListener", "UnknownRun", "refuse_overloaded", "rows_json"]

@@ -1,0 +1,70 @@
+"""In-process live fan-out: committed points and alert changes to browser subscribers.
+
+Publishing never waits on a subscriber: each has a bounded queue, and one that
+falls behind is dropped (its page reconnects and reloads history over REST).
+Across replicas the same hub would be fed by PostgreSQL LISTEN/NOTIFY; the
+ingest path only ever calls `publish`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from typing import Any
+
+__all__ = ["LiveHub", "Subscription"]
+
+ALL_RUNS = "*"
+
+
+class Subscription:
+    def __init__(self, hub: LiveHub, run_ids: frozenset[str], maxsize: int):
+        self.hub = hub
+        self.run_ids = run_ids
+        self.queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(maxsize=maxsize)
+        self.dropped = False
+
+    def offer(self, message: dict[str, Any]) -> None:
+        if self.dropped:
+            return
+        try:
+            self.queue.put_nowait(message)
+        except asyncio.QueueFull:
+            self.dropped = True
+            self.hub.unsubscribe(self)
+            # Wake the reader so it notices it was dropped.
+            self.queue.get_nowait()
+            self.queue.put_nowait(None)
+
+    async def get(self) -> dict[str, Any] | None:
+        """The next message, or None once this subscriber has been dropped."""
+        return await self.queue.get()
+
+
+class LiveHub:
+    def __init__(self, queue_size: int = 1000):
+        self.queue_size = queue_size
+        self._by_run: dict[str, set[Subscription]] = defaultdict(set)
+
+    def subscribe(self, run_ids: frozenset[str] | None) -> Subscription:
+        """Subscribe to some runs, or to every run when `run_ids` is None."""
+        subscription = Subscription(self, run_ids or frozenset({ALL_RUNS}), self.queue_size)
+        for run_id in subscription.run_ids:
+            self._by_run[run_id].add(subscription)
+        return subscription
+
+    def unsubscribe(self, subscription: Subscription) -> None:
+        for run_id in subscription.run_ids:
+            subscribers = self._by_run.get(run_id)
+            if subscribers is not None:
+                subscribers.discard(subscription)
+                if not subscribers:
+                    del self._by_run[run_id]
+
+    def publish(self, run_id: str, message: dict[str, Any]) -> None:
+        for subscription in (*self._by_run.get(run_id, ()), *self._by_run.get(ALL_RUNS, ())):
+            subscription.offer(message)
+
+    @property
+    def subscriber_count(self) -> int:
+        return len({s for subs in self._by_run.values() for s in subs})

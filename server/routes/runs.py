@@ -1,0 +1,95 @@
+"""Runs, their metric keys and series (REST)."""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+from fastapi import APIRouter, HTTPException, Query, Request
+
+from server.deps import HubDep, SettingsDep, StoreDep
+from server.ingest import rows_json
+from server.schemas import KeyOut, PointsWritten, RunDetail, RunOut, SeriesOut
+from server.storage import UnknownRun
+from trainer_hooks.protocol import CLOSE_TOO_LARGE, ProtocolError, parse_rows
+
+router = APIRouter(tags=["runs"])
+
+
+def _not_found(run_id: str) -> HTTPException:
+    return HTTPException(status_code=404, detail=f"run {run_id!r} not found")
+
+
+@router.get("/runs", response_model=list[RunOut])
+async def list_runs(
+    store: StoreDep,
+    settings: SettingsDep,
+    project: str | None = None,
+    group: str | None = None,
+    status: str | None = Query(None, description="running, finished, failed, killed or stale"),
+) -> list[RunOut]:
+    now = time.time()
+    runs = [
+        RunOut.from_run(run, now=now, stale_after_s=settings.stale_after_s)
+        for run in await store.list_runs(project=project, group=group)
+    ]
+    return [run for run in runs if status is None or run.status == status]
+
+
+@router.get("/runs/{run_id}", response_model=RunDetail)
+async def get_run(run_id: str, store: StoreDep, settings: SettingsDep) -> RunDetail:
+    try:
+        run = await store.get_run(run_id)
+    except UnknownRun:
+        raise _not_found(run_id) from None
+    return RunDetail.from_run(run, now=time.time(), stale_after_s=settings.stale_after_s)
+
+
+@router.get("/runs/{run_id}/keys", response_model=list[KeyOut])
+async def run_keys(run_id: str, store: StoreDep) -> list[KeyOut]:
+    try:
+        return [KeyOut.from_info(info) for info in await store.keys(run_id)]
+    except UnknownRun:
+        raise _not_found(run_id) from None
+
+
+@router.get("/runs/{run_id}/series", response_model=SeriesOut, response_model_exclude_none=True)
+async def run_series(
+    run_id: str,
+    store: StoreDep,
+    key: str,
+    max_points: int = Query(1000, ge=1, le=100_000),
+    start: int | None = Query(None, ge=0),
+    end: int | None = Query(None, ge=0),
+) -> SeriesOut:
+    try:
+        data = await store.series(run_id, key, max_points=max_points, start=start, end=end)
+    except UnknownRun:
+        raise _not_found(run_id) from None
+    return SeriesOut.from_data(data)
+
+
+@router.post("/runs/{run_id}/points", response_model=PointsWritten)
+async def post_points(
+    run_id: str, request: Request, store: StoreDep, settings: SettingsDep, hub: HubDep
+) -> PointsWritten:
+    body = await request.body()
+    if len(body) > settings.max_frame_bytes:
+        raise HTTPException(413, f"body of {len(body)} bytes exceeds {settings.max_frame_bytes}")
+    try:
+        payload = orjson.loads(body)
+        if not isinstance(payload, dict):
+            raise ProtocolError("body must be a JSON object {\"rows\": [...]}")
+        rows = parse_rows(payload.get("rows"), settings.limits)
+    except orjson.JSONDecodeError as exc:
+        raise HTTPException(400, f"body is not valid JSON: {exc}") from None
+    except ProtocolError as exc:
+        raise HTTPException(413 if exc.close_code == CLOSE_TOO_LARGE else 422, str(exc)) from None
+    try:
+        result = await store.write_points(run_id, rows, time.time())
+    except UnknownRun:
+        raise _not_found(run_id) from None
+    hub.publish(run_id, {"type": "points", "run_id": run_id, "rows": rows_json(rows)})
+    for listener in request.app.state.points_listeners:
+        await listener(run_id, rows)
+    return PointsWritten(stored_rows=len(rows), last_step=result.last_step)

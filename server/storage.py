@@ -1,0 +1,337 @@
+"""Storage: the only module that writes SQL. Runs, their series and points.
+
+Writes are one transaction per frame: the run row is locked, points go in with
+one bulk statement that ignores (series, step) pairs already stored (resends
+are no-ops, a point keeps its first value), and the run's `acked_seq` moves in
+the same transaction, so an ack always means "committed".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select, text, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+
+from server.db import is_sqlite, session_factory
+from server.models import Point, Run, Series
+from trainer_hooks.protocol import RunInfo, Row
+
+__all__ = ["Store", "UnknownRun", "WriteResult", "SeriesData", "KeyInfo"]
+
+
+class UnknownRun(LookupError):
+    pass
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    stored: bool
+    """False when the frame's seq was already acknowledged (nothing written)."""
+    acked_seq: int
+    last_step: int | None
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    key: str
+    count: int
+    last_step: int | None
+
+
+@dataclass(frozen=True)
+class SeriesData:
+    key: str
+    downsampled: bool
+    steps: list[int]
+    values: list[float]
+    mins: list[float] | None = None
+    maxs: list[float] | None = None
+
+
+_PG_INSERT_POINTS = text(
+    "INSERT INTO points (series_id, step, value, wall_time) "
+    "SELECT * FROM unnest(CAST(:series_ids AS integer[]), CAST(:steps AS bigint[]), "
+    "CAST(:vals AS double precision[]), CAST(:times AS double precision[])) "
+    "ON CONFLICT DO NOTHING"
+)
+_SQLITE_INSERT_POINT = text(
+    "INSERT OR IGNORE INTO points (series_id, step, value, wall_time) VALUES (:s, :t, :v, :w)"
+)
+# Bucketed downsampling in SQL: per bucket keep the last step and its value,
+# plus min, max and the number of NaNs (stored as NULL), so a single spike or
+# a single NaN in a million points survives a 100-point read.
+_BUCKETS = text(
+    "WITH b AS ("
+    "  SELECT step, value, ((step - CAST(:lo AS BIGINT)) * CAST(:n AS BIGINT)) / CAST(:span AS BIGINT) AS bucket"
+    "  FROM points WHERE series_id = :sid AND step >= :lo AND step <= :hi),"
+    " agg AS ("
+    "  SELECT bucket, MAX(step) AS last_step, MIN(value) AS vmin, MAX(value) AS vmax,"
+    "         SUM(CASE WHEN value IS NULL THEN 1 ELSE 0 END) AS nans"
+    "  FROM b GROUP BY bucket)"
+    " SELECT agg.last_step, p.value, agg.vmin, agg.vmax, agg.nans"
+    " FROM agg JOIN points p ON p.series_id = :sid AND p.step = agg.last_step"
+    " ORDER BY agg.last_step"
+)
+
+
+def _stored(value: float) -> float | None:
+    return None if math.isnan(value) else value
+
+
+def _loaded(value: float | None) -> float:
+    return math.nan if value is None else float(value)
+
+
+class Store:
+    def __init__(self, engine: AsyncEngine):
+        self.engine = engine
+        self.sessions = session_factory(engine)
+        self.sqlite = is_sqlite(engine)
+        # SQLite has a single writer; serialising here avoids lock-timeout errors.
+        self._write_lock = asyncio.Lock()
+        self._series_ids: dict[tuple[str, str], int] = {}
+
+    @asynccontextmanager
+    async def _writing(self) -> AsyncIterator[AsyncSession]:
+        if self.sqlite:
+            async with self._write_lock, self.sessions() as session, session.begin():
+                yield session
+        else:
+            async with self.sessions() as session, session.begin():
+                yield session
+
+    async def ping(self) -> None:
+        async with self.sessions() as session:
+            await session.execute(text("SELECT 1"))
+
+    # -- writes -----------------------------------------------------------------
+
+    async def open_run(self, info: RunInfo, now: float) -> int:
+        """Create the run, or resume it (config kept). Returns its acked seq."""
+        async with self._writing() as session:
+            run = await session.get(Run, info.id, with_for_update=not self.sqlite)
+            if run is None:
+                session.add(
+                    Run(
+                        id=info.id,
+                        name=info.name,
+                        project=info.project,
+                        group=info.group,
+                        config=info.config,
+                        tags=list(info.tags),
+                        status="running",
+                        acked_seq=-1,
+                        last_step=None,
+                        started_at=now,
+                        last_seen_at=now,
+                        finished_at=None,
+                    )
+                )
+                return -1
+            run.status = "running"
+            run.last_seen_at = now
+            run.finished_at = None
+            return run.acked_seq
+
+    async def finish_run(self, run_id: str, status: str, now: float) -> None:
+        async with self._writing() as session:
+            result = await session.execute(
+                update(Run)
+                .where(Run.id == run_id)
+                .values(status=status, finished_at=now, last_seen_at=now)
+            )
+            if result.rowcount == 0:  # type: ignore[attr-defined]
+                raise UnknownRun(run_id)
+
+    async def write_points(
+        self, run_id: str, rows: list[Row], now: float, seq: int | None = None
+    ) -> WriteResult:
+        """Store rows idempotently. With `seq` (websocket frames) a frame already
+        acknowledged is not written again; without it (REST) only (series, step)
+        idempotency applies."""
+        async with self._writing() as session:
+            query = select(Run.acked_seq, Run.last_step).where(Run.id == run_id)
+            if not self.sqlite:
+                query = query.with_for_update()
+            head = (await session.execute(query)).first()
+            if head is None:
+                raise UnknownRun(run_id)
+            acked_seq, last_step = head
+            if seq is not None and seq <= acked_seq:
+                return WriteResult(stored=False, acked_seq=acked_seq, last_step=last_step)
+            keys = {key for row in rows for key in row.values}
+            series_ids = await self._ensure_series(session, run_id, keys)
+            await self._insert_points(session, rows, series_ids, now)
+            steps = [row.step for row in rows]
+            if steps:
+                last_step = max(steps) if last_step is None else max(last_step, *steps)
+            if seq is not None:
+                acked_seq = max(acked_seq, seq)
+            await session.execute(
+                update(Run)
+                .where(Run.id == run_id)
+                .values(acked_seq=acked_seq, last_step=last_step, last_seen_at=now)
+            )
+        # Only cache ids once their transaction has committed.
+        for key, series_id in series_ids.items():
+            self._series_ids[(run_id, key)] = series_id
+        return WriteResult(stored=True, acked_seq=acked_seq, last_step=last_step)
+
+    async def _ensure_series(
+        self, session: AsyncSession, run_id: str, keys: Iterable[str]
+    ) -> dict[str, int]:
+        ids: dict[str, int] = {}
+        missing: list[str] = []
+        for key in keys:
+            cached = self._series_ids.get((run_id, key))
+            if cached is None:
+                missing.append(key)
+            else:
+                ids[key] = cached
+        if missing:
+            insert = sqlite_insert if self.sqlite else pg_insert
+            await session.execute(
+                insert(Series)
+                .values([{"run_id": run_id, "key": key} for key in missing])
+                .on_conflict_do_nothing(index_elements=["run_id", "key"])
+            )
+            found = await session.execute(
+                select(Series.key, Series.id).where(
+                    Series.run_id == run_id, Series.key.in_(missing)
+                )
+            )
+            ids.update({key: series_id for key, series_id in found.tuples()})
+        return ids
+
+    async def _insert_points(
+        self, session: AsyncSession, rows: list[Row], series_ids: dict[str, int], now: float
+    ) -> None:
+        if not any(row.values for row in rows):
+            return
+        if self.sqlite:
+            params = [
+                {"s": series_ids[key], "t": row.step, "v": _stored(value), "w": row.time or now}
+                for row in rows
+                for key, value in row.values.items()
+            ]
+            await session.execute(_SQLITE_INSERT_POINT, params)
+            return
+        sids: list[int] = []
+        steps: list[int] = []
+        vals: list[float | None] = []
+        times: list[float] = []
+        for row in rows:
+            wall_time = row.time or now
+            for key, value in row.values.items():
+                sids.append(series_ids[key])
+                steps.append(row.step)
+                vals.append(_stored(value))
+                times.append(wall_time)
+        await session.execute(
+            _PG_INSERT_POINTS, {"series_ids": sids, "steps": steps, "vals": vals, "times": times}
+        )
+
+    # -- reads ------------------------------------------------------------------
+
+    async def list_runs(
+        self,
+        *,
+        project: str | None = None,
+        group: str | None = None,
+        ids: list[str] | None = None,
+    ) -> list[Run]:
+        query = select(Run).order_by(Run.started_at.desc())
+        if project is not None:
+            query = query.where(Run.project == project)
+        if group is not None:
+            query = query.where(Run.group == group)
+        if ids is not None:
+            query = query.where(Run.id.in_(ids))
+        async with self.sessions() as session:
+            return list((await session.scalars(query)).all())
+
+    async def get_run(self, run_id: str) -> Run:
+        async with self.sessions() as session:
+            run = await session.get(Run, run_id)
+        if run is None:
+            raise UnknownRun(run_id)
+        return run
+
+    async def keys(self, run_id: str) -> list[KeyInfo]:
+        query = (
+            select(Series.key, func.count(Point.step), func.max(Point.step))
+            .select_from(Series)
+            .outerjoin(Point, Point.series_id == Series.id)
+            .where(Series.run_id == run_id)
+            .group_by(Series.key)
+            .order_by(Series.key)
+        )
+        async with self.sessions() as session:
+            if await session.get(Run, run_id) is None:
+                raise UnknownRun(run_id)
+            result = await session.execute(query)
+            return [KeyInfo(key, int(count), last) for key, count, last in result.tuples()]
+
+    async def series(
+        self,
+        run_id: str,
+        key: str,
+        *,
+        max_points: int,
+        start: int | None = None,
+        end: int | None = None,
+    ) -> SeriesData:
+        async with self.sessions() as session:
+            if await session.get(Run, run_id) is None:
+                raise UnknownRun(run_id)
+            series_id = await session.scalar(
+                select(Series.id).where(Series.run_id == run_id, Series.key == key)
+            )
+            if series_id is None:
+                return SeriesData(key=key, downsampled=False, steps=[], values=[])
+            where = [Point.series_id == series_id]
+            if start is not None:
+                where.append(Point.step >= start)
+            if end is not None:
+                where.append(Point.step <= end)
+            count, lo, hi = (
+                await session.execute(
+                    select(func.count(), func.min(Point.step), func.max(Point.step)).where(*where)
+                )
+            ).one()
+            if count <= max_points:
+                result = await session.execute(
+                    select(Point.step, Point.value).where(*where).order_by(Point.step)
+                )
+                steps, values = [], []
+                for step, value in result.tuples():
+                    steps.append(step)
+                    values.append(_loaded(value))
+                return SeriesData(key=key, downsampled=False, steps=steps, values=values)
+            result = await session.execute(
+                _BUCKETS,
+                {"sid": series_id, "lo": lo, "hi": hi, "n": max_points, "span": hi - lo + 1},
+            )
+            return _buckets(key, result.tuples())
+
+
+def _buckets(key: str, rows: Iterable[tuple[Any, ...]]) -> SeriesData:
+    steps: list[int] = []
+    values: list[float] = []
+    mins: list[float] = []
+    maxs: list[float] = []
+    for last_step, last_value, vmin, vmax, nans in rows:
+        steps.append(int(last_step))
+        values.append(_loaded(last_value))
+        # NaN orders above +inf (as in PostgreSQL): a bucket holding a NaN has max NaN.
+        maxs.append(math.nan if nans else _loaded(vmax))
+        mins.append(_loaded(vmin))
+    return SeriesData(key=key, downsampled=True, steps=steps, values=values, mins=mins, maxs=maxs)

@@ -1,0 +1,257 @@
+"""Wire protocol v1: message shapes, value encoding and validation.
+
+Stdlib only: shared by the trainer-side client and the server, so each rule of
+the protocol is written once. See docs/protocol.md for the prose version.
+
+A metric value on the wire is a JSON number or one of the strings "nan",
+"inf", "-inf" (JSON has no non-finite numbers). Non-finite values are data.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "CLOSE_MALFORMED",
+    "CLOSE_AUTH",
+    "CLOSE_TOO_LARGE",
+    "CLOSE_OVERLOADED",
+    "CLOSE_SERVER_FAULT",
+    "RUN_STATUSES",
+    "FINISH_STATUSES",
+    "Limits",
+    "ProtocolError",
+    "RunInfo",
+    "Row",
+    "encode_value",
+    "decode_value",
+    "parse_hello",
+    "parse_rows",
+    "parse_points",
+    "parse_finish",
+    "hello_message",
+    "points_message",
+    "finish_message",
+]
+
+PROTOCOL_VERSION = 1
+
+CLOSE_MALFORMED = 4400
+CLOSE_AUTH = 4401
+CLOSE_TOO_LARGE = 4413
+CLOSE_OVERLOADED = 1013
+CLOSE_SERVER_FAULT = 1011
+
+FINISH_STATUSES = ("finished", "failed", "killed")
+RUN_STATUSES = ("running", *FINISH_STATUSES)
+
+_NON_FINITE_IN = {"nan": math.nan, "inf": math.inf, "+inf": math.inf, "-inf": -math.inf}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on what one message may carry; the server enforces them."""
+
+    max_frame_bytes: int = 8 * 1024 * 1024
+    """Largest accepted websocket message or POST body, in bytes."""
+    max_rows: int = 10_000
+    """Rows per points frame."""
+    max_keys_per_row: int = 1_000
+    """Metric keys in one row's `values`."""
+    max_key_length: int = 200
+    """Characters in one metric key."""
+    max_name_length: int = 200
+    """Characters in a run name, project, group or tag."""
+
+
+class ProtocolError(ValueError):
+    """A message that breaks the protocol. `close_code` is what the server closes with."""
+
+    def __init__(self, message: str, *, code: str = "malformed", close_code: int = CLOSE_MALFORMED):
+        super().__init__(message)
+        self.code = code
+        self.close_code = close_code
+
+    def to_message(self) -> dict[str, Any]:
+        return {"type": "error", "code": self.code, "message": str(self)}
+
+
+@dataclass
+class RunInfo:
+    id: str
+    name: str
+    project: str = "default"
+    group: str | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    tags: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "project": self.project,
+            "group": self.group,
+            "config": self.config,
+            "tags": list(self.tags),
+        }
+
+
+@dataclass
+class Row:
+    step: int
+    time: float | None
+    values: dict[str, float]
+
+
+def encode_value(value: float) -> float | str:
+    """A float as the wire carries it: finite numbers as numbers, the rest as strings."""
+    if math.isfinite(value):
+        return value
+    if math.isnan(value):
+        return "nan"
+    return "inf" if value > 0 else "-inf"
+
+
+def decode_value(raw: Any) -> float:
+    """A wire value back to a float. Raises ProtocolError for anything else."""
+    if isinstance(raw, bool):
+        raise ProtocolError("metric values must be numbers, not booleans")
+    if isinstance(raw, (int, float)):
+        return float(raw)
+    if isinstance(raw, str):
+        decoded = _NON_FINITE_IN.get(raw.strip().lower())
+        if decoded is not None:
+            return decoded
+        raise ProtocolError(f"metric value {raw[:40]!r} is not a number, 'nan', 'inf' or '-inf'")
+    raise ProtocolError(f"metric value of type {type(raw).__name__} is not a number")
+
+
+def _require_dict(obj: Any, what: str) -> dict[str, Any]:
+    if not isinstance(obj, dict):
+        raise ProtocolError(f"{what} must be a JSON object")
+    return obj
+
+
+def _short_str(obj: Any, what: str, limits: Limits, *, optional: bool = False) -> str | None:
+    if obj is None and optional:
+        return None
+    if not isinstance(obj, str) or not obj:
+        raise ProtocolError(f"{what} must be a non-empty string")
+    if len(obj) > limits.max_name_length:
+        raise ProtocolError(f"{what} is longer than {limits.max_name_length} characters")
+    return obj
+
+
+def parse_hello(msg: Any, limits: Limits = Limits()) -> RunInfo:
+    msg = _require_dict(msg, "hello")
+    if msg.get("type") != "hello":
+        raise ProtocolError("the first message must be {'type': 'hello', ...}")
+    if msg.get("protocol") != PROTOCOL_VERSION:
+        raise ProtocolError(
+            f"unsupported protocol {msg.get('protocol')!r}; this server speaks {PROTOCOL_VERSION}",
+            code="unsupported_protocol",
+        )
+    run = _require_dict(msg.get("run"), "hello.run")
+    run_id = _short_str(run.get("id"), "run.id", limits)
+    assert run_id is not None
+    name = _short_str(run.get("name", run_id), "run.name", limits)
+    assert name is not None
+    project = _short_str(run.get("project", "default"), "run.project", limits)
+    assert project is not None
+    group = _short_str(run.get("group"), "run.group", limits, optional=True)
+    config = run.get("config") or {}
+    if not isinstance(config, dict):
+        raise ProtocolError("run.config must be a JSON object")
+    tags = run.get("tags") or []
+    if not isinstance(tags, list):
+        raise ProtocolError("run.tags must be a list of strings")
+    for tag in tags:
+        _short_str(tag, "a tag", limits)
+    return RunInfo(id=run_id, name=name, project=project, group=group, config=config, tags=tags)
+
+
+def parse_rows(rows: Any, limits: Limits = Limits()) -> list[Row]:
+    """Validate the `rows` array of a points frame or POST body, all or nothing."""
+    if not isinstance(rows, list):
+        raise ProtocolError("rows must be a list")
+    if len(rows) > limits.max_rows:
+        raise ProtocolError(
+            f"{len(rows)} rows in one frame; the limit is {limits.max_rows}",
+            code="too_large",
+            close_code=CLOSE_TOO_LARGE,
+        )
+    parsed: list[Row] = []
+    for index, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise ProtocolError(f"rows[{index}] must be a JSON object")
+        step = row.get("step")
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0 or step >= 2**62:
+            raise ProtocolError(f"rows[{index}].step must be a non-negative integer")
+        wall_time = row.get("time")
+        if wall_time is not None:
+            if isinstance(wall_time, bool) or not isinstance(wall_time, (int, float)):
+                raise ProtocolError(f"rows[{index}].time must be a number (unix seconds)")
+            wall_time = float(wall_time)
+            if not math.isfinite(wall_time):
+                raise ProtocolError(f"rows[{index}].time must be finite")
+        values = row.get("values")
+        if not isinstance(values, dict):
+            raise ProtocolError(f"rows[{index}].values must be a JSON object")
+        if len(values) > limits.max_keys_per_row:
+            raise ProtocolError(
+                f"rows[{index}] has {len(values)} keys; the limit is {limits.max_keys_per_row}",
+                code="too_large",
+                close_code=CLOSE_TOO_LARGE,
+            )
+        decoded: dict[str, float] = {}
+        for key, raw in values.items():
+            if not key or len(key) > limits.max_key_length:
+                raise ProtocolError(
+                    f"rows[{index}]: metric key must be 1..{limits.max_key_length} characters"
+                )
+            try:
+                decoded[key] = decode_value(raw)
+            except ProtocolError as exc:
+                raise ProtocolError(f"rows[{index}].values[{key!r}]: {exc}") from None
+        parsed.append(Row(step=step, time=wall_time, values=decoded))
+    return parsed
+
+
+def parse_points(msg: dict[str, Any], limits: Limits = Limits()) -> tuple[int, list[Row]]:
+    seq = msg.get("seq")
+    if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0:
+        raise ProtocolError("points.seq must be a non-negative integer")
+    return seq, parse_rows(msg.get("rows"), limits)
+
+
+def parse_finish(msg: dict[str, Any]) -> str:
+    status = msg.get("status", "finished")
+    if status not in FINISH_STATUSES:
+        raise ProtocolError(f"finish.status must be one of {', '.join(FINISH_STATUSES)}")
+    return str(status)
+
+
+def hello_message(run: RunInfo) -> dict[str, Any]:
+    return {"type": "hello", "protocol": PROTOCOL_VERSION, "run": run.to_json()}
+
+
+def points_message(seq: int, rows: list[Row]) -> dict[str, Any]:
+    return {
+        "type": "points",
+        "seq": seq,
+        "rows": [
+            {
+                "step": row.step,
+                **({"time": row.time} if row.time is not None else {}),
+                "values": {key: encode_value(value) for key, value in row.values.items()},
+            }
+            for row in rows
+        ],
+    }
+
+
+def finish_message(status: str = "finished") -> dict[str, Any]:
+    return {"type": "finish", "status": status}
