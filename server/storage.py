@@ -208,7 +208,7 @@ class Store:
                     Series.run_id == run_id, Series.key.in_(missing)
                 )
             )
-            ids.update({key: series_id for key, series_id in found.tuples()})
+            ids.update({key: series_id for key, series_id in found})
         return ids
 
     async def _insert_points(
@@ -278,7 +278,7 @@ class Store:
             if await session.get(Run, run_id) is None:
                 raise UnknownRun(run_id)
             result = await session.execute(query)
-            return [KeyInfo(key, int(count), last) for key, count, last in result.tuples()]
+            return [KeyInfo(key, int(count), last) for key, count, last in result]
 
     async def series(
         self,
@@ -312,7 +312,7 @@ class Store:
                     select(Point.step, Point.value).where(*where).order_by(Point.step)
                 )
                 steps, values = [], []
-                for step, value in result.tuples():
+                for step, value in result:
                     steps.append(step)
                     values.append(_loaded(value))
                 return SeriesData(key=key, downsampled=False, steps=steps, values=values)
@@ -320,7 +320,7 @@ class Store:
                 _BUCKETS,
                 {"sid": series_id, "lo": lo, "hi": hi, "n": max_points, "span": hi - lo + 1},
             )
-            return _buckets(key, result.tuples())
+            return _buckets(key, result)
 
 
 def _buckets(key: str, rows: Iterable[tuple[Any, ...]]) -> SeriesData:

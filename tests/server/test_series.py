@@ -1,0 +1,75 @@
+"""Series reads: exact ranges and SQL-side downsampling that keeps extremes."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+
+import httpx
+
+from server import db
+from server.storage import Store
+from tests.server.wire import new_run, series
+from trainer_hooks.protocol import Row, RunInfo
+
+N = 1_000_000
+
+
+async def _bulk_load(database_url: str, run_id: str, values: dict[int, float], n: int) -> None:
+    """Load a long series through the same storage path the ingest socket uses."""
+    store = Store(db.create_engine(database_url))
+    try:
+        await store.open_run(RunInfo(id=run_id, name="long"), time.time())
+        chunk = 100_000
+        for start in range(0, n, chunk):
+            rows = [Row(step=s, time=0.0, values={"x": values.get(s, math.sin(s / 1000))}) for s in range(start, min(n, start + chunk))]
+            await store.write_points(run_id, rows, time.time())
+    finally:
+        await store.engine.dispose()
+
+
+def test_one_spike_in_a_million_steps_survives_a_100_point_read(server) -> None:
+    run_id = new_run()["id"]
+    spike_step, dip_step, nan_step = 654_321, 123_457, 900_001
+    asyncio.run(_bulk_load(server.database_url, run_id, {spike_step: math.inf, dip_step: -5.0, nan_step: math.nan}, N))
+
+    data = series(server, run_id, "x", max_points=100)
+    assert data["downsampled"] is True
+    assert 95 <= len(data["steps"]) <= 100
+    assert len(data["values"]) == len(data["min"]) == len(data["max"]) == len(data["steps"])
+    assert data["steps"] == sorted(data["steps"]) and data["steps"][-1] == N - 1
+    assert data["max"].count("inf") == 1
+    assert data["min"].count(-5.0) == 1
+    assert data["max"].count("nan") == 1
+    # The bucket holding each extreme is the one whose last step bounds it.
+    inf_bucket = data["max"].index("inf")
+    assert data["steps"][inf_bucket - 1] < spike_step <= data["steps"][inf_bucket]
+    dip_bucket = data["min"].index(-5.0)
+    assert data["steps"][dip_bucket - 1] < dip_step <= data["steps"][dip_bucket]
+    # Bucket value = the value at its last step.
+    assert data["values"][-1] == math.sin((N - 1) / 1000)
+    # Every other bucket's extremes stay within the sine's range.
+    finite_max = [m for m in data["max"] if isinstance(m, float)]
+    assert max(finite_max) <= 1.0 and min(data["min"]) == -5.0
+
+    # Zooming on the spike returns it at full resolution.
+    zoom = series(server, run_id, "x", max_points=1000, start=spike_step - 10, end=spike_step + 10)
+    assert zoom["downsampled"] is False
+    assert zoom["steps"] == list(range(spike_step - 10, spike_step + 11))
+    assert zoom["values"][10] == "inf"
+
+
+def test_range_reads_and_unknown_series(server) -> None:
+    run_id = new_run()["id"]
+    asyncio.run(_bulk_load(server.database_url, run_id, {}, 50))
+    data = series(server, run_id, "x", start=10, end=14)
+    assert data == {"key": "x", "downsampled": False, "steps": [10, 11, 12, 13, 14], "values": [math.sin(s / 1000) for s in range(10, 15)]}
+    assert series(server, run_id, "missing") == {"key": "missing", "downsampled": False, "steps": [], "values": []}
+    down = series(server, run_id, "x", max_points=5)
+    assert down["steps"] == [9, 19, 29, 39, 49]
+    assert down["min"] == [math.sin(s / 1000) for s in (0, 10, 20, 30, 40)]
+    assert down["max"] == [math.sin(s / 1000) for s in (9, 19, 29, 39, 49)]
+    response = httpx.get(f"{server.url}/api/v1/runs/nope/series", params={"key": "x"})
+    assert response.status_code == 404
+    assert httpx.get(f"{server.url}/api/v1/runs/{run_id}/series", params={"key": "x", "max_points": 0}).status_code == 422
