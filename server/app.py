@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, FastAPI
-from fastapi.responses import HTMLResponse
 
+from dashboard import mount_dashboard
 from server import db
 from server.config import Settings
 from server.ingest import PointsListener
@@ -52,8 +52,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(api)
     app.include_router(health.router)
 
-    @app.get("/", include_in_schema=False)
-    async def index() -> HTMLResponse:
-        return HTMLResponse("<!doctype html><title>Keel</title><h1>Keel</h1><p>API at <a href='/docs'>/docs</a>.</p>")
-
+    mount_dashboard(app, settings)
     return app

@@ -62,7 +62,109 @@ def _db(args: argparse.Namespace) -> int:
     return 0
 
 
+DEMO_ARMS = ("importance_sampling", "cispo")
+
+
+def _add_demo(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--port", type=int, default=8750)
+    parser.add_argument("--step-delay", type=float, default=0.15, help="seconds between toy steps")
+    parser.add_argument("--database-url", default=None, help="default: a fresh ~/.keel/demo.db")
+
+
+def _wait_for_runs(base: str, names: set[str], stop: object, timeout_s: float = 120.0) -> list[str]:
+    """Ids of the runs with these names once they have all said hello (newest first), or []."""
+    import threading
+    import time
+
+    import httpx
+
+    assert isinstance(stop, threading.Event)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not stop.is_set():
+        try:
+            runs = httpx.get(f"{base}/api/v1/runs", timeout=5).json()
+        except httpx.HTTPError:
+            runs = []
+        found: dict[str, str] = {}
+        for run in runs:
+            found.setdefault(run["name"], run["id"])
+        if names <= found.keys():
+            return [found[name] for name in sorted(names)]
+        stop.wait(1.0)
+    return []
+
+
+def _demo(args: argparse.Namespace) -> int:
+    """Serve on the embedded database and stream an A/B experiment of toy runs, round after round."""
+    import subprocess
+    import sys
+    import threading
+    from pathlib import Path
+
+    import uvicorn
+
+    from server.app import create_app
+    from server.config import Settings
+
+    database_url = args.database_url
+    if database_url is None:
+        demo_db = Path.home() / ".keel" / "demo.db"
+        for leftover in demo_db.parent.glob("demo.db*"):
+            leftover.unlink()
+        database_url = f"sqlite:///{demo_db}"
+    settings = Settings(database_url=database_url, port=args.port, stale_after_s=30)
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), host=settings.host, port=settings.port, log_level="warning"))
+    children: list[subprocess.Popen[bytes]] = []
+    stop = threading.Event()
+
+    def experiment() -> None:
+        while not server.started:
+            if stop.wait(0.1):
+                return
+        base = settings.base_url
+        round_index = 0
+        while not stop.is_set():
+            seeds = [3 * round_index + s for s in range(3)]
+            print(
+                f"keel demo: round {round_index + 1}: {' vs '.join(DEMO_ARMS)} at lag 8, severe mismatch, seeds {seeds}",
+                flush=True,
+            )
+            children[:] = [
+                subprocess.Popen(
+                    [sys.executable, "-m", "server", "sim", "--loss", loss, "--lag", "8", "--mismatch", "severe",
+                     "--seed", str(seed), "--steps", "600", "--step-delay", str(args.step_delay), "--server", base,
+                     "--name", f"{loss}-lag8-severe-s{seed}"],
+                    stdout=subprocess.DEVNULL,
+                )
+                for loss in DEMO_ARMS
+                for seed in seeds
+            ]
+            names = {f"{loss}-lag8-severe-s{seed}" for loss in DEMO_ARMS for seed in seeds}
+            run_ids = _wait_for_runs(base, names, stop)
+            if run_ids:
+                print(f"keel demo: compare live at {base}/compare?runs={','.join(run_ids)}", flush=True)
+            for child in children:
+                while child.poll() is None:
+                    if stop.wait(0.5):
+                        return
+            round_index += 1
+
+    launcher = threading.Thread(target=experiment, daemon=True)
+    launcher.start()
+    print(f"keel demo: dashboard at {settings.base_url}/  (Ctrl-C to stop)", flush=True)
+    try:
+        server.run()
+    finally:
+        stop.set()
+        for child in children:
+            child.terminate()
+        for child in children:
+            child.wait(timeout=10)
+    return 0
+
+
 COMMANDS = {
+    "demo": ("Serve on the embedded database and stream a live A/B experiment of toy runs.", _add_demo, _demo),
     "serve": ("Run the Keel server (ingest, API, dashboard).", _add_serve, _serve),
     "db": ("Database maintenance (migrations).", _add_db, _db),
 }
