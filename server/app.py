@@ -2,21 +2,34 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, FastAPI
 
 from dashboard import mount_dashboard
 from server import db
+from server.alerts.engine import AlertEngine
 from server.config import Settings
 from server.ingest import PointsListener
 from server.live import LiveHub
+from server.routes import alerts as alert_routes
 from server.routes import health, runs, streams
 from server.storage import Store
+from server.webhooks.delivery import DeliveryWorker, RetryPolicy
 
 log = logging.getLogger("keel.server")
+
+
+async def _every(period_s: float, job: Callable[[], Awaitable[None]]) -> None:
+    while True:
+        await asyncio.sleep(period_s)
+        try:
+            await job()
+        except Exception:
+            log.exception("periodic job failed")
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -27,10 +40,28 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if settings.migrate_on_start:
             await db.upgrade_async(settings.database_url)
         engine = db.create_engine(settings.database_url)
-        app.state.store = Store(engine)
+        store = Store(engine)
+        deliveries = DeliveryWorker(
+            store,
+            allow_private=settings.allow_private_webhooks,
+            timeout_s=settings.webhook_timeout_s,
+            policy=RetryPolicy(max_attempts=settings.webhook_max_attempts, base_s=settings.webhook_retry_base_s),
+        )
+        alerts = AlertEngine(store, app.state.hub, base_url=settings.base_url, on_outbox=deliveries.wake)
+        app.state.store, app.state.alerts, app.state.deliveries = store, alerts, deliveries
+        listeners.append(alerts.on_points)
+        tasks = [
+            asyncio.create_task(deliveries.run_forever(), name="keel-webhooks"),
+            asyncio.create_task(_every(settings.silence_check_s, alerts.check_silent_runs), name="keel-silence"),
+        ]
         try:
             yield
         finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            listeners.remove(alerts.on_points)
+            await deliveries.close()
             await engine.dispose()
 
     app = FastAPI(
@@ -49,6 +80,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     api = APIRouter(prefix="/api/v1")
     api.include_router(runs.router)
     api.include_router(streams.router)
+    api.include_router(alert_routes.router)
     app.include_router(api)
     app.include_router(health.router)
 

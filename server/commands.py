@@ -27,6 +27,12 @@ def _add_serve(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=None, help="port (default 8750)")
     _add_database_url(parser)
     parser.add_argument("--log-level", default="info")
+    parser.add_argument(
+        "--allow-private-webhooks",
+        action="store_true",
+        default=None,
+        help="allow webhook URLs on loopback/private addresses (local receivers)",
+    )
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -34,7 +40,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from server.app import create_app
 
-    settings = _settings(args, host=args.host, port=args.port)
+    settings = _settings(args, host=args.host, port=args.port, allow_private_webhooks=args.allow_private_webhooks)
     print(f"keel: serving on http://{settings.host}:{settings.port}  (database: {settings.database_url})", flush=True)
     uvicorn.run(
         create_app(settings),

@@ -35,6 +35,14 @@ class Settings(BaseSettings):
     max_key_length: int = 200
     max_ingest_connections: int = 512
     """Ingest websockets beyond this are refused with close code 1013 (retry later)."""
+    allow_private_webhooks: bool = False
+    """Allow webhook URLs on loopback/private/link-local addresses (local receivers, tests)."""
+    silence_check_s: float = 5.0
+    """How often running runs are checked for having gone silent."""
+    webhook_timeout_s: float = 5.0
+    webhook_retry_base_s: float = 1.0
+    """First retry delay; doubles per attempt (with jitter) up to 10 minutes."""
+    webhook_max_attempts: int = 10
     live_queue_size: int = 1_000
     """Messages buffered per live subscriber; a subscriber that falls further behind is dropped."""
 

@@ -7,6 +7,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     Double,
     ForeignKey,
     Integer,
@@ -73,3 +74,119 @@ class Point(Base):
     step: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     value: Mapped[float | None] = mapped_column(Double)
     wall_time: Mapped[float] = mapped_column(Double)
+
+
+class Project(Base):
+    """A project seen by the server; its default alert rules are installed on first sight."""
+
+    __tablename__ = "projects"
+
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    created_at: Mapped[float] = mapped_column(Double)
+
+
+class Rule(Base):
+    """An alert rule: a detector with parameters on a metric, scoped to a project, group or run."""
+
+    __tablename__ = "rules"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(200))
+    project: Mapped[str | None] = mapped_column(String(200), index=True)
+    group: Mapped[str | None] = mapped_column("group_name", String(200))
+    run_id: Mapped[str | None] = mapped_column(String(200))
+    metric: Mapped[str] = mapped_column(String(200))
+    detector: Mapped[str] = mapped_column(String(50))
+    params: Mapped[dict[str, Any]] = mapped_column(JSON)
+    severity: Mapped[str] = mapped_column(String(16))
+    for_steps: Mapped[int] = mapped_column(Integer)
+    """Consecutive steps the condition must hold before pending becomes firing."""
+    keep_firing_for: Mapped[int] = mapped_column(Integer)
+    """Consecutive clear steps before a firing alert resolves (hysteresis)."""
+    enabled: Mapped[bool] = mapped_column(Boolean)
+    builtin: Mapped[bool] = mapped_column(Boolean)
+    created_at: Mapped[float] = mapped_column(Double)
+
+
+class RuleState(Base):
+    """Detector and lifecycle state of one rule on one run, so evaluation survives restarts."""
+
+    __tablename__ = "rule_states"
+
+    rule_id: Mapped[int] = mapped_column(ForeignKey("rules.id", ondelete="CASCADE"), primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    state: Mapped[dict[str, Any]] = mapped_column(JSON)
+    last_step: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class Alert(Base):
+    """One episode of a rule on a run: pending -> firing -> resolved."""
+
+    __tablename__ = "alerts"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    fingerprint: Mapped[str] = mapped_column(String(64), index=True)
+    """Stable identity of (rule, run): repeated episodes share it."""
+    rule_id: Mapped[int | None] = mapped_column(ForeignKey("rules.id", ondelete="SET NULL"))
+    rule_name: Mapped[str] = mapped_column(String(200))
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    metric: Mapped[str] = mapped_column(String(200))
+    severity: Mapped[str] = mapped_column(String(16))
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    started_step: Mapped[int | None] = mapped_column(BigInteger)
+    fired_step: Mapped[int | None] = mapped_column(BigInteger)
+    resolved_step: Mapped[int | None] = mapped_column(BigInteger)
+    value: Mapped[float | None] = mapped_column(Double)
+    message: Mapped[str] = mapped_column(String(1000))
+    started_at: Mapped[float] = mapped_column(Double)
+    resolved_at: Mapped[float | None] = mapped_column(Double)
+    silenced: Mapped[bool] = mapped_column(Boolean)
+    acknowledged_at: Mapped[float | None] = mapped_column(Double)
+    acknowledged_by: Mapped[str | None] = mapped_column(String(200))
+
+
+class Silence(Base):
+    """Mutes notifications of alerts whose labels match every matcher, for a bounded time."""
+
+    __tablename__ = "silences"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    matchers: Mapped[dict[str, str]] = mapped_column(JSON)
+    starts_at: Mapped[float] = mapped_column(Double)
+    ends_at: Mapped[float] = mapped_column(Double)
+    comment: Mapped[str] = mapped_column(String(1000))
+    created_by: Mapped[str] = mapped_column(String(200))
+
+
+class Webhook(Base):
+    __tablename__ = "webhooks"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    url: Mapped[str] = mapped_column(String(2000))
+    format: Mapped[str] = mapped_column(String(20))
+    secret: Mapped[str] = mapped_column(String(200))
+    """Signing secret (whsec_...). Returned once, at creation."""
+    enabled: Mapped[bool] = mapped_column(Boolean)
+    disabled_reason: Mapped[str | None] = mapped_column(String(500))
+    created_at: Mapped[float] = mapped_column(Double)
+
+
+class Delivery(Base):
+    """The webhook outbox: one row per (webhook, event), written with the alert change."""
+
+    __tablename__ = "deliveries"
+    __table_args__ = (UniqueConstraint("webhook_id", "event_id", name="uq_deliveries_webhook_id_event_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    webhook_id: Mapped[int] = mapped_column(ForeignKey("webhooks.id", ondelete="CASCADE"), index=True)
+    event_id: Mapped[str] = mapped_column(String(100))
+    """Sent as webhook-id; stable across retries so receivers can deduplicate."""
+    event_type: Mapped[str] = mapped_column(String(50))
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    """pending, delivered, failed (gave up) or dropped (hook disabled)."""
+    attempts: Mapped[int] = mapped_column(Integer)
+    next_attempt_at: Mapped[float] = mapped_column(Double, index=True)
+    last_error: Mapped[str | None] = mapped_column(String(1000))
+    created_at: Mapped[float] = mapped_column(Double)
+    delivered_at: Mapped[float | None] = mapped_column(Double)

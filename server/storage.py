@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from server.db import is_sqlite, session_factory
 from server.models import Point, Run, Series
-from trainer_hooks.protocol import RunInfo, Row
+from trainer_hooks.protocol import Row, RunInfo
 
 __all__ = ["Store", "UnknownRun", "WriteResult", "SeriesData", "KeyInfo"]
 
@@ -100,7 +100,7 @@ class Store:
         self._series_ids: dict[tuple[str, str], int] = {}
 
     @asynccontextmanager
-    async def _writing(self) -> AsyncIterator[AsyncSession]:
+    async def writing(self) -> AsyncIterator[AsyncSession]:
         if self.sqlite:
             async with self._write_lock, self.sessions() as session, session.begin():
                 yield session
@@ -116,7 +116,7 @@ class Store:
 
     async def open_run(self, info: RunInfo, now: float) -> int:
         """Create the run, or resume it (config kept). Returns its acked seq."""
-        async with self._writing() as session:
+        async with self.writing() as session:
             run = await session.get(Run, info.id, with_for_update=not self.sqlite)
             if run is None:
                 session.add(
@@ -142,7 +142,7 @@ class Store:
             return run.acked_seq
 
     async def finish_run(self, run_id: str, status: str, now: float) -> None:
-        async with self._writing() as session:
+        async with self.writing() as session:
             result = await session.execute(
                 update(Run)
                 .where(Run.id == run_id)
@@ -157,7 +157,7 @@ class Store:
         """Store rows idempotently. With `seq` (websocket frames) a frame already
         acknowledged is not written again; without it (REST) only (series, step)
         idempotency applies."""
-        async with self._writing() as session:
+        async with self.writing() as session:
             query = select(Run.acked_seq, Run.last_step).where(Run.id == run_id)
             if not self.sqlite:
                 query = query.with_for_update()

@@ -7,7 +7,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -67,6 +67,7 @@ class RunningServer:
     ws_url: str
     database_url: str
     app: object
+    stop: Callable[[], None]
 
 
 class _ServerThread:
@@ -99,11 +100,13 @@ class _ServerThread:
             ws_url=f"ws://127.0.0.1:{self.port}",
             database_url=self.settings.database_url,
             app=self.app,
+            stop=lambda: self.__exit__(None, None, None),
         )
 
     def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=15)
+        if self.thread.is_alive():
+            self.server.should_exit = True
+            self.thread.join(timeout=15)
 
 
 @pytest.fixture

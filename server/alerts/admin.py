@@ -1,0 +1,192 @@
+"""CRUD for rules, alerts (list, acknowledge), silences and webhooks."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from sqlalchemy import select
+
+from server.alerts import repository
+from server.alerts.rules import SEVERITIES, build_detector
+from server.models import Alert, Delivery, Rule, Run, Silence, Webhook
+from server.storage import Store
+from server.webhooks import signing
+from server.webhooks.formats import FORMATS
+
+
+class NotFound(LookupError):
+    pass
+
+
+def rule_json(rule: Rule) -> dict[str, Any]:
+    return {
+        "id": rule.id, "name": rule.name, "project": rule.project, "group": rule.group, "run_id": rule.run_id,
+        "metric": rule.metric, "detector": rule.detector, "params": rule.params, "severity": rule.severity,
+        "for_steps": rule.for_steps, "keep_firing_for": rule.keep_firing_for, "enabled": rule.enabled, "builtin": rule.builtin,
+    }
+
+
+def validate_rule(fields: dict[str, Any]) -> None:
+    build_detector(fields["detector"], fields["metric"], fields.get("params") or {})
+    if fields["severity"] not in SEVERITIES:
+        raise ValueError(f"severity must be one of {', '.join(SEVERITIES)}")
+    if fields["for_steps"] < 0 or fields["keep_firing_for"] < 0:
+        raise ValueError("for_steps and keep_firing_for must be >= 0")
+
+
+async def list_rules(store: Store, project: str | None) -> list[Rule]:
+    query = select(Rule).order_by(Rule.id)
+    if project is not None:
+        query = query.where(Rule.project == project)
+    async with store.sessions() as session:
+        return list((await session.scalars(query)).all())
+
+
+async def create_rule(store: Store, fields: dict[str, Any]) -> Rule:
+    validate_rule(fields)
+    async with store.writing() as session:
+        rule = Rule(**fields, builtin=False, created_at=time.time())
+        session.add(rule)
+    return rule
+
+
+async def update_rule(store: Store, rule_id: int, changes: dict[str, Any]) -> Rule:
+    async with store.writing() as session:
+        rule = await session.get(Rule, rule_id)
+        if rule is None:
+            raise NotFound(f"rule {rule_id} not found")
+        merged = {**rule_json(rule), **changes}
+        validate_rule(merged)
+        evaluation_changed = any(k in changes for k in ("metric", "detector", "params"))
+        for key, value in changes.items():
+            setattr(rule, key, value)
+        if evaluation_changed:
+            # Old detector state means nothing to a different detector.
+            await repository.delete_rule_states(session, rule_id)
+    return rule
+
+
+async def delete_rule(store: Store, rule_id: int) -> None:
+    async with store.writing() as session:
+        rule = await session.get(Rule, rule_id)
+        if rule is None:
+            raise NotFound(f"rule {rule_id} not found")
+        await session.delete(rule)
+
+
+async def list_alerts(
+    store: Store, *, run_id: str | None, state: str | None, severity: str | None, project: str | None, limit: int
+) -> list[Alert]:
+    query = select(Alert).order_by(Alert.id.desc()).limit(limit)
+    if run_id is not None:
+        query = query.where(Alert.run_id == run_id)
+    if state is not None:
+        query = query.where(Alert.state == state)
+    if severity is not None:
+        query = query.where(Alert.severity == severity)
+    if project is not None:
+        query = query.join(Run, Run.id == Alert.run_id).where(Run.project == project)
+    async with store.sessions() as session:
+        return list((await session.scalars(query)).all())
+
+
+async def acknowledge(store: Store, alert_id: int, by: str) -> Alert:
+    async with store.writing() as session:
+        alert = await session.get(Alert, alert_id)
+        if alert is None:
+            raise NotFound(f"alert {alert_id} not found")
+        alert.acknowledged_at, alert.acknowledged_by = time.time(), by
+    return alert
+
+
+def silence_json(silence: Silence, now: float) -> dict[str, Any]:
+    return {
+        "id": silence.id, "matchers": silence.matchers, "starts_at": silence.starts_at, "ends_at": silence.ends_at,
+        "comment": silence.comment, "created_by": silence.created_by, "active": silence.starts_at <= now < silence.ends_at,
+    }
+
+
+async def create_silence(store: Store, matchers: dict[str, str], starts_at: float, ends_at: float, comment: str, created_by: str) -> Silence:
+    if not matchers:
+        raise ValueError("a silence needs at least one matcher")
+    if ends_at <= starts_at:
+        raise ValueError("ends_at must be after starts_at")
+    async with store.writing() as session:
+        silence = Silence(matchers=matchers, starts_at=starts_at, ends_at=ends_at, comment=comment, created_by=created_by)
+        session.add(silence)
+    return silence
+
+
+async def list_silences(store: Store) -> list[Silence]:
+    async with store.sessions() as session:
+        return list((await session.scalars(select(Silence).order_by(Silence.id.desc()))).all())
+
+
+async def expire_silence(store: Store, silence_id: int) -> Silence:
+    async with store.writing() as session:
+        silence = await session.get(Silence, silence_id)
+        if silence is None:
+            raise NotFound(f"silence {silence_id} not found")
+        silence.ends_at = min(silence.ends_at, time.time())
+    return silence
+
+
+def webhook_json(hook: Webhook) -> dict[str, Any]:
+    return {"id": hook.id, "url": hook.url, "format": hook.format, "enabled": hook.enabled, "disabled_reason": hook.disabled_reason}
+
+
+async def create_webhook(store: Store, url: str, format_name: str, secret: str | None) -> Webhook:
+    if format_name not in FORMATS:
+        raise ValueError(f"format must be one of {', '.join(FORMATS)}")
+    secret = secret or signing.new_secret()
+    signing.validate_secret(secret)
+    async with store.writing() as session:
+        hook = Webhook(url=url, format=format_name, secret=secret, enabled=True, disabled_reason=None, created_at=time.time())
+        session.add(hook)
+    return hook
+
+
+async def list_webhooks(store: Store) -> list[Webhook]:
+    async with store.sessions() as session:
+        return list((await session.scalars(select(Webhook).order_by(Webhook.id))).all())
+
+
+async def delete_webhook(store: Store, hook_id: int) -> None:
+    async with store.writing() as session:
+        hook = await session.get(Webhook, hook_id)
+        if hook is None:
+            raise NotFound(f"webhook {hook_id} not found")
+        await session.delete(hook)
+
+
+async def queue_test_event(store: Store, hook_id: int, base_url: str) -> Delivery:
+    now = time.time()
+    async with store.writing() as session:
+        hook = await session.get(Webhook, hook_id)
+        if hook is None:
+            raise NotFound(f"webhook {hook_id} not found")
+        event_id = f"evt_test_{uuid.uuid4().hex}"
+        payload = {
+            "type": "test",
+            "timestamp": repository._iso(now),
+            "alert": {
+                "id": 0, "run_id": "00000000-0000-0000-0000-000000000000", "run_name": "example-run", "project": "default",
+                "group": None, "rule": "test event", "metric": "mismatch/kl", "severity": "info", "state": "firing",
+                "step": 0, "value": 0.0, "started_step": 0, "resolved_step": None, "fired_step": 0,
+                "message": "Keel test event: this webhook is configured correctly.", "fingerprint": "test",
+                "started_at": repository._iso(now), "resolved_at": None, "url": f"{base_url}/compare?runs=",
+                "rule_id": None, "silenced": False, "acknowledged_at": None, "acknowledged_by": None,
+            },
+        }
+        delivery = repository.outbox_row(hook.id, event_id, "test", payload, now)
+        session.add(delivery)
+    return delivery
+
+
+async def list_deliveries(store: Store, hook_id: int, limit: int = 100) -> list[Delivery]:
+    async with store.sessions() as session:
+        return list(
+            (await session.scalars(select(Delivery).where(Delivery.webhook_id == hook_id).order_by(Delivery.id.desc()).limit(limit))).all()
+        )

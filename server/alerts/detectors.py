@@ -1,0 +1,165 @@
+"""Detectors: pure, incremental, O(1) per point.
+
+A detector is built from a rule's metric and parameters. Its state is a JSON
+dict (persisted per rule and run, so evaluation survives restarts). `update`
+takes the state and one step's values (every metric logged at that step) and
+returns a Signal, or None when the step carries nothing it watches.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+__all__ = ["Signal", "Detector", "NonFinite", "Threshold", "Climb", "Silent", "RobustBaseline"]
+
+MAD_TO_SIGMA = 1.4826
+
+
+@dataclass(frozen=True)
+class Signal:
+    active: bool
+    value: float
+    """The watched metric's value at this step (what notifications report)."""
+    message: str
+
+
+class Detector:
+    kind: ClassVar[str]
+    defaults: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, metric: str, params: Mapping[str, Any] | None = None):
+        self.metric = metric
+        unknown = set(params or {}) - set(self.defaults)
+        if unknown:
+            raise ValueError(f"{self.kind}: unknown parameter(s) {sorted(unknown)}; known: {sorted(self.defaults)}")
+        self.params = {**self.defaults, **(params or {})}
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ValueError for parameters that make no sense."""
+
+    def initial_state(self) -> dict[str, Any]:
+        return {}
+
+    def update(self, state: dict[str, Any], step: int, values: Mapping[str, float]) -> Signal | None:
+        raise NotImplementedError
+
+
+def _positive(params: dict[str, Any], *names: str) -> None:
+    for name in names:
+        value = params[name]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"parameter {name!r} must be a positive number, got {value!r}")
+
+
+class NonFinite(Detector):
+    """Any NaN or ±Inf among the metrics matching the rule's comma-separated glob patterns."""
+
+    kind = "non_finite"
+
+    def update(self, state: dict[str, Any], step: int, values: Mapping[str, float]) -> Signal | None:
+        patterns = [p.strip() for p in self.metric.split(",") if p.strip()]
+        watched = {k: v for k, v in values.items() if any(fnmatch.fnmatchcase(k, p) for p in patterns)}
+        if not watched:
+            return None
+        bad = sorted(k for k, v in watched.items() if not math.isfinite(v))
+        if bad:
+            return Signal(True, watched[bad[0]], f"non-finite {', '.join(f'{k}={watched[k]}' for k in bad)} at step {step}")
+        return Signal(False, next(iter(watched.values())), "all finite")
+
+
+class Threshold(Detector):
+    """value > threshold (or < with op "<"); once active it clears only past `resolve_at` (hysteresis)."""
+
+    kind = "threshold"
+    defaults: ClassVar[dict[str, Any]] = {"op": ">", "threshold": 0.0, "resolve_at": None}
+
+    def validate(self) -> None:
+        if self.params["op"] not in (">", "<"):
+            raise ValueError("parameter 'op' must be '>' or '<'")
+        for name in ("threshold", "resolve_at"):
+            value = self.params[name]
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise ValueError(f"parameter {name!r} must be a number")
+
+    def update(self, state: dict[str, Any], step: int, values: Mapping[str, float]) -> Signal | None:
+        value = values.get(self.metric)
+        if value is None or math.isnan(value):
+            return None
+        above = self.params["op"] == ">"
+        limit = self.params["threshold"]
+        if state.get("active") and self.params["resolve_at"] is not None:
+            limit = self.params["resolve_at"]
+        active = value > limit if above else value < limit
+        state["active"] = active
+        return Signal(active, value, f"{self.metric} = {value:.4g} {'>' if above else '<'} {limit:.4g}" if active else "within bounds")
+
+
+class RobustBaseline:
+    """Median/MAD of the first `warmup` finite values, then frozen. State lives in the caller's dict."""
+
+    @staticmethod
+    def z(state: dict[str, Any], x: float, warmup: int, min_scale: float) -> float | None:
+        """Standardised x, or None while still warming up (x is then added to the warm-up sample)."""
+        if "median" not in state:
+            sample = state.setdefault("warmup", [])
+            sample.append(x)
+            if len(sample) < warmup:
+                return None
+            median = statistics.median(sample)
+            mad = statistics.median(abs(v - median) for v in sample)
+            state["median"], state["scale"] = median, max(MAD_TO_SIGMA * mad, min_scale)
+            del state["warmup"]
+            return None
+        return float((x - state["median"]) / state["scale"])
+
+
+class Climb(Detector):
+    """Upward CUSUM on log(metric), standardised by a robust baseline frozen after warm-up.
+
+    z_t = (log x_t - median) / (1.4826 MAD), S_t = max(0, S_{t-1} + min(z_t, z_cap) - k); active
+    while S_t > h. Working in log units and baseline sigmas makes the default portable across
+    metrics and runs whose raw scales differ by orders of magnitude.
+    """
+
+    kind = "climb"
+    defaults: ClassVar[dict[str, Any]] = {"warmup": 50, "k": 1.0, "h": 12.0, "z_cap": 8.0, "min_scale": 0.05, "floor": 1e-12}
+
+    def validate(self) -> None:
+        _positive(self.params, "warmup", "k", "h", "z_cap", "min_scale", "floor")
+
+    def update(self, state: dict[str, Any], step: int, values: Mapping[str, float]) -> Signal | None:
+        value = values.get(self.metric)
+        if value is None or math.isnan(value):
+            return None
+        p = self.params
+        x = math.log(max(value, p["floor"])) if math.isfinite(value) else (math.inf if value > 0 else math.log(p["floor"]))
+        z = RobustBaseline.z(state, min(x, 700.0), p["warmup"], p["min_scale"])
+        if z is None:
+            return Signal(False, value, "warming up")
+        cusum = max(0.0, state.get("cusum", 0.0) + min(z, p["z_cap"]) - p["k"])
+        state["cusum"] = cusum
+        active = cusum > p["h"]
+        message = (
+            f"{self.metric} climbing: {value:.4g} is {z:.1f} baseline sigmas above its warm-up median "
+            f"{math.exp(state['median']):.4g} (CUSUM {cusum:.1f} > {p['h']})"
+        )
+        return Signal(active, value, message if active else "at baseline")
+
+
+class Silent(Detector):
+    """Evaluated by the engine's clock, not by points: a running run that sent nothing for `after_s`."""
+
+    kind = "silent"
+    defaults: ClassVar[dict[str, Any]] = {"after_s": 120.0}
+
+    def validate(self) -> None:
+        _positive(self.params, "after_s")
+
+    def update(self, state: dict[str, Any], step: int, values: Mapping[str, float]) -> Signal | None:
+        return Signal(False, float(step), "run is sending")

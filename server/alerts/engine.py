@@ -1,0 +1,226 @@
+"""The alert engine: evaluates rules on every committed step, incrementally.
+
+Registered as an after-commit listener of the ingest path. Per run, frames are
+evaluated in order under a lock; each (rule, run) keeps detector and lifecycle
+state in memory and in `rule_states`, written in the same transaction as the
+alert changes and the webhook outbox rows they cause. Steps at or below a
+state's last evaluated step are skipped, so resent data is not evaluated twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import math
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import select
+
+from server.alerts import repository
+from server.alerts.detectors import Detector
+from server.alerts.lifecycle import Lifecycle, Phase, Transition
+from server.alerts.rules import build_detector
+from server.live import LiveHub
+from server.models import Alert, Rule, Run
+from server.storage import Store
+from trainer_hooks.protocol import Row
+
+log = logging.getLogger("keel.alerts")
+
+
+def fingerprint(rule_id: int, run_id: str) -> str:
+    return hashlib.sha256(f"{rule_id}\x00{run_id}".encode()).hexdigest()[:16]
+
+
+@dataclass
+class _Tracked:
+    """In-memory mirror of one rule_states row."""
+
+    detector_state: dict[str, Any]
+    lifecycle: Lifecycle
+    last_step: int | None
+    alert_id: int | None = None
+    dirty: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"detector": self.detector_state, "lifecycle": self.lifecycle.to_json(), "alert_id": self.alert_id}
+
+
+@dataclass
+class _Change:
+    rule: Rule
+    transition: Transition
+    step: int
+    value: float
+    message: str
+    tracked: _Tracked
+
+
+@dataclass
+class _RunContext:
+    run: Run
+    rules: list[tuple[Rule, Detector]] = field(default_factory=list)
+    rules_version: int = -1
+
+
+class AlertEngine:
+    def __init__(self, store: Store, hub: LiveHub, *, base_url: str, on_outbox: Callable[[], None] = lambda: None):
+        self.store = store
+        self.hub = hub
+        self.base_url = base_url
+        self.on_outbox = on_outbox
+        self.rules_version = 0
+        self._rules: list[Rule] | None = None
+        self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._runs: dict[str, _RunContext] = {}
+        self._tracked: dict[tuple[int, str], _Tracked] = {}
+        self._known_projects: set[str] = set()
+
+    def rules_changed(self) -> None:
+        """Call after any rule CRUD: contexts rebuild their rule lists lazily."""
+        self.rules_version += 1
+        self._rules = None
+
+    def forget_rule(self, rule_id: int) -> None:
+        for key in [k for k in self._tracked if k[0] == rule_id]:
+            del self._tracked[key]
+        self.rules_changed()
+
+    async def on_points(self, run_id: str, rows: list[Row]) -> None:
+        async with self._locks[run_id]:
+            try:
+                await self._evaluate(run_id, sorted(rows, key=lambda row: row.step))
+            except Exception:
+                # Drop cached state so the next frame reloads what was committed.
+                self._forget(run_id)
+                raise
+
+    def _forget(self, run_id: str) -> None:
+        self._runs.pop(run_id, None)
+        for key in [k for k in self._tracked if k[1] == run_id]:
+            del self._tracked[key]
+
+    async def _context(self, run_id: str) -> _RunContext:
+        context = self._runs.get(run_id)
+        if context is None:
+            run = await self.store.get_run(run_id)
+            await self._ensure_project(run.project)
+            context = _RunContext(run=run)
+            self._runs[run_id] = context
+        if context.rules_version != self.rules_version:
+            if self._rules is None:
+                self._rules = await repository.load_rules(self.store.sessions)
+            context.rules = []
+            for rule in self._rules:
+                if rule.enabled and repository.rule_applies(rule, context.run) and rule.detector != "silent":
+                    try:
+                        context.rules.append((rule, build_detector(rule.detector, rule.metric, rule.params)))
+                    except ValueError:
+                        log.exception("rule %s is invalid; skipped", rule.id)
+            context.rules_version = self.rules_version
+        return context
+
+    async def _ensure_project(self, project: str) -> None:
+        if project in self._known_projects:
+            return
+        if await repository.install_project(self.store, project, time.time()):
+            self.rules_changed()
+        self._known_projects.add(project)
+
+    async def _tracked_for(self, context: _RunContext) -> dict[int, _Tracked]:
+        run_id = context.run.id
+        missing = [rule.id for rule, _ in context.rules if (rule.id, run_id) not in self._tracked]
+        if missing:
+            stored = await repository.load_states(self.store.sessions, run_id, missing)
+            for rule, detector in context.rules:
+                if rule.id not in missing:
+                    continue
+                row = stored.get(rule.id)
+                if row is None:
+                    tracked = _Tracked(detector.initial_state(), Lifecycle(), None)
+                else:
+                    data, last_step = row
+                    tracked = _Tracked(data["detector"], Lifecycle.from_json(data["lifecycle"]), last_step, data.get("alert_id"))
+                self._tracked[(rule.id, run_id)] = tracked
+        return {rule.id: self._tracked[(rule.id, run_id)] for rule, _ in context.rules}
+
+    async def _evaluate(self, run_id: str, rows: list[Row]) -> None:
+        context = await self._context(run_id)
+        if not context.rules:
+            return
+        tracked = await self._tracked_for(context)
+        changes: list[_Change] = []
+        for rule, detector in context.rules:
+            state = tracked[rule.id]
+            for row in rows:
+                if state.last_step is not None and row.step <= state.last_step:
+                    continue
+                signal = detector.update(state.detector_state, row.step, row.values)
+                state.last_step = row.step
+                state.dirty = True
+                if signal is None:
+                    continue
+                for transition in state.lifecycle.step(
+                    signal.active, row.step, for_steps=rule.for_steps, keep_firing_for=rule.keep_firing_for
+                ):
+                    changes.append(_Change(rule, transition, row.step, signal.value, signal.message, state))
+        dirty = [(rule_id, t) for rule_id, t in tracked.items() if t.dirty]
+        if not dirty:
+            return
+        alerts = await repository.apply(
+            self.store, context.run, changes, dirty, fingerprint, self.base_url
+        )
+        for _, t in dirty:
+            t.dirty = False
+        self._publish(alerts)
+
+    def _publish(self, alerts: list[tuple[Alert, bool]]) -> None:
+        notified = False
+        for alert, queued in alerts:
+            self.hub.publish(alert.run_id, {"type": "alert", "run_id": alert.run_id, "alert": repository.alert_json(alert)})
+            notified = notified or queued
+        if notified:
+            self.on_outbox()
+
+    async def check_silent_runs(self, now: float | None = None) -> None:
+        """Fire "run went silent" for running runs past their rule's `after_s`; resolve on data."""
+        now = time.time() if now is None else now
+        rules = [r for r in (self._rules or await repository.load_rules(self.store.sessions)) if r.enabled and r.detector == "silent"]
+        if not rules:
+            return
+        async with self.store.sessions() as session:
+            runs = list((await session.scalars(select(Run))).all())
+        for run in runs:
+            for rule in rules:
+                if not repository.rule_applies(rule, run):
+                    continue
+                silent_for = now - run.last_seen_at
+                active = run.status == "running" and silent_for > float(rule.params.get("after_s", 120.0))
+                await self._silence_step(rule, run, active, silent_for)
+
+    async def _silence_step(self, rule: Rule, run: Run, active: bool, silent_for: float) -> None:
+        async with self._locks[run.id]:
+            key = (rule.id, run.id)
+            state = self._tracked.get(key)
+            if state is None:
+                stored = await repository.load_states(self.store.sessions, run.id, [rule.id])
+                row = stored.get(rule.id)
+                state = _Tracked({}, Lifecycle(), None) if row is None else _Tracked(
+                    row[0]["detector"], Lifecycle.from_json(row[0]["lifecycle"]), row[1], row[0].get("alert_id")
+                )
+                self._tracked[key] = state
+            if not active and state.lifecycle.phase is Phase.INACTIVE:
+                return
+            step = run.last_step if run.last_step is not None else 0
+            transitions = state.lifecycle.step(active, step, for_steps=1, keep_firing_for=1)
+            if not transitions and not active:
+                return
+            message = f"no data for {silent_for:.0f} s while running" if active else "sending again"
+            changes = [_Change(rule, t, step, silent_for if math.isfinite(silent_for) else 0.0, message, state) for t in transitions]
+            alerts = await repository.apply(self.store, run, changes, [(rule.id, state)], fingerprint, self.base_url)
+            self._publish(alerts)

@@ -1,0 +1,47 @@
+"""Detector registry and the default rules every project gets."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from server.alerts.collapse import CollapseRisk
+from server.alerts.detectors import Climb, Detector, NonFinite, Silent, Threshold
+
+__all__ = ["DETECTORS", "DEFAULT_RULES", "RuleSpec", "build_detector", "SEVERITIES"]
+
+SEVERITIES = ("info", "warning", "critical")
+
+DETECTORS: dict[str, type[Detector]] = {
+    cls.kind: cls for cls in (NonFinite, Threshold, Climb, CollapseRisk, Silent)
+}
+
+HEADLINE_AND_LOSS = "reward/mean,mismatch/kl,gate/frac,mismatch/ratio_max,grad/norm,loss/*"
+
+
+def build_detector(kind: str, metric: str, params: Mapping[str, Any] | None = None) -> Detector:
+    cls = DETECTORS.get(kind)
+    if cls is None:
+        raise ValueError(f"unknown detector {kind!r}; known: {sorted(DETECTORS)}")
+    return cls(metric, params)
+
+
+@dataclass(frozen=True)
+class RuleSpec:
+    name: str
+    metric: str
+    detector: str
+    severity: str
+    for_steps: int = 1
+    keep_firing_for: int = 1
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+DEFAULT_RULES = (
+    RuleSpec("non-finite value", HEADLINE_AND_LOSS, "non_finite", "critical", for_steps=1, keep_firing_for=20),
+    RuleSpec("mismatch climbing", "mismatch/kl", "climb", "warning", for_steps=3, keep_firing_for=30),
+    RuleSpec("ratio tail climbing", "mismatch/ratio_max", "climb", "warning", for_steps=3, keep_firing_for=30),
+    RuleSpec("collapse risk", "grad/norm", "collapse_risk", "critical", for_steps=1, keep_firing_for=50),
+    RuleSpec("run went silent", "*", "silent", "warning", params={"after_s": 120.0}),
+)

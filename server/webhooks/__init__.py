@@ -1,0 +1,1 @@
+"""Webhook delivery: formats, Standard Webhooks signatures, SSRF guard, durable outbox worker."""

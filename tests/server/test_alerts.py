@@ -1,0 +1,205 @@
+"""Alerts end to end: ingest -> engine -> alerts API / live push -> signed webhook at a real receiver."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+from websockets.sync.client import connect
+
+from server.webhooks import signing
+from tests.server.receiver import Receiver
+from tests.server.wire import hello, new_run, open_ingest, points, recv
+
+FAST = {"allow_private_webhooks": True, "webhook_retry_base_s": 0.05}
+
+
+@pytest.fixture
+def receiver():  # type: ignore[no-untyped-def]
+    r = Receiver()
+    yield r
+    r.close()
+
+
+def _hook(server, url: str, fmt: str = "generic") -> dict:  # type: ignore[no-untyped-def]
+    response = httpx.post(f"{server.url}/api/v1/webhooks", json={"url": url, "format": fmt})
+    assert response.status_code == 201, response.text
+    return dict(response.json())
+
+
+def _stream(server, run: dict, values_by_step: list[dict], seq0: int = 0) -> None:  # type: ignore[no-untyped-def]
+    with open_ingest(server) as ws:
+        hello(ws, run)
+        for i in range(0, len(values_by_step), 10):
+            ws.send(points(seq0 + i // 10, [{"step": i + j, "values": v} for j, v in enumerate(values_by_step[i:i + 10])]))
+            assert recv(ws)["type"] == "ack"
+
+
+def _alerts(server, **params) -> list[dict]:  # type: ignore[no-untyped-def]
+    return list(httpx.get(f"{server.url}/api/v1/alerts", params=params).json())
+
+
+def _wait(predicate, timeout: float = 15.0):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+def test_non_finite_fires_critical_then_resolves_and_webhooks_arrive_signed(server_factory, database_url, receiver) -> None:
+    server = server_factory(database_url, **FAST)
+    hook = _hook(server, receiver.url)
+    assert hook["secret"].startswith("whsec_") and "secret" not in httpx.get(f"{server.url}/api/v1/webhooks").json()[0]
+    run = new_run("nan-run", group="is")
+    series = [{"reward/mean": 0.5, "grad/norm": 1.0}] * 20 + [{"reward/mean": 0.5, "grad/norm": "nan"}] + [{"reward/mean": 0.5, "grad/norm": 1.0}] * 29
+    _stream(server, run, series)
+
+    alert = _wait(lambda: [a for a in _alerts(server, run_id=run["id"]) if a["rule"] == "non-finite value"])[0]
+    assert alert["severity"] == "critical" and alert["started_step"] == 20 and alert["metric"].startswith("reward/mean")
+    assert alert["state"] == "resolved" and alert["resolved_step"] == 40  # keep_firing_for = 20 clear steps
+    receiver.wait_for(lambda: len(receiver.delivered()) == 2)
+    firing, resolved = receiver.delivered()
+    for received, state in ((firing, "firing"), (resolved, "resolved")):
+        assert signing.verify(hook["secret"], received.headers["webhook-id"], received.headers["webhook-timestamp"], received.body, received.headers["webhook-signature"])
+        body = received.json
+        assert body["type"] == f"alert.{state}"
+        assert body["alert"]["run_id"] == run["id"] and body["alert"]["run_name"] == "nan-run"
+        assert body["alert"]["rule"] == "non-finite value" and body["alert"]["severity"] == "critical"
+        assert body["alert"]["url"].endswith(f"/compare?runs={run['id']}")
+    assert firing.json["alert"]["step"] == 20 and firing.json["alert"]["value"] == "nan"
+    assert resolved.json["alert"]["step"] == 40
+    assert firing.headers["webhook-id"] != resolved.headers["webhook-id"]
+
+
+def test_retries_until_the_receiver_recovers_and_delivers_once_per_event(server_factory, sqlite_url, receiver) -> None:
+    receiver.script = [(500, {}), (503, {"Retry-After": "1"}), (429, {})]
+    server = server_factory(sqlite_url, **FAST)
+    hook = _hook(server, receiver.url)
+    assert httpx.post(f"{server.url}/api/v1/webhooks/{hook['id']}/test").status_code == 202
+    receiver.wait_for(lambda: len(receiver.delivered()) == 1)
+    time.sleep(0.5)
+    assert [r.status for r in receiver.requests] == [500, 503, 429, 200]
+    assert len({r.headers["webhook-id"] for r in receiver.requests}) == 1  # stable across retries
+    assert receiver.requests[2].at - receiver.requests[1].at >= 1.0  # Retry-After honoured
+    deliveries = httpx.get(f"{server.url}/api/v1/webhooks/{hook['id']}/deliveries").json()
+    assert [(d["status"], d["attempts"]) for d in deliveries] == [("delivered", 4)]
+
+
+def test_410_disables_the_webhook_and_redirects_are_not_followed(server_factory, sqlite_url, receiver) -> None:
+    server = server_factory(sqlite_url, **FAST)
+    receiver.script = [(307, {"Location": "http://169.254.169.254/latest"}), (410, {})]
+    hook = _hook(server, receiver.url)
+    httpx.post(f"{server.url}/api/v1/webhooks/{hook['id']}/test")
+    receiver.wait_for(lambda: len(receiver.requests) == 1)
+    _wait(lambda: httpx.get(f"{server.url}/api/v1/webhooks/{hook['id']}/deliveries").json()[0]["status"] == "failed")
+    httpx.post(f"{server.url}/api/v1/webhooks/{hook['id']}/test")
+    _wait(lambda: not httpx.get(f"{server.url}/api/v1/webhooks").json()[0]["enabled"])
+    assert len(receiver.requests) == 2
+    assert "410" in httpx.get(f"{server.url}/api/v1/webhooks").json()[0]["disabled_reason"]
+
+
+def test_outbox_survives_a_restart(server_factory, sqlite_url, receiver) -> None:
+    receiver.script = [(503, {"Retry-After": "2"})]
+    first = server_factory(sqlite_url, **FAST)
+    hook = _hook(first, receiver.url)
+    httpx.post(f"{first.url}/api/v1/webhooks/{hook['id']}/test")
+    receiver.wait_for(lambda: len(receiver.requests) == 1)
+    # Stop the server before the retry is due; a new process on the same database delivers it.
+    first.stop()
+    second = server_factory(sqlite_url, **FAST)
+    receiver.wait_for(lambda: len(receiver.delivered()) == 1, timeout=20)
+    ids = [r.headers["webhook-id"] for r in receiver.requests]
+    assert len(ids) == 2 and ids[0] == ids[1]
+    deliveries = httpx.get(f"{second.url}/api/v1/webhooks/{hook['id']}/deliveries").json()
+    assert [(d["status"], d["attempts"]) for d in deliveries] == [("delivered", 2)]
+
+
+def test_webhook_ssrf_refused_at_creation_unless_allowed(server_factory, sqlite_url) -> None:
+    strict = server_factory(sqlite_url)
+    for url in ("http://127.0.0.1:9/x", "http://localhost/x", "http://169.254.169.254/latest/meta-data", "http://[::ffff:10.0.0.1]/x", "http://10.0.0.8/x"):
+        response = httpx.post(f"{strict.url}/api/v1/webhooks", json={"url": url})
+        assert response.status_code == 422 and "non-public" in response.json()["detail"], (url, response.text)
+    assert httpx.post(f"{strict.url}/api/v1/webhooks", json={"url": "ftp://example.com/x"}).status_code == 422
+    assert httpx.post(f"{strict.url}/api/v1/webhooks", json={"url": "http://127.0.0.1/x", "format": "teams"}).status_code == 422
+
+
+def test_default_rules_are_installed_per_project_and_rules_are_editable(server) -> None:
+    run = new_run("r", project="alpha")
+    _stream(server, run, [{"reward/mean": 0.1}])
+    rules = _wait(lambda: httpx.get(f"{server.url}/api/v1/rules", params={"project": "alpha"}).json())
+    assert {r["name"] for r in rules} == {"non-finite value", "mismatch climbing", "ratio tail climbing", "collapse risk", "run went silent"}
+    assert all(r["builtin"] and r["project"] == "alpha" for r in rules)
+    created = httpx.post(f"{server.url}/api/v1/rules", json={
+        "name": "kl too high", "metric": "mismatch/kl", "detector": "threshold", "params": {"threshold": 0.5, "resolve_at": 0.1},
+        "severity": "critical", "project": "alpha", "for_steps": 2, "keep_firing_for": 1,
+    })
+    assert created.status_code == 201, created.text
+    bad = httpx.post(f"{server.url}/api/v1/rules", json={"name": "x", "metric": "m", "detector": "climb", "params": {"k": -1}})
+    assert bad.status_code == 422 and "positive" in bad.text
+    # The new rule applies to the next steps of the same run: 2 steps above 0.5 -> firing at the second.
+    with open_ingest(server) as ws:
+        hello(ws, run)
+        ws.send(points(1, [{"step": s, "values": {"mismatch/kl": v}} for s, v in [(1, 0.6), (2, 0.7), (3, 0.3), (4, 0.05)]]))
+        recv(ws)
+    alert = _wait(lambda: _alerts(server, run_id=run["id"], state="resolved"))[0]
+    assert (alert["rule"], alert["started_step"], alert["fired_step"], alert["resolved_step"]) == ("kl too high", 1, 2, 4)
+    patched = httpx.patch(f"{server.url}/api/v1/rules/{created.json()['id']}", json={"enabled": False})
+    assert patched.json()["enabled"] is False
+    assert httpx.delete(f"{server.url}/api/v1/rules/{created.json()['id']}").status_code == 204
+    assert httpx.delete(f"{server.url}/api/v1/rules/99999").status_code == 404
+
+
+def test_silenced_alerts_fire_without_notifying_and_can_be_acknowledged(server_factory, sqlite_url, receiver) -> None:
+    server = server_factory(sqlite_url, **FAST)
+    _hook(server, receiver.url)
+    silence = httpx.post(f"{server.url}/api/v1/silences", json={"matchers": {"run_name": "noisy-*"}, "duration_s": 600, "comment": "known bad"})
+    assert silence.status_code == 201 and silence.json()["active"]
+    noisy, loud = new_run("noisy-1"), new_run("loud-1")
+    for run in (noisy, loud):
+        _stream(server, run, [{"loss/total": "inf"}])
+    firing = _wait(lambda: len(_alerts(server, state="firing")) == 2 and _alerts(server, state="firing"))
+    by_run = {a["run_id"]: a for a in firing}
+    assert by_run[noisy["id"]]["silenced"] is True and by_run[loud["id"]]["silenced"] is False
+    receiver.wait_for(lambda: len(receiver.delivered()) == 1)
+    time.sleep(0.5)
+    assert [r.json["alert"]["run_id"] for r in receiver.delivered()] == [loud["id"]]
+    acked = httpx.post(f"{server.url}/api/v1/alerts/{by_run[loud['id']]['id']}/ack", json={"by": "ana"}).json()
+    assert acked["acknowledged_by"] == "ana" and acked["acknowledged_at"]
+    assert httpx.delete(f"{server.url}/api/v1/silences/{silence.json()['id']}").json()["active"] is False
+
+
+def test_alert_changes_are_pushed_live(server) -> None:
+    run = new_run("live-alert")
+    with connect(f"{server.ws_url}/api/v1/live?runs={run['id']}") as live:
+        _stream(server, run, [{"loss/total": "-inf"}])
+        messages = []
+        while not any(m["type"] == "alert" and m["alert"]["state"] == "firing" for m in messages):
+            messages.append(json.loads(live.recv(timeout=10)))
+    alert = next(m for m in messages if m["type"] == "alert" and m["alert"]["state"] == "firing")
+    assert alert["run_id"] == run["id"] and alert["alert"]["rule"] == "non-finite value" and alert["alert"]["value"] == "-inf"
+
+
+def test_detector_state_survives_a_restart(server_factory, database_url) -> None:
+    """A climb that starts before a restart and continues after it fires once, at the same step as without restart."""
+    import math
+    import random
+
+    rng = random.Random(3)
+    kl = [1e-3 * math.exp(rng.gauss(0, 0.2)) for _ in range(80)] + [1e-3 * math.exp(0.08 * i) for i in range(80)]
+    rows = [{"mismatch/kl": v} for v in kl]
+    reference = server_factory(database_url)
+    ref_run = new_run("reference")
+    _stream(reference, ref_run, rows)
+    expected = _wait(lambda: [a for a in _alerts(reference, run_id=ref_run["id"]) if a["rule"] == "mismatch climbing"])
+    run = new_run("restarted")
+    _stream(reference, run, rows[:100])
+    reference.stop()
+    second = server_factory(database_url)
+    _stream(second, run, rows[100:], seq0=10)
+    got = _wait(lambda: [a for a in _alerts(second, run_id=run["id"]) if a["rule"] == "mismatch climbing"])
+    assert [(a["started_step"], a["fired_step"]) for a in got] == [(a["started_step"], a["fired_step"]) for a in expected]
