@@ -169,7 +169,43 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _csv(kind: type) -> object:
+    return lambda text: [kind(part) for part in text.split(",") if part]
+
+
+def _add_eval_alerts(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--losses", type=_csv(str), default=None, help="default: the toy grid's 8 losses")
+    parser.add_argument("--lags", type=_csv(int), default=[0, 2, 8, 32])
+    parser.add_argument("--mismatch", type=_csv(str), default=["none", "mild", "severe"])
+    parser.add_argument("--seeds", type=_csv(int), default=[0, 1, 2])
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--database-url", default=None, help="default: a temporary SQLite file")
+    parser.add_argument("--json", default=None, help="also write the scores to this file")
+
+
+def _eval_alerts(args: argparse.Namespace) -> int:
+    import json
+
+    from server.alerts.evaluation import evaluate
+    from trainer_hooks.toy import DEFAULT_LOSSES
+
+    result = evaluate(args.losses or list(DEFAULT_LOSSES), args.lags, args.mismatch, args.seeds, args.steps, args.device, args.database_url)
+    print(f"corpus: {result['runs']} toy runs, {result['collapsing']} collapsing "
+          "(reward reached >= 0.5, then fell >= 0.2 below its running peak)")
+    print(result["text"])
+    if not result["rlwatch_available"]:
+        print("(rlwatch is not installed: pip install rlwatch to compare)")
+    timings = result["timings_s"]
+    print(f"time: corpus {timings['corpus']:.0f} s, replay through ingest + alert engine {timings['keel_replay']:.0f} s")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({k: v for k, v in result.items() if k != "text"}, handle, indent=2)
+    return 0
+
+
 COMMANDS = {
+    "eval-alerts": ("Score critical alerts on a labelled corpus of toy runs, beside rlwatch.", _add_eval_alerts, _eval_alerts),
     "demo": ("Serve on the embedded database and stream a live A/B experiment of toy runs.", _add_demo, _demo),
     "serve": ("Run the Keel server (ingest, API, dashboard).", _add_serve, _serve),
     "db": ("Database maintenance (migrations).", _add_db, _db),
