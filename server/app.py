@@ -7,20 +7,24 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import RedirectResponse, Response
 
 from dashboard import mount_dashboard
 from server import db
 from server.alerts.engine import AlertEngine
+from server.auth import allowed, create_token
 from server.config import Settings
 from server.ingest import PointsListener
 from server.live import LiveHub
 from server.routes import alerts as alert_routes
-from server.routes import health, runs, streams
+from server.routes import health, login, runs, streams
 from server.storage import Store
 from server.webhooks.delivery import DeliveryWorker, RetryPolicy
 
 log = logging.getLogger("keel.server")
+
+OPEN_PATHS = ("/api/", "/healthz", "/readyz", "/login", "/logout", "/docs", "/openapi.json")
 
 
 async def _every(period_s: float, job: Callable[[], Awaitable[None]]) -> None:
@@ -49,6 +53,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
         alerts = AlertEngine(store, app.state.hub, base_url=settings.base_url, on_outbox=deliveries.wake)
         app.state.store, app.state.alerts, app.state.deliveries = store, alerts, deliveries
+        if settings.bootstrap_token:
+            await create_token(store, "bootstrap", ["admin"], settings.bootstrap_token)
         listeners.append(alerts.on_points)
         tasks = [
             asyncio.create_task(deliveries.run_forever(), name="keel-webhooks"),
@@ -83,6 +89,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     api.include_router(alert_routes.router)
     app.include_router(api)
     app.include_router(health.router)
+
+    app.include_router(login.router)
+
+    @app.middleware("http")
+    async def dashboard_login(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        # API routes answer 401 themselves; pages send the browser to the login form.
+        path = request.url.path
+        if settings.auth_enabled and not path.startswith(OPEN_PATHS) and not await allowed(request, "read"):
+            return RedirectResponse("/login", status_code=303)
+        return await call_next(request)
 
     mount_dashboard(app, settings)
     return app

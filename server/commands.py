@@ -41,6 +41,13 @@ def _serve(args: argparse.Namespace) -> int:
     from server.app import create_app
 
     settings = _settings(args, host=args.host, port=args.port, allow_private_webhooks=args.allow_private_webhooks)
+    from server.auth import is_loopback
+
+    if not settings.auth_enabled and not is_loopback(settings.host):
+        print(f"keel: refusing to serve on {settings.host} with auth off; unset KEEL_AUTH=false or bind 127.0.0.1", flush=True)
+        return 2
+    if settings.auth_enabled:
+        print("keel: auth is on: clients need a token (keel token create --scopes ingest,read,admin)", flush=True)
     print(f"keel: serving on http://{settings.host}:{settings.port}  (database: {settings.database_url})", flush=True)
     uvicorn.run(
         create_app(settings),
@@ -204,7 +211,42 @@ def _eval_alerts(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_token(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("action", choices=["create"])
+    parser.add_argument("--name", default="cli")
+    parser.add_argument("--scopes", default="ingest,read", help="comma-separated: ingest, read, admin")
+    _add_database_url(parser)
+
+
+def _token(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from server import db
+    from server.auth import create_token
+    from server.storage import Store
+
+    settings = _settings(args)
+    db.upgrade(settings.database_url)
+
+    async def create() -> str:
+        store = Store(db.create_engine(settings.database_url))
+        try:
+            return await create_token(store, args.name, [s for s in args.scopes.split(",") if s])
+        finally:
+            await store.engine.dispose()
+
+    try:
+        token = asyncio.run(create())
+    except ValueError as exc:
+        print(f"keel: {exc}")
+        return 2
+    print(token)
+    print(f"(scopes {args.scopes}; shown once: store it now)", flush=True)
+    return 0
+
+
 COMMANDS = {
+    "token": ("Create an API token (printed once).", _add_token, _token),
     "eval-alerts": ("Score critical alerts on a labelled corpus of toy runs, beside rlwatch.", _add_eval_alerts, _eval_alerts),
     "demo": ("Serve on the embedded database and stream a live A/B experiment of toy runs.", _add_demo, _demo),
     "serve": ("Run the Keel server (ingest, API, dashboard).", _add_serve, _serve),

@@ -25,6 +25,10 @@ class Settings(BaseSettings):
     port: int = 8750
     public_url: str | None = None
     """Base URL used in links sent out (webhooks); defaults to http://host:port."""
+    auth: bool | None = None
+    """Require API tokens. Default: off on loopback, on for any other interface."""
+    bootstrap_token: str | None = None
+    """If set, an admin token with this value is ensured at start (for deployments)."""
     migrate_on_start: bool = True
     """Apply Alembic migrations when the server starts (`keel db upgrade` does it explicitly)."""
     stale_after_s: float = 120.0
@@ -54,6 +58,12 @@ class Settings(BaseSettings):
             max_keys_per_row=self.max_keys_per_row,
             max_key_length=self.max_key_length,
         )
+
+    @property
+    def auth_enabled(self) -> bool:
+        from server.auth import is_loopback
+
+        return self.auth if self.auth is not None else not is_loopback(self.host)
 
     @property
     def base_url(self) -> str:

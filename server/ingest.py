@@ -20,6 +20,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 from server.live import LiveHub
 from server.storage import Store, UnknownRun
 from trainer_hooks.protocol import (
+    CLOSE_AUTH,
     CLOSE_OVERLOADED,
     CLOSE_SERVER_FAULT,
     CLOSE_TOO_LARGE,
@@ -163,6 +164,14 @@ class IngestSession:
                 pass
 
 
+async def refuse_unauthorized(websocket: WebSocket, scope: str) -> None:
+    await websocket.accept()
+    await websocket.send_text(
+        orjson.dumps({"type": "error", "code": "unauthorized", "message": f"a token with the {scope!r} scope is required"}).decode()
+    )
+    await websocket.close(CLOSE_AUTH)
+
+
 async def refuse_overloaded(websocket: WebSocket) -> None:
     await websocket.accept()
     await websocket.send_text(
@@ -173,4 +182,4 @@ async def refuse_overloaded(websocket: WebSocket) -> None:
     await websocket.close(CLOSE_OVERLOADED)
 
 
-__all__ = ["IngestSession", "IngestState", "PointsListener", "UnknownRun", "refuse_overloaded", "rows_json"]
+__all__ = ["IngestSession", "IngestState", "PointsListener", "UnknownRun", "refuse_overloaded", "refuse_unauthorized", "rows_json"]

@@ -190,3 +190,17 @@ class Delivery(Base):
     last_error: Mapped[str | None] = mapped_column(String(1000))
     created_at: Mapped[float] = mapped_column(Double)
     delivered_at: Mapped[float | None] = mapped_column(Double)
+
+
+class ApiToken(Base):
+    """A bearer token, stored as its SHA-256; the token itself is shown once, at creation."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(200))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    scopes: Mapped[list[str]] = mapped_column(JSON)
+    """Any of "ingest", "read", "admin" (admin implies the others)."""
+    created_at: Mapped[float] = mapped_column(Double)
+    revoked: Mapped[bool] = mapped_column(Boolean)

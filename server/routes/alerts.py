@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 
 from server.alerts import admin
 from server.alerts.repository import alert_json
+from server.auth import ADMIN, READ
 from server.deps import SettingsDep, StoreDep
 from server.webhooks.netguard import ForbiddenTarget, checked_address
 
@@ -23,7 +24,7 @@ def _missing(exc: admin.NotFound) -> HTTPException:
 # -- alerts -----------------------------------------------------------------------
 
 
-@router.get("/alerts")
+@router.get("/alerts", dependencies=[READ])
 async def list_alerts(
     store: StoreDep,
     run_id: str | None = None,
@@ -40,7 +41,7 @@ class AckIn(BaseModel):
     by: str = Field("anonymous", max_length=200)
 
 
-@router.post("/alerts/{alert_id}/ack")
+@router.post("/alerts/{alert_id}/ack", dependencies=[ADMIN])
 async def acknowledge(alert_id: int, store: StoreDep, body: AckIn | None = None) -> dict[str, Any]:
     try:
         return alert_json(await admin.acknowledge(store, alert_id, (body or AckIn()).by))
@@ -76,12 +77,12 @@ class RulePatch(BaseModel):
     enabled: bool | None = None
 
 
-@router.get("/rules")
+@router.get("/rules", dependencies=[READ])
 async def list_rules(store: StoreDep, project: str | None = None) -> list[dict[str, Any]]:
     return [admin.rule_json(rule) for rule in await admin.list_rules(store, project)]
 
 
-@router.post("/rules", status_code=201)
+@router.post("/rules", status_code=201, dependencies=[ADMIN])
 async def create_rule(body: RuleIn, store: StoreDep, request: Request) -> dict[str, Any]:
     try:
         rule = await admin.create_rule(store, body.model_dump())
@@ -91,7 +92,7 @@ async def create_rule(body: RuleIn, store: StoreDep, request: Request) -> dict[s
     return admin.rule_json(rule)
 
 
-@router.patch("/rules/{rule_id}")
+@router.patch("/rules/{rule_id}", dependencies=[ADMIN])
 async def update_rule(rule_id: int, body: RulePatch, store: StoreDep, request: Request) -> dict[str, Any]:
     try:
         rule = await admin.update_rule(store, rule_id, body.model_dump(exclude_none=True))
@@ -103,7 +104,7 @@ async def update_rule(rule_id: int, body: RulePatch, store: StoreDep, request: R
     return admin.rule_json(rule)
 
 
-@router.delete("/rules/{rule_id}", status_code=204)
+@router.delete("/rules/{rule_id}", status_code=204, dependencies=[ADMIN])
 async def delete_rule(rule_id: int, store: StoreDep, request: Request) -> None:
     try:
         await admin.delete_rule(store, rule_id)
@@ -124,13 +125,13 @@ class SilenceIn(BaseModel):
     created_by: str = Field("anonymous", max_length=200)
 
 
-@router.get("/silences")
+@router.get("/silences", dependencies=[READ])
 async def list_silences(store: StoreDep) -> list[dict[str, Any]]:
     now = time.time()
     return [admin.silence_json(s, now) for s in await admin.list_silences(store)]
 
 
-@router.post("/silences", status_code=201)
+@router.post("/silences", status_code=201, dependencies=[ADMIN])
 async def create_silence(body: SilenceIn, store: StoreDep) -> dict[str, Any]:
     now = time.time()
     starts_at = body.starts_at if body.starts_at is not None else now
@@ -144,7 +145,7 @@ async def create_silence(body: SilenceIn, store: StoreDep) -> dict[str, Any]:
     return admin.silence_json(silence, now)
 
 
-@router.delete("/silences/{silence_id}")
+@router.delete("/silences/{silence_id}", dependencies=[ADMIN])
 async def expire_silence(silence_id: int, store: StoreDep) -> dict[str, Any]:
     try:
         return admin.silence_json(await admin.expire_silence(store, silence_id), time.time())
@@ -161,7 +162,7 @@ class WebhookIn(BaseModel):
     secret: str | None = Field(None, description="whsec_<base64>; generated when omitted")
 
 
-@router.post("/webhooks", status_code=201)
+@router.post("/webhooks", status_code=201, dependencies=[ADMIN])
 async def create_webhook(body: WebhookIn, store: StoreDep, settings: SettingsDep) -> dict[str, Any]:
     try:
         await checked_address(body.url, allow_private=settings.allow_private_webhooks)
@@ -176,12 +177,12 @@ async def create_webhook(body: WebhookIn, store: StoreDep, settings: SettingsDep
     return {**admin.webhook_json(hook), "secret": hook.secret}
 
 
-@router.get("/webhooks")
+@router.get("/webhooks", dependencies=[READ])
 async def list_webhooks(store: StoreDep) -> list[dict[str, Any]]:
     return [admin.webhook_json(hook) for hook in await admin.list_webhooks(store)]
 
 
-@router.delete("/webhooks/{hook_id}", status_code=204)
+@router.delete("/webhooks/{hook_id}", status_code=204, dependencies=[ADMIN])
 async def delete_webhook(hook_id: int, store: StoreDep) -> None:
     try:
         await admin.delete_webhook(store, hook_id)
@@ -189,7 +190,7 @@ async def delete_webhook(hook_id: int, store: StoreDep) -> None:
         raise _missing(exc) from None
 
 
-@router.post("/webhooks/{hook_id}/test", status_code=202)
+@router.post("/webhooks/{hook_id}/test", status_code=202, dependencies=[ADMIN])
 async def test_webhook(hook_id: int, store: StoreDep, settings: SettingsDep, request: Request) -> dict[str, Any]:
     try:
         delivery = await admin.queue_test_event(store, hook_id, settings.base_url)
@@ -199,7 +200,7 @@ async def test_webhook(hook_id: int, store: StoreDep, settings: SettingsDep, req
     return {"event_id": delivery.event_id, "status": "queued"}
 
 
-@router.get("/webhooks/{hook_id}/deliveries")
+@router.get("/webhooks/{hook_id}/deliveries", dependencies=[READ])
 async def list_deliveries(hook_id: int, store: StoreDep) -> list[dict[str, Any]]:
     return [
         {

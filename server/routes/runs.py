@@ -7,6 +7,7 @@ import time
 import orjson
 from fastapi import APIRouter, HTTPException, Query, Request
 
+from server.auth import INGEST, READ
 from server.deps import HubDep, SettingsDep, StoreDep
 from server.ingest import rows_json
 from server.schemas import KeyOut, PointsWritten, RunDetail, RunOut, SeriesOut
@@ -20,7 +21,7 @@ def _not_found(run_id: str) -> HTTPException:
     return HTTPException(status_code=404, detail=f"run {run_id!r} not found")
 
 
-@router.get("/runs", response_model=list[RunOut])
+@router.get("/runs", response_model=list[RunOut], dependencies=[READ])
 async def list_runs(
     store: StoreDep,
     settings: SettingsDep,
@@ -36,7 +37,7 @@ async def list_runs(
     return [run for run in runs if status is None or run.status == status]
 
 
-@router.get("/runs/{run_id}", response_model=RunDetail)
+@router.get("/runs/{run_id}", response_model=RunDetail, dependencies=[READ])
 async def get_run(run_id: str, store: StoreDep, settings: SettingsDep) -> RunDetail:
     try:
         run = await store.get_run(run_id)
@@ -45,7 +46,7 @@ async def get_run(run_id: str, store: StoreDep, settings: SettingsDep) -> RunDet
     return RunDetail.from_run(run, now=time.time(), stale_after_s=settings.stale_after_s)
 
 
-@router.get("/runs/{run_id}/keys", response_model=list[KeyOut])
+@router.get("/runs/{run_id}/keys", response_model=list[KeyOut], dependencies=[READ])
 async def run_keys(run_id: str, store: StoreDep) -> list[KeyOut]:
     try:
         return [KeyOut.from_info(info) for info in await store.keys(run_id)]
@@ -53,7 +54,7 @@ async def run_keys(run_id: str, store: StoreDep) -> list[KeyOut]:
         raise _not_found(run_id) from None
 
 
-@router.get("/runs/{run_id}/series", response_model=SeriesOut, response_model_exclude_none=True)
+@router.get("/runs/{run_id}/series", response_model=SeriesOut, response_model_exclude_none=True, dependencies=[READ])
 async def run_series(
     run_id: str,
     store: StoreDep,
@@ -69,7 +70,7 @@ async def run_series(
     return SeriesOut.from_data(data)
 
 
-@router.post("/runs/{run_id}/points", response_model=PointsWritten)
+@router.post("/runs/{run_id}/points", response_model=PointsWritten, dependencies=[INGEST])
 async def post_points(
     run_id: str, request: Request, store: StoreDep, settings: SettingsDep, hub: HubDep
 ) -> PointsWritten:

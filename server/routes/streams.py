@@ -7,8 +7,9 @@ import asyncio
 import orjson
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
+from server.auth import allowed
 from server.deps import HubDep, SettingsDep, StoreDep
-from server.ingest import IngestSession, refuse_overloaded
+from server.ingest import IngestSession, refuse_overloaded, refuse_unauthorized
 
 router = APIRouter()
 
@@ -18,6 +19,9 @@ async def ingest(websocket: WebSocket, store: StoreDep, hub: HubDep, settings: S
     state = websocket.app.state
     if state.ingest_connections >= settings.max_ingest_connections:
         await refuse_overloaded(websocket)
+        return
+    if not await allowed(websocket, "ingest"):
+        await refuse_unauthorized(websocket, "ingest")
         return
     state.ingest_connections += 1
     try:
@@ -32,6 +36,9 @@ async def ingest(websocket: WebSocket, store: StoreDep, hub: HubDep, settings: S
 async def live(websocket: WebSocket, hub: HubDep, runs: str | None = None) -> None:
     """Push committed points (and alert changes) of the given runs, or of all runs."""
     run_ids = frozenset(r for r in (runs or "").split(",") if r) or None
+    if not await allowed(websocket, "read"):
+        await refuse_unauthorized(websocket, "read")
+        return
     await websocket.accept()
     subscription = hub.subscribe(run_ids)
 

@@ -177,3 +177,27 @@ def test_formats_name_the_essentials_and_respect_limits() -> None:
     am = json.loads(formats.render("alertmanager", EVENT))
     assert am["version"] == "4" and am["status"] == "firing" and am["alerts"][0]["labels"]["alertname"] == "collapse risk"
     assert am["alerts"][0]["endsAt"] == "0001-01-01T00:00:00Z"
+
+
+def test_collapse_risk_fires_on_gradient_spikes_relative_to_recent_history() -> None:
+    from server.alerts.collapse import CollapseRisk
+
+    det = CollapseRisk("grad/norm")
+    state = det.initial_state()
+    rng = random.Random(0)
+    # A slowly shrinking, noisy gradient norm: no alarm, whatever its absolute level.
+    calm = [0.9 * math.exp(-i / 150) * math.exp(rng.gauss(0, 0.15)) for i in range(300)]
+    assert not any(det.update(state, i, {"grad/norm": g}).active for i, g in enumerate(calm))
+    spike = det.update(state, 300, {"grad/norm": 4 * calm[-1], "mismatch/ratio_max": 265.0, "mismatch/ess_frac": 0.03})
+    assert spike.active and "ratio_max 265" in spike.message and "ess_frac 0.03" in spike.message
+    # The spike did not move the baseline: the next normal step is calm again.
+    assert not det.update(state, 301, {"grad/norm": calm[-1]}).active
+    assert det.update(state, 302, {"grad/norm": math.inf}).active
+
+
+def test_collapse_label() -> None:
+    from server.alerts.evaluation import collapse_step
+
+    assert collapse_step([0.1, 0.3, 0.6, 0.55, 0.41, 0.39, 0.1]) == 5
+    assert collapse_step([0.1, 0.45, 0.2]) is None  # never reached 0.5
+    assert collapse_step([0.5, 0.6, 0.7, 0.65, 0.7]) is None

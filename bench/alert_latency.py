@@ -1,0 +1,142 @@
+"""Alert latency: from the ingest ack of the triggering step to the webhook at a local receiver.
+
+A real `keel serve` process (SQLite or PostgreSQL) and a real HTTP receiver in
+this process. Each trial opens a run, streams 20 healthy steps, then a frame
+whose step carries a NaN gradient norm (the default critical "non-finite" rule
+fires on it); the clock starts when that frame's ack arrives and stops when the
+signed firing webhook for that run reaches the receiver. Optional background
+load streams other runs at the same time.
+
+    python bench/alert_latency.py [--trials 50] [--database sqlite|postgres] [--load-runs 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import psycopg
+from websockets.asyncio.client import connect
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ingest import PG_ADMIN, start_server  # noqa: E402
+
+
+class Receiver:
+    def __init__(self) -> None:
+        self.arrivals: dict[str, float] = {}
+        self.event = threading.Condition()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                now = time.perf_counter()
+                self.send_response(204)
+                self.end_headers()
+                payload = json.loads(body)
+                if payload.get("type") == "alert.firing":
+                    with receiver.event:
+                        receiver.arrivals.setdefault(payload["alert"]["run_id"], now)
+                        receiver.event.notify_all()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def wait(self, run_id: str, timeout: float = 30.0) -> float:
+        with self.event:
+            if not self.event.wait_for(lambda: run_id in self.arrivals, timeout=timeout):
+                raise TimeoutError(f"no webhook for {run_id}")
+            return self.arrivals[run_id]
+
+
+async def trial(ws_url: str, receiver: Receiver) -> float:
+    run_id = str(uuid.uuid4())
+    async with connect(f"{ws_url}/api/v1/ingest") as ws:
+        await ws.send(json.dumps({"type": "hello", "protocol": 1, "run": {"id": run_id, "name": f"lat-{run_id[:6]}"}}))
+        await ws.recv()
+        healthy = [{"step": s, "values": {"grad/norm": 1.0, "reward/mean": 0.5}} for s in range(20)]
+        await ws.send(json.dumps({"type": "points", "seq": 0, "rows": healthy}))
+        await ws.recv()
+        await ws.send(json.dumps({"type": "points", "seq": 1, "rows": [{"step": 20, "values": {"grad/norm": "nan", "reward/mean": 0.5}}]}))
+        await ws.recv()
+        acked = time.perf_counter()
+    arrived = await asyncio.to_thread(receiver.wait, run_id)
+    return arrived - acked
+
+
+async def background_load(ws_url: str, stop: asyncio.Event) -> None:
+    run_id = str(uuid.uuid4())
+    async with connect(f"{ws_url}/api/v1/ingest") as ws:
+        await ws.send(json.dumps({"type": "hello", "protocol": 1, "run": {"id": run_id, "name": f"load-{run_id[:6]}"}}))
+        await ws.recv()
+        seq = 0
+        while not stop.is_set():
+            rows = [{"step": seq * 10 + i, "values": {f"m/{k}": 0.1 * k for k in range(20)}} for i in range(10)]
+            await ws.send(json.dumps({"type": "points", "seq": seq, "rows": rows}))
+            await ws.recv()
+            seq += 1
+            await asyncio.sleep(0.01)
+
+
+async def measure(base: str, receiver: Receiver, trials: int, load_runs: int) -> list[float]:
+    ws_url = base.replace("http://", "ws://")
+    stop = asyncio.Event()
+    loaders = [asyncio.create_task(background_load(ws_url, stop)) for _ in range(load_runs)]
+    try:
+        return [await trial(ws_url, receiver) for _ in range(trials)]
+    finally:
+        stop.set()
+        await asyncio.gather(*loaders, return_exceptions=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trials", type=int, default=50)
+    parser.add_argument("--database", choices=["sqlite", "postgres"], default="sqlite")
+    parser.add_argument("--load-runs", type=int, default=4)
+    args = parser.parse_args()
+
+    os.environ["KEEL_ALLOW_PRIVATE_WEBHOOKS"] = "true"
+    tmp = tempfile.mkdtemp(prefix="keel-bench-")
+    pg_name = f"keel_bench_{uuid.uuid4().hex[:8]}"
+    if args.database == "postgres":
+        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{pg_name}"')
+        url = PG_ADMIN.rsplit("/", 1)[0] + f"/{pg_name}"
+    else:
+        url = f"sqlite:///{tmp}/latency.db"
+    receiver = Receiver()
+    proc, base = start_server(url)
+    try:
+        response = httpx.post(f"{base}/api/v1/webhooks", json={"url": f"http://127.0.0.1:{receiver.server.server_address[1]}/hook"})
+        response.raise_for_status()
+        latencies = asyncio.run(measure(base, receiver, args.trials, args.load_runs))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        if args.database == "postgres":
+            with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{pg_name}" WITH (FORCE)')
+    ms = sorted(1000 * x for x in latencies)
+    p95 = ms[max(0, round(0.95 * len(ms)) - 1)]
+    print(f"alert latency, ingest ack -> webhook received ({args.database}, {args.load_runs} runs streaming alongside, {len(ms)} trials): "
+          f"p50 {statistics.median(ms):.1f} ms, p95 {p95:.1f} ms, max {ms[-1]:.1f} ms  (target p95 <= 500 ms)")
+
+
+if __name__ == "__main__":
+    main()
