@@ -1,4 +1,10 @@
-"""The Keel dashboard (Dash), served by the same process as the API."""
+"""The Keel dashboard (Dash), served by the same process as the API.
+
+Dash >= 4.2 runs natively on FastAPI: `Dash(server=<FastAPI app>)` registers
+its routes (`/_dash-*`, `/assets`) on our app and adds its ASGI middleware; no
+Flask, no WSGI bridge. Nothing is imported or built until `mount_dashboard` is
+called by `server.app.create_app`, after every API route, so API routes match first.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +14,7 @@ __all__ = ["mount_dashboard"]
 
 
 def mount_dashboard(app: Any, settings: Any) -> None:
-    """Attach the dashboard's pages to the FastAPI app."""
-    from fastapi.responses import HTMLResponse
+    """Build the Dash app on the FastAPI `app` and serve its pages at /, /compare, /runs/<id>."""
+    from dashboard.app import mount
 
-    @app.get("/", include_in_schema=False)
-    async def index() -> HTMLResponse:
-        return HTMLResponse("<!doctype html><title>Keel</title><h1>Keel</h1><p>API at <a href='/docs'>/docs</a>.</p>")
+    mount(app)

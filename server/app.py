@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
@@ -79,6 +80,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.hub = LiveHub(queue_size=settings.live_queue_size)
     app.state.ingest_connections = 0
+    # Lets the dashboard's in-process API reads through when auth is on (read scope only).
+    app.state.internal_token = secrets.token_urlsafe(32)
     # After-commit hooks of the ingest path (the alert engine registers here).
     listeners: list[PointsListener] = []
     app.state.points_listeners = listeners

@@ -9,14 +9,20 @@ produce such steps, however heavy the ratio tail; losses that do, produce
 smaller ones first. So the detector watches the gradient norm against the
 run's own recent history, in log units:
 
-    spike_t  =  log g_t - m_{t-1} > log(spike_factor)
-    m_t      =  (1 - alpha) m_{t-1} + alpha log g_t      (not updated on spikes)
+    spike_t  =  log g_t - m_{t-1} > log(spike_factor) + dev_mult * d_{t-1}
+    m_t      =  (1 - alpha) m_{t-1} + alpha log g_t            (EWMA level)
+    d_t      =  (1 - alpha) d_{t-1} + alpha |log g_t - m_{t-1}|  (EWMA spread)
 
-A spike (or a non-finite gradient) is a firing step; the rule's
-keep_firing_for holds the alert while spikes keep coming. The ratio tail and
-ESS at the spike are reported with it. Validated with `keel eval-alerts`
-(docs/alerts.md): on the toy grid it fires before most collapses with tens of
-steps of lead, and never on a bounded-coefficient run.
+Neither is updated on spikes, so a spike does not raise the bar for the next;
+the spread term keeps a run whose gradient norm is merely erratic (gated
+steps, oscillation) from looking like one that spikes. Zero gradients (every
+sample gated out) carry no information and are skipped. A collapse needs
+something to lose: while the smoothed reward has not risen `min_gain` times its
+initial per-sample spread above its initial level, spikes are reported as
+divergence, not collapse risk. A spike (or a non-finite gradient) is a firing
+step; the rule's keep_firing_for holds the alert while spikes keep coming. The
+ratio tail and ESS at the spike are reported with it. Validated with
+`keel eval-alerts` (docs/alerts.md).
 """
 
 from __future__ import annotations
@@ -31,9 +37,13 @@ from server.alerts.detectors import Detector, Signal, _positive
 class CollapseRisk(Detector):
     kind = "collapse_risk"
     defaults: ClassVar[dict[str, Any]] = {
-        "spike_factor": 3.0,
+        "spike_factor": 2.0,
+        "dev_mult": 2.0,
         "alpha": 0.1,
-        "warmup": 10,
+        "warmup": 5,
+        "min_gain": 1.0,
+        "reward_key": "reward/mean",
+        "reward_std_key": "reward/std",
         "ratio_key": "mismatch/ratio_max",
         "ess_key": "mismatch/ess_frac",
     }
@@ -42,6 +52,31 @@ class CollapseRisk(Detector):
         _positive(self.params, "spike_factor", "alpha", "warmup")
         if not 0 < self.params["alpha"] < 1 or self.params["spike_factor"] <= 1:
             raise ValueError("alpha must be in (0, 1) and spike_factor > 1")
+        for name in ("dev_mult", "min_gain"):
+            value = self.params[name]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"parameter {name!r} must be a number >= 0")
+
+    def _progressed(self, state: dict[str, Any], values: Mapping[str, float]) -> bool:
+        """Has the run learned something it could lose? (Always true when no reward is logged.)"""
+        p = self.params
+        reward = values.get(p["reward_key"])
+        if reward is not None and math.isfinite(reward):
+            state["reward_seen"] = True
+            smooth = state.get("reward_smooth", reward)
+            smooth = (1 - p["alpha"]) * smooth + p["alpha"] * reward
+            state["reward_smooth"] = smooth
+            state["reward_peak"] = max(state.get("reward_peak", smooth), smooth)
+            if state.get("n", 0) <= p["warmup"]:
+                spread = values.get(p["reward_std_key"])
+                state["start_sum"] = state.get("start_sum", 0.0) + reward
+                state["start_spread"] = state.get("start_spread", 0.0) + (spread if spread is not None and math.isfinite(spread) else 0.0)
+                state["start_count"] = state.get("start_count", 0) + 1
+        if not state.get("reward_seen"):
+            return True
+        count = max(1, state.get("start_count", 1))
+        start, spread = state.get("start_sum", 0.0) / count, state.get("start_spread", 0.0) / count
+        return bool(state["reward_peak"] - start >= p["min_gain"] * spread and state["reward_peak"] > start)
 
     def update(self, state: dict[str, Any], step: int, values: Mapping[str, float]) -> Signal | None:
         grad = values.get(self.metric)
@@ -50,17 +85,25 @@ class CollapseRisk(Detector):
         if not math.isfinite(grad):
             return Signal(True, grad, f"{self.metric} is {grad} at step {step}")
         p = self.params
-        x = math.log(max(grad, 1e-12))
+        progressed = self._progressed(state, values)
+        if grad <= 0.0:
+            # No update this step (every sample gated out): nothing to compare.
+            return Signal(False, grad, "no gradient")
+        x = math.log(grad)
         seen = state.get("n", 0)
         state["n"] = seen + 1
         mean = state.get("mean")
         if mean is None:
-            state["mean"] = x
+            state["mean"], state["dev"] = x, 0.0
             return Signal(False, grad, "warming up")
-        if seen >= p["warmup"] and x - mean > math.log(p["spike_factor"]):
+        dev = state["dev"]
+        if seen >= p["warmup"] and x - mean > math.log(p["spike_factor"]) + p["dev_mult"] * dev:
+            if not progressed:
+                return Signal(False, grad, "gradient spiking before the reward has moved (diverging, not collapsing)")
             factor = math.exp(x - mean)
             context = [f"{key} {values[key]:.3g}" for key in (p["ratio_key"], p["ess_key"]) if key in values]
             message = f"{self.metric} {grad:.4g} is {factor:.1f}x its recent level" + (f" ({', '.join(context)})" if context else "")
             return Signal(True, grad, message)
+        state["dev"] = (1 - p["alpha"]) * dev + p["alpha"] * abs(x - mean)
         state["mean"] = (1 - p["alpha"]) * mean + p["alpha"] * x
         return Signal(False, grad, "stable")

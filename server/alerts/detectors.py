@@ -26,6 +26,8 @@ class Signal:
     value: float
     """The watched metric's value at this step (what notifications report)."""
     message: str
+    metric: str | None = None
+    """The metric key(s) that triggered, comma-separated, when the rule watches a pattern."""
 
 
 class Detector:
@@ -69,7 +71,8 @@ class NonFinite(Detector):
             return None
         bad = sorted(k for k, v in watched.items() if not math.isfinite(v))
         if bad:
-            return Signal(True, watched[bad[0]], f"non-finite {', '.join(f'{k}={watched[k]}' for k in bad)} at step {step}")
+            message = f"non-finite {', '.join(f'{k}={watched[k]}' for k in bad)} at step {step}"
+            return Signal(True, watched[bad[0]], message, metric=",".join(bad))
         return Signal(False, next(iter(watched.values())), "all finite")
 
 

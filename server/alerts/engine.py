@@ -59,6 +59,7 @@ class _Change:
     value: float
     message: str
     tracked: _Tracked
+    metric: str | None = None
 
 
 @dataclass
@@ -168,7 +169,7 @@ class AlertEngine:
                 for transition in state.lifecycle.step(
                     signal.active, row.step, for_steps=rule.for_steps, keep_firing_for=rule.keep_firing_for
                 ):
-                    changes.append(_Change(rule, transition, row.step, signal.value, signal.message, state))
+                    changes.append(_Change(rule, transition, row.step, signal.value, signal.message, state, signal.metric))
         dirty = [(rule_id, t) for rule_id, t in tracked.items() if t.dirty]
         if not dirty:
             return

@@ -99,6 +99,7 @@ def alert_json(alert: Alert) -> dict[str, Any]:
         "started_step": alert.started_step,
         "resolved_step": alert.resolved_step,
         "message": alert.message,
+        "keys": [key for key in alert.metric.split(",") if key],
         "rule_id": alert.rule_id,
         "fingerprint": alert.fingerprint,
         "fired_step": alert.fired_step,
@@ -150,7 +151,7 @@ async def apply(
             if change.transition in (Transition.PENDING, Transition.FIRING) and (alert is None or alert.state == "resolved"):
                 alert = Alert(
                     fingerprint=fingerprint(change.rule.id, run.id), rule_id=change.rule.id, rule_name=change.rule.name,
-                    run_id=run.id, metric=change.rule.metric, severity=change.rule.severity, state="pending",
+                    run_id=run.id, metric=(change.metric or change.rule.metric)[:200], severity=change.rule.severity, state="pending",
                     started_step=tracked.lifecycle.started_step if tracked.lifecycle.started_step is not None else change.step,
                     fired_step=None, resolved_step=None, value=change.value, message=change.message[:1000],
                     started_at=now, resolved_at=None, silenced=False, acknowledged_at=None, acknowledged_by=None,
@@ -168,6 +169,8 @@ async def apply(
                 continue
             if change.transition is Transition.FIRING:
                 alert.state, alert.fired_step, alert.value, alert.message = "firing", change.step, change.value, change.message[:1000]
+                if change.metric:
+                    alert.metric = change.metric[:200]
                 if silences is None:
                     silences = list((await session.scalars(select(Silence).where(Silence.starts_at <= now, Silence.ends_at > now))).all())
                 alert.silenced = any(silence_matches(s, labels(alert, run)) for s in silences)

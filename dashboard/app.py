@@ -1,0 +1,115 @@
+"""The Dash app on the FastAPI app: shell, URL routing to the three pages, their callbacks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, cast
+
+from dash import Dash, Input, Output
+
+# The FastAPI backend's request context: Dash's index() reads the request through it.
+from dash.backends._fastapi import reset_current_request, set_current_request
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse
+from starlette.routing import Match, Route
+from starlette.types import Receive, Scope, Send
+
+from dashboard.components import empty_state, shell
+from dashboard.data import KeelApi, in_process_client
+from dashboard.views import charts, compare, run, runs
+
+__all__ = ["mount", "build_dash", "route", "PAGE_PATHS"]
+
+ASSETS = Path(__file__).parent / "assets"
+
+PAGE_PATHS = ("/", "/compare", "/runs/{run_id}")
+"""Paths that serve the dashboard's page."""
+
+
+def route(pathname: str | None, search: str | None) -> Any:
+    path = (pathname or "/").rstrip("/") or "/"
+    if path == "/":
+        return runs.layout()
+    if path == "/compare":
+        return compare.layout(compare.parse_runs(search))
+    if path.startswith("/runs/") and path.count("/") == 2:
+        return run.layout(path.split("/")[2])
+    return empty_state("Page not found", f"Nothing at {pathname}.")
+
+
+def build_dash(server: FastAPI, api: KeelApi) -> Dash:
+    """A Dash app living on `server`, reading through `api`."""
+    dash_app = Dash(
+        "dashboard",
+        server=cast(Any, server),  # Dash's hint predates its FastAPI backend
+        title="Keel",
+        update_title="",
+        assets_folder=str(ASSETS),
+        suppress_callback_exceptions=True,
+        compress=False,
+        meta_tags=[{"name": "viewport", "content": "width=device-width, initial-scale=1"}],
+    )
+    dash_app.layout = shell()
+
+    @dash_app.callback(Output("page", "children"), Input("url", "pathname"), Input("url", "search"))
+    def page(pathname: str | None, search: str | None) -> Any:
+        return route(pathname, search)
+
+    charts.register(dash_app, api)
+    compare.register(dash_app, api)
+    run.register(dash_app, api)
+    runs.register(dash_app, api)
+    return dash_app
+
+
+class _ApiFallback:
+    """ASGI app behind `/api/{path}`: answers as the API would have without Dash's catch-all.
+
+    A known API path with the wrong method is handed back to its route (405 with Allow);
+    anything else is FastAPI's JSON 404 rather than the dashboard's HTML.
+    """
+
+    def __init__(self, app: FastAPI):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        for candidate in self.app.router.routes:
+            if getattr(candidate, "path", "").endswith("{path:path}"):
+                continue  # this fallback and Dash's catch-all
+            match, child_scope = candidate.matches(scope)
+            if match is Match.PARTIAL:
+                await candidate.handle({**scope, **child_scope}, receive, send)
+                return
+        await JSONResponse({"detail": "Not Found"}, status_code=404)(scope, receive, send)
+
+
+def mount(app: FastAPI) -> Dash:
+    """Build the dashboard on `app`; call after the API routes are included."""
+    dash_app = build_dash(app, KeelApi(in_process_client(app)))
+    app.state.dash = dash_app
+
+    async def page(request: Request) -> HTMLResponse:
+        token = set_current_request(request)
+        try:
+            # Dash sets itself up (scans assets, freezes callbacks) on its first request to
+            # "/" or "/_dash-*"; a first visit straight to /compare must not skip that.
+            dash_app._setup_server()
+            return HTMLResponse(dash_app.index())
+        finally:
+            reset_current_request(token)
+
+    for path in PAGE_PATHS:
+        if path != "/":  # Dash serves "/" itself
+            app.add_api_route(path, page, methods=["GET"], include_in_schema=False)
+
+    # Dash's GET catch-all answers any unknown path with the page; API clients must
+    # keep getting the API's own answers (JSON 404, 405) instead.
+    app.router.routes.append(
+        Route(
+            "/api/{path:path}",
+            _ApiFallback(app),
+            methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
+            include_in_schema=False,
+        )
+    )
+    return dash_app

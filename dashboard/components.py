@@ -1,0 +1,180 @@
+"""Layout pieces shared by the pages: shell, chart controls, graphs, badges, empty states."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dash import dcc, html
+
+from dashboard.figures import message_figure
+
+__all__ = [
+    "GRAPH_TYPE",
+    "shell",
+    "chart_controls",
+    "metric_graph",
+    "badge",
+    "display_status",
+    "empty_state",
+    "page_state",
+    "live_target",
+]
+
+GRAPH_TYPE = "metric-graph"
+"""Pattern-matching id type of every metric chart: {"type": GRAPH_TYPE, "key": <metric key>}."""
+
+STATUS_LABELS = {
+    "running": "live",
+    "finished": "finished",
+    "failed": "failed",
+    "killed": "failed",
+    "stale": "stale",
+}
+
+
+def display_status(status: str) -> str:
+    """The four states a researcher cares about: live, finished, failed, stale."""
+    return STATUS_LABELS.get(status, status)
+
+
+def _data(**attributes: str) -> dict[str, Any]:
+    """data-* attributes for a Dash html component (read by keel_live.js and CSS)."""
+    return {f"data-{name.replace('_', '-')}": value for name, value in attributes.items()}
+
+
+def shell() -> html.Div:
+    """The page frame: header with navigation and live indicator, routed content below."""
+    return html.Div(
+        [
+            dcc.Location(id="url", refresh="callback-nav"),
+            dcc.Store(id="live-tick"),
+            dcc.Store(id="live-data-tick"),
+            html.Header(
+                [
+                    html.A(
+                        ["Keel", html.Span("RL stability monitor")],
+                        href="/",
+                        className="keel-brand",
+                    ),
+                    html.Nav(
+                        [dcc.Link("Runs", href="/"), dcc.Link("Compare", href="/compare")],
+                        className="keel-nav",
+                    ),
+                    html.Div(className="spacer"),
+                    html.Span(id="live-indicator", **_data(state="off")),
+                    html.A("API docs", href="/docs", className="docs-link"),
+                ],
+                className="keel-header",
+            ),
+            html.Main(id="page", className="keel-page"),
+        ]
+    )
+
+
+def page_state(page: str, runs: list[str], height: int) -> dcc.Store:
+    """What the chart callbacks need to know about the page they draw on."""
+    return dcc.Store(id="page-state", data={"page": page, "runs": runs, "height": height})
+
+
+def live_target(runs: list[str] | str) -> html.Div:
+    """Tells keel_live.js which runs to subscribe to ("*" for all)."""
+    target = runs if isinstance(runs, str) else ",".join(runs)
+    return html.Div(id="live-target", hidden=True, **_data(live_runs=target))
+
+
+def _field(caption: str, control: Any, class_name: str = "field", **style: Any) -> html.Div:
+    return html.Div(
+        [html.Label(caption, className="caption"), control],
+        className=class_name,
+        style=style or None,
+    )
+
+
+def chart_controls(*, aggregate: bool, extra_metrics: bool) -> html.Div:
+    """Smoothing, aggregation, y scale (every chart page has these ids) and extra metrics."""
+    controls = html.Div(
+        [
+            _field(
+                "Smoothing (EMA)",
+                dcc.Slider(
+                    id="opt-smoothing",
+                    min=0,
+                    max=0.99,
+                    step=0.01,
+                    value=0.6,
+                    marks={0: "off", 0.3: "0.3", 0.6: "0.6", 0.9: "0.9"},
+                    tooltip={"placement": "bottom", "always_visible": False},
+                    updatemode="mouseup",
+                ),
+                "field slider",
+            ),
+            _field(
+                "Show",
+                dcc.RadioItems(
+                    id="opt-aggregate",
+                    options=[
+                        {"label": "each run", "value": "runs"},
+                        {"label": "group mean ± std", "value": "std"},
+                        {"label": "group mean ± stderr", "value": "stderr"},
+                    ],
+                    value="runs",
+                    className="radio-inline",
+                ),
+                display=None if aggregate else "none",
+            ),
+            _field(
+                "Y scale",
+                dcc.RadioItems(
+                    id="opt-yscale",
+                    options=[
+                        {"label": "auto", "value": "auto"},
+                        {"label": "linear", "value": "linear"},
+                        {"label": "log", "value": "log"},
+                    ],
+                    value="auto",
+                    className="radio-inline",
+                ),
+            ),
+        ],
+        className="toolbar panel",
+    )
+    if extra_metrics:
+        controls.children.append(
+            _field(
+                "Add metrics",
+                dcc.Dropdown(id="opt-metrics", multi=True, placeholder="any other logged metric…"),
+                "field wide",
+            )
+        )
+    return controls
+
+
+def metric_graph(key: str, height: int) -> html.Div:
+    return html.Div(
+        dcc.Graph(
+            id={"type": GRAPH_TYPE, "key": key},
+            figure=message_figure("Loading…", height),
+            className="keel-graph",
+            style={"height": f"{height}px"},
+            config={
+                "displaylogo": False,
+                "responsive": True,
+                # Few buttons, so the bar does not cover the chart title.
+                "modeBarButtons": [["toImage", "zoom2d", "pan2d", "resetScale2d"]],
+                "toImageButtonOptions": {
+                    "format": "png",
+                    "scale": 2,
+                    "filename": key.replace("/", "_"),
+                },
+            },
+        ),
+        className="chart-card",
+    )
+
+
+def badge(text: str, kind: str | None = None) -> html.Span:
+    return html.Span(text, className=f"badge {kind or text}")
+
+
+def empty_state(title: str, body: Any) -> html.Div:
+    return html.Div([html.H2(title), html.P(body)], className="empty-state panel")

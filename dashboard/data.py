@@ -1,0 +1,127 @@
+"""The dashboard's only data source: Keel's own REST API (PROTOCOL.md), called in-process.
+
+Pages read through the public API rather than the storage layer, so the
+dashboard sees exactly what any other client sees (status, downsampling,
+non-finite encoding) and needs no change when storage does. In the server the
+transport is `httpx.ASGITransport` on the same FastAPI app: no socket, no
+second server. Tests swap in `httpx.MockTransport` or a real URL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from typing import Any
+
+import httpx
+
+from dashboard.series import Alert, Series
+
+__all__ = ["KeelApi", "in_process_client"]
+
+
+def in_process_client(app: Any) -> httpx.AsyncClient:
+    """An HTTP client whose requests are served by `app` directly (ASGI, same event loop).
+
+    When auth is on, pages are already behind the login; their reads carry the
+    process-local internal token (server.auth), never the user's.
+    """
+    token = getattr(app.state, "internal_token", None)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://keel.internal", timeout=30.0, headers=headers
+    )
+
+
+class KeelApi:
+    """Typed reads over /api/v1. Missing runs come back as None, never as exceptions."""
+
+    def __init__(self, client: httpx.AsyncClient, *, concurrency: int = 16):
+        self.client = client
+        # Caps in-flight reads per page render: a compare page fans out to runs × metrics.
+        self._limit = asyncio.Semaphore(concurrency)
+
+    async def _get(self, path: str, **params: Any) -> httpx.Response:
+        query = {k: v for k, v in params.items() if v is not None}
+        async with self._limit:
+            return await self.client.get(f"/api/v1{path}", params=query)
+
+    async def runs(self) -> list[dict[str, Any]]:
+        response = await self._get("/runs")
+        response.raise_for_status()
+        return list(response.json())
+
+    async def run(self, run_id: str) -> dict[str, Any] | None:
+        response = await self._get(f"/runs/{run_id}")
+        if response.status_code == 404:
+            return None
+        response.raise_for_status()
+        return dict(response.json())
+
+    async def runs_by_id(self, run_ids: Iterable[str]) -> dict[str, dict[str, Any] | None]:
+        ids = list(dict.fromkeys(run_ids))
+        found = await asyncio.gather(*(self.run(run_id) for run_id in ids))
+        return dict(zip(ids, found, strict=True))
+
+    async def keys(self, run_id: str) -> list[str]:
+        response = await self._get(f"/runs/{run_id}/keys")
+        if response.status_code == 404:
+            return []
+        response.raise_for_status()
+        return [str(item["key"]) for item in response.json()]
+
+    async def series(
+        self,
+        run_id: str,
+        key: str,
+        *,
+        max_points: int = 1000,
+        start: int | None = None,
+        end: int | None = None,
+    ) -> Series:
+        response = await self._get(
+            f"/runs/{run_id}/series", key=key, max_points=max_points, start=start, end=end
+        )
+        if response.status_code == 404:
+            return Series.empty()
+        response.raise_for_status()
+        return Series.from_json(response.json())
+
+    async def last_value(self, run_id: str, key: str, last_step: int | None) -> Series:
+        """The latest point of a metric: one bucket over a short window ending at the run's last step.
+
+        Reads only the tail through the (series, step) index; the bucket's value
+        is its last point and its min/max keep any non-finite value of the window.
+        """
+        if last_step is None:
+            return Series.empty()
+        tail = await self.series(run_id, key, max_points=1, start=max(0, last_step - 1000))
+        if tail.steps:
+            return tail
+        return await self.series(run_id, key, max_points=1)
+
+    async def alerts(self, run_id: str, state: str | None = None) -> list[Alert] | None:
+        """Alerts of a run, or None when the server has no alerts API (yet)."""
+        try:
+            response = await self._get("/alerts", run_id=run_id, state=state)
+        except httpx.HTTPError:
+            return None
+        if response.status_code in (404, 405, 501):
+            return None
+        if response.status_code != 200:
+            return None
+        if not response.headers.get("content-type", "").startswith("application/json"):
+            return None
+        payload = response.json()
+        if not isinstance(payload, list):
+            return None
+        return [Alert.from_json(item) for item in payload if isinstance(item, dict)]
+
+    async def alerts_for(
+        self, run_ids: Iterable[str], state: str | None = None
+    ) -> list[Alert] | None:
+        ids = list(dict.fromkeys(run_ids))
+        results = await asyncio.gather(*(self.alerts(run_id, state) for run_id in ids))
+        if all(result is None for result in results):
+            return None
+        return [alert for result in results if result for alert in result]

@@ -1,0 +1,196 @@
+"""Figure builders: points in, Plotly figure (a plain dict) out. No I/O.
+
+Conventions the browser relies on (assets/keel_live.js appends live points):
+- `layout.meta` = {"key", "render_id", "aggregate", "smoothing", "empty"};
+- each trace's `meta` = {"run", "role", "last_step", ...} with role one of
+  "raw" (the line as logged), "smooth" (its EMA; meta.ema carries the state),
+  "nonfinite" (NaN/±Inf markers on the edge axis y2), "envelope" (min/max of
+  downsampled buckets), "member"/"mean"/"band" (group aggregation), "alerts".
+Non-finite values never vanish: they are gaps in the line and markers at the
+plot edge on an overlaid, fixed [0, 1] axis, so zoom and log scale cannot hide them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from dashboard.series import Alert, nonfinite_points
+from dashboard.theme import FONT, GRID, INK, MUTED, SEVERITY_COLOURS, metric_info
+from dashboard.traces import (
+    EDGE_LABEL,
+    EDGE_SYMBOL,
+    EDGE_Y,
+    RunLine,
+    Style,
+    alert_overlays,
+    group_of,
+    group_traces,
+    run_styles,
+    run_traces,
+)
+
+__all__ = [
+    "RunLine",
+    "ChartOptions",
+    "Style",
+    "run_styles",
+    "metric_figure",
+    "message_figure",
+    "EDGE_Y",
+    "EDGE_SYMBOL",
+]
+
+Figure = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ChartOptions:
+    smoothing: float = 0.6
+    """EMA weight in [0, 1); 0 shows the raw line only."""
+    aggregate: Literal["runs", "std", "stderr"] = "runs"
+    """"runs": one line per run; otherwise one mean line per group with a ± std / stderr band."""
+    log_y: bool | None = None
+    """None: the metric's default (log for KL, ratios, norms)."""
+    x_range: tuple[float, float] | None = None
+    """A zoomed view to keep; None autoranges."""
+    height: int = 300
+
+
+def _annotation(text: str, *, colour: str = MUTED) -> Figure:
+    return {
+        "text": text,
+        "xref": "paper",
+        "yref": "paper",
+        "x": 0.5,
+        "y": 0.5,
+        "showarrow": False,
+        "font": {"size": 13, "color": colour},
+    }
+
+
+def _base_layout(title: str, unit: str, height: int, log_y: bool) -> Figure:
+    axis = {
+        "gridcolor": GRID,
+        "zeroline": False,
+        "linecolor": GRID,
+        "ticks": "outside",
+        "tickcolor": GRID,
+    }
+    return {
+        "title": {"text": title, "x": 0.01, "xanchor": "left", "y": 0.97, "font": {"size": 14}},
+        "height": height,
+        "margin": {"l": 64, "r": 16, "t": 36, "b": 76},
+        "font": {"family": FONT, "size": 12, "color": INK},
+        "paper_bgcolor": "#ffffff",
+        "plot_bgcolor": "#ffffff",
+        "hovermode": "x unified",
+        "xaxis": {**axis, "title": {"text": "step", "standoff": 4}},
+        "yaxis": {
+            **axis,
+            "title": {"text": unit},
+            "type": "log" if log_y else "linear",
+            "exponentformat": "power" if log_y else "SI",
+        },
+        "yaxis2": {"overlaying": "y", "range": [0, 1], "visible": False, "fixedrange": True},
+        "legend": {
+            "orientation": "h",
+            "x": 0,
+            "y": -0.3,
+            "yanchor": "top",
+            "font": {"size": 11},
+            "bgcolor": "rgba(0,0,0,0)",
+        },
+        "shapes": [],
+        "annotations": [],
+    }
+
+
+def metric_figure(
+    key: str,
+    lines: Sequence[RunLine],
+    alerts: Sequence[Alert] = (),
+    options: ChartOptions = ChartOptions(),
+    render_id: str = "",
+) -> Figure:
+    """One chart of one metric across runs (or across groups when aggregating)."""
+    info = metric_info(key)
+    log_y = info.log_y if options.log_y is None else options.log_y
+    title = (
+        f"<b>{info.title}</b>"
+        if info.title == key
+        else f"<b>{info.title}</b>  <span style='color:{MUTED};font-size:11px'>{key}</span>"
+    )
+    layout = _base_layout(title, info.unit, options.height, log_y)
+    styles = run_styles(lines)
+    aggregate = options.aggregate != "runs"
+    traces: list[Figure] = []
+    if aggregate:
+        groups: dict[str, list[RunLine]] = {}
+        for line in lines:
+            groups.setdefault(group_of(line), []).append(line)
+        for name in sorted(groups):
+            members = groups[name]
+            spread: Literal["std", "stderr"] = "stderr" if options.aggregate == "stderr" else "std"
+            traces.extend(
+                group_traces(members, styles[members[0].run_id], options.smoothing, spread)
+            )
+    else:
+        for line in lines:
+            traces.extend(run_traces(line, styles[line.run_id], options.smoothing))
+    shapes, alert_trace = alert_overlays(key, lines, alerts)
+    layout["shapes"] = shapes
+    if alert_trace is not None:
+        traces.append(alert_trace)
+
+    empty = not any(line.series.steps for line in lines)
+    if not lines:
+        layout["annotations"].append(_annotation("No runs selected"))
+    elif empty:
+        layout["annotations"].append(_annotation(f"No points for {key} yet — waiting for data"))
+    counts: dict[str, int] = {}
+    for line in lines:
+        for point in nonfinite_points(line.series):
+            counts[point.kind] = counts.get(point.kind, 0) + 1
+    if counts:
+        summary = ", ".join(
+            f"{counts[k]} {EDGE_LABEL[k]}" for k in ("nan", "+inf", "-inf") if k in counts
+        )
+        layout["annotations"].append(
+            {
+                "text": f"non-finite: {summary}",
+                "xref": "paper",
+                "yref": "paper",
+                "x": 1,
+                "y": 1.0,
+                "xanchor": "right",
+                "yanchor": "bottom",
+                "showarrow": False,
+                "font": {"size": 11, "color": SEVERITY_COLOURS["critical"]},
+            }
+        )
+    if options.x_range is not None:
+        layout["xaxis"]["range"] = list(options.x_range)
+        layout["xaxis"]["autorange"] = False
+    layout["uirevision"] = f"{key}|{','.join(sorted(line.run_id for line in lines))}"
+    layout["meta"] = {
+        "key": key,
+        "render_id": render_id,
+        "aggregate": aggregate,
+        "smoothing": options.smoothing,
+        "empty": empty,
+        "last_steps": {line.run_id: line.series.last_step for line in lines},
+        "edge": {kind: [EDGE_Y[kind], EDGE_SYMBOL[kind], EDGE_LABEL[kind]] for kind in EDGE_Y},
+    }
+    return {"data": traces, "layout": layout}
+
+
+def message_figure(text: str, height: int = 300) -> Figure:
+    """A blank chart carrying a message (loading, errors, nothing to show)."""
+    layout = _base_layout("", "", height, False)
+    layout["xaxis"].update(visible=False)
+    layout["yaxis"].update(visible=False)
+    layout["annotations"] = [_annotation(text)]
+    layout["meta"] = {"key": None, "render_id": "", "aggregate": False, "empty": True}
+    return {"data": [], "layout": layout}

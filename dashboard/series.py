@@ -1,0 +1,268 @@
+"""Pure data operations behind the charts: wire values, smoothing, group bands, non-finite points.
+
+No I/O and no Plotly here; everything takes lists and returns lists so it can be
+tested exactly. The same EMA runs in the browser (assets/keel_live.js) for live
+points; `EmaState` is what the page hands over to continue it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from bisect import bisect_right
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = [
+    "parse_value",
+    "Series",
+    "Alert",
+    "alert_matches",
+    "EmaState",
+    "ema",
+    "NonFinite",
+    "nonfinite_points",
+    "Band",
+    "group_band",
+]
+
+_NON_FINITE = {"nan": math.nan, "inf": math.inf, "+inf": math.inf, "-inf": -math.inf}
+
+
+def parse_value(raw: Any) -> float:
+    """A wire value (number, "nan", "inf", "-inf" or null) as a float; null and junk read as NaN."""
+    if isinstance(raw, bool) or raw is None:
+        return math.nan
+    if isinstance(raw, (int, float)):
+        return float(raw)
+    if isinstance(raw, str):
+        return _NON_FINITE.get(raw.strip().lower(), math.nan)
+    return math.nan
+
+
+@dataclass(frozen=True)
+class Series:
+    """One metric of one run, as GET /runs/{id}/series returns it."""
+
+    steps: list[int]
+    values: list[float]
+    mins: list[float] | None = None
+    """Per-bucket minimum when downsampled (spikes survive in `mins`/`maxs`)."""
+    maxs: list[float] | None = None
+
+    @property
+    def downsampled(self) -> bool:
+        return self.mins is not None and self.maxs is not None
+
+    @property
+    def last_step(self) -> int | None:
+        return self.steps[-1] if self.steps else None
+
+    @classmethod
+    def empty(cls) -> Series:
+        return cls(steps=[], values=[])
+
+    @classmethod
+    def from_json(cls, payload: dict[str, Any]) -> Series:
+        steps = [int(s) for s in payload.get("steps", [])]
+        values = [parse_value(v) for v in payload.get("values", [])]
+        if payload.get("downsampled") and "min" in payload and "max" in payload:
+            return cls(
+                steps,
+                values,
+                [parse_value(v) for v in payload["min"]],
+                [parse_value(v) for v in payload["max"]],
+            )
+        return cls(steps, values)
+
+
+@dataclass(frozen=True)
+class Alert:
+    """One alert, in the shape of GET /api/v1/alerts."""
+
+    id: str
+    run_id: str
+    rule: str
+    metric: str | None
+    severity: str
+    state: str
+    started_step: int | None
+    resolved_step: int | None
+    message: str = ""
+    keys: tuple[str, ...] = ()
+    """The metric keys that triggered it, when the server says (`metric` may be a rule pattern)."""
+
+    def on_chart(self, key: str) -> bool:
+        return key in self.keys if self.keys else alert_matches(self.metric, key)
+
+    @classmethod
+    def from_json(cls, payload: dict[str, Any]) -> Alert:
+        def step(raw: Any) -> int | None:
+            return None if raw is None else int(raw)
+
+        return cls(
+            id=str(payload.get("id", "")),
+            run_id=str(payload.get("run_id", "")),
+            rule=str(payload.get("rule", "")),
+            metric=payload.get("metric"),
+            severity=str(payload.get("severity", "warning")),
+            state=str(payload.get("state", "firing")),
+            started_step=step(payload.get("started_step")),
+            resolved_step=step(payload.get("resolved_step")),
+            message=str(payload.get("message") or ""),
+            keys=tuple(str(k) for k in payload.get("keys") or ()),
+        )
+
+
+def alert_matches(metric: str | None, key: str) -> bool:
+    """Whether an alert belongs on the chart of `key`. A rule's metric may be one key or
+    comma-separated globs ("reward/mean,loss/*", "*"), as the alert engine's rules are."""
+    if not metric:
+        return False
+    return any(fnmatch.fnmatchcase(key, p.strip()) for p in metric.split(",") if p.strip())
+
+
+# -- smoothing ---------------------------------------------------------------------------
+
+
+@dataclass
+class EmaState:
+    """Where a debiased EMA stands: the biased accumulator and how many finite points fed it."""
+
+    biased: float = 0.0
+    count: int = 0
+
+    def push(self, value: float, weight: float) -> float:
+        self.biased = self.biased * weight + (1.0 - weight) * value
+        self.count += 1
+        # Dividing by 1 - w^n removes the pull towards the zero start (TensorBoard's debiasing).
+        return self.biased / (1.0 - weight**self.count)
+
+
+def ema(values: Sequence[float], weight: float) -> tuple[list[float | None], EmaState]:
+    """TensorBoard-style debiased exponential moving average.
+
+    `weight` in [0, 1): 0 returns the values unchanged. Non-finite values do not
+    feed the average and come out as None (a gap; they are drawn as markers).
+    Returns the smoothed list and the state that continues it.
+    """
+    if not 0.0 <= weight < 1.0:
+        raise ValueError(f"smoothing weight must be in [0, 1), got {weight}")
+    state = EmaState()
+    out: list[float | None] = []
+    for value in values:
+        out.append(state.push(value, weight) if math.isfinite(value) else None)
+    return out, state
+
+
+# -- non-finite values -------------------------------------------------------------------
+
+NonFiniteKind = Literal["nan", "+inf", "-inf"]
+
+
+@dataclass(frozen=True)
+class NonFinite:
+    step: int
+    kind: NonFiniteKind
+
+
+def _kind(value: float) -> NonFiniteKind | None:
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "+inf" if value > 0 else "-inf"
+    return None
+
+
+def nonfinite_points(series: Series) -> list[NonFinite]:
+    """Every non-finite point, including those hidden inside a downsampled bucket.
+
+    A bucket whose max is NaN held a NaN; a max of +inf or min of -inf held an
+    infinity. One step can carry several kinds; each is reported once.
+    """
+    found: list[NonFinite] = []
+    envelopes: Iterable[tuple[float, ...]]
+    if series.downsampled:
+        assert series.mins is not None and series.maxs is not None
+        envelopes = zip(series.values, series.mins, series.maxs, strict=True)
+    else:
+        envelopes = ((v,) for v in series.values)
+    for step, candidates in zip(series.steps, envelopes, strict=True):
+        kinds: list[NonFiniteKind] = []
+        for value in candidates:
+            kind = _kind(value)
+            if kind is not None and kind not in kinds:
+                kinds.append(kind)
+        found.extend(NonFinite(step, kind) for kind in kinds)
+    return found
+
+
+# -- group aggregation -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Band:
+    """Mean of a group of runs with a spread band, on a shared step grid."""
+
+    steps: list[int]
+    mean: list[float | None]
+    lower: list[float | None]
+    upper: list[float | None]
+    count: list[int] = field(default_factory=list)
+    """How many runs had a finite value at each step."""
+
+
+def _grid(all_steps: Iterable[Sequence[int]], max_points: int) -> list[int]:
+    union = sorted({s for steps in all_steps for s in steps})
+    if len(union) <= max_points:
+        return union
+    stride = len(union) / max_points
+    picked = [union[int(i * stride)] for i in range(max_points)]
+    if picked[-1] != union[-1]:
+        picked.append(union[-1])
+    return picked
+
+
+def _as_of(steps: Sequence[int], values: Sequence[float | None], at: int) -> float | None:
+    """The value last reported at or before `at`, only inside the run's own step range."""
+    if not steps or at < steps[0] or at > steps[-1]:
+        return None
+    return values[bisect_right(steps, at) - 1]
+
+
+def group_band(
+    runs: Sequence[tuple[Sequence[int], Sequence[float | None]]],
+    spread: Literal["std", "stderr"] = "std",
+    max_points: int = 1000,
+) -> Band:
+    """Mean ± spread across runs (seeds of one arm), each given as (steps, values).
+
+    Runs rarely report the same steps (different downsampling buckets, crashes),
+    so each is read "as of" every step of a shared grid, and only inside its own
+    range: a run that died at step 500 stops counting after 500. Non-finite and
+    missing values are left out of the mean; the sample std (ddof=1) gives the band,
+    or std/√n for `stderr`. With one run the band is the line itself.
+    """
+    grid = _grid((steps for steps, _ in runs), max_points)
+    mean: list[float | None] = []
+    lower: list[float | None] = []
+    upper: list[float | None] = []
+    count: list[int] = []
+    for step in grid:
+        present = [_as_of(steps, values, step) for steps, values in runs]
+        finite = [v for v in present if v is not None and math.isfinite(v)]
+        n = len(finite)
+        count.append(n)
+        if n == 0:
+            mean.append(None)
+            lower.append(None)
+            upper.append(None)
+            continue
+        mu = math.fsum(finite) / n
+        std = math.sqrt(math.fsum((v - mu) ** 2 for v in finite) / (n - 1)) if n > 1 else 0.0
+        half = std / math.sqrt(n) if spread == "stderr" else std
+        mean.append(mu)
+        lower.append(mu - half)
+        upper.append(mu + half)
+    return Band(steps=grid, mean=mean, lower=lower, upper=upper, count=count)

@@ -1,0 +1,90 @@
+"""Look and vocabulary of the dashboard: colours, metric titles and units, chart defaults.
+
+One place for these so every page and figure agrees (a run is the same colour
+everywhere; a metric has one title and one unit).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "GROUP_PALETTE",
+    "DASHES",
+    "HEADLINE_KEYS",
+    "MetricInfo",
+    "metric_info",
+    "SEVERITY_COLOURS",
+    "FONT",
+    "INK",
+    "MUTED",
+    "GRID",
+]
+
+FONT = "Inter, system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif"
+INK = "#1f2933"
+MUTED = "#7b8794"
+GRID = "#e4e7eb"
+
+# Colour-blind-safe (Okabe-Ito ordering, then Tableau extras): one colour per group.
+GROUP_PALETTE = (
+    "#0072B2",
+    "#D55E00",
+    "#009E73",
+    "#CC79A7",
+    "#E69F00",
+    "#56B4E9",
+    "#8C564B",
+    "#4E79A7",
+    "#B07AA1",
+    "#59A14F",
+)
+# Runs of one group share its colour and differ by dash, so seeds stay apart.
+DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
+
+# Alert colours stay clear of the group palette's orange and vermillion.
+SEVERITY_COLOURS = {"critical": "#C81E1E", "warning": "#CA8A04", "info": "#2563EB"}
+
+
+@dataclass(frozen=True)
+class MetricInfo:
+    key: str
+    title: str
+    """Human title shown above the chart."""
+    unit: str
+    """y-axis label: what the number measures."""
+    log_y: bool
+    """Spans decades (KL, ratios, norms): a log axis shows the climb before the blow-up."""
+
+
+_KNOWN = {
+    info.key: info
+    for info in (
+        MetricInfo("reward/mean", "Reward", "mean reward", False),
+        MetricInfo("reward/std", "Reward spread", "std of reward", False),
+        MetricInfo("mismatch/kl", "Sampler–learner KL", "KL(μ‖π), nats (k3)", True),
+        MetricInfo("mismatch/kl_k1", "KL estimate k1", "nats", False),
+        MetricInfo("mismatch/kl_k2", "KL estimate k2", "nats", True),
+        MetricInfo("mismatch/ratio_max", "Max importance ratio", "max π/μ (raw)", True),
+        MetricInfo("mismatch/ratio_min", "Min importance ratio", "min π/μ", True),
+        MetricInfo("mismatch/ess_frac", "Effective sample size", "fraction of tokens", False),
+        MetricInfo("mismatch/log_ratio_abs_mean", "Mean |log ratio|", "nats", True),
+        MetricInfo("mismatch/log_ratio_p99", "p99 |log ratio|", "nats", True),
+        MetricInfo("mismatch/bkl_seq_max", "Max sequence Bernoulli KL", "nats", True),
+        MetricInfo("gate/frac", "Gated fraction", "fraction of units gated", False),
+        MetricInfo("grad/norm", "Gradient norm", "global L2 norm, pre-clip", True),
+        MetricInfo("policy/entropy", "Policy entropy", "nats / token", False),
+        MetricInfo("perf/step_s", "Step time", "seconds", False),
+        MetricInfo("perf/tokens_per_s", "Throughput", "tokens / s", False),
+        MetricInfo("staleness/lag_mean", "Mean staleness", "policy versions", False),
+        MetricInfo("staleness/lag_max", "Max staleness", "policy versions", False),
+    )
+}
+
+HEADLINE_KEYS = ("reward/mean", "mismatch/kl", "gate/frac", "mismatch/ratio_max", "grad/norm")
+"""The five default panels (METRICS.md ★), in display order."""
+
+
+def metric_info(key: str) -> MetricInfo:
+    """What we know about a metric; unknown keys get their own name as title, linear axis."""
+    return _KNOWN.get(key) or MetricInfo(key, key, key.rsplit("/", 1)[-1], False)

@@ -1,0 +1,306 @@
+"""Trace builders for the metric charts (pure): per-run lines, group bands, markers, alerts.
+
+`dashboard.figures` assembles them into a figure; the `meta` each trace carries
+is the contract with the browser's live updater (see figures.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from dashboard.series import Alert, Series, ema, group_band, nonfinite_points
+from dashboard.theme import DASHES, GROUP_PALETTE, INK, SEVERITY_COLOURS
+
+__all__ = [
+    "RunLine",
+    "Style",
+    "run_styles",
+    "group_of",
+    "run_traces",
+    "group_traces",
+    "alert_overlays",
+    "EDGE_Y",
+    "EDGE_SYMBOL",
+    "EDGE_LABEL",
+]
+
+Figure = dict[str, Any]
+
+# Where non-finite markers sit on the overlaid [0, 1] axis, and how they look.
+EDGE_Y = {"+inf": 0.975, "nan": 0.93, "-inf": 0.025}
+EDGE_SYMBOL = {"+inf": "triangle-up", "nan": "x", "-inf": "triangle-down"}
+EDGE_LABEL = {"+inf": "+Inf", "nan": "NaN", "-inf": "−Inf"}
+ALERT_Y = 0.07
+
+
+@dataclass(frozen=True)
+class RunLine:
+    """One run's series of the charted metric."""
+
+    run_id: str
+    name: str
+    group: str | None
+    series: Series
+
+
+@dataclass(frozen=True)
+class Style:
+    colour: str
+    dash: str
+
+
+def group_of(line: RunLine) -> str:
+    """The aggregation key: the run's group, or the run alone when it has none."""
+    return line.group if line.group else f"run:{line.run_id}"
+
+
+def run_styles(lines: Sequence[RunLine]) -> dict[str, Style]:
+    """Colour by group (sorted, so a group keeps its colour across pages), dash by seed within it."""
+    groups = sorted({group_of(line) for line in lines})
+    colour = {g: GROUP_PALETTE[i % len(GROUP_PALETTE)] for i, g in enumerate(groups)}
+    styles: dict[str, Style] = {}
+    seen: dict[str, int] = {}
+    for line in sorted(lines, key=lambda ln: (group_of(ln), ln.name, ln.run_id)):
+        g = group_of(line)
+        index = seen.get(g, 0)
+        seen[g] = index + 1
+        styles[line.run_id] = Style(colour[g], DASHES[index % len(DASHES)])
+    return styles
+
+
+def _rgba(hex_colour: str, alpha: float) -> str:
+    h = hex_colour.lstrip("#")
+    r, g, b = (int(h[i : i + 2], 16) for i in (0, 2, 4))
+    return f"rgba({r},{g},{b},{alpha})"
+
+
+def plain(text: str) -> str:
+    """Text shown as is: Plotly renders a subset of HTML in names and hover text."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _finite_or_none(values: Sequence[float | None]) -> list[float | None]:
+    return [v if v is not None and math.isfinite(v) else None for v in values]
+
+
+def _envelope(line: RunLine, colour: str) -> Figure | None:
+    series = line.series
+    if not series.downsampled or series.mins is None or series.maxs is None:
+        return None
+    kept = [
+        (s, lo, hi)
+        for s, lo, hi in zip(series.steps, series.mins, series.maxs, strict=True)
+        if math.isfinite(lo) and math.isfinite(hi)
+    ]
+    if not kept:
+        return None
+    steps = [s for s, _, _ in kept]
+    return {
+        "type": "scatter",
+        "x": steps + steps[::-1],
+        "y": [hi for _, _, hi in kept] + [lo for _, lo, _ in kept][::-1],
+        "fill": "toself",
+        "fillcolor": _rgba(colour, 0.13),
+        "line": {"width": 0},
+        "mode": "lines",
+        "hoverinfo": "skip",
+        "showlegend": False,
+        "legendgroup": line.run_id,
+        "name": plain(f"{line.name} min–max"),
+        "meta": {"run": line.run_id, "role": "envelope"},
+    }
+
+
+def _nonfinite_trace(line: RunLine, colour: str) -> Figure:
+    points = nonfinite_points(line.series)
+    return {
+        "type": "scatter",
+        "x": [p.step for p in points],
+        "y": [EDGE_Y[p.kind] for p in points],
+        "yaxis": "y2",
+        "mode": "markers",
+        "marker": {
+            "symbol": [EDGE_SYMBOL[p.kind] for p in points],
+            "size": 9,
+            "color": colour,
+            "line": {"width": 1, "color": INK},
+        },
+        "text": [EDGE_LABEL[p.kind] for p in points],
+        # The name comes in as data, never as template text (a run may be called "%{y}").
+        "hovertemplate": "%{fullData.name}: %{text}<extra></extra>",
+        "showlegend": False,
+        "legendgroup": line.run_id,
+        "name": plain(line.name),
+        "meta": {"run": line.run_id, "role": "nonfinite", "last_step": line.series.last_step},
+    }
+
+
+def run_traces(line: RunLine, style: Style, smoothing: float) -> list[Figure]:
+    series = line.series
+    traces: list[Figure] = []
+    envelope = _envelope(line, style.colour)
+    if envelope is not None:
+        traces.append(envelope)
+    smoothed = smoothing > 0
+    traces.append(
+        {
+            "type": "scatter",
+            "mode": "lines",
+            "x": list(series.steps),
+            "y": _finite_or_none(series.values),
+            "name": plain(line.name),
+            "legendgroup": line.run_id,
+            "showlegend": not smoothed,
+            "opacity": 0.28 if smoothed else 1.0,
+            "line": {"color": style.colour, "dash": style.dash, "width": 1 if smoothed else 1.8},
+            "hovertemplate": "%{y:.4~g}" + ("<extra>raw</extra>" if smoothed else ""),
+            "meta": {"run": line.run_id, "role": "raw", "last_step": series.last_step},
+        }
+    )
+    if smoothed:
+        values, state = ema(series.values, smoothing)
+        traces.append(
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "x": list(series.steps),
+                "y": values,
+                "name": plain(line.name),
+                "legendgroup": line.run_id,
+                "line": {"color": style.colour, "dash": style.dash, "width": 2},
+                "hovertemplate": "%{y:.4~g}",
+                "meta": {
+                    "run": line.run_id,
+                    "role": "smooth",
+                    "last_step": series.last_step,
+                    "ema": {"biased": state.biased, "count": state.count},
+                },
+            }
+        )
+    traces.append(_nonfinite_trace(line, style.colour))
+    return traces
+
+
+def group_traces(
+    members: Sequence[RunLine], style: Style, smoothing: float, spread: Literal["std", "stderr"]
+) -> list[Figure]:
+    group = members[0].group or members[0].name
+    curves = []
+    traces: list[Figure] = []
+    for line in members:
+        values = (
+            ema(line.series.values, smoothing)[0] if smoothing > 0 else list(line.series.values)
+        )
+        curves.append((line.series.steps, values))
+        traces.append(
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "x": list(line.series.steps),
+                "y": _finite_or_none(values),
+                "name": plain(line.name),
+                "legendgroup": f"group:{group}",
+                "showlegend": False,
+                "opacity": 0.25,
+                "line": {"color": style.colour, "width": 1},
+                "hoverinfo": "skip",
+                "meta": {"run": line.run_id, "role": "member"},
+            }
+        )
+    band = group_band(curves, spread=spread)
+    label = plain(f"{group} (n={len(members)})")
+    traces.append(
+        {
+            "type": "scatter",
+            "mode": "lines",
+            "x": band.steps + band.steps[::-1],
+            "y": band.upper + band.lower[::-1],
+            "fill": "toself",
+            "fillcolor": _rgba(style.colour, 0.2),
+            "line": {"width": 0},
+            "hoverinfo": "skip",
+            "showlegend": False,
+            "legendgroup": f"group:{group}",
+            "name": f"{label} ± {spread}",
+            "meta": {"group": group, "role": "band"},
+        }
+    )
+    traces.append(
+        {
+            "type": "scatter",
+            "mode": "lines",
+            "x": band.steps,
+            "y": band.mean,
+            "customdata": band.count,
+            "name": label,
+            "legendgroup": f"group:{group}",
+            "line": {"color": style.colour, "width": 2.2},
+            "hovertemplate": "%{y:.4~g} (n=%{customdata})",
+            "meta": {"group": group, "role": "mean"},
+        }
+    )
+    traces.extend(_nonfinite_trace(line, style.colour) for line in members)
+    return traces
+
+
+def alert_overlays(
+    key: str, lines: Sequence[RunLine], alerts: Sequence[Alert]
+) -> tuple[list[Figure], Figure | None]:
+    names = {line.run_id: line.name for line in lines}
+    last = {line.run_id: line.series.last_step for line in lines}
+    shapes: list[Figure] = []
+    xs: list[int] = []
+    texts: list[str] = []
+    colours: list[str] = []
+    for alert in alerts:
+        if alert.state == "pending" or not alert.on_chart(key) or alert.run_id not in names:
+            continue
+        if alert.started_step is None:
+            continue
+        colour = SEVERITY_COLOURS.get(alert.severity, SEVERITY_COLOURS["warning"])
+        end = alert.resolved_step
+        if end is None:
+            end = max(alert.started_step, last[alert.run_id] or alert.started_step)
+        shapes.append(
+            {
+                "type": "rect",
+                "xref": "x",
+                "yref": "paper",
+                "x0": alert.started_step,
+                "x1": end,
+                "y0": 0,
+                "y1": 1,
+                "fillcolor": _rgba(colour, 0.06),
+                "line": {"width": 0},
+                "layer": "below",
+            }
+        )
+        xs.append(alert.started_step)
+        colours.append(colour)
+        state = "firing" if alert.resolved_step is None else f"resolved at {alert.resolved_step}"
+        head = plain(f"{alert.severity} · {alert.rule} · {names[alert.run_id]} ({state})")
+        texts.append(f"{head}<br>{plain(alert.message)}")
+    if not xs:
+        return shapes, None
+    marker_trace = {
+        "type": "scatter",
+        "x": xs,
+        "y": [ALERT_Y] * len(xs),
+        "yaxis": "y2",
+        "mode": "markers",
+        "marker": {
+            "symbol": "diamond",
+            "size": 10,
+            "color": colours,
+            "line": {"width": 1, "color": "#fff"},
+        },
+        "text": texts,
+        "hovertemplate": "%{text}<extra>alert</extra>",
+        "showlegend": False,
+        "name": "alerts",
+        "meta": {"role": "alerts"},
+    }
+    return shapes, marker_trace

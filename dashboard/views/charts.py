@@ -1,0 +1,121 @@
+"""The one callback that draws every metric chart (compare and run pages).
+
+Each chart fetches its own series, so charts fill in independently. It redraws
+on page/option changes, on zoom (re-fetching the visible range at full
+resolution), and on the structural live ticks (alerts, reconnects, aggregated
+charts). Plain live points never come here: the browser appends them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import uuid
+from typing import Any
+
+from dash import MATCH, Dash, Input, Output, State, ctx
+from dash.exceptions import PreventUpdate
+
+from dashboard.components import GRAPH_TYPE
+from dashboard.data import KeelApi
+from dashboard.figures import ChartOptions, RunLine, metric_figure
+
+__all__ = ["register", "zoom_range", "HISTORY_POINTS", "ZOOM_POINTS", "UNCHANGED"]
+
+HISTORY_POINTS = 1000
+"""Buckets per series for the first draw (the SQL keeps min/max per bucket)."""
+ZOOM_POINTS = 5000
+"""Points per series for a zoomed range: raw points unless the range holds more."""
+
+UNCHANGED = "unchanged"
+RESET = None
+
+
+def zoom_range(relayout: dict[str, Any] | None) -> tuple[float, float] | str | None:
+    """The x range a relayout event asks for: a (start, end) pair, None to reset, or
+    UNCHANGED when the event does not touch the x axis (resize, y-only zoom, legend)."""
+    if not relayout:
+        return UNCHANGED
+    if relayout.get("xaxis.autorange"):
+        return RESET
+    if "xaxis.range[0]" in relayout and "xaxis.range[1]" in relayout:
+        return float(relayout["xaxis.range[0]"]), float(relayout["xaxis.range[1]"])
+    pair = relayout.get("xaxis.range")
+    if isinstance(pair, list) and len(pair) == 2:
+        return float(pair[0]), float(pair[1])
+    return UNCHANGED
+
+
+STRUCTURAL_TICKS = {"alert", "reconnect"}
+
+
+def register(dash_app: Dash, api: KeelApi) -> None:
+    graph = {"type": GRAPH_TYPE, "key": MATCH}
+
+    @dash_app.callback(
+        Output(graph, "figure"),
+        Input("page-state", "data"),
+        Input("opt-smoothing", "value"),
+        Input("opt-aggregate", "value"),
+        Input("opt-yscale", "value"),
+        Input(graph, "relayoutData"),
+        Input("live-tick", "data"),
+        State(graph, "id"),
+    )
+    async def draw(
+        state: dict[str, Any] | None,
+        smoothing: float | None,
+        aggregate: str | None,
+        yscale: str | None,
+        relayout: dict[str, Any] | None,
+        tick: dict[str, Any] | None,
+        graph_id: dict[str, str],
+    ) -> dict[str, Any]:
+        if not state:
+            raise PreventUpdate
+        triggers = {item["prop_id"] for item in ctx.triggered}
+        zoom = zoom_range(relayout)
+        if triggers and all(t.endswith(".relayoutData") for t in triggers) and zoom == UNCHANGED:
+            raise PreventUpdate
+        if triggers == {"live-tick.data"}:
+            reason = (tick or {}).get("reason")
+            wanted = reason in STRUCTURAL_TICKS or (reason == "aggregate" and aggregate != "runs")
+            if not wanted:
+                raise PreventUpdate
+        x_range = zoom if isinstance(zoom, tuple) else None
+        options = ChartOptions(
+            smoothing=float(smoothing or 0.0),
+            aggregate="std"
+            if aggregate == "std"
+            else "stderr"
+            if aggregate == "stderr"
+            else "runs",
+            log_y=None if yscale in (None, "auto") else yscale == "log",
+            x_range=x_range,
+            height=int(state.get("height", 300)),
+        )
+        lines, alerts = await load_lines(api, state.get("runs", []), graph_id["key"], x_range)
+        return metric_figure(graph_id["key"], lines, alerts, options, render_id=uuid.uuid4().hex)
+
+
+async def load_lines(
+    api: KeelApi, run_ids: list[str], key: str, x_range: tuple[float, float] | None
+) -> tuple[list[RunLine], list[Any]]:
+    infos = await api.runs_by_id(run_ids)
+    known = [run_id for run_id in dict.fromkeys(run_ids) if infos.get(run_id)]
+    start = end = None
+    if x_range is not None:
+        start = max(0, math.floor(min(x_range)))
+        end = max(0, math.ceil(max(x_range)))
+    points = HISTORY_POINTS if x_range is None else ZOOM_POINTS
+    series, alerts = await asyncio.gather(
+        asyncio.gather(
+            *(api.series(r, key, max_points=points, start=start, end=end) for r in known)
+        ),
+        api.alerts_for(known),
+    )
+    lines = []
+    for run_id, data in zip(known, series, strict=True):
+        info = infos[run_id] or {}
+        lines.append(RunLine(run_id, str(info.get("name", run_id)), info.get("group"), data))
+    return lines, alerts or []

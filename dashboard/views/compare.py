@@ -1,0 +1,221 @@
+"""/compare?runs=a,b,c — the headline charts of several runs side by side, with a summary."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import dash_ag_grid as dag
+from dash import Dash, Input, Output, State, dcc, html
+
+from dashboard.components import chart_controls, empty_state, live_target, metric_graph, page_state
+from dashboard.data import KeelApi
+from dashboard.figures import RunLine, run_styles
+from dashboard.series import Series
+from dashboard.summary import SUMMARY_KEYS, summarise_group, summarise_run
+from dashboard.theme import HEADLINE_KEYS
+
+__all__ = ["layout", "register", "parse_runs"]
+
+CHART_HEIGHT = 330
+
+
+def parse_runs(search: str | None) -> list[str]:
+    """Run ids from a `?runs=a,b` query string, in order, without duplicates."""
+    from urllib.parse import parse_qs
+
+    values = parse_qs((search or "").lstrip("?")).get("runs", [])
+    ids = [part.strip() for value in values for part in value.split(",")]
+    return list(dict.fromkeys(i for i in ids if i))
+
+
+def _number_column(field: str, header: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "field": field,
+        "headerName": header,
+        "type": "rightAligned",
+        "valueFormatter": {"function": "keelNumber(params.value)"},
+        "cellClassRules": {"cell-nonfinite": {"function": "keelNonFinite(params.value)"}},
+        **extra,
+    }
+
+
+SUMMARY_COLUMNS = [
+    {"field": "name", "headerName": "Run / group", "flex": 2, "minWidth": 180},
+    {"field": "group", "headerName": "Group", "flex": 1, "minWidth": 100},
+    _number_column("final_reward", "Final reward", flex=1),
+    _number_column("peak_reward", "Peak reward", flex=1),
+    {"field": "peak_step", "headerName": "Peak at step", "type": "rightAligned", "flex": 1},
+    {
+        "field": "first_critical_step",
+        "headerName": "First critical alert (step)",
+        "type": "rightAligned",
+        "flex": 1,
+        "cellClassRules": {"cell-critical": {"function": "params.value != null"}},
+    },
+    _number_column("max_kl", "Max KL", flex=1),
+    _number_column("max_ratio", "Max ratio", flex=1),
+    {
+        "field": "nonfinite",
+        "headerName": "Non-finite points",
+        "type": "rightAligned",
+        "flex": 1,
+        "cellClassRules": {"cell-nonfinite": {"function": "params.value > 0"}},
+    },
+]
+
+
+def layout(run_ids: list[str]) -> html.Div:
+    if not run_ids:
+        return empty_state(
+            "Nothing to compare yet",
+            ["Pick runs on the ", dcc.Link("Runs", href="/"), " page and press Compare."],
+        )
+    return html.Div(
+        [
+            page_state("compare", run_ids, CHART_HEIGHT),
+            live_target(run_ids),
+            html.Div(
+                [
+                    html.H1("Compare"),
+                    html.Span(
+                        f"{len(run_ids)} run{'s' if len(run_ids) != 1 else ''}", className="sub"
+                    ),
+                    html.Div(id="compare-chips", className="chips"),
+                ],
+                className="page-title",
+            ),
+            html.Div(id="compare-notice"),
+            chart_controls(aggregate=True, extra_metrics=True),
+            html.Div(
+                [metric_graph(key, CHART_HEIGHT) for key in HEADLINE_KEYS], className="charts"
+            ),
+            html.Div(id="compare-extra", className="charts", style={"marginTop": "12px"}),
+            html.Div(
+                [
+                    html.H2("Summary"),
+                    dag.AgGrid(
+                        id="compare-summary",
+                        columnDefs=SUMMARY_COLUMNS,
+                        rowData=[],
+                        defaultColDef={
+                            "sortable": True,
+                            "resizable": True,
+                            "wrapHeaderText": True,
+                            "autoHeaderHeight": True,
+                        },
+                        dashGridOptions={
+                            "domLayout": "autoHeight",
+                            "localeText": {"noRowsToShow": "Loading summary…"},
+                        },
+                        style={"height": None},
+                    ),
+                ],
+                className="panel section",
+            ),
+        ]
+    )
+
+
+def register(dash_app: Dash, api: KeelApi) -> None:
+    @dash_app.callback(
+        Output("compare-chips", "children"),
+        Output("compare-notice", "children"),
+        Output("opt-metrics", "options"),
+        Input("page-state", "data"),
+        prevent_initial_call=False,
+    )
+    async def header(state: dict[str, Any] | None) -> tuple[Any, Any, list[dict[str, str]]]:
+        if not state or state.get("page") != "compare":
+            return [], None, []
+        run_ids = state["runs"]
+        infos = await api.runs_by_id(run_ids)
+        known = [r for r in run_ids if infos.get(r)]
+        keys = await asyncio.gather(*(api.keys(r) for r in known))
+        lines = [_identity(r, infos[r] or {}) for r in known]
+        styles = run_styles(lines)
+        chips = [
+            dcc.Link(
+                [
+                    html.Span(
+                        className="swatch",
+                        style={
+                            "borderTopColor": styles[line.run_id].colour,
+                            "borderTopStyle": _css_dash(styles[line.run_id].dash),
+                        },
+                    ),
+                    line.name,
+                    html.Span(line.group or "", className="group"),
+                ],
+                href=f"/runs/{line.run_id}",
+                className="chip",
+            )
+            for line in lines
+        ]
+        missing = [r for r in run_ids if not infos.get(r)]
+        notice = (
+            html.Div(f"Unknown run id(s), not shown: {', '.join(missing)}", className="notice")
+            if missing
+            else None
+        )
+        extra = sorted({k for run_keys in keys for k in run_keys} - set(HEADLINE_KEYS))
+        return chips, notice, [{"label": k, "value": k} for k in extra]
+
+    @dash_app.callback(
+        Output("compare-extra", "children"),
+        Input("opt-metrics", "value"),
+        State("page-state", "data"),
+    )
+    def extra_charts(keys: list[str] | None, state: dict[str, Any] | None) -> list[Any]:
+        if not state or state.get("page") != "compare":
+            return []
+        return [metric_graph(key, CHART_HEIGHT) for key in keys or []]
+
+    @dash_app.callback(
+        Output("compare-summary", "rowData"),
+        Input("page-state", "data"),
+        Input("opt-aggregate", "value"),
+        Input("live-data-tick", "data"),
+    )
+    async def summary(
+        state: dict[str, Any] | None, aggregate: str | None, _tick: Any
+    ) -> list[dict[str, Any]]:
+        if not state or state.get("page") != "compare":
+            return []
+        run_ids = state["runs"]
+        infos = await api.runs_by_id(run_ids)
+        known = [r for r in run_ids if infos.get(r)]
+        per_run = await asyncio.gather(*(_run_series(api, r) for r in known))
+        alerts = await api.alerts_for(known) or []
+        summaries = []
+        for run_id, series in zip(known, per_run, strict=True):
+            info = infos[run_id] or {}
+            run_alerts = [a for a in alerts if a.run_id == run_id]
+            summaries.append(
+                summarise_run(info.get("name", run_id), info.get("group"), series, run_alerts)
+            )
+        rows = [s.row() for s in summaries]
+        if aggregate in ("std", "stderr"):
+            groups: dict[str, list[Any]] = {}
+            for s in summaries:
+                groups.setdefault(s.group or s.name, []).append(s)
+            rows = [
+                summarise_group(g, members).row() for g, members in sorted(groups.items())
+            ] + rows
+        return rows
+
+
+async def _run_series(api: KeelApi, run_id: str) -> dict[str, Series]:
+    fetched = await asyncio.gather(
+        *(api.series(run_id, key, max_points=1000) for key in SUMMARY_KEYS)
+    )
+    return dict(zip(SUMMARY_KEYS, fetched, strict=True))
+
+
+def _identity(run_id: str, info: dict[str, Any]) -> RunLine:
+    """A run as the colour assignment sees it (no points needed)."""
+    return RunLine(run_id, str(info.get("name", run_id)), info.get("group"), Series.empty())
+
+
+def _css_dash(dash: str) -> str:
+    return {"solid": "solid", "dot": "dotted"}.get(dash, "dashed")

@@ -1,0 +1,197 @@
+"""/runs/<id> — one run: overview, alerts, config, and a chart for every metric it logs."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Any
+
+from dash import Dash, Input, Output, State, dcc, html, no_update
+
+from dashboard.components import (
+    badge,
+    chart_controls,
+    display_status,
+    empty_state,
+    live_target,
+    metric_graph,
+    page_state,
+)
+from dashboard.data import KeelApi
+from dashboard.series import Alert
+from dashboard.theme import HEADLINE_KEYS
+
+__all__ = ["layout", "register", "order_keys"]
+
+CHART_HEIGHT = 260
+
+
+def order_keys(keys: list[str]) -> list[tuple[str, list[str]]]:
+    """Headline metrics first, then the rest by namespace (`mismatch/…`, `perf/…`), sorted."""
+    headline = [k for k in HEADLINE_KEYS if k in keys]
+    sections: dict[str, list[str]] = {}
+    for key in sorted(set(keys) - set(headline)):
+        sections.setdefault(key.split("/", 1)[0] if "/" in key else "other", []).append(key)
+    ordered = [("headline", headline)] if headline else []
+    return ordered + sorted(sections.items())
+
+
+def layout(run_id: str) -> html.Div:
+    return html.Div(
+        [
+            page_state("run", [run_id], CHART_HEIGHT),
+            live_target([run_id]),
+            dcc.Store(id="run-keys"),
+            html.Div(html.H1("Loading run…"), id="run-header", className="page-title"),
+            html.Div(
+                [
+                    html.Div([html.H2("Overview"), html.Div(id="run-overview")], className="panel"),
+                    html.Div([html.H2("Alerts"), html.Div(id="run-alerts")], className="panel"),
+                ],
+                className="two-col",
+            ),
+            html.Div(
+                [html.H2("Config"), html.Pre(id="run-config", className="config")],
+                className="panel section",
+            ),
+            html.Div(chart_controls(aggregate=False, extra_metrics=False), className="section"),
+            html.Div(id="run-charts"),
+        ]
+    )
+
+
+def _when(iso: str | None) -> str:
+    if not iso:
+        return "—"
+    moment = datetime.fromisoformat(iso)
+    seconds = (datetime.now(timezone.utc) - moment).total_seconds()
+    ago = (
+        f"{int(seconds)} s ago"
+        if seconds < 90
+        else f"{int(seconds // 60)} min ago"
+        if seconds < 5400
+        else f"{seconds / 3600:.1f} h ago"
+    )
+    return f"{moment.strftime('%Y-%m-%d %H:%M:%S')} UTC ({ago})"
+
+
+def _short(pattern: str | None, limit: int = 40) -> str:
+    if not pattern:
+        return "—"
+    return pattern if len(pattern) <= limit else pattern[: limit - 1] + "…"
+
+
+def _alerts_table(alerts: list[Alert] | None) -> Any:
+    if alerts is None:
+        return html.P("Alerts are not available on this server yet.", className="sub")
+    if not alerts:
+        return html.P([badge("ok"), " No alerts for this run."])
+    header = html.Tr(
+        [html.Th(h) for h in ("Severity", "State", "Rule", "Metric", "Steps", "Message")]
+    )
+    rows = [
+        html.Tr(
+            [
+                html.Td(badge(a.severity)),
+                html.Td(a.state),
+                html.Td(a.rule, className="rule"),
+                html.Td(_short(a.metric), title=a.metric or "", className="metric"),
+                html.Td(
+                    f"{a.started_step} → {a.resolved_step if a.resolved_step is not None else 'now'}"
+                ),
+                html.Td(a.message),
+            ]
+        )
+        for a in sorted(alerts, key=lambda a: (a.state != "firing", -(a.started_step or 0)))
+    ]
+    return html.Table([html.Thead(header), html.Tbody(rows)], className="plain")
+
+
+def register(dash_app: Dash, api: KeelApi) -> None:
+    @dash_app.callback(
+        Output("run-header", "children"),
+        Output("run-overview", "children"),
+        Output("run-alerts", "children"),
+        Output("run-config", "children"),
+        Input("page-state", "data"),
+        Input("live-data-tick", "data"),
+    )
+    async def details(state: dict[str, Any] | None, _tick: Any) -> tuple[Any, Any, Any, Any]:
+        if not state or state.get("page") != "run":
+            return no_update, no_update, no_update, no_update
+        run_id = state["runs"][0]
+        run = await api.run(run_id)
+        if run is None:
+            missing = empty_state("Run not found", f"No run with id {run_id} on this server.")
+            return [html.H1("Unknown run")], missing, None, ""
+        alerts = await api.alerts(run_id)
+        siblings = [run_id]
+        if run.get("group"):
+            siblings += [
+                r["id"]
+                for r in await api.runs()
+                if r.get("group") == run["group"]
+                and r.get("project") == run.get("project")
+                and r["id"] != run_id
+            ]
+        status = display_status(run["status"])
+        header = [
+            html.H1(run["name"]),
+            badge(status),
+            html.Span(f"group {run['group']}" if run.get("group") else "no group", className="sub"),
+            html.Span(f"project {run['project']}", className="sub"),
+            dcc.Link(
+                f"compare with its group ({len(siblings)} runs) →"
+                if len(siblings) > 1
+                else "open in compare →",
+                href=f"/compare?runs={','.join(siblings)}",
+                className="sub",
+            ),
+        ]
+        facts = [
+            ("Run id", run["id"]),
+            ("Status", status),
+            ("Last step", "—" if run.get("last_step") is None else str(run["last_step"])),
+            ("Started", _when(run.get("started_at"))),
+            ("Last data", _when(run.get("last_seen_at"))),
+            ("Finished", _when(run.get("finished_at")) if run.get("finished_at") else "—"),
+            ("Tags", ", ".join(run.get("tags") or []) or "—"),
+        ]
+        overview = html.Dl(
+            [part for k, v in facts for part in (html.Dt(k), html.Dd(v))], className="meta-grid"
+        )
+        config = (
+            json.dumps(run.get("config") or {}, indent=2, sort_keys=True)
+            if run.get("config")
+            else "(no config logged)"
+        )
+        return header, overview, _alerts_table(alerts), config
+
+    @dash_app.callback(
+        Output("run-charts", "children"),
+        Output("run-keys", "data"),
+        Input("page-state", "data"),
+        Input("live-data-tick", "data"),
+        State("run-keys", "data"),
+    )
+    async def charts(
+        state: dict[str, Any] | None, _tick: Any, shown: list[str] | None
+    ) -> tuple[Any, Any]:
+        if not state or state.get("page") != "run":
+            return no_update, no_update
+        keys = sorted(await api.keys(state["runs"][0]))
+        if shown is not None and keys == shown:
+            return no_update, no_update  # a new metric appears only now and then; redraw only then
+        if not keys:
+            return empty_state(
+                "No metrics yet", "Charts appear as soon as the run logs its first step."
+            ), keys
+        sections = []
+        for name, section_keys in order_keys(keys):
+            sections.append(html.Div(name, className="namespace"))
+            sections.append(
+                html.Div(
+                    [metric_graph(k, CHART_HEIGHT) for k in section_keys], className="charts small"
+                )
+            )
+        return sections, keys

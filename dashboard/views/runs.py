@@ -1,0 +1,272 @@
+"""/ — every run in a table: status, last step, headline metrics, health; filter, select, compare."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Any
+from urllib.parse import quote
+
+import dash_ag_grid as dag
+from dash import Dash, Input, Output, dcc, html
+
+from dashboard.components import display_status, live_target
+from dashboard.data import KeelApi
+from dashboard.series import Alert, Series
+from dashboard.summary import wire
+from dashboard.theme import HEADLINE_KEYS, metric_info
+
+__all__ = ["layout", "register", "health", "run_rows", "filter_runs"]
+
+SEVERITY_RANK = {"critical": 2, "warning": 1}
+SHORT_TITLES = {
+    "reward/mean": "Reward",
+    "mismatch/kl": "KL",
+    "gate/frac": "Gated frac.",
+    "mismatch/ratio_max": "Max ratio",
+    "grad/norm": "Grad norm",
+}
+
+
+def health(firing: Sequence[Alert] | None) -> tuple[str, str]:
+    """(label, kind) of a run's health badge from its firing alerts; None = alerts unavailable."""
+    if firing is None:
+        return "n/a", "unknown"
+    if not firing:
+        return "ok", "ok"
+    worst = max(firing, key=lambda a: SEVERITY_RANK.get(a.severity, 0))
+    kind = worst.severity if worst.severity in SEVERITY_RANK else "warning"
+    return f"{kind} · {len(firing)}", kind
+
+
+def filter_runs(
+    runs: Sequence[Mapping[str, Any]], filters: Mapping[str, Sequence[str] | None]
+) -> list[Mapping[str, Any]]:
+    """Keep runs matching every non-empty filter (any of its values): project, group, tag, status."""
+
+    def keep(run: Mapping[str, Any]) -> bool:
+        checks = {
+            "project": [run.get("project")],
+            "group": [run.get("group") or "(none)"],
+            "tag": list(run.get("tags") or []),
+            "status": [display_status(run.get("status", ""))],
+        }
+        return all(
+            not wanted or any(value in wanted for value in checks[name])
+            for name, wanted in filters.items()
+        )
+
+    return [run for run in runs if keep(run)]
+
+
+def run_rows(
+    runs: Sequence[Mapping[str, Any]],
+    last_values: Mapping[str, Mapping[str, Series]],
+    firing: Mapping[str, Sequence[Alert]] | None,
+) -> list[dict[str, Any]]:
+    rows = []
+    for run in runs:
+        label, kind = health(None if firing is None else firing.get(run["id"], []))
+        row: dict[str, Any] = {
+            "id": run["id"],
+            "name": f"[{_markdown(run['name'])}](/runs/{quote(run['id'], safe='')})",
+            "group": run.get("group") or "",
+            "project": run.get("project", ""),
+            "tags": ", ".join(run.get("tags") or []),
+            "status": display_status(run.get("status", "")),
+            "health": label,
+            "health_kind": kind,
+            "last_step": run.get("last_step"),
+            "last_seen_at": run.get("last_seen_at"),
+        }
+        for key in HEADLINE_KEYS:
+            tail = last_values.get(run["id"], {}).get(key)
+            row[key] = wire(tail.values[-1]) if tail is not None and tail.values else None
+        rows.append(row)
+    return rows
+
+
+def _markdown(text: str) -> str:
+    """Text shown literally inside the grid's markdown cell."""
+    return "".join("\\" + c if c in "\\`*_{}[]()#+-.!<>|" else c for c in text)
+
+
+def _columns() -> list[dict[str, Any]]:
+    columns: list[dict[str, Any]] = [
+        {
+            "field": "name",
+            "headerName": "Run",
+            "cellRenderer": "markdown",
+            "minWidth": 180,
+            "flex": 2,
+            "pinned": "left",
+        },
+        {"field": "group", "headerName": "Group", "minWidth": 90, "flex": 1},
+        {
+            "field": "status",
+            "headerName": "Status",
+            "width": 100,
+            "cellClass": "cell-badge",
+            "cellClassRules": {
+                f"cell-{s}": {"function": f"params.value == '{s}'"}
+                for s in ("live", "finished", "failed", "stale")
+            },
+        },
+        {
+            "field": "health",
+            "headerName": "Health",
+            "width": 120,
+            "cellClass": "cell-badge",
+            "cellClassRules": {
+                f"cell-{k}": {"function": f"params.data.health_kind == '{k}'"}
+                for k in ("ok", "warning", "critical", "unknown")
+            },
+        },
+        {"field": "last_step", "headerName": "Last step", "type": "rightAligned", "width": 105},
+    ]
+    for key in HEADLINE_KEYS:
+        columns.append(
+            {
+                "field": key,
+                "headerName": SHORT_TITLES.get(key, key),
+                "headerTooltip": f"{metric_info(key).title} ({key}), last value",
+                "type": "rightAligned",
+                "minWidth": 100,
+                "flex": 1,
+                "valueFormatter": {"function": "keelNumber(params.value)"},
+                "cellClassRules": {"cell-nonfinite": {"function": "keelNonFinite(params.value)"}},
+            }
+        )
+    columns += [
+        {"field": "project", "headerName": "Project", "minWidth": 90, "flex": 1},
+        {"field": "tags", "headerName": "Tags", "minWidth": 90, "flex": 1},
+    ]
+    return columns
+
+
+def _filter(caption: str, component_id: str) -> html.Div:
+    return html.Div(
+        [
+            html.Label(caption, className="caption"),
+            dcc.Dropdown(id=component_id, multi=True, placeholder="all"),
+        ],
+        className="field",
+    )
+
+
+def layout() -> html.Div:
+    return html.Div(
+        [
+            live_target("*"),
+            html.Div(
+                [html.H1("Runs"), html.Span(id="runs-count", className="sub")],
+                className="page-title",
+            ),
+            html.Div(
+                [
+                    _filter("Project", "filter-project"),
+                    _filter("Group", "filter-group"),
+                    _filter("Tag", "filter-tag"),
+                    _filter("Status", "filter-status"),
+                    html.Div(style={"flex": 1}),
+                    dcc.Link(
+                        "Select runs to compare",
+                        id="compare-link",
+                        href="/compare",
+                        className="button disabled",
+                    ),
+                ],
+                className="toolbar panel",
+            ),
+            dag.AgGrid(
+                id="runs-grid",
+                columnDefs=_columns(),
+                rowData=[],
+                getRowId="params.data.id",
+                defaultColDef={
+                    "sortable": True,
+                    "resizable": True,
+                    "wrapHeaderText": True,
+                    "autoHeaderHeight": True,
+                },
+                dashGridOptions={
+                    "rowSelection": {
+                        "mode": "multiRow",
+                        "checkboxes": True,
+                        "headerCheckbox": True,
+                        "enableClickSelection": False,
+                    },
+                    "localeText": {
+                        "noRowsToShow": "No runs yet. Start a trainer with keel_rl's Monitor, or run `make demo`."
+                    },
+                    "selectionColumnDef": {"pinned": "left", "width": 48},
+                    "tooltipShowDelay": 300,
+                },
+                style={"height": "calc(100vh - 230px)", "minHeight": "320px"},
+            ),
+        ]
+    )
+
+
+def register(dash_app: Dash, api: KeelApi) -> None:
+    filters = ("project", "group", "tag", "status")
+
+    @dash_app.callback(
+        Output("runs-grid", "rowData"),
+        Output("runs-count", "children"),
+        *(Output(f"filter-{name}", "options") for name in filters),
+        *(Input(f"filter-{name}", "value") for name in filters),
+        Input("live-data-tick", "data"),
+    )
+    async def table(*args: Any) -> tuple[Any, ...]:
+        chosen = dict(zip(filters, args[: len(filters)], strict=True))
+        runs = await api.runs()
+        shown = filter_runs(runs, chosen)
+        tails, firing = await asyncio.gather(
+            _last_values(api, shown), api.alerts_for([r["id"] for r in shown], "firing")
+        )
+        by_run = None if firing is None else _group_alerts(firing)
+        options = {
+            "project": sorted({r["project"] for r in runs}),
+            "group": sorted({r.get("group") or "(none)" for r in runs}),
+            "tag": sorted({t for r in runs for t in r.get("tags") or []}),
+            "status": ["live", "finished", "failed", "stale"],
+        }
+        count = f"{len(shown)} of {len(runs)}" if len(shown) != len(runs) else f"{len(runs)}"
+        return (run_rows(shown, tails, by_run), count, *(options[name] for name in filters))
+
+    dash_app.clientside_callback(
+        """
+        function (rows) {
+            var n = (rows || []).length;
+            if (!n) return ["/compare", "button disabled", "Select runs to compare"];
+            var ids = rows.map(function (r) { return r.id; }).join(",");
+            return ["/compare?runs=" + ids, "button", "Compare " + n + " run" + (n === 1 ? "" : "s") + " →"];
+        }
+        """,
+        Output("compare-link", "href"),
+        Output("compare-link", "className"),
+        Output("compare-link", "children"),
+        Input("runs-grid", "selectedRows"),
+    )
+
+
+def _group_alerts(alerts: Sequence[Alert]) -> dict[str, list[Alert]]:
+    grouped: dict[str, list[Alert]] = {}
+    for alert in alerts:
+        if alert.state == "firing":
+            grouped.setdefault(alert.run_id, []).append(alert)
+    return grouped
+
+
+async def _last_values(
+    api: KeelApi, runs: Sequence[Mapping[str, Any]]
+) -> dict[str, dict[str, Series]]:
+    async def one(run: Mapping[str, Any]) -> dict[str, Series]:
+        tails = await asyncio.gather(
+            *(api.last_value(run["id"], key, run.get("last_step")) for key in HEADLINE_KEYS)
+        )
+        return dict(zip(HEADLINE_KEYS, tails, strict=True))
+
+    results = await asyncio.gather(*(one(run) for run in runs))
+    return {run["id"]: result for run, result in zip(runs, results, strict=True)}

@@ -1,0 +1,107 @@
+"""Reading the dashboard's state out of a live page (selenium + the page's own JS objects)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+CHARTS_JS = """
+return Array.from(document.querySelectorAll('.keel-graph .js-plotly-plot')).map(function (gd) {
+  var meta = (gd.layout && gd.layout.meta) || {};
+  return {
+    key: meta.key || null,
+    render: meta.render_id || null,
+    yaxis: gd.layout && gd.layout.yaxis ? gd.layout.yaxis.type : null,
+    traces: (gd.data || []).map(function (t) {
+      var m = t.meta || {};
+      return {role: m.role || null, run: m.run || null, group: m.group || null, name: t.name,
+              x: Array.from(t.x || []), y: Array.from(t.y || [])};
+    }),
+  };
+});
+"""
+
+
+def wait_until(
+    condition: Any, timeout: float = 20.0, interval: float = 0.05, message: str = ""
+) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message or condition}")
+        time.sleep(interval)
+
+
+def charts(driver: Any) -> list[dict[str, Any]]:
+    return list(driver.execute_script(CHARTS_JS))
+
+
+def drawn_charts(driver: Any, count: int, timeout: float = 30.0) -> list[dict[str, Any]]:
+    """Wait for `count` charts drawn from server data (not the loading placeholder)."""
+
+    def ready() -> list[dict[str, Any]] | None:
+        found = charts(driver)
+        if len(found) == count and all(c["key"] and c["render"] for c in found):
+            return found
+        return None
+
+    return wait_until(ready, timeout, message=f"{count} charts with data")  # type: ignore[no-any-return]
+
+
+def live_state(driver: Any) -> str | None:
+    return driver.execute_script(
+        "return document.getElementById('live-indicator').getAttribute('data-state')"
+    )  # type: ignore[no-any-return]
+
+
+def live_stats(driver: Any) -> dict[str, int]:
+    return dict(driver.execute_script("return JSON.parse(JSON.stringify(window.keelLive.stats))"))
+
+
+def drawn_at(driver: Any, key: str) -> dict[tuple[str, int], float]:
+    """When (browser clock, ms) each (run, step) of `key` was painted by the live updater."""
+    entries = driver.execute_script(
+        "var key = arguments[0]; return window.keelLive.drawn.filter(function (d) { return d.key === key; })",
+        key,
+    )
+    first: dict[tuple[str, int], float] = {}
+    for entry in entries:  # a redraw can paint a step again; the first paint is when it showed
+        first.setdefault((entry["run"], int(entry["step"])), float(entry["t"]))
+    return first
+
+
+def text_of(driver: Any, element_id: str) -> str:
+    """The element's text, or "" while it is not on the page yet."""
+    return str(
+        driver.execute_script(
+            "var e = document.getElementById(arguments[0]); return e ? e.innerText : ''", element_id
+        )
+    )
+
+
+def console_errors(driver: Any) -> list[str]:
+    return [entry["message"] for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
+
+
+def screenshot(driver: Any, path: Path, full_page: bool = True) -> Path:
+    """Save the 1280x800 viewport, or the whole page at 1280 wide."""
+    from tests.dashboard.conftest import set_viewport
+
+    if full_page:
+        height = int(driver.execute_script("return document.documentElement.scrollHeight"))
+        set_viewport(driver, 1280, max(800, height))
+        time.sleep(0.5)
+    driver.save_screenshot(str(path))
+    if full_page:
+        set_viewport(driver, 1280, 800)
+    return path
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]

@@ -1,0 +1,201 @@
+"""Figure builders: structure the browser relies on, markers that never drop, axes, alerts, bands."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import plotly.graph_objects as go
+import pytest
+
+from dashboard.figures import ChartOptions, message_figure, metric_figure
+from dashboard.series import Alert, Series
+from dashboard.traces import EDGE_SYMBOL, EDGE_Y, RunLine, run_styles
+
+INF, NAN = math.inf, math.nan
+
+
+def _line(run_id: str, group: str | None, values: list[float], name: str | None = None) -> RunLine:
+    return RunLine(run_id, name or run_id, group, Series(list(range(len(values))), values))
+
+
+def _roles(figure: dict, role: str) -> list[dict]:
+    return [t for t in figure["data"] if t.get("meta", {}).get("role") == role]
+
+
+THREE = [
+    _line("a", "cispo", [1.0, 2.0, 3.0, 4.0]),
+    _line("b", "cispo", [1.5, 2.5, NAN, 4.5]),
+    _line("c", "is", [0.5, INF, 1.0, -INF]),
+]
+
+
+def test_figure_is_valid_plotly_and_strict_json() -> None:
+    figure = metric_figure(
+        "reward/mean", THREE, options=ChartOptions(smoothing=0.6), render_id="r1"
+    )
+    go.Figure(figure)  # raises on any invalid attribute
+    json.dumps(figure, allow_nan=False)  # no NaN/Inf floats reach the browser
+
+
+def test_one_raw_and_one_smoothed_line_per_run_named_after_the_run() -> None:
+    figure = metric_figure("reward/mean", THREE, options=ChartOptions(smoothing=0.6))
+    raw, smooth = _roles(figure, "raw"), _roles(figure, "smooth")
+    assert [t["name"] for t in raw] == ["a", "b", "c"] and [t["meta"]["run"] for t in smooth] == [
+        "a",
+        "b",
+        "c",
+    ]
+    # Raw shown faintly under the smoothed line; the legend lists each run once.
+    assert all(t["opacity"] < 0.5 and not t["showlegend"] for t in raw)
+    assert all(t.get("showlegend", True) for t in smooth)
+    assert raw[1]["y"] == [1.5, 2.5, None, 4.5]  # NaN is a gap in the line...
+    assert smooth[0]["meta"]["ema"]["count"] == 4 and smooth[0]["meta"]["last_step"] == 3
+
+
+def test_smoothing_off_draws_raw_lines_only() -> None:
+    figure = metric_figure("reward/mean", THREE, options=ChartOptions(smoothing=0.0))
+    assert not _roles(figure, "smooth")
+    assert all(t["showlegend"] and t["opacity"] == 1.0 for t in _roles(figure, "raw"))
+
+
+def test_non_finite_values_are_edge_markers_never_dropped() -> None:
+    figure = metric_figure("reward/mean", THREE, options=ChartOptions(smoothing=0.6))
+    markers = {t["meta"]["run"]: t for t in _roles(figure, "nonfinite")}
+    assert set(markers) == {"a", "b", "c"}  # present even when empty, so live points can land
+    assert markers["a"]["x"] == []
+    assert markers["b"]["x"] == [2] and markers["b"]["y"] == [EDGE_Y["nan"]]
+    assert markers["c"]["x"] == [1, 3]
+    assert markers["c"]["y"] == [EDGE_Y["+inf"], EDGE_Y["-inf"]]
+    assert markers["c"]["marker"]["symbol"] == [EDGE_SYMBOL["+inf"], EDGE_SYMBOL["-inf"]]
+    assert all(t["yaxis"] == "y2" for t in markers.values())
+    # The edge axis is pinned to [0, 1]: zoom and log scale cannot move markers off the plot.
+    assert figure["layout"]["yaxis2"] == {
+        "overlaying": "y",
+        "range": [0, 1],
+        "visible": False,
+        "fixedrange": True,
+    }
+    assert EDGE_Y["+inf"] > 0.9 and EDGE_Y["-inf"] < 0.1
+    assert "1 NaN, 1 +Inf, 1 −Inf" in figure["layout"]["annotations"][0]["text"]
+
+
+def test_log_axis_by_metric_and_override() -> None:
+    assert metric_figure("mismatch/kl", THREE)["layout"]["yaxis"]["type"] == "log"
+    assert metric_figure("grad/norm", THREE)["layout"]["yaxis"]["type"] == "log"
+    assert metric_figure("mismatch/ratio_max", THREE)["layout"]["yaxis"]["type"] == "log"
+    assert metric_figure("reward/mean", THREE)["layout"]["yaxis"]["type"] == "linear"
+    assert (
+        metric_figure("mismatch/kl", THREE, options=ChartOptions(log_y=False))["layout"]["yaxis"][
+            "type"
+        ]
+        == "linear"
+    )
+    assert (
+        metric_figure("custom/x", THREE, options=ChartOptions(log_y=True))["layout"]["yaxis"][
+            "type"
+        ]
+        == "log"
+    )
+
+
+def test_layout_meta_is_the_contract_with_the_live_updater() -> None:
+    figure = metric_figure(
+        "gate/frac", THREE, options=ChartOptions(smoothing=0.25), render_id="abc"
+    )
+    meta = figure["layout"]["meta"]
+    assert meta["key"] == "gate/frac" and meta["render_id"] == "abc" and meta["smoothing"] == 0.25
+    assert meta["aggregate"] is False and meta["empty"] is False
+    assert meta["edge"]["nan"] == [EDGE_Y["nan"], EDGE_SYMBOL["nan"], "NaN"]
+    assert figure["layout"]["xaxis"]["title"]["text"] == "step"
+    assert "fraction" in figure["layout"]["yaxis"]["title"]["text"]
+
+
+def test_colour_by_group_dash_by_seed() -> None:
+    styles = run_styles(THREE)
+    assert styles["a"].colour == styles["b"].colour != styles["c"].colour
+    assert styles["a"].dash != styles["b"].dash
+    # A run without a group is its own group.
+    solo = run_styles([_line("x", None, [1.0]), _line("y", None, [1.0])])
+    assert solo["x"].colour != solo["y"].colour
+
+
+def test_aggregate_draws_group_mean_with_band_and_keeps_markers() -> None:
+    figure = metric_figure(
+        "reward/mean", THREE, options=ChartOptions(smoothing=0.0, aggregate="std")
+    )
+    means = {t["meta"]["group"]: t for t in _roles(figure, "mean")}
+    assert set(means) == {"cispo", "is"}
+    assert means["cispo"]["name"] == "cispo (n=2)"
+    # Step 2: b is NaN, so only a counts.
+    assert means["cispo"]["y"] == pytest.approx([1.25, 2.25, 3.0, 4.25])
+    assert means["cispo"]["customdata"] == [2, 2, 1, 2]
+    assert len(_roles(figure, "band")) == 2 and len(_roles(figure, "member")) == 3
+    assert not _roles(figure, "raw")
+    assert len(_roles(figure, "nonfinite")) == 3
+    assert figure["layout"]["meta"]["aggregate"] is True
+
+
+def test_downsampled_series_get_a_min_max_envelope() -> None:
+    line = RunLine("a", "a", None, Series([10, 20], [1.0, 2.0], mins=[0.5, 1.5], maxs=[9.0, INF]))
+    figure = metric_figure("grad/norm", [line], options=ChartOptions(smoothing=0.0))
+    (envelope,) = _roles(figure, "envelope")
+    assert envelope["x"] == [10, 10] and envelope["y"] == [
+        9.0,
+        0.5,
+    ]  # the Inf bucket is a marker instead
+    assert _roles(figure, "nonfinite")[0]["x"] == [20]
+
+
+def test_alerts_shade_firing_ranges_and_mark_starts() -> None:
+    alerts = [
+        Alert("1", "a", "mismatch climbing", "mismatch/kl", "warning", "resolved", 1, 2, "kl up"),
+        Alert(
+            "2",
+            "c",
+            "non-finite value",
+            "reward/mean,mismatch/kl",
+            "critical",
+            "firing",
+            1,
+            None,
+            "nan",
+        ),
+        Alert("3", "a", "pending one", "mismatch/kl", "warning", "pending", 0, None, ""),
+        Alert("4", "a", "other metric", "grad/norm", "critical", "firing", 0, None, ""),
+        Alert("5", "zzz", "other run", "mismatch/kl", "critical", "firing", 0, None, ""),
+    ]
+    figure = metric_figure("mismatch/kl", THREE, alerts)
+    shapes = figure["layout"]["shapes"]
+    assert [(s["x0"], s["x1"]) for s in shapes] == [
+        (1, 2),
+        (1, 3),
+    ]  # firing: up to the run's last step
+    assert all(s["yref"] == "paper" and s["layer"] == "below" for s in shapes)
+    (markers,) = _roles(figure, "alerts")
+    assert markers["x"] == [1, 1] and markers["yaxis"] == "y2"
+    assert "mismatch climbing" in markers["text"][0] and "firing" in markers["text"][1]
+
+
+def test_empty_and_placeholder_figures() -> None:
+    nothing = metric_figure("reward/mean", [_line("a", None, [])])
+    assert nothing["layout"]["meta"]["empty"] is True
+    assert "waiting for data" in nothing["layout"]["annotations"][0]["text"]
+    assert len(_roles(nothing, "raw")) == 1  # still there for live points to extend
+    assert (
+        "No runs selected" in metric_figure("reward/mean", [])["layout"]["annotations"][0]["text"]
+    )
+    placeholder = message_figure("Loading…")
+    assert (
+        placeholder["data"] == [] and placeholder["layout"]["annotations"][0]["text"] == "Loading…"
+    )
+    go.Figure(placeholder)
+
+
+def test_zoomed_range_is_kept() -> None:
+    figure = metric_figure("reward/mean", THREE, options=ChartOptions(x_range=(1.0, 2.5)))
+    assert (
+        figure["layout"]["xaxis"]["range"] == [1.0, 2.5]
+        and figure["layout"]["xaxis"]["autorange"] is False
+    )
+    assert figure["layout"]["uirevision"] == "reward/mean|a,b,c"

@@ -1,0 +1,83 @@
+"""Dash mounted on the FastAPI app: pages served, API routes untouched (SQLite and PostgreSQL)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import httpx
+from websockets.sync.client import connect
+
+from tests.dashboard.streams import LiveRun
+
+DASH_ENTRY = 'id="react-entry-point"'
+
+
+def test_pages_are_served_with_the_live_script(server) -> None:
+    # A fresh server, first request straight to /compare: assets must already be in the page.
+    for path in ("/compare?runs=a,b", "/", "/runs/abc", "/compare"):
+        response = httpx.get(f"{server.url}{path}")
+        assert response.status_code == 200, path
+        assert response.headers["content-type"].startswith("text/html")
+        assert DASH_ENTRY in response.text and "<title>Keel</title>" in response.text
+        assert re.search(r'src="/assets/keel_live\.js\?m=\d+', response.text), path
+    script = httpx.get(f"{server.url}/assets/keel_live.js")
+    assert script.status_code == 200 and "extendTraces" in script.text
+    assert httpx.get(f"{server.url}/_dash-layout").json()["type"] == "Div"
+
+
+def test_api_routes_keep_working_next_to_dash(server) -> None:
+    run = LiveRun(server, "mounted", "g")
+    run.history(3)
+    run.close()
+    runs = httpx.get(f"{server.url}/api/v1/runs")
+    assert runs.status_code == 200 and [r["name"] for r in runs.json()] == ["mounted"]
+    assert httpx.get(f"{server.url}/api/v1/runs/{run.id}").json()["group"] == "g"
+    series = httpx.get(
+        f"{server.url}/api/v1/runs/{run.id}/series", params={"key": "reward/mean"}
+    ).json()
+    assert series["steps"] == [0, 1, 2]
+    assert httpx.get(f"{server.url}/api/v1/alerts", params={"run_id": run.id}).status_code == 200
+    assert httpx.get(f"{server.url}/healthz").json() == {"status": "ok"}
+    assert httpx.get(f"{server.url}/readyz").json() == {"status": "ok"}
+    docs = httpx.get(f"{server.url}/docs")
+    assert docs.status_code == 200 and "swagger" in docs.text.lower()
+    paths = httpx.get(f"{server.url}/openapi.json").json()["paths"]
+    assert "/api/v1/runs" in paths and "/api/v1/runs/{run_id}/series" in paths
+    assert not [p for p in paths if "_dash" in p or "{path" in p]  # Dash stays out of the API docs
+
+
+def test_unknown_api_paths_are_json_404_not_the_dashboard(server) -> None:
+    for method in ("GET", "POST", "DELETE"):
+        response = httpx.request(method, f"{server.url}/api/v1/no-such-route")
+        assert response.status_code == 404, method
+        assert response.headers["content-type"] == "application/json"
+        assert response.json() == {"detail": "Not Found"}
+    assert httpx.get(f"{server.url}/api/v1/runs/unknown").status_code == 404
+
+
+def test_api_routes_come_before_the_dash_catch_all(server) -> None:
+    routes = server.app.router.routes
+    paths = [getattr(r, "path", None) for r in routes]
+    catch_all = paths.index("{path:path}")  # Dash adds it at startup, so it is last
+    # API routers (included as nested routers), docs and the API fallback all match first.
+    api = [
+        i
+        for i, p in enumerate(paths)
+        if p is None or p in ("/docs", "/openapi.json", "/api/{path:path}")
+    ]
+    assert len(api) >= 5 and max(api) < catch_all
+
+
+def test_live_websocket_still_pushes_next_to_dash(server) -> None:
+    run = LiveRun(server, "pushed", None)
+    with connect(f"{server.ws_url}/api/v1/live?runs={run.id}", open_timeout=10) as live:
+        run.send([{"step": 5, "values": {"grad/norm": "inf"}}])
+        message = json.loads(live.recv(timeout=10))
+    run.close()
+    assert message["type"] == "points" and message["rows"][0]["values"] == {"grad/norm": "inf"}
+
+
+def test_wrong_method_on_an_api_route_is_still_405(server) -> None:
+    response = httpx.delete(f"{server.url}/api/v1/runs")
+    assert response.status_code == 405 and "GET" in response.headers["allow"]

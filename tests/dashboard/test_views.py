@@ -1,0 +1,148 @@
+"""Pure pieces of the pages: summary rows, runs-table rows and filters, URL parsing, zoom events."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from dashboard.series import Alert, Series
+from dashboard.summary import last_finite, peak, series_max, summarise_group, summarise_run
+from dashboard.views.charts import UNCHANGED, zoom_range
+from dashboard.views.compare import parse_runs
+from dashboard.views.run import order_keys
+from dashboard.views.runs import filter_runs, health, run_rows
+
+INF, NAN = math.inf, math.nan
+
+
+def _alert(severity: str, step: int | None, state: str = "firing", run_id: str = "r") -> Alert:
+    return Alert("1", run_id, "rule", "m", severity, state, step, None, "")
+
+
+def test_summary_statistics_keep_spikes_and_infinities() -> None:
+    reward = Series([0, 10, 20], [0.1, 0.9, NAN], mins=[0.0, 0.2, 0.3], maxs=[0.5, 0.95, NAN])
+    assert last_finite(reward) == 0.9
+    assert peak(reward) == (0.95, 10)  # the bucket max, not the bucket's last value
+    assert series_max(Series([0, 1], [1.0, INF])) == INF
+    assert series_max(Series([0], [NAN])) is None and series_max(Series.empty()) is None
+
+
+def test_summarise_run_and_group() -> None:
+    a = summarise_run(
+        "a",
+        "cispo",
+        {
+            "reward/mean": Series([0, 1], [0.2, 0.8]),
+            "mismatch/kl": Series([0, 1], [0.01, 0.3]),
+            "grad/norm": Series([0, 1], [1.0, INF]),
+        },
+        [_alert("warning", 3), _alert("critical", 9), _alert("critical", 5)],
+    )
+    assert (a.final_reward, a.peak_reward, a.peak_step) == (0.8, 0.8, 1)
+    assert (
+        a.first_critical_step == 5 and a.max_kl == 0.3 and a.max_ratio is None and a.nonfinite == 1
+    )
+    row = summarise_run("b", "cispo", {"mismatch/ratio_max": Series([0], [INF])}, []).row()
+    assert (
+        row["max_ratio"] == "+Inf"
+        and row["final_reward"] is None
+        and row["first_critical_step"] is None
+    )
+    b = summarise_run("b", "cispo", {"reward/mean": Series([0], [0.4])}, [])
+    group = summarise_group("cispo", [a, b])
+    assert (
+        group.runs == 2
+        and group.final_reward == pytest.approx(0.6)
+        and group.first_critical_step == 5
+    )
+
+
+def test_health_badge() -> None:
+    assert health(None) == ("n/a", "unknown")
+    assert health([]) == ("ok", "ok")
+    assert health([_alert("warning", 1)]) == ("warning · 1", "warning")
+    assert health([_alert("warning", 1), _alert("critical", 2)]) == ("critical · 2", "critical")
+
+
+RUNS = [
+    {
+        "id": "1",
+        "name": "a",
+        "project": "p",
+        "group": "cispo",
+        "tags": ["toy", "lag8"],
+        "status": "running",
+        "last_step": 9,
+    },
+    {
+        "id": "2",
+        "name": "b",
+        "project": "p",
+        "group": None,
+        "tags": [],
+        "status": "killed",
+        "last_step": None,
+    },
+    {
+        "id": "3",
+        "name": "c",
+        "project": "q",
+        "group": "is",
+        "tags": ["toy"],
+        "status": "stale",
+        "last_step": 3,
+    },
+]
+
+
+def test_filter_runs_by_project_group_tag_status() -> None:
+    names = lambda runs: [r["name"] for r in runs]  # noqa: E731
+    assert names(filter_runs(RUNS, {})) == ["a", "b", "c"]
+    assert names(filter_runs(RUNS, {"project": ["p"]})) == ["a", "b"]
+    assert names(filter_runs(RUNS, {"group": ["(none)", "is"]})) == ["b", "c"]
+    assert names(filter_runs(RUNS, {"tag": ["lag8"]})) == ["a"]
+    assert names(filter_runs(RUNS, {"status": ["failed"]})) == ["b"]  # killed shows as failed
+    assert names(filter_runs(RUNS, {"status": ["live"], "tag": ["toy"]})) == ["a"]
+    assert names(filter_runs(RUNS, {"status": [], "project": None})) == ["a", "b", "c"]
+
+
+def test_run_rows_carry_last_values_status_and_health() -> None:
+    tails = {"1": {"reward/mean": Series([9], [0.5]), "grad/norm": Series([9], [INF])}}
+    rows = run_rows(RUNS, tails, {"1": [_alert("critical", 4, run_id="1")]})
+    first = rows[0]
+    assert (
+        first["name"] == "[a](/runs/1)"
+        and first["status"] == "live"
+        and first["health"] == "critical · 1"
+    )
+    assert (
+        first["reward/mean"] == 0.5
+        and first["grad/norm"] == "+Inf"
+        and first["mismatch/kl"] is None
+    )
+    assert (
+        rows[1]["status"] == "failed" and rows[1]["health"] == "ok" and rows[2]["status"] == "stale"
+    )
+    assert run_rows(RUNS, {}, None)[0]["health"] == "n/a"
+
+
+def test_parse_runs_and_key_order() -> None:
+    assert parse_runs("?runs=a,b,,a&x=1") == ["a", "b"]
+    assert parse_runs("?runs=a%2Cb") == ["a", "b"]
+    assert parse_runs("") == [] and parse_runs(None) == []
+    assert order_keys(["perf/step_s", "grad/norm", "reward/mean", "loss/pg", "x"]) == [
+        ("headline", ["reward/mean", "grad/norm"]),
+        ("loss", ["loss/pg"]),
+        ("other", ["x"]),
+        ("perf", ["perf/step_s"]),
+    ]
+
+
+def test_zoom_range_from_relayout_events() -> None:
+    assert zoom_range({"xaxis.range[0]": 10.5, "xaxis.range[1]": 20}) == (10.5, 20.0)
+    assert zoom_range({"xaxis.range": [1, 2]}) == (1.0, 2.0)
+    assert zoom_range({"xaxis.autorange": True, "yaxis.autorange": True}) is None
+    assert zoom_range({"autosize": True}) == UNCHANGED
+    assert zoom_range({"yaxis.range[0]": 0, "yaxis.range[1]": 1}) == UNCHANGED
+    assert zoom_range(None) == UNCHANGED
