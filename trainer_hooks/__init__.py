@@ -1,0 +1,42 @@
+"""Keel's trainer-side hooks: import these in the learner loop.
+
+    from trainer_hooks import Monitor, stability_metrics
+
+Depends on torch (for metrics and losses) and websockets (for Monitor) only;
+never on the server's packages.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__all__ = ["Monitor", "SenderConfig", "stability_metrics", "grad_norm", "policy_loss", "compute_advantages", "LOSSES"]
+
+if TYPE_CHECKING:
+    from trainer_hooks.losses import LOSSES, compute_advantages, policy_loss
+    from trainer_hooks.metrics import grad_norm, stability_metrics
+    from trainer_hooks.monitor import Monitor
+    from trainer_hooks.sender import SenderConfig
+
+_LAZY = {
+    "Monitor": "trainer_hooks.monitor",
+    "SenderConfig": "trainer_hooks.sender",
+    "stability_metrics": "trainer_hooks.metrics",
+    "grad_norm": "trainer_hooks.metrics",
+    "policy_loss": "trainer_hooks.losses",
+    "compute_advantages": "trainer_hooks.losses",
+    "LOSSES": "trainer_hooks.losses",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy, so `from trainer_hooks import Monitor` works where torch is absent
+    # (Monitor logs plain floats without it) and `import trainer_hooks` stays cheap.
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'trainer_hooks' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,258 @@
+"""What Keel costs a learner loop: the median `Monitor.log()` call, and a ~50 ms step with vs. without it.
+
+    .venv/bin/python bench/log_overhead.py                 # starts its own `keel serve` (temp SQLite)
+    .venv/bin/python bench/log_overhead.py --server URL    # or streams to a running server
+
+1. `log()` with the five headline metrics (reward/mean, mismatch/kl, gate/frac,
+   mismatch/ratio_max, grad/norm) as 0-dim tensors, called back to back: median,
+   p90 and p99 in microseconds (target: median <= 50 us). Also the full
+   `stability_metrics` dict (~17 tensors), for reference.
+2. A CPU learner loop (embedding + MLP policy, cispo loss, backward, clip, SGD) sized
+   to ~50 ms per step on a quiet 2-core machine, in three variants run side by side:
+   plain, + `stability_metrics`, + `stability_metrics` + `log()`. Every round runs
+   each variant once in random order, so drift in machine load hits all alike.
+   Reports the median step of each and the overhead against plain (target for the
+   full variant: <= 1 %), plus the median of the per-round relative differences.
+
+The server shares this machine's CPUs unless --server points elsewhere; that is
+included in what is measured (the sender thread and the server are both real). torch
+runs one intra-op thread by default (--threads), leaving the other core of a 2-core box
+to the sender thread and the server, as a GPU trainer leaves its CPU mostly idle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+from trainer_hooks.losses import policy_loss  # noqa: E402
+from trainer_hooks.metrics import stability_metrics  # noqa: E402
+from trainer_hooks.monitor import Monitor  # noqa: E402
+
+HEADLINE = ("reward/mean", "mismatch/kl", "gate/frac", "mismatch/ratio_max", "grad/norm")
+
+
+@contextmanager
+def local_server(workdir: Path) -> Iterator[str]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    log = open(workdir / "server.log", "wb")  # noqa: SIM115 - handed to the child
+    process = subprocess.Popen(
+        [sys.executable, "-m", "server", "serve", "--port", str(port), "--log-level", "warning",
+         "--database-url", f"sqlite:///{workdir / 'keel.db'}"],
+        stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/healthz", timeout=1).close()
+                break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"keel serve did not start; see {workdir / 'server.log'}"
+                    ) from None
+                time.sleep(0.05)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=15)
+        log.close()
+
+
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def bench_log_calls(server: str, spool: Path, calls: int) -> None:
+    monitor = Monitor(server, run_name="bench-log", spool_dir=spool, tags=("bench",))
+    # Fresh tensors per step, as a learner produces them; built outside the timed call.
+    values = torch.rand(calls, len(HEADLINE))
+    rows = [dict(zip(HEADLINE, values[i].unbind(), strict=True)) for i in range(calls)]
+    for step in range(200):  # warm-up: first-call imports, key cache
+        monitor.log(step, rows[step])
+    timings_us = []
+    for step in range(200, calls):
+        started = time.perf_counter_ns()
+        monitor.log(step, rows[step])
+        timings_us.append((time.perf_counter_ns() - started) / 1000)
+    delivered = monitor.finish(timeout=120)
+    print(
+        f"log() with the 5 headline metrics as tensors, {len(timings_us)} calls: "
+        f"median {statistics.median(timings_us):.1f} us, p90 {percentile(timings_us, 0.9):.1f} us, "
+        f"p99 {percentile(timings_us, 0.99):.1f} us (all delivered: {delivered})"
+    )
+
+
+@dataclass
+class Learner:
+    """A small policy trained with cispo on synthetic off-policy batches, ~50 ms per step on CPU."""
+
+    batch: int
+    tokens: int
+    vocab: int
+    hidden: int
+
+    def __post_init__(self) -> None:
+        generator = torch.Generator().manual_seed(0)
+        self.model = torch.nn.Sequential(
+            torch.nn.Embedding(self.vocab, self.hidden),
+            torch.nn.Linear(self.hidden, 2 * self.hidden),
+            torch.nn.GELU(),
+            torch.nn.Linear(2 * self.hidden, self.vocab),
+        )
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=1e-3)
+        shape = (self.batch, self.tokens)
+        self.batches = []
+        for _ in range(4):
+            inputs_B_T = torch.randint(self.vocab, shape, generator=generator)
+            sampled_B_T = torch.randint(self.vocab, shape, generator=generator)
+            lengths_B = torch.randint(
+                self.tokens // 2, self.tokens + 1, (self.batch,), generator=generator
+            )
+            mask_B_T = (torch.arange(self.tokens) < lengths_B[:, None]).float()
+            with torch.no_grad():
+                logits = self.model(inputs_B_T).float()
+                exact = torch.log_softmax(logits, -1).gather(-1, sampled_B_T[..., None]).squeeze(-1)
+            # The sampler's numbers differ a little from the learner's (numerics / staleness).
+            sampler_logp_B_T = exact + 0.05 * torch.randn(shape, generator=generator)
+            rewards_B = torch.rand(self.batch, generator=generator)
+            self.batches.append((inputs_B_T, sampled_B_T, mask_B_T, sampler_logp_B_T, rewards_B))
+
+    def step(self, index: int, variant: str, monitor: Monitor) -> tuple[float, float]:
+        """One learner step; `variant` is plain, metrics (computed, not logged) or monitored.
+
+        Returns the milliseconds spent in stability_metrics and in log() within the step.
+        """
+        inputs_B_T, sampled_B_T, mask_B_T, sampler_logp_B_T, rewards_B = self.batches[index % 4]
+        logits = self.model(inputs_B_T)
+        learner_logp_B_T = (
+            torch.log_softmax(logits, -1).gather(-1, sampled_B_T[..., None]).squeeze(-1)
+        )
+        advantages_B = rewards_B - rewards_B.mean()
+        loss, gate_B_T = policy_loss(
+            "cispo", learner_logp_B_T, sampler_logp_B_T, advantages_B, mask_B_T
+        )
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.optimizer.step()
+        if variant == "plain":
+            return 0.0, 0.0
+        started = time.perf_counter()
+        metrics = stability_metrics(
+            sampler_logp_B_T, learner_logp_B_T, mask_B_T, rewards=rewards_B, gate_mask=gate_B_T
+        )
+        computed = time.perf_counter()
+        if variant == "monitored":
+            monitor.log(index, {**metrics, "grad/norm": grad_norm, "loss/total": loss})
+        logged = time.perf_counter()
+        return 1000 * (computed - started), 1000 * (logged - computed)
+
+
+VARIANTS = ("plain", "metrics", "monitored")
+
+
+def bench_loop(server: str, spool: Path, rounds: int, learner: Learner) -> None:
+    monitor = Monitor(server, run_name="bench-loop", spool_dir=spool, tags=("bench",))
+    for index in range(6):
+        learner.step(index, VARIANTS[index % 3], monitor)
+    shuffle = random.Random(0)
+    step_ms: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
+    metrics_ms, log_ms = [], []
+    step = 0
+    for _ in range(rounds):
+        # Each round runs every variant once, in random order, so load drift hits all alike.
+        for variant in shuffle.sample(VARIANTS, len(VARIANTS)):
+            started = time.perf_counter()
+            inside = learner.step(step, variant, monitor)
+            step_ms[variant].append(1000 * (time.perf_counter() - started))
+            if variant == "monitored":
+                metrics_ms.append(inside[0])
+                log_ms.append(inside[1])
+            step += 1
+    delivered = monitor.finish(timeout=120)
+    plain = statistics.median(step_ms["plain"])
+
+    def overhead(variant: str) -> str:
+        paired = [
+            with_ms / plain_ms - 1
+            for with_ms, plain_ms in zip(step_ms[variant], step_ms["plain"], strict=True)
+        ]
+        return (
+            f"{statistics.median(step_ms[variant]):.2f} ms, overhead "
+            f"{100 * (statistics.median(step_ms[variant]) / plain - 1):+.2f} % "
+            f"(median per-round difference {100 * statistics.median(paired):+.2f} %)"
+        )
+
+    print(
+        f"learner loop, {rounds} interleaved rounds, torch threads {torch.get_num_threads()}:\n"
+        f"  plain step                    {plain:.2f} ms\n"
+        f"  + stability_metrics           {overhead('metrics')}\n"
+        f"  + stability_metrics + log()   {overhead('monitored')}\n"
+        f"  timed inside the monitored steps: stability_metrics "
+        f"{statistics.median(metrics_ms):.3f} ms ({100 * statistics.median(metrics_ms) / plain:.2f} %"
+        f" of the plain step), log() {statistics.median(log_ms):.3f} ms "
+        f"({100 * statistics.median(log_ms) / plain:.2f} %)\n"
+        f"  (all delivered: {delivered})"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--server", default=None, help="stream to this server instead of a local one"
+    )
+    parser.add_argument("--calls", type=int, default=20_000, help="log() calls to time")
+    parser.add_argument("--rounds", type=int, default=150, help="rounds of the three loop variants")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads (default 1: on a 2-core box, 2 threads oversubscribe "
+        "against the sender thread and the local server and the step time swings 5x)",
+    )
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--vocab", type=int, default=1024)
+    parser.add_argument("--hidden", type=int, default=128)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    with ExitStack() as stack:
+        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="keel-bench-")))
+        server = args.server or stack.enter_context(local_server(workdir))
+        print(f"server: {server}{'' if args.server else ' (local keel serve, same CPUs)'}")
+        bench_log_calls(server, workdir / "spool", args.calls)
+        bench_loop(
+            server,
+            workdir / "spool",
+            args.rounds,
+            Learner(args.batch, args.tokens, args.vocab, args.hidden),
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,351 @@
+"""The network half of the Monitor: streams a spool's frames to the ingest websocket.
+
+`Sender` is a small explicit state machine driven by `step()` from one thread (the
+Monitor's background thread, or `keel sync`). It never reads rows from memory: every
+frame it sends is read back from the spool, so a reconnect, a restarted server or a
+restarted process all resume the same way, from the last acked frame.
+
+    DISCONNECTED --dial ok (hello/welcome)--> STREAMING --finish sent--> FINISHING --bye--> DONE
+         ^                                        |                          |
+         +---------- socket error / close --------+--------------------------+
+    any state --auth refused (HTTP 401/403, close 4401)--> REJECTED (stop dialing, keep spool)
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import random
+import time
+from collections import deque
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
+
+from trainer_hooks.protocol import (
+    CLOSE_AUTH,
+    CLOSE_MALFORMED,
+    CLOSE_TOO_LARGE,
+    finish_message,
+    hello_message,
+)
+from trainer_hooks.spool import Spool
+
+__all__ = ["ConnState", "Sender", "SenderConfig", "ingest_url", "upload"]
+
+logger = logging.getLogger("keel")
+
+
+@dataclass(frozen=True)
+class SenderConfig:
+    """How the Monitor batches and sends. The defaults suit a learner step of 10 ms to minutes."""
+
+    flush_interval: float = 0.25
+    """Seconds a row may wait in memory before it is cut into a frame and spooled."""
+    max_rows_per_frame: int = 1000
+    """Rows per frame (the protocol allows 10 000)."""
+    max_values_per_frame: int = 50_000
+    """Metric values per frame; keeps a frame well under the server's 8 MiB limit."""
+    window: int = 8
+    """Frames sent and not yet acked at once."""
+    connect_timeout: float = 5.0
+    """Seconds for the TCP/websocket handshake and for the welcome."""
+    backoff_initial: float = 0.25
+    """First reconnect delay in seconds; doubles per failed attempt, with jitter."""
+    backoff_max: float = 30.0
+    """Longest reconnect delay while training runs."""
+    backoff_max_finishing: float = 2.0
+    """Longest reconnect delay once finish() is waiting, so it does not sleep past its timeout."""
+    ack_timeout: float = 60.0
+    """Seconds without an ack for the oldest frame in flight before the connection is recycled."""
+    fsync_interval: float = 1.0
+    """Seconds between fsyncs of the spool (only a machine crash can lose this much)."""
+    max_queued_rows: int = 100_000
+    """Rows held in memory between log() and the spool; log() drops (and counts) beyond it."""
+
+
+class ConnState(enum.Enum):
+    DISCONNECTED = "disconnected"
+    """No socket; the next dial is due at `Sender.next_dial`."""
+    STREAMING = "streaming"
+    """Welcomed: frames go out, acks come back."""
+    FINISHING = "finishing"
+    """Every frame is acked and `finish` was sent; waiting for `bye`."""
+    DONE = "done"
+    """`bye` received: the server holds every frame and the final status."""
+    REJECTED = "rejected"
+    """The server refused our credentials; dialing again cannot help."""
+
+
+def ingest_url(server_url: str) -> str:
+    """ws(s)://host:port[/prefix]/api/v1/ingest for an http(s):// or ws(s):// server URL."""
+    parts = urlsplit(server_url.strip())
+    scheme = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}.get(parts.scheme.lower())
+    if scheme is None or not parts.netloc:
+        raise ValueError(f"server URL must look like http://host:port, got {server_url!r}")
+    path = parts.path.rstrip("/")
+    if not path.endswith("/api/v1/ingest"):
+        path += "/api/v1/ingest"
+    return urlunsplit((scheme, parts.netloc, path, "", ""))
+
+
+class Sender:
+    """Streams one spool to the server. Call `step()` in a loop from one thread."""
+
+    def __init__(
+        self,
+        spool: Spool,
+        server_url: str,
+        *,
+        token: str | None = None,
+        config: SenderConfig | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.url = ingest_url(server_url)
+        self.state = ConnState.DISCONNECTED
+        self.next_dial = 0.0
+        self.last_error: str | None = None
+        self._server_error: str | None = None  # the error message before a close, if any
+        self._spool = spool
+        self._config = config or SenderConfig()
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._rng = rng or random.Random()
+        self._ws: Any = None
+        self._socket_scope = ExitStack()
+        self._send_offset = spool.acked_offset
+        self._inflight: deque[tuple[int, int, float]] = deque()  # (n, end_offset, sent_at)
+        self._failures = 0
+        self._finish_status: str | None = None
+        self._outage_logged = False
+
+    # -- driving ------------------------------------------------------------------------
+
+    def request_finish(self, status: str) -> None:
+        """Send `finish` with this status once every spooled frame is acked."""
+        self._finish_status = status
+
+    @property
+    def settled(self) -> bool:
+        """True when nothing more will happen: DONE or REJECTED."""
+        return self.state in (ConnState.DONE, ConnState.REJECTED)
+
+    def step(self, wait: float) -> None:
+        """Do one slice of network work, blocking for about `wait` seconds at most."""
+        if self.settled:
+            time.sleep(wait)
+            return
+        if self.state is ConnState.DISCONNECTED:
+            delay = self.next_dial - time.monotonic()
+            if delay > 0:
+                time.sleep(min(wait, delay))
+                return
+            self._dial()
+            if self.state is not ConnState.STREAMING:
+                return
+        try:
+            self._send_ready()
+            self._maybe_send_finish()
+            self._receive(wait)
+            self._check_ack_timeout()
+        except Exception as exc:  # ConnectionClosed, OSError, TimeoutError, bad JSON...
+            self._disconnect(exc)
+
+    def close(self) -> None:
+        """Drop the socket, if any (the spool keeps whatever is unacked)."""
+        self._close_socket()
+        if not self.settled:
+            self.state = ConnState.DISCONNECTED
+
+    # -- states -------------------------------------------------------------------------
+
+    def _dial(self) -> None:
+        try:
+            # The connection outlives this call; ExitStack enters it as a context manager
+            # (what websockets >= 17 expects) and `_close_socket` exits it.
+            self._socket_scope = ExitStack()
+            self._ws = self._socket_scope.enter_context(
+                connect(
+                    self.url,
+                    additional_headers=self._headers,
+                    open_timeout=self._config.connect_timeout,
+                    close_timeout=1.0,
+                    compression=None,  # metric frames are small; save the trainer's CPU
+                    max_size=2**20,
+                )
+            )
+            self._ws.send(json.dumps(hello_message(self._spool.run)))
+            welcome = json.loads(self._ws.recv(timeout=self._config.connect_timeout))
+            if welcome.get("type") == "error":
+                # The close that follows carries the code (4401: bad token, 1013: busy).
+                self._server_error = f"{welcome.get('code')}: {welcome.get('message')}"
+                self._ws.recv(timeout=self._config.connect_timeout)
+            if welcome.get("type") != "welcome":
+                raise RuntimeError(f"expected welcome, got {str(welcome)[:200]}")
+            acked_seq = int(welcome["acked_seq"])
+        except InvalidStatus as exc:
+            status = exc.response.status_code
+            self._disconnect(exc, rejected=status in (401, 403))
+            return
+        except Exception as exc:  # refused, timed out, closed during hello, bad welcome...
+            self._disconnect(exc)
+            return
+        self._spool.anchor(acked_seq)
+        self._send_offset = self._spool.acked_offset
+        self._inflight.clear()
+        self.state = ConnState.STREAMING
+        self._failures = 0
+        if self._outage_logged:
+            logger.warning(
+                "keel: connected to %s again; sending %d spooled frame(s)",
+                self.url,
+                self._spool.unacked,
+            )
+            self._outage_logged = False
+
+    def _send_ready(self) -> None:
+        if self.state is not ConnState.STREAMING:
+            return
+        base = self._spool.seq_base
+        assert base is not None  # anchored by the welcome
+        while len(self._inflight) < self._config.window:
+            frame = self._spool.read(self._send_offset)
+            if frame is None:
+                return
+            self._send_offset = frame.end_offset
+            if frame.n < 0:  # a corrupt line kept in the log; nothing to send
+                continue
+            # The rows were encoded by protocol.points_message when the frame was cut;
+            # only the seq is added here, so the frame is never decoded and re-encoded.
+            self._ws.send(f'{{"type":"points","seq":{base + frame.n},"rows":{frame.rows_json}}}')
+            self._inflight.append((frame.n, frame.end_offset, time.monotonic()))
+
+    def _maybe_send_finish(self) -> None:
+        if (
+            self.state is ConnState.STREAMING
+            and self._finish_status is not None
+            and not self._inflight
+            and self._spool.unacked == 0
+        ):
+            self._ws.send(json.dumps(finish_message(self._finish_status)))
+            self.state = ConnState.FINISHING
+
+    def _receive(self, wait: float) -> None:
+        timeout = wait
+        while self._ws is not None:
+            try:
+                raw = self._ws.recv(timeout=timeout)
+            except TimeoutError:
+                return
+            self._handle(json.loads(raw))
+            timeout = 0  # take what already arrived, then let the caller feed us more
+
+    def _handle(self, message: dict[str, Any]) -> None:
+        kind = message.get("type")
+        if kind == "ack":
+            self._on_ack(int(message["seq"]))
+        elif kind == "bye" and self.state is ConnState.FINISHING:
+            self.state = ConnState.DONE
+            self._close_socket()
+        elif kind == "error":
+            # The server closes right after; the close code decides what we do.
+            self._server_error = f"{message.get('code')}: {message.get('message')}"
+            logger.error("keel: server error: %s", self._server_error)
+
+    def _on_ack(self, seq: int) -> None:
+        base = self._spool.seq_base
+        assert base is not None
+        n = seq - base
+        last: tuple[int, int, float] | None = None
+        while self._inflight and self._inflight[0][0] <= n:
+            last = self._inflight.popleft()
+        if last is not None:
+            self._spool.mark_acked(last[0], last[1])
+        if not self._inflight:
+            # Everything sent is acked, so the next frame starts where the acks end
+            # (and the spool may just have compacted its log back to offset 0).
+            self._send_offset = self._spool.acked_offset
+
+    def _check_ack_timeout(self) -> None:
+        if self._inflight and time.monotonic() - self._inflight[0][2] > self._config.ack_timeout:
+            raise TimeoutError(f"no ack for {self._config.ack_timeout:.0f} s")
+
+    def _disconnect(self, exc: BaseException, *, rejected: bool = False) -> None:
+        close_code = _close_code(exc)
+        self._close_socket()
+        self._inflight.clear()
+        self._send_offset = self._spool.acked_offset
+        self.last_error = f"{type(exc).__name__}: {exc}"
+        if self._server_error:
+            self.last_error += f" [{self._server_error}]"
+            self._server_error = None
+        if rejected or close_code == CLOSE_AUTH:
+            self.state = ConnState.REJECTED
+            logger.error("keel: %s refused our credentials (%s)", self.url, self.last_error)
+            return
+        self.state = ConnState.DISCONNECTED
+        self._failures += 1
+        cap = (
+            self._config.backoff_max_finishing
+            if self._finish_status is not None
+            else self._config.backoff_max
+        )
+        if close_code in (CLOSE_MALFORMED, CLOSE_TOO_LARGE):
+            # The server rejected something we sent: a client/server version mismatch,
+            # not an outage. Keep the data, retry slowly, say it loudly.
+            logger.error("keel: %s rejected a frame (close %s): %s", self.url, close_code, exc)
+            delay = cap
+        else:
+            delay = min(cap, self._config.backoff_initial * 2 ** (self._failures - 1))
+        # Jitter, so trainers cut off by the same server restart do not reconnect in lockstep.
+        self.next_dial = time.monotonic() + delay * self._rng.uniform(0.5, 1.0)
+        if not self._outage_logged:
+            logger.warning(
+                "keel: cannot reach %s (%s); spooling to %s and retrying",
+                self.url,
+                self.last_error,
+                self._spool.path,
+            )
+            self._outage_logged = True
+
+    def _close_socket(self) -> None:
+        ws, self._ws = self._ws, None
+        scope, self._socket_scope = self._socket_scope, ExitStack()
+        try:
+            scope.close()
+        except Exception:  # already broken; nothing left to release but the socket
+            if ws is not None:
+                ws.close_socket()
+
+
+def _close_code(exc: BaseException) -> int | None:
+    received = getattr(exc, "rcvd", None)
+    return getattr(received, "code", None)
+
+
+def upload(
+    spool: Spool,
+    server_url: str,
+    *,
+    status: str,
+    token: str | None = None,
+    timeout: float = 60.0,
+    config: SenderConfig | None = None,
+) -> Sender:
+    """Send every unacked frame of `spool`, then `finish` with `status`.
+
+    Returns the Sender; `sender.state is ConnState.DONE` when the server holds it all.
+    Gives up after `timeout` seconds (the spool is left as it is).
+    """
+    config = config or SenderConfig(backoff_max=2.0)
+    sender = Sender(spool, server_url, token=token, config=config)
+    sender.request_finish(status)
+    deadline = time.monotonic() + timeout
+    while not sender.settled and time.monotonic() < deadline:
+        sender.step(0.05)
+    sender.close()
+    return sender
