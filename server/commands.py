@@ -84,6 +84,17 @@ def _add_demo(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--database-url", default=None, help="default: a fresh ~/.keel/demo.db")
 
 
+def _die_with_parent() -> None:
+    """In a demo child: get SIGTERM when the demo process dies, however it dies (Linux)."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except OSError:
+        pass  # not Linux: the demo's finally block still terminates its children
+
+
 def _wait_for_runs(base: str, names: set[str], stop: object, timeout_s: float = 120.0) -> list[str]:
     """Ids of the runs with these names once they have all said hello (newest first), or []."""
     import threading
@@ -148,6 +159,7 @@ def _demo(args: argparse.Namespace) -> int:
                      "--seed", str(seed), "--steps", "600", "--step-delay", str(args.step_delay), "--server", base,
                      "--name", f"{loss}-lag8-severe-s{seed}"],
                     stdout=subprocess.DEVNULL,
+                    preexec_fn=_die_with_parent,
                 )
                 for loss in DEMO_ARMS
                 for seed in seeds

@@ -10,11 +10,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["Monitor", "SenderConfig", "stability_metrics", "grad_norm", "policy_loss", "compute_advantages", "LOSSES"]
+__all__ = [
+    "LOSSES",
+    "Monitor",
+    "SenderConfig",
+    "compute_advantages",
+    "grad_norm",
+    "loss_terms",
+    "nonfinite_count",
+    "policy_loss",
+    "stability_metrics",
+]
 
 if TYPE_CHECKING:
-    from trainer_hooks.losses import LOSSES, compute_advantages, policy_loss
-    from trainer_hooks.metrics import grad_norm, stability_metrics
+    from trainer_hooks.losses import LOSSES, compute_advantages, loss_terms, policy_loss
+    from trainer_hooks.metrics import grad_norm, nonfinite_count, stability_metrics
     from trainer_hooks.monitor import Monitor
     from trainer_hooks.sender import SenderConfig
 
@@ -23,6 +33,8 @@ _LAZY = {
     "SenderConfig": "trainer_hooks.sender",
     "stability_metrics": "trainer_hooks.metrics",
     "grad_norm": "trainer_hooks.metrics",
+    "nonfinite_count": "trainer_hooks.metrics",
+    "loss_terms": "trainer_hooks.losses",
     "policy_loss": "trainer_hooks.losses",
     "compute_advantages": "trainer_hooks.losses",
     "LOSSES": "trainer_hooks.losses",

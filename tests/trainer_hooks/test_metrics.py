@@ -1,0 +1,253 @@
+"""trainer_hooks.metrics: exact values, no host sync, leading dims, and gloo data parallelism."""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from trainer_hooks.metrics import bernoulli_kl, grad_norm, nonfinite_count, stability_metrics
+
+LN2, LN5 = math.log(2.0), math.log(5.0)
+NAN = math.nan
+
+
+def hand_batch() -> dict[str, torch.Tensor]:
+    """ℓ = [[ln 2, 0, −ln 2], [ln 5, −ln 2, pad]] so r = [[2, 1, 0.5], [5, 0.5]]; padding is NaN."""
+    learner = torch.tensor([[-1.0, -2.0, -1.5], [-1.8, -1.5, NAN]])
+    ell = torch.tensor([[LN2, 0.0, -LN2], [LN5, -LN2, NAN]])
+    return {
+        "sampler": learner - ell,
+        "learner": learner,
+        "mask": torch.tensor([[1, 1, 1], [1, 1, 0]]),
+    }
+
+
+def bkl(mu: float, pi: float) -> float:
+    return mu * math.log(mu / pi) + (1 - mu) * math.log((1 - mu) / (1 - pi))
+
+
+def test_hand_computed_values() -> None:
+    b = hand_batch()
+    out = stability_metrics(
+        b["sampler"],
+        b["learner"],
+        b["mask"],
+        rewards=torch.tensor([1.0, 0.0]),
+        gate_mask=torch.tensor([[True, False, False], [False, True, True]]),
+        sampler_version=torch.tensor([3, 5]),
+        learner_version=7,
+    )
+    ratios = [2.0, 1.0, 0.5, 5.0, 0.5]
+    ells = [LN2, 0.0, -LN2, LN5, -LN2]
+    learner = [-1.0, -2.0, -1.5, -1.8, -1.5]
+    sampler = [lp - e for lp, e in zip(learner, ells, strict=True)]
+    drifts = [bkl(math.exp(s), math.exp(lp)) for s, lp in zip(sampler, learner, strict=True)]
+    abs_sorted = sorted(abs(e) for e in ells)  # p99 at position 0.99 · 4 = 3.96
+    expected = {
+        "mismatch/kl": (4 - math.log(2.5)) / 5,  # Σ (r − 1 − ℓ)
+        "mismatch/kl_k1": -math.log(2.5) / 5,
+        "mismatch/kl_k2": 0.5 * (3 * LN2**2 + LN5**2) / 5,
+        "mismatch/ratio_max": 5.0,
+        "mismatch/ratio_min": 0.5,
+        "mismatch/log_ratio_abs_mean": (3 * LN2 + LN5) / 5,
+        "mismatch/log_ratio_p99": abs_sorted[3] + 0.96 * (abs_sorted[4] - abs_sorted[3]),
+        "mismatch/seq_log_ratio_max": math.log(2.5),
+        "mismatch/ess_frac": sum(ratios) ** 2 / (5 * sum(r * r for r in ratios)),
+        "mismatch/bkl_seq_max": max(sum(drifts[:3]) / 3, sum(drifts[3:]) / 2),
+        "mismatch/bkl_seq_mean": (sum(drifts[:3]) / 3 + sum(drifts[3:]) / 2) / 2,
+        "policy/entropy_est": -sum(sampler) / 5,
+        "reward/mean": 0.5,
+        "reward/std": 0.5,
+        "gate/frac": 2 / 5,  # the gated padding token does not count
+        "staleness/lag_mean": 3.0,
+        "staleness/lag_max": 4.0,
+        "batch/seqs": 2.0,
+        "batch/tokens": 5.0,
+        "batch/len_mean": 2.5,
+        "nonfinite/count": 0.0,
+    }
+    assert set(out) == set(expected)
+    for key, value in expected.items():
+        assert out[key].item() == pytest.approx(value, rel=2e-6, abs=1e-7), key
+
+
+def test_p99_is_torch_quantile_on_the_valid_tokens() -> None:
+    generator = torch.Generator().manual_seed(3)
+    sampler = -torch.rand(16, 40, generator=generator) * 3
+    learner = sampler + 0.3 * torch.randn(16, 40, generator=generator)
+    mask = torch.arange(40)[None, :] < torch.randint(1, 41, (16, 1), generator=generator)
+    out = stability_metrics(sampler, learner, mask)
+    expected = torch.quantile((learner - sampler).abs()[mask], 0.99)
+    torch.testing.assert_close(out["mismatch/log_ratio_p99"], expected)
+
+
+def test_sequence_gate_entropy_and_nonfinite() -> None:
+    b = hand_batch()
+    logits = torch.tensor(
+        [[[0.0, 0.0], [0.0, math.log(3.0)], [5.0, -5.0]], [[1.0, 1.0], [0.0, 0.0], [NAN, NAN]]]
+    )
+    learner = b["learner"].clone()
+    learner[0, 1] = -math.inf  # a non-finite valid token counts; NaN padding does not
+    out = stability_metrics(
+        b["sampler"],
+        learner,
+        b["mask"],
+        gate_mask=torch.tensor([False, True]),
+        logits=logits,
+        advantages=torch.tensor([NAN, 1.0]),
+    )
+    assert out["gate/frac"].item() == 0.5
+    p = 1 / (1 + math.exp(-10.0))  # softmax of (5, −5)
+    entropies = [
+        LN2,
+        -(0.25 * math.log(0.25) + 0.75 * math.log(0.75)),
+        -(p * math.log(p) + (1 - p) * math.log(1 - p)),
+        LN2,
+        LN2,
+    ]
+    assert out["policy/entropy"].item() == pytest.approx(sum(entropies) / 5, rel=1e-6)
+    assert "policy/entropy_est" not in out
+    assert out["nonfinite/count"].item() == 2.0  # −inf log π and the NaN advantage
+    assert out["mismatch/ratio_min"].item() == pytest.approx(math.exp(-30.0), rel=1e-5)  # ℓ clamped
+    assert nonfinite_count(torch.tensor([1.0, NAN]), torch.tensor([[math.inf]])).item() == 2.0
+
+
+def test_outputs_are_0dim_float32_on_the_input_device_without_grad() -> None:
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    b = {k: v.to(device) for k, v in hand_batch().items()}
+    learner = b["learner"].clone().requires_grad_(True)
+    if device == "cuda":
+        # Any host sync inside would raise here.
+        torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = stability_metrics(
+            b["sampler"],
+            learner,
+            b["mask"],
+            rewards=torch.ones(2, device=device),
+            sampler_version=torch.tensor([1, 2], device=device),
+            learner_version=torch.tensor(3, device=device),
+        )
+    finally:
+        if device == "cuda":
+            torch.cuda.set_sync_debug_mode(0)
+    assert len(out) == 20
+    for key, value in out.items():
+        assert isinstance(value, torch.Tensor), key
+        assert value.shape == () and value.dtype == torch.float32, key
+        assert value.device.type == device and not value.requires_grad, key
+    assert out["mismatch/ratio_max"].item() == 5.0
+
+
+def test_leading_dims_reduce_per_slice() -> None:
+    generator = torch.Generator().manual_seed(5)
+    sampler = -torch.rand(3, 6, 7, generator=generator) * 2
+    learner = sampler + 0.2 * torch.randn(3, 6, 7, generator=generator)
+    mask = torch.rand(3, 6, 7, generator=generator) > 0.3
+    rewards = torch.rand(3, 6, generator=generator)
+    for m in (mask, None):
+        batched = stability_metrics(
+            sampler,
+            learner,
+            m,
+            rewards=rewards,
+            sampler_version=torch.zeros(3, 6),
+            learner_version=2,
+        )
+        for i in range(3):
+            single = stability_metrics(
+                sampler[i],
+                learner[i],
+                None if m is None else m[i],
+                rewards=rewards[i],
+                sampler_version=torch.zeros(6),
+                learner_version=2,
+            )
+            for key, value in single.items():
+                torch.testing.assert_close(batched[key][i], value, msg=key)
+
+
+def test_bernoulli_kl_clamps_probabilities() -> None:
+    d = bernoulli_kl(torch.tensor([math.log(0.3), 0.0]), torch.tensor([math.log(0.6), -100.0]))
+    assert d[0].item() == pytest.approx(bkl(0.3, 0.6), rel=1e-5)
+    assert d[1].item() == pytest.approx(bkl(1 - 1e-6, 1e-6), rel=1e-3)
+
+
+def test_grad_norm_is_global_and_keeps_nonfinite() -> None:
+    a = torch.nn.Parameter(torch.zeros(2))
+    b = torch.nn.Parameter(torch.zeros(1, 1))
+    frozen = torch.nn.Parameter(torch.zeros(3))
+    a.grad, b.grad = torch.tensor([3.0, 0.0]), torch.tensor([[4.0]])
+    assert grad_norm([a, b, frozen]).item() == 5.0
+    b.grad = torch.tensor([[math.inf]])
+    assert grad_norm([a, b]).item() == math.inf
+    assert grad_norm([frozen]).item() == 0.0
+
+
+# Data parallel: two gloo ranks hold different numbers of sequences and tokens.
+
+
+def _sharded_batch() -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(11)
+    b, t = 9, 12
+    sampler = -torch.rand(b, t, generator=generator) * 3
+    learner = sampler + 0.4 * torch.randn(b, t, generator=generator)
+    mask = torch.arange(t)[None, :] < torch.randint(1, t + 1, (b, 1), generator=generator)
+    return {
+        "sampler": torch.where(mask, sampler, NAN),
+        "learner": torch.where(mask, learner, NAN),
+        "mask": mask,
+        "rewards": torch.rand(b, generator=generator),
+        "gate": torch.rand(b, t, generator=generator) > 0.8,
+        "version": torch.randint(0, 5, (b,), generator=generator),
+    }
+
+
+_SHARDS = (slice(0, 3), slice(3, 9))
+
+
+def _metrics_of(batch: dict[str, torch.Tensor], rows: slice) -> dict[str, torch.Tensor]:
+    return stability_metrics(
+        batch["sampler"][rows],
+        batch["learner"][rows],
+        batch["mask"][rows],
+        rewards=batch["rewards"][rows],
+        gate_mask=batch["gate"][rows],
+        sampler_version=batch["version"][rows],
+        learner_version=6,
+    )
+
+
+def _rank_main(rank: int, init_file: str, out_path: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        out = _metrics_of(_sharded_batch(), _SHARDS[rank])
+        if rank == 0:
+            torch.save(out, out_path)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_gloo_ranks_match_the_concatenated_batch() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        init_file, out_path = os.path.join(tmp, "init"), os.path.join(tmp, "out.pt")
+        mp.spawn(_rank_main, args=(init_file, out_path), nprocs=2, join=True)
+        merged = torch.load(out_path)
+    batch = _sharded_batch()
+    single = _metrics_of(batch, slice(None))
+    shard_0 = _metrics_of(batch, _SHARDS[0])
+    assert set(merged) == set(single)
+    # The shards really differ, so a mean of per-rank means would be caught.
+    assert shard_0["mismatch/kl"].item() != pytest.approx(single["mismatch/kl"].item(), rel=1e-3)
+    for key in single:
+        if key != "mismatch/log_ratio_p99":
+            torch.testing.assert_close(merged[key], single[key], rtol=1e-5, atol=1e-6, msg=key)
+    # p99 from merged histograms: within one log-spaced bin (~1 %) of the exact value.
+    ratio = merged["mismatch/log_ratio_p99"] / single["mismatch/log_ratio_p99"]
+    assert abs(math.log10(ratio.item())) <= (math.log10(30.0) + 7) / 2048

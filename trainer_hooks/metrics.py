@@ -1,0 +1,377 @@
+"""Stability metrics from a learner step's tensors (docs/metrics.md, METRICS.md).
+
+Everything runs under `torch.no_grad()` on the device the inputs live on and
+returns 0-dim float32 tensors: no `.item()`, no `.cpu()`, no Python branch on a
+tensor value, so a CUDA step is never synchronised per metric. Inputs may carry
+leading batch dimensions (`[..., B, T]`); every metric is then a tensor of
+shape `[...]` (the toy grid uses this to measure all its runs at once).
+
+With `torch.distributed` initialised (world size > 1), means are reduced as
+(sum, count) pairs, extremes with MAX / MIN and the log-ratio p99 from merged
+fixed-bin histograms: one collective of each kind per call.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+__all__ = [
+    "LOG_RATIO_CLAMP",
+    "PROB_CLAMP",
+    "bernoulli_kl",
+    "grad_norm",
+    "log_ratio",
+    "nonfinite_count",
+    "stability_metrics",
+]
+
+LOG_RATIO_CLAMP = 30.0
+"""ℓ is clamped to ±30 before exp, so r stays finite in float32."""
+PROB_CLAMP = 1e-6
+"""Probabilities in the Bernoulli KL are clamped to [1e-6, 1 - 1e-6]."""
+_LOG_PROB_MIN = math.log(PROB_CLAMP)
+_LOG_PROB_MAX = math.log1p(-PROB_CLAMP)
+
+# Log-spaced bins for |ℓ| used to merge p99 across ranks: bin 0 holds
+# |ℓ| < 1e-7, the others split [1e-7, 30] into steps of ~1 % relative width.
+_HIST_MIN = 1e-7
+_HIST_BINS = 2048
+_HIST_LOG_MIN = math.log10(_HIST_MIN)
+_HIST_LOG_WIDTH = (math.log10(LOG_RATIO_CLAMP) - _HIST_LOG_MIN) / _HIST_BINS
+
+_TOKENS = (-2, -1)
+_SUM_DTYPE = torch.float64  # exact token counts past 2**24 and stable sums
+
+
+def log_ratio(learner_logprobs: Tensor, sampler_logprobs: Tensor) -> Tensor:
+    """ℓ = log π − log μ in at least float32, clamped to ±LOG_RATIO_CLAMP."""
+    dtype = torch.promote_types(learner_logprobs.dtype, torch.float32)
+    ell = learner_logprobs.to(dtype) - sampler_logprobs.to(dtype)
+    return ell.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+
+
+def bernoulli_kl(sampler_logprobs: Tensor, learner_logprobs: Tensor) -> Tensor:
+    """FlashREINFORCE's per-token d = μ log(μ/π) + (1−μ) log((1−μ)/(1−π)).
+
+    The sampled token is one outcome, the rest of the vocabulary the other.
+    """
+    dtype = torch.promote_types(learner_logprobs.dtype, torch.float32)
+    # Clamping log p clamps p, and saves taking the log of p again.
+    log_mu = sampler_logprobs.to(dtype).clamp(_LOG_PROB_MIN, _LOG_PROB_MAX)
+    log_pi = learner_logprobs.to(dtype).clamp(_LOG_PROB_MIN, _LOG_PROB_MAX)
+    mu, pi = log_mu.exp(), log_pi.exp()
+    return mu * (log_mu - log_pi) + (1 - mu) * (torch.log1p(-mu) - torch.log1p(-pi))
+
+
+def grad_norm(parameters: Iterable[Tensor]) -> Tensor:
+    """Global L2 norm of the gradients before clipping; NaN/Inf are kept, not raised.
+
+    Sharded parameters (FSDP, tensor parallel) need the caller's all-reduce, as
+    for `clip_grad_norm_`.
+    """
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:
+        return torch.zeros((), dtype=torch.float32)
+    return torch.nn.utils.get_total_norm(grads, norm_type=2.0).to(torch.float32)
+
+
+def nonfinite_count(*tensors: Tensor) -> Tensor:
+    """Number of NaN/Inf entries across `tensors` (e.g. the loss and the grads)."""
+    counts = [(~torch.isfinite(t.detach())).sum().to(torch.float32) for t in tensors]
+    return sum(
+        counts, torch.zeros((), dtype=torch.float32, device=counts[0].device if counts else None)
+    )
+
+
+def stability_metrics(
+    sampler_logprobs: Tensor,
+    learner_logprobs: Tensor,
+    mask: Tensor | None,
+    *,
+    rewards: Tensor | None = None,
+    advantages: Tensor | None = None,
+    gate_mask: Tensor | None = None,
+    logits: Tensor | None = None,
+    sampler_version: Tensor | None = None,
+    learner_version: Tensor | int | None = None,
+    quantile: bool = True,
+) -> dict[str, Tensor]:
+    """The METRICS.md metrics of one batch, as 0-dim float32 tensors on the input device.
+
+    Args:
+        sampler_logprobs: log μ of each sampled token, recorded at sampling, [..., B, T].
+        learner_logprobs: log π of the same tokens under the trained weights, [..., B, T].
+        mask: 1 for loss tokens, 0 for padding, [..., B, T]; None means all tokens.
+        rewards: R_i, [..., B].
+        advantages: A_i, [..., B] or [..., B, T]; only counted in `nonfinite/count`.
+        gate_mask: the loss's gated units (losses.py): [..., B, T] for token units,
+            [..., B] for sequence units.
+        logits: learner logits [..., B, T, V] for the exact entropy.
+        sampler_version: weights version each sequence was sampled with, [..., B].
+        learner_version: version of the weights being trained (int or tensor).
+        quantile: compute `mismatch/log_ratio_p99` (one sort of the tokens).
+
+    Returns keys (always): `mismatch/kl`, `mismatch/kl_k1`, `mismatch/kl_k2`,
+    `mismatch/ratio_max`, `mismatch/ratio_min`, `mismatch/log_ratio_abs_mean`,
+    `mismatch/seq_log_ratio_max`, `mismatch/ess_frac`, `mismatch/bkl_seq_max`,
+    `mismatch/bkl_seq_mean`, `batch/seqs`, `batch/tokens`, `batch/len_mean`,
+    `nonfinite/count`, and `policy/entropy` with logits or `policy/entropy_est`
+    (token-mean −log μ) without. With quantile: `mismatch/log_ratio_p99`.
+    With rewards: `reward/mean`, `reward/std` (population std). With gate_mask:
+    `gate/frac`. With both versions: `staleness/lag_mean`, `staleness/lag_max`.
+
+    Padding never counts: a sequence is a row with at least one mask-1 token;
+    rewards, advantages and versions of empty rows are ignored.
+    """
+    with torch.no_grad():
+        sums, maxes, hist, p99 = _local_partials(
+            sampler_logprobs,
+            learner_logprobs,
+            mask,
+            rewards,
+            advantages,
+            gate_mask,
+            logits,
+            sampler_version,
+            learner_version,
+            quantile,
+        )
+        if _distributed():
+            sums, maxes = (
+                _all_reduce(sums, dist.ReduceOp.SUM),
+                _all_reduce(maxes, dist.ReduceOp.MAX),
+            )
+            if hist is not None:
+                dist.all_reduce(hist, op=dist.ReduceOp.SUM)
+                p99 = _histogram_quantile(hist, sums["tokens"], 0.99)
+        return _finalize(sums, maxes, p99)
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _masked_sum(
+    values: Tensor, valid: Tensor | None, dims: tuple[int, ...] | int = _TOKENS
+) -> Tensor:
+    if valid is not None:
+        values = torch.where(valid, values, 0)  # where, not multiply: padding may hold NaN
+    # Sum in the input dtype (bool sums are exact int64), then widen for the reduction.
+    return values.sum(dim=dims).to(_SUM_DTYPE)
+
+
+def _masked_norm(values: Tensor, valid: Tensor | None, order: int) -> Tensor:
+    if valid is not None:
+        values = torch.where(valid, values, 0)
+    return torch.linalg.vector_norm(values, ord=order, dim=_TOKENS).to(_SUM_DTYPE)
+
+
+def _masked_max(
+    values: Tensor, valid: Tensor | None, dims: tuple[int, ...] | int = _TOKENS
+) -> Tensor:
+    if valid is not None:
+        values = torch.where(valid, values, -math.inf)
+    return values.amax(dim=dims)
+
+
+def _masked_min(
+    values: Tensor, valid: Tensor | None, dims: tuple[int, ...] | int = _TOKENS
+) -> Tensor:
+    if valid is not None:
+        values = torch.where(valid, values, math.inf)
+    return values.amin(dim=dims)
+
+
+def _count_nonfinite(
+    values: Tensor, valid: Tensor | None, dims: tuple[int, ...] | int = _TOKENS
+) -> Tensor:
+    # x − x is 0 for finite x and NaN for ±inf and NaN; summing it as 0/1 floats
+    # is ~4x cheaper on CPU than summing a bool mask (which casts to int64).
+    # At least float32, so that bf16 inputs still count exactly.
+    values = values.to(torch.promote_types(values.dtype, torch.float32))
+    return _masked_sum(torch.nan_to_num(values - values, nan=1.0), valid, dims)
+
+
+def _local_partials(
+    sampler_logprobs: Tensor,
+    learner_logprobs: Tensor,
+    mask: Tensor | None,
+    rewards: Tensor | None,
+    advantages: Tensor | None,
+    gate_mask: Tensor | None,
+    logits: Tensor | None,
+    sampler_version: Tensor | None,
+    learner_version: Tensor | int | None,
+    quantile: bool,
+) -> tuple[dict[str, Tensor], dict[str, Tensor], Tensor | None, Tensor | None]:
+    """Per-rank sums (reduced with SUM) and extremes (reduced with MAX).
+
+    Without a mask nothing is masked: the toy grid's hot path skips every where().
+    """
+    *lead, seqs, seq_len = learner_logprobs.shape
+    ell = log_ratio(learner_logprobs, sampler_logprobs)
+    ratio_minus_one = torch.expm1(ell)  # keeps k3 accurate when ℓ ~ 1e-3 (bf16 mismatch)
+    ratio = ratio_minus_one + 1
+    valid = seq_valid = None
+    if mask is None:
+        tokens = torch.full(lead, seqs * seq_len, dtype=_SUM_DTYPE, device=ell.device)
+        seq_count = torch.full(lead, seqs, dtype=_SUM_DTYPE, device=ell.device)
+        seq_tokens: Tensor | int = seq_len
+    else:
+        valid = (mask != 0).expand(learner_logprobs.shape)
+        seq_valid = valid.any(-1)
+        tokens = valid.sum(_TOKENS).to(_SUM_DTYPE)
+        seq_count = seq_valid.sum(-1).to(_SUM_DTYPE)
+        seq_tokens = valid.sum(-1).clamp_min(1)
+
+    sums: dict[str, Tensor] = {
+        "tokens": tokens,
+        "seqs": seq_count,
+        "k3": _masked_sum(ratio_minus_one - ell, valid),
+        "k1": -_masked_sum(ell, valid),
+        # Norms reduce in one pass where square-then-sum takes three.
+        "k2": 0.5 * _masked_norm(ell, valid, 2) ** 2,
+        "abs": _masked_norm(ell, valid, 1),
+        "ratio": _masked_sum(ratio, valid),
+        "ratio_sq": _masked_norm(ratio, valid, 2) ** 2,
+    }
+    seq_log_ratio = ell if valid is None else torch.where(valid, ell, 0)
+    seq_log_ratio = seq_log_ratio.sum(-1)
+    bkl_seq = _masked_sum(bernoulli_kl(sampler_logprobs, learner_logprobs), valid, -1) / seq_tokens
+    sums["bkl_seq"] = _masked_sum(bkl_seq, seq_valid, -1)
+    maxes: dict[str, Tensor] = {
+        "ratio_max": _masked_max(ratio, valid),
+        # MIN travels as −max(−x) so that one MAX collective serves every extreme.
+        "neg_ratio_min": -_masked_min(ratio, valid),
+        "seq_log_ratio_max": _masked_max(seq_log_ratio, seq_valid, -1),
+        "bkl_seq_max": _masked_max(bkl_seq, seq_valid, -1),
+    }
+
+    nonfinite = _count_nonfinite(sampler_logprobs, valid) + _count_nonfinite(
+        learner_logprobs, valid
+    )
+    if logits is not None:
+        logp_V = torch.log_softmax(logits.to(ell.dtype), dim=-1)
+        entropy = torch.special.entr(logp_V.exp()).sum(-1)
+        sums["entropy"] = _masked_sum(entropy, valid)
+    else:
+        sums["entropy_est"] = -_masked_sum(sampler_logprobs.to(ell.dtype), valid)
+    if rewards is not None:
+        rewards64 = rewards.to(_SUM_DTYPE)
+        sums["reward"] = _masked_sum(rewards64, seq_valid, -1)
+        sums["reward_sq"] = _masked_sum(rewards64 * rewards64, seq_valid, -1)
+        nonfinite = nonfinite + _count_nonfinite(rewards, seq_valid, -1)
+    if advantages is not None:
+        per_token = advantages.dim() == learner_logprobs.dim()
+        nonfinite = nonfinite + _count_nonfinite(
+            advantages, valid if per_token else seq_valid, _TOKENS if per_token else -1
+        )
+    sums["nonfinite"] = nonfinite
+    if gate_mask is not None:
+        per_token = gate_mask.dim() == learner_logprobs.dim()
+        sums["gated"] = _masked_sum(
+            gate_mask != 0, valid if per_token else seq_valid, _TOKENS if per_token else -1
+        )
+        sums["gate_units"] = tokens if per_token else seq_count
+    if sampler_version is not None and learner_version is not None:
+        lag = (learner_version - sampler_version).to(_SUM_DTYPE)
+        lag = lag.expand(*lead, seqs)
+        sums["lag"] = _masked_sum(lag, seq_valid, -1)
+        maxes["lag_max"] = _masked_max(lag, seq_valid, -1)
+
+    hist = p99 = None
+    if quantile:
+        valid_tokens = valid if valid is not None else torch.ones_like(ell, dtype=torch.bool)
+        if _distributed():
+            hist = _log_ratio_histogram(ell.abs(), valid_tokens)
+        else:
+            p99 = _exact_quantile(ell.abs(), valid_tokens, tokens, 0.99)
+    return sums, maxes, hist, p99
+
+
+def _exact_quantile(values: Tensor, valid: Tensor, count: Tensor, q: float) -> Tensor:
+    """torch.quantile (linear interpolation) over the valid entries, without a host sync.
+
+    Boolean indexing would sync to learn the count; instead padding sorts last
+    (+inf) and the order statistics are gathered at tensor-valued positions.
+    """
+    ordered = torch.where(valid, values, math.inf).flatten(-2).sort(dim=-1).values
+    pos = (q * (count - 1)).clamp_min(0)
+    below = pos.floor()
+    lower = ordered.gather(-1, below.long().unsqueeze(-1)).squeeze(-1)
+    upper = ordered.gather(-1, pos.ceil().long().unsqueeze(-1)).squeeze(-1)
+    weight = (pos - below).to(values.dtype)
+    value = torch.where(weight == 0, lower, torch.lerp(lower, upper, weight))
+    return torch.where(count > 0, value, math.nan)
+
+
+def _log_ratio_histogram(abs_ell: Tensor, valid: Tensor) -> Tensor:
+    """Counts of |ℓ| in the fixed log-spaced bins, [..., 1 + _HIST_BINS]."""
+    scaled = (abs_ell.clamp_min(_HIST_MIN).log10() - _HIST_LOG_MIN) / _HIST_LOG_WIDTH
+    index = 1 + scaled.floor().clamp(0, _HIST_BINS - 1)
+    index = torch.where(abs_ell < _HIST_MIN, 0, index)
+    index = torch.where(torch.isnan(abs_ell), _HIST_BINS, index).long().flatten(-2)
+    counts = valid.flatten(-2).to(_SUM_DTYPE)
+    hist = torch.zeros((*index.shape[:-1], _HIST_BINS + 1), dtype=_SUM_DTYPE, device=index.device)
+    return hist.scatter_add_(-1, index, counts)
+
+
+def _histogram_quantile(hist: Tensor, count: Tensor, q: float) -> Tensor:
+    """Geometric centre of the bin holding the order statistic at q·(n − 1)."""
+    rank = (q * (count - 1)).clamp_min(0).floor()
+    bin_index = (hist.cumsum(-1) <= rank.unsqueeze(-1)).sum(-1).clamp_max(_HIST_BINS)
+    centre = 10 ** (_HIST_LOG_MIN + (bin_index.to(_SUM_DTYPE) - 0.5) * _HIST_LOG_WIDTH)
+    value = torch.where(bin_index == 0, 0.0, centre)
+    return torch.where(count > 0, value, math.nan)
+
+
+def _all_reduce(parts: dict[str, Tensor], op: dist.ReduceOp.RedOpType) -> dict[str, Tensor]:
+    """One collective for a whole dict of same-shaped partials."""
+    names = list(parts)
+    packed = torch.stack([parts[name].to(_SUM_DTYPE) for name in names])
+    dist.all_reduce(packed, op=op)
+    return dict(zip(names, packed.unbind(0), strict=True))
+
+
+def _finalize(
+    sums: dict[str, Tensor], maxes: dict[str, Tensor], p99: Tensor | None
+) -> dict[str, Tensor]:
+    tokens, seqs = sums["tokens"], sums["seqs"]
+    has_tokens = tokens > 0
+    out = {
+        "mismatch/kl": sums["k3"] / tokens,
+        "mismatch/kl_k1": sums["k1"] / tokens,
+        "mismatch/kl_k2": sums["k2"] / tokens,
+        "mismatch/ratio_max": torch.where(has_tokens, maxes["ratio_max"], math.nan),
+        "mismatch/ratio_min": torch.where(has_tokens, -maxes["neg_ratio_min"], math.nan),
+        "mismatch/log_ratio_abs_mean": sums["abs"] / tokens,
+        "mismatch/seq_log_ratio_max": torch.where(has_tokens, maxes["seq_log_ratio_max"], math.nan),
+        "mismatch/ess_frac": sums["ratio"] * sums["ratio"] / (tokens * sums["ratio_sq"]),
+        "mismatch/bkl_seq_max": torch.where(has_tokens, maxes["bkl_seq_max"], math.nan),
+        "mismatch/bkl_seq_mean": sums["bkl_seq"] / seqs,
+        "batch/seqs": seqs,
+        "batch/tokens": tokens,
+        "batch/len_mean": tokens / seqs,
+        "nonfinite/count": sums["nonfinite"],
+    }
+    if p99 is not None:
+        out["mismatch/log_ratio_p99"] = p99
+    if "entropy" in sums:
+        out["policy/entropy"] = sums["entropy"] / tokens
+    else:
+        out["policy/entropy_est"] = sums["entropy_est"] / tokens
+    if "reward" in sums:
+        mean = sums["reward"] / seqs
+        out["reward/mean"] = mean
+        out["reward/std"] = (sums["reward_sq"] / seqs - mean * mean).clamp_min(0).sqrt()
+    if "gated" in sums:
+        out["gate/frac"] = sums["gated"] / sums["gate_units"]
+    if "lag" in sums:
+        out["staleness/lag_mean"] = sums["lag"] / seqs
+        out["staleness/lag_max"] = torch.where(seqs > 0, maxes["lag_max"], math.nan)
+    return {name: value.to(torch.float32) for name, value in out.items()}
