@@ -42,6 +42,7 @@ class CollapseRisk(Detector):
         "alpha": 0.1,
         "warmup": 5,
         "min_gain": 1.0,
+        "reward_alpha": 0.3,
         "reward_key": "reward/mean",
         "reward_std_key": "reward/std",
         "ratio_key": "mismatch/ratio_max",
@@ -49,7 +50,7 @@ class CollapseRisk(Detector):
     }
 
     def validate(self) -> None:
-        _positive(self.params, "spike_factor", "alpha", "warmup")
+        _positive(self.params, "spike_factor", "alpha", "warmup", "reward_alpha")
         if not 0 < self.params["alpha"] < 1 or self.params["spike_factor"] <= 1:
             raise ValueError("alpha must be in (0, 1) and spike_factor > 1")
         for name in ("dev_mult", "min_gain"):
@@ -64,7 +65,7 @@ class CollapseRisk(Detector):
         if reward is not None and math.isfinite(reward):
             state["reward_seen"] = True
             smooth = state.get("reward_smooth", reward)
-            smooth = (1 - p["alpha"]) * smooth + p["alpha"] * reward
+            smooth = (1 - p["reward_alpha"]) * smooth + p["reward_alpha"] * reward
             state["reward_smooth"] = smooth
             state["reward_peak"] = max(state.get("reward_peak", smooth), smooth)
             if state.get("n", 0) <= p["warmup"]:
