@@ -115,6 +115,7 @@ def raw_sqlite(path: str, rows: list[tuple[int, int, float, float]]) -> float:
     conn = sqlite3.connect(path)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")
+    conn.execute("DROP TABLE IF EXISTS raw_points")
     conn.execute("CREATE TABLE raw_points (series_id integer, step bigint, value real, wall_time real, PRIMARY KEY (series_id, step)) WITHOUT ROWID")
     started = time.perf_counter()
     conn.executemany("INSERT INTO raw_points VALUES (?, ?, ?, ?)", rows)

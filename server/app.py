@@ -68,6 +68,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             listeners.remove(alerts.on_points)
+            await alerts.flush()
             await deliveries.close()
             await engine.dispose()
 

@@ -70,17 +70,30 @@ class _RunContext:
 
 
 class AlertEngine:
-    def __init__(self, store: Store, hub: LiveHub, *, base_url: str, on_outbox: Callable[[], None] = lambda: None):
+    def __init__(
+        self,
+        store: Store,
+        hub: LiveHub,
+        *,
+        base_url: str,
+        on_outbox: Callable[[], None] = lambda: None,
+        checkpoint_s: float = 1.0,
+    ):
         self.store = store
         self.hub = hub
         self.base_url = base_url
         self.on_outbox = on_outbox
+        self.checkpoint_s = checkpoint_s
+        """Detector state is written with every alert change, else at most this often per run
+        (and on shutdown), so a crash loses at most this much detector history."""
+        self._checkpointed: dict[str, float] = {}
         self.rules_version = 0
         self._rules: list[Rule] | None = None
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._runs: dict[str, _RunContext] = {}
         self._tracked: dict[tuple[int, str], _Tracked] = {}
         self._known_projects: set[str] = set()
+        self._install_lock = asyncio.Lock()
 
     def rules_changed(self) -> None:
         """Call after any rule CRUD: contexts rebuild their rule lists lazily."""
@@ -127,11 +140,12 @@ class AlertEngine:
         return context
 
     async def _ensure_project(self, project: str) -> None:
-        if project in self._known_projects:
-            return
-        if await repository.install_project(self.store, project, time.time()):
-            self.rules_changed()
-        self._known_projects.add(project)
+        async with self._install_lock:
+            if project in self._known_projects:
+                return
+            if await repository.install_project(self.store, project, time.time()):
+                self.rules_changed()
+            self._known_projects.add(project)
 
     async def _tracked_for(self, context: _RunContext) -> dict[int, _Tracked]:
         run_id = context.run.id
@@ -171,14 +185,30 @@ class AlertEngine:
                 ):
                     changes.append(_Change(rule, transition, row.step, signal.value, signal.message, state, signal.metric))
         dirty = [(rule_id, t) for rule_id, t in tracked.items() if t.dirty]
-        if not dirty:
+        now = time.monotonic()
+        if not dirty or (not changes and now - self._checkpointed.get(run_id, 0.0) < self.checkpoint_s):
             return
+        self._checkpointed[run_id] = now
         alerts = await repository.apply(
             self.store, context.run, changes, dirty, fingerprint, self.base_url
         )
         for _, t in dirty:
             t.dirty = False
         self._publish(alerts)
+
+    async def flush(self) -> None:
+        """Write every run's unsaved detector state (graceful shutdown)."""
+        for run_id, context in list(self._runs.items()):
+            async with self._locks[run_id]:
+                dirty = [
+                    (rule.id, self._tracked[(rule.id, run_id)])
+                    for rule, _ in context.rules
+                    if (rule.id, run_id) in self._tracked and self._tracked[(rule.id, run_id)].dirty
+                ]
+                if dirty:
+                    await repository.apply(self.store, context.run, [], dirty, fingerprint, self.base_url)
+                    for _, t in dirty:
+                        t.dirty = False
 
     def _publish(self, alerts: list[tuple[Alert, bool]]) -> None:
         notified = False

@@ -36,11 +36,20 @@ async def load_rules(sessions: async_sessionmaker[AsyncSession]) -> list[Rule]:
 
 
 async def install_project(store: Store, project: str, now: float) -> bool:
-    """Record the project and install its default rules, once. True if it was new."""
+    """Record the project and install its default rules, once, even under concurrent first runs.
+
+    True if this call installed them.
+    """
+    insert = sqlite_insert if store.sqlite else pg_insert
     async with store.writing() as session:
-        if await session.get(Project, project) is not None:
+        created = await session.execute(
+            insert(Project)
+            .values(name=project, created_at=now)
+            .on_conflict_do_nothing(index_elements=["name"])
+            .returning(Project.name)
+        )
+        if created.first() is None:  # another server or run installed it first
             return False
-        session.add(Project(name=project, created_at=now))
         for spec in DEFAULT_RULES:
             session.add(
                 Rule(
@@ -186,9 +195,9 @@ async def apply(
                     session.add(outbox_row(hook.id, f"evt_{alert.id}_{alert.state}", payload["type"], payload, now))
                 queued = bool(webhooks)
             touched[alert.id] = (alert, queued or touched.get(alert.id, (alert, False))[1])
-        # After the changes: new alerts' ids are part of the state.
-        for rule_id, tracked_state in states:
-            await _upsert_state(session, store.sqlite, rule_id, run.id, tracked_state.to_json(), tracked_state.last_step)
+        # After the changes: new alerts' ids are part of the state. One statement for all.
+        if states:
+            await _upsert_states(session, store.sqlite, run.id, [(rule_id, t.to_json(), t.last_step) for rule_id, t in states])
     return list(touched.values())
 
 
@@ -199,9 +208,13 @@ def outbox_row(webhook_id: int, event_id: str, event_type: str, payload: dict[st
     )
 
 
-async def _upsert_state(session: AsyncSession, sqlite: bool, rule_id: int, run_id: str, state: dict[str, Any], last_step: int | None) -> None:
+async def _upsert_states(
+    session: AsyncSession, sqlite: bool, run_id: str, rows: list[tuple[int, dict[str, Any], int | None]]
+) -> None:
     insert = sqlite_insert if sqlite else pg_insert
-    statement = insert(RuleState).values(rule_id=rule_id, run_id=run_id, state=state, last_step=last_step)
+    statement = insert(RuleState).values(
+        [{"rule_id": rule_id, "run_id": run_id, "state": state, "last_step": last_step} for rule_id, state, last_step in rows]
+    )
     await session.execute(
         statement.on_conflict_do_update(
             index_elements=["rule_id", "run_id"], set_={"state": statement.excluded.state, "last_step": statement.excluded.last_step}

@@ -203,3 +203,26 @@ def test_detector_state_survives_a_restart(server_factory, database_url) -> None
     _stream(second, run, rows[100:], seq0=10)
     got = _wait(lambda: [a for a in _alerts(second, run_id=run["id"]) if a["rule"] == "mismatch climbing"])
     assert [(a["started_step"], a["fired_step"]) for a in got] == [(a["started_step"], a["fired_step"]) for a in expected]
+
+
+def test_concurrent_first_runs_of_a_project_install_rules_once_and_lose_no_evaluation(server) -> None:
+    import asyncio
+
+    from websockets.asyncio.client import connect as aconnect
+
+    async def one(index: int) -> str:
+        run = new_run(f"race-{index}", project="race")
+        async with aconnect(f"{server.ws_url}/api/v1/ingest") as ws:
+            await ws.send(json.dumps({"type": "hello", "protocol": 1, "run": run}))
+            await ws.recv()
+            await ws.send(points(0, [{"step": 0, "values": {"loss/total": "nan"}}]))
+            assert json.loads(await ws.recv())["type"] == "ack"
+        return str(run["id"])
+
+    async def all_runs() -> list[str]:
+        return list(await asyncio.gather(*(one(i) for i in range(8))))
+
+    run_ids = asyncio.run(all_runs())
+    firing = _wait(lambda: len(_alerts(server, project="race", state="firing")) == 8 and _alerts(server, project="race", state="firing"))
+    assert sorted(a["run_id"] for a in firing) == sorted(run_ids)
+    assert len(httpx.get(f"{server.url}/api/v1/rules", params={"project": "race"}).json()) == 5
