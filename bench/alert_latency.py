@@ -30,7 +30,7 @@ import psycopg
 from websockets.asyncio.client import connect
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ingest import PG_ADMIN, start_server  # noqa: E402
+from _server import PG_ADMIN, start_server  # noqa: E402
 
 
 class Receiver:

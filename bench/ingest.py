@@ -14,49 +14,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import socket
 import sqlite3
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
-import httpx
 import psycopg
 from websockets.asyncio.client import connect
 
-ROOT = Path(__file__).resolve().parent.parent
-PG_ADMIN = os.environ.get("KEEL_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def start_server(database_url: str) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "server", "serve", "--port", str(port), "--database-url", database_url, "--log-level", "warning"],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-    )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
-                return proc, base
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("server did not start")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _server import PG_ADMIN, start_server  # noqa: E402
 
 
 def frames(steps: int, metrics: int, rows_per_frame: int) -> list[str]:

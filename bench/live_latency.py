@@ -17,9 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,51 +26,15 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-import httpx
 from selenium import webdriver
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from websockets.sync.client import ClientConnection, connect
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _server import start_server  # noqa: E402
+
 KEYS = ("reward/mean", "mismatch/kl", "gate/frac", "mismatch/ratio_max", "grad/norm")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def start_server(database_url: str) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "server",
-            "serve",
-            "--port",
-            str(port),
-            "--database-url",
-            database_url,
-            "--log-level",
-            "warning",
-        ],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-    )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
-                return proc, base
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("server did not start")
 
 
 def values(step: int, seed: int) -> dict[str, float]:
