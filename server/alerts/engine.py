@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import or_, select
 
 from server.alerts import repository
 from server.alerts.detectors import Detector
@@ -224,8 +224,10 @@ class AlertEngine:
         rules = [r for r in (self._rules or await repository.load_rules(self.store.sessions)) if r.enabled and r.detector == "silent"]
         if not rules:
             return
+        # Running runs can go silent; others only need a look while their alert is still open.
+        open_ids = [run_id for (rule_id, run_id), t in self._tracked.items() if t.lifecycle.phase is not Phase.INACTIVE]
         async with self.store.sessions() as session:
-            runs = list((await session.scalars(select(Run))).all())
+            runs = list((await session.scalars(select(Run).where(or_(Run.status == "running", Run.id.in_(open_ids))))).all())
         for run in runs:
             for rule in rules:
                 if not repository.rule_applies(rule, run):

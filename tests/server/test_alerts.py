@@ -226,3 +226,16 @@ def test_concurrent_first_runs_of_a_project_install_rules_once_and_lose_no_evalu
     firing = _wait(lambda: len(_alerts(server, project="race", state="firing")) == 8 and _alerts(server, project="race", state="firing"))
     assert sorted(a["run_id"] for a in firing) == sorted(run_ids)
     assert len(httpx.get(f"{server.url}/api/v1/rules", params={"project": "race"}).json()) == 5
+
+
+def test_run_gone_silent_fires_a_warning_and_resolves_when_data_returns(server_factory, database_url) -> None:
+    server = server_factory(database_url, silence_check_s=0.2)
+    run = new_run("quiet", project="silence")
+    _stream(server, run, [{"reward/mean": 0.5}])
+    rule = _wait(lambda: [r for r in httpx.get(f"{server.url}/api/v1/rules", params={"project": "silence"}).json() if r["detector"] == "silent"])[0]
+    assert httpx.patch(f"{server.url}/api/v1/rules/{rule['id']}", json={"params": {"after_s": 0.5}}).status_code == 200
+    firing = _wait(lambda: _alerts(server, run_id=run["id"], state="firing"))
+    assert firing[0]["rule"] == "run went silent" and firing[0]["severity"] == "warning"
+    _stream(server, run, [{"reward/mean": 0.5}] * 2, seq0=5)
+    resolved = _wait(lambda: _alerts(server, run_id=run["id"], state="resolved"))
+    assert resolved[0]["id"] == firing[0]["id"]
