@@ -147,8 +147,9 @@ class Store:
                 update(Run)
                 .where(Run.id == run_id)
                 .values(status=status, finished_at=now, last_seen_at=now)
+                .returning(Run.id)
             )
-            if result.rowcount == 0:  # type: ignore[attr-defined]
+            if result.first() is None:
                 raise UnknownRun(run_id)
 
     async def write_points(

@@ -73,3 +73,21 @@ def test_range_reads_and_unknown_series(server) -> None:
     response = httpx.get(f"{server.url}/api/v1/runs/nope/series", params={"key": "x"})
     assert response.status_code == 404
     assert httpx.get(f"{server.url}/api/v1/runs/{run_id}/series", params={"key": "x", "max_points": 0}).status_code == 422
+
+
+def test_finishing_an_unknown_run_is_refused(database_url) -> None:
+    import pytest
+
+    from server.storage import UnknownRun
+
+    db.upgrade(database_url)
+
+    async def go() -> None:
+        store = Store(db.create_engine(database_url))
+        try:
+            with pytest.raises(UnknownRun):
+                await store.finish_run("no-such-run", "finished", time.time())
+        finally:
+            await store.engine.dispose()
+
+    asyncio.run(go())
