@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import threading
 
 
 def _add_database_url(parser: argparse.ArgumentParser) -> None:
@@ -95,14 +96,12 @@ def _die_with_parent() -> None:
         pass  # not Linux: the demo's finally block still terminates its children
 
 
-def _wait_for_runs(base: str, names: set[str], stop: object, timeout_s: float = 120.0) -> list[str]:
+def _wait_for_runs(base: str, names: set[str], stop: threading.Event, timeout_s: float = 120.0) -> list[str]:
     """Ids of the runs with these names once they have all said hello (newest first), or []."""
-    import threading
     import time
 
     import httpx
 
-    assert isinstance(stop, threading.Event)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and not stop.is_set():
         try:
@@ -122,7 +121,6 @@ def _demo(args: argparse.Namespace) -> int:
     """Serve on the embedded database and stream an A/B experiment of toy runs, round after round."""
     import subprocess
     import sys
-    import threading
     from pathlib import Path
 
     import uvicorn

@@ -56,6 +56,18 @@ def rows_json(rows: list[Row]) -> list[dict[str, Any]]:
     ]
 
 
+async def after_commit(hub: LiveHub, listeners: list[PointsListener], run_id: str, rows: list[Row]) -> None:
+    """What follows every committed write, from the websocket or from REST: live push, then listeners."""
+    if hub.watching(run_id):
+        hub.publish(run_id, {"type": "points", "run_id": run_id, "rows": rows_json(rows)})
+    for listener in listeners:
+        try:
+            await listener(run_id, rows)
+        except Exception:
+            # A listener (alert engine) failing must not fail ingest: data is committed.
+            log.exception("points listener failed for run %s", run_id)
+
+
 class IngestSession:
     """The server side of one ingest websocket, as an explicit state machine."""
 
@@ -129,7 +141,7 @@ class IngestSession:
             result = await self.store.write_points(self.run_id, rows, time.time(), seq=seq)
             await self._send({"type": "ack", "seq": seq})
             if result.stored:
-                await self._after_commit(rows)
+                await after_commit(self.hub, self.listeners, self.run_id, rows)
         elif kind == "finish":
             status = parse_finish(message)
             await self.store.finish_run(self.run_id, status, time.time())
@@ -141,16 +153,6 @@ class IngestSession:
             raise ProtocolError("hello was already received on this connection")
         else:
             raise ProtocolError(f"unknown message type {kind[:40]!r}")
-
-    async def _after_commit(self, rows: list[Row]) -> None:
-        assert self.run_id is not None
-        self.hub.publish(self.run_id, {"type": "points", "run_id": self.run_id, "rows": rows_json(rows)})
-        for listener in self.listeners:
-            try:
-                await listener(self.run_id, rows)
-            except Exception:
-                # A listener (alert engine) failing must not fail ingest: data is committed.
-                log.exception("points listener failed for run %s", self.run_id)
 
     async def _send(self, message: dict[str, Any]) -> None:
         await self.websocket.send_text(orjson.dumps(message).decode())
@@ -182,4 +184,4 @@ async def refuse_overloaded(websocket: WebSocket) -> None:
     await websocket.close(CLOSE_OVERLOADED)
 
 
-__all__ = ["IngestSession", "IngestState", "PointsListener", "UnknownRun", "refuse_overloaded", "refuse_unauthorized", "rows_json"]
+__all__ = ["after_commit", "IngestSession", "IngestState", "PointsListener", "UnknownRun", "refuse_overloaded", "refuse_unauthorized", "rows_json"]

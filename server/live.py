@@ -65,6 +65,10 @@ class LiveHub:
         for subscription in (*self._by_run.get(run_id, ()), *self._by_run.get(ALL_RUNS, ())):
             subscription.offer(message)
 
+    def watching(self, run_id: str) -> bool:
+        """Whether anyone would receive a message about this run (skip building it otherwise)."""
+        return run_id in self._by_run or ALL_RUNS in self._by_run
+
     @property
     def subscriber_count(self) -> int:
         return len({s for subs in self._by_run.values() for s in subs})

@@ -1,4 +1,4 @@
-"""Storage: the only module that writes SQL. Runs, their series and points.
+"""Storage of runs, their series and points (alert tables: server/alerts/repository.py).
 
 Writes are one transaction per frame: the run row is locked, points go in with
 one bulk statement that ignores (series, step) pairs already stored (resends

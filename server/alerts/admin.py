@@ -11,6 +11,7 @@ from sqlalchemy import select
 from server.alerts import repository
 from server.alerts.rules import SEVERITIES, build_detector
 from server.models import Alert, Delivery, Rule, Run, Silence, Webhook
+from server.schemas import iso
 from server.storage import Store
 from server.webhooks import signing
 from server.webhooks.formats import FORMATS
@@ -170,13 +171,13 @@ async def queue_test_event(store: Store, hook_id: int, base_url: str) -> Deliver
         event_id = f"evt_test_{uuid.uuid4().hex}"
         payload = {
             "type": "test",
-            "timestamp": repository._iso(now),
+            "timestamp": iso(now),
             "alert": {
                 "id": 0, "run_id": "00000000-0000-0000-0000-000000000000", "run_name": "example-run", "project": "default",
                 "group": None, "rule": "test event", "metric": "mismatch/kl", "severity": "info", "state": "firing",
                 "step": 0, "value": 0.0, "started_step": 0, "resolved_step": None, "fired_step": 0,
                 "message": "Keel test event: this webhook is configured correctly.", "fingerprint": "test",
-                "started_at": repository._iso(now), "resolved_at": None, "url": f"{base_url}/compare?runs=",
+                "started_at": iso(now), "resolved_at": None, "url": f"{base_url}/compare?runs=",
                 "rule_id": None, "silenced": False, "acknowledged_at": None, "acknowledged_by": None,
             },
         }

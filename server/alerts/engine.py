@@ -50,6 +50,14 @@ class _Tracked:
     def to_json(self) -> dict[str, Any]:
         return {"detector": self.detector_state, "lifecycle": self.lifecycle.to_json(), "alert_id": self.alert_id}
 
+    @classmethod
+    def load(cls, row: tuple[dict[str, Any], int | None] | None, initial: dict[str, Any]) -> _Tracked:
+        """From a rule_states row, or fresh with the detector's initial state."""
+        if row is None:
+            return cls(initial, Lifecycle(), None)
+        data, last_step = row
+        return cls(data["detector"], Lifecycle.from_json(data["lifecycle"]), last_step, data.get("alert_id"))
+
 
 @dataclass
 class _Change:
@@ -155,13 +163,7 @@ class AlertEngine:
             for rule, detector in context.rules:
                 if rule.id not in missing:
                     continue
-                row = stored.get(rule.id)
-                if row is None:
-                    tracked = _Tracked(detector.initial_state(), Lifecycle(), None)
-                else:
-                    data, last_step = row
-                    tracked = _Tracked(data["detector"], Lifecycle.from_json(data["lifecycle"]), last_step, data.get("alert_id"))
-                self._tracked[(rule.id, run_id)] = tracked
+                self._tracked[(rule.id, run_id)] = _Tracked.load(stored.get(rule.id), detector.initial_state())
         return {rule.id: self._tracked[(rule.id, run_id)] for rule, _ in context.rules}
 
     async def _evaluate(self, run_id: str, rows: list[Row]) -> None:
@@ -242,10 +244,7 @@ class AlertEngine:
             state = self._tracked.get(key)
             if state is None:
                 stored = await repository.load_states(self.store.sessions, run.id, [rule.id])
-                row = stored.get(rule.id)
-                state = _Tracked({}, Lifecycle(), None) if row is None else _Tracked(
-                    row[0]["detector"], Lifecycle.from_json(row[0]["lifecycle"]), row[1], row[0].get("alert_id")
-                )
+                state = _Tracked.load(stored.get(rule.id), {})
                 self._tracked[key] = state
             if not active and state.lifecycle.phase is Phase.INACTIVE:
                 return

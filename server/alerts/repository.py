@@ -5,7 +5,6 @@ from __future__ import annotations
 import fnmatch
 import time
 from collections.abc import Callable, Sequence
-from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import delete, select
@@ -16,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from server.alerts.lifecycle import Transition
 from server.alerts.rules import DEFAULT_RULES
 from server.models import Alert, Delivery, Project, Rule, RuleState, Run, Silence, Webhook
+from server.schemas import iso
 from server.storage import Store
 
 if TYPE_CHECKING:
@@ -90,10 +90,6 @@ def silence_matches(silence: Silence, alert_labels: dict[str, str]) -> bool:
     return all(fnmatch.fnmatchcase(alert_labels.get(name, ""), pattern) for name, pattern in silence.matchers.items())
 
 
-def _iso(ts: float | None) -> str | None:
-    return None if ts is None else datetime.fromtimestamp(ts, timezone.utc).isoformat()
-
-
 def alert_json(alert: Alert) -> dict[str, Any]:
     """The API shape of an alert (PROTOCOL.md fields first)."""
     from trainer_hooks.protocol import encode_value
@@ -113,10 +109,10 @@ def alert_json(alert: Alert) -> dict[str, Any]:
         "fingerprint": alert.fingerprint,
         "fired_step": alert.fired_step,
         "value": None if alert.value is None else encode_value(alert.value),
-        "started_at": _iso(alert.started_at),
-        "resolved_at": _iso(alert.resolved_at),
+        "started_at": iso(alert.started_at),
+        "resolved_at": iso(alert.resolved_at),
         "silenced": alert.silenced,
-        "acknowledged_at": _iso(alert.acknowledged_at),
+        "acknowledged_at": iso(alert.acknowledged_at),
         "acknowledged_by": alert.acknowledged_by,
     }
 
@@ -125,7 +121,7 @@ def event_payload(event_type: str, alert: Alert, run: Run, base_url: str) -> dic
     """A format-neutral webhook event; server.webhooks.formats renders it per receiver."""
     return {
         "type": event_type,
-        "timestamp": _iso(time.time()),
+        "timestamp": iso(time.time()),
         "alert": {
             **alert_json(alert),
             "run_name": run.name,

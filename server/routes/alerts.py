@@ -12,7 +12,7 @@ from server.alerts import admin
 from server.alerts.repository import alert_json
 from server.auth import ADMIN, READ
 from server.deps import SettingsDep, StoreDep
-from server.webhooks.netguard import ForbiddenTarget, checked_address
+from server.webhooks.netguard import checked_address
 
 router = APIRouter(tags=["alerts"])
 
@@ -166,9 +166,7 @@ class WebhookIn(BaseModel):
 async def create_webhook(body: WebhookIn, store: StoreDep, settings: SettingsDep) -> dict[str, Any]:
     try:
         await checked_address(body.url, allow_private=settings.allow_private_webhooks)
-    except ForbiddenTarget as exc:
-        raise HTTPException(422, str(exc)) from None
-    except ValueError as exc:
+    except ValueError as exc:  # ForbiddenTarget included
         raise HTTPException(422, str(exc)) from None
     try:
         hook = await admin.create_webhook(store, body.url, body.format, body.secret)

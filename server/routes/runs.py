@@ -9,7 +9,7 @@ from fastapi import APIRouter, HTTPException, Query, Request
 
 from server.auth import INGEST, READ
 from server.deps import HubDep, SettingsDep, StoreDep
-from server.ingest import rows_json
+from server.ingest import after_commit
 from server.schemas import KeyOut, PointsWritten, RunDetail, RunOut, SeriesOut
 from server.storage import UnknownRun
 from trainer_hooks.protocol import CLOSE_TOO_LARGE, ProtocolError, parse_rows
@@ -90,7 +90,5 @@ async def post_points(
         result = await store.write_points(run_id, rows, time.time())
     except UnknownRun:
         raise _not_found(run_id) from None
-    hub.publish(run_id, {"type": "points", "run_id": run_id, "rows": rows_json(rows)})
-    for listener in request.app.state.points_listeners:
-        await listener(run_id, rows)
+    await after_commit(hub, request.app.state.points_listeners, run_id, rows)
     return PointsWritten(stored_rows=len(rows), last_step=result.last_step)

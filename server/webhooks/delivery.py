@@ -24,7 +24,7 @@ from sqlalchemy import select, update
 from server.models import Delivery, Webhook
 from server.storage import Store
 from server.webhooks import formats, signing
-from server.webhooks.netguard import ForbiddenTarget, checked_address
+from server.webhooks.netguard import checked_address
 
 log = logging.getLogger("keel.webhooks")
 
@@ -72,9 +72,7 @@ async def send(client: httpx.AsyncClient, hook: Webhook, delivery: Delivery, *, 
     }
     try:
         address = await checked_address(hook.url, allow_private=allow_private)
-    except ForbiddenTarget as exc:
-        return Outcome("failed", str(exc))
-    except ValueError as exc:
+    except ValueError as exc:  # ForbiddenTarget included: not retried
         return Outcome("failed", str(exc))
     parts = urlsplit(hook.url)
     host = f"[{address}]" if address.version == 6 else str(address)
