@@ -87,18 +87,20 @@ class KeelApi:
         response.raise_for_status()
         return Series.from_json(response.json())
 
-    async def last_value(self, run_id: str, key: str, last_step: int | None) -> Series:
-        """The latest point of a metric: one bucket over a short window ending at the run's last step.
+    async def latest(self, run_id: str, keys: Iterable[str]) -> dict[str, Series]:
+        """The last point of each key, as one-point series, in one read (keys without points omitted)."""
+        response = await self._get(f"/runs/{run_id}/latest", keys=",".join(keys))
+        if response.status_code == 404:
+            return {}
+        response.raise_for_status()
+        return {
+            key: Series.from_json({"steps": [point["step"]], "values": [point["value"]]})
+            for key, point in response.json().items()
+        }
 
-        Reads only the tail through the (series, step) index; the bucket's value
-        is its last point and its min/max keep any non-finite value of the window.
-        """
-        if last_step is None:
-            return Series.empty()
-        tail = await self.series(run_id, key, max_points=1, start=max(0, last_step - 1000))
-        if tail.steps:
-            return tail
-        return await self.series(run_id, key, max_points=1)
+    async def last_value(self, run_id: str, key: str) -> Series:
+        """The latest point of one metric (empty when it has none)."""
+        return (await self.latest(run_id, [key])).get(key, Series.empty())
 
     async def alerts(self, run_id: str, state: str | None = None) -> list[Alert] | None:
         """Alerts of a run, or None when the server has no alerts API (yet)."""

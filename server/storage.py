@@ -19,6 +19,7 @@ from sqlalchemy import func, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+from sqlalchemy.orm import aliased
 
 from server.db import is_sqlite, session_factory
 from server.models import Point, Run, Series
@@ -280,6 +281,20 @@ class Store:
                 raise UnknownRun(run_id)
             result = await session.execute(query)
             return [KeyInfo(key, int(count), last) for key, count, last in result]
+
+    async def latest(self, run_id: str, keys: list[str]) -> dict[str, tuple[int, float]]:
+        """The last (step, value) of each of these keys that has points: one index seek per key."""
+        inner = aliased(Point)
+        last_step = select(func.max(inner.step)).where(inner.series_id == Series.id).correlate(Series).scalar_subquery()
+        query = (
+            select(Series.key, Point.step, Point.value)
+            .join(Point, Point.series_id == Series.id)
+            .where(Series.run_id == run_id, Series.key.in_(keys), Point.step == last_step)
+        )
+        async with self.sessions() as session:
+            if await session.get(Run, run_id) is None:
+                raise UnknownRun(run_id)
+            return {key: (step, _loaded(value)) for key, step, value in await session.execute(query)}
 
     async def series(
         self,

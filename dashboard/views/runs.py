@@ -262,11 +262,5 @@ def _group_alerts(alerts: Sequence[Alert]) -> dict[str, list[Alert]]:
 async def _last_values(
     api: KeelApi, runs: Sequence[Mapping[str, Any]]
 ) -> dict[str, dict[str, Series]]:
-    async def one(run: Mapping[str, Any]) -> dict[str, Series]:
-        tails = await asyncio.gather(
-            *(api.last_value(run["id"], key, run.get("last_step")) for key in HEADLINE_KEYS)
-        )
-        return dict(zip(HEADLINE_KEYS, tails, strict=True))
-
-    results = await asyncio.gather(*(one(run) for run in runs))
+    results = await asyncio.gather(*(api.latest(run["id"], HEADLINE_KEYS) for run in runs))
     return {run["id"]: result for run, result in zip(runs, results, strict=True)}

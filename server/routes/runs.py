@@ -12,7 +12,7 @@ from server.deps import HubDep, SettingsDep, StoreDep
 from server.ingest import after_commit
 from server.schemas import KeyOut, PointsWritten, RunDetail, RunOut, SeriesOut
 from server.storage import UnknownRun
-from trainer_hooks.protocol import CLOSE_TOO_LARGE, ProtocolError, parse_rows
+from trainer_hooks.protocol import CLOSE_TOO_LARGE, ProtocolError, encode_value, parse_rows
 
 router = APIRouter(tags=["runs"])
 
@@ -52,6 +52,18 @@ async def run_keys(run_id: str, store: StoreDep) -> list[KeyOut]:
         return [KeyOut.from_info(info) for info in await store.keys(run_id)]
     except UnknownRun:
         raise _not_found(run_id) from None
+
+
+@router.get("/runs/{run_id}/latest", dependencies=[READ])
+async def run_latest(
+    run_id: str, store: StoreDep, keys: str = Query(description="comma-separated metric keys")
+) -> dict[str, dict[str, int | float | str]]:
+    """The last logged point of each key: `{key: {"step", "value"}}` (keys without points are left out)."""
+    try:
+        latest = await store.latest(run_id, [key for key in keys.split(",") if key][:1000])
+    except UnknownRun:
+        raise _not_found(run_id) from None
+    return {key: {"step": step, "value": encode_value(value)} for key, (step, value) in latest.items()}
 
 
 @router.get("/runs/{run_id}/series", response_model=SeriesOut, response_model_exclude_none=True, dependencies=[READ])

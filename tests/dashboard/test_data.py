@@ -30,7 +30,7 @@ def test_reads_runs_series_and_last_values(server) -> None:
         assert "reward/mean" in await api.keys(run.id) and await api.keys("missing") == []
         series = await api.series(run.id, "reward/mean", max_points=10)
         assert series.downsampled and len(series.steps) <= 10 and math.isnan(series.maxs[-1])
-        tail = await api.last_value(run.id, "grad/norm", 50)
+        tail = await api.last_value(run.id, "grad/norm")
         assert tail.steps == [50] and tail.values == [math.inf]
         assert (await api.series("missing", "reward/mean")).steps == []
         assert await api.alerts(run.id) is not None  # the alerts API exists on this server

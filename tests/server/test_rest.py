@@ -95,3 +95,15 @@ def test_live_pushes_committed_points_of_subscribed_runs(server) -> None:
         "run_id": watched["id"],
         "rows": [{"step": 3, "time": 5.0, "values": {"m": "inf", "n": 0.25}}],
     }
+
+
+def test_latest_point_per_key(server) -> None:
+    run = new_run()
+    with open_ingest(server) as ws:
+        hello(ws, run)
+        ws.send(points(0, [{"step": s, "values": {"a": float(s), "b": "nan" if s == 4 else 1.0}} for s in range(5)]))
+        ws.send(points(1, [{"step": 7, "values": {"a": "-inf"}}]))
+        assert [recv(ws)["seq"] for _ in range(2)] == [0, 1]
+    latest = httpx.get(f"{server.url}/api/v1/runs/{run['id']}/latest", params={"keys": "a,b,missing"}).json()
+    assert latest == {"a": {"step": 7, "value": "-inf"}, "b": {"step": 4, "value": "nan"}}
+    assert httpx.get(f"{server.url}/api/v1/runs/nope/latest", params={"keys": "a"}).status_code == 404
