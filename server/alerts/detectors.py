@@ -64,9 +64,18 @@ class NonFinite(Detector):
 
     kind = "non_finite"
 
+    def validate(self) -> None:
+        self.patterns = [p.strip() for p in self.metric.split(",") if p.strip()]
+        self._watches: dict[str, bool] = {}  # key -> matched; runs log the same keys every step
+
+    def _watched(self, key: str) -> bool:
+        matched = self._watches.get(key)
+        if matched is None:
+            matched = self._watches[key] = any(fnmatch.fnmatchcase(key, p) for p in self.patterns)
+        return matched
+
     def update(self, state: dict[str, Any], step: int, values: Mapping[str, float]) -> Signal | None:
-        patterns = [p.strip() for p in self.metric.split(",") if p.strip()]
-        watched = {k: v for k, v in values.items() if any(fnmatch.fnmatchcase(k, p) for p in patterns)}
+        watched = {k: v for k, v in values.items() if self._watched(k)}
         if not watched:
             return None
         bad = sorted(k for k, v in watched.items() if not math.isfinite(v))
