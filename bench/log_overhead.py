@@ -8,11 +8,13 @@
    p90 and p99 in microseconds (target: median <= 50 us). Also the full
    `stability_metrics` dict (~17 tensors), for reference.
 2. A CPU learner loop (embedding + MLP policy, cispo loss, backward, clip, SGD) sized
-   to ~50 ms per step on a quiet 2-core machine, in three variants run side by side:
-   plain, + `stability_metrics`, + `stability_metrics` + `log()`. Every round runs
-   each variant once in random order, so drift in machine load hits all alike.
-   Reports the median step of each and the overhead against plain (target for the
-   full variant: <= 1 %), plus the median of the per-round relative differences.
+   to ~50 ms per step on a quiet 2-core machine, in four variants run side by side:
+   plain; + `stability_metrics` (computed, not logged); + `stability_metrics` + `log()`
+   on the training thread; and `Monitor.log_batch()` (the same metrics and row, computed
+   by the Monitor's background thread from copies of the inputs). Every round runs each
+   variant once in random order, so drift in machine load hits all alike. Reports the
+   median step of each and the overhead against plain (target: <= 1 %), plus the median
+   of the per-round relative differences.
 
 The server shares this machine's CPUs unless --server points elsewhere; that is
 included in what is measured (the sender thread and the server are both real). torch
@@ -140,9 +142,10 @@ class Learner:
             self.batches.append((inputs_B_T, sampled_B_T, mask_B_T, sampler_logp_B_T, rewards_B))
 
     def step(self, index: int, variant: str, monitor: Monitor) -> tuple[float, float]:
-        """One learner step; `variant` is plain, metrics (computed, not logged) or monitored.
+        """One learner step; `variant` is one of VARIANTS.
 
-        Returns the milliseconds spent in stability_metrics and in log() within the step.
+        Returns the milliseconds spent in stability_metrics and in log() (or in log_batch())
+        within the step.
         """
         inputs_B_T, sampled_B_T, mask_B_T, sampler_logp_B_T, rewards_B = self.batches[index % 4]
         logits = self.model(inputs_B_T)
@@ -160,6 +163,17 @@ class Learner:
         if variant == "plain":
             return 0.0, 0.0
         started = time.perf_counter()
+        if variant == "batch":
+            monitor.log_batch(
+                index,
+                sampler_logp_B_T,
+                learner_logp_B_T,
+                mask_B_T,
+                rewards=rewards_B,
+                gate_mask=gate_B_T,
+                metrics={"grad/norm": grad_norm, "loss/total": loss},
+            )
+            return 0.0, 1000 * (time.perf_counter() - started)
         metrics = stability_metrics(
             sampler_logp_B_T, learner_logp_B_T, mask_B_T, rewards=rewards_B, gate_mask=gate_B_T
         )
@@ -170,27 +184,36 @@ class Learner:
         return 1000 * (computed - started), 1000 * (logged - computed)
 
 
-VARIANTS = ("plain", "metrics", "monitored")
+VARIANTS = ("plain", "metrics", "monitored", "batch")
 
 
-def bench_loop(server: str, spool: Path, rounds: int, learner: Learner) -> None:
+def bench_loop(server: str, spool: Path, rounds: int, block: int, learner: Learner) -> None:
     monitor = Monitor(server, run_name="bench-loop", spool_dir=spool, tags=("bench",))
-    for index in range(6):
-        learner.step(index, VARIANTS[index % 3], monitor)
+    for index in range(2 * len(VARIANTS)):
+        learner.step(index, VARIANTS[index % len(VARIANTS)], monitor)
     shuffle = random.Random(0)
+    # Per round, the mean step of each variant's block (its first step dropped).
     step_ms: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
-    metrics_ms, log_ms = [], []
+    metrics_ms, log_ms, log_batch_ms = [], [], []
     step = 0
     for _ in range(rounds):
-        # Each round runs every variant once, in random order, so load drift hits all alike.
+        # Each round runs every variant for `block` consecutive steps, blocks in random
+        # order, so load drift hits all alike. Consecutive steps, because the Monitor's
+        # background work (sending, and log_batch's metrics) overlaps the steps after the
+        # one that logged: inside a block it lands on the same variant, as in a real loop.
         for variant in shuffle.sample(VARIANTS, len(VARIANTS)):
-            started = time.perf_counter()
-            inside = learner.step(step, variant, monitor)
-            step_ms[variant].append(1000 * (time.perf_counter() - started))
-            if variant == "monitored":
-                metrics_ms.append(inside[0])
-                log_ms.append(inside[1])
-            step += 1
+            block_ms = []
+            for _ in range(block):
+                started = time.perf_counter()
+                inside = learner.step(step, variant, monitor)
+                block_ms.append(1000 * (time.perf_counter() - started))
+                if variant == "monitored":
+                    metrics_ms.append(inside[0])
+                    log_ms.append(inside[1])
+                elif variant == "batch":
+                    log_batch_ms.append(inside[1])
+                step += 1
+            step_ms[variant].append(statistics.fmean(block_ms[1:]))
     delivered = monitor.finish(timeout=120)
     plain = statistics.median(step_ms["plain"])
 
@@ -205,15 +228,18 @@ def bench_loop(server: str, spool: Path, rounds: int, learner: Learner) -> None:
             f"(median per-round difference {100 * statistics.median(paired):+.2f} %)"
         )
 
+    def share(samples: list[float]) -> str:
+        return f"{statistics.median(samples):.3f} ms ({100 * statistics.median(samples) / plain:.2f} %)"
+
     print(
-        f"learner loop, {rounds} interleaved rounds, torch threads {torch.get_num_threads()}:\n"
-        f"  plain step                    {plain:.2f} ms\n"
-        f"  + stability_metrics           {overhead('metrics')}\n"
-        f"  + stability_metrics + log()   {overhead('monitored')}\n"
-        f"  timed inside the monitored steps: stability_metrics "
-        f"{statistics.median(metrics_ms):.3f} ms ({100 * statistics.median(metrics_ms) / plain:.2f} %"
-        f" of the plain step), log() {statistics.median(log_ms):.3f} ms "
-        f"({100 * statistics.median(log_ms) / plain:.2f} %)\n"
+        f"learner loop, {rounds} rounds of {block}-step blocks, torch threads "
+        f"{torch.get_num_threads()}:\n"
+        f"  plain step                          {plain:.2f} ms\n"
+        f"  + stability_metrics                 {overhead('metrics')}\n"
+        f"  + stability_metrics + log()         {overhead('monitored')}\n"
+        f"  + log_batch() (metrics off-thread)  {overhead('batch')}\n"
+        f"  timed inside the steps: stability_metrics {share(metrics_ms)}, log() {share(log_ms)}, "
+        f"log_batch() {share(log_batch_ms)}\n"
         f"  (all delivered: {delivered})"
     )
 
@@ -224,7 +250,10 @@ def main() -> int:
         "--server", default=None, help="stream to this server instead of a local one"
     )
     parser.add_argument("--calls", type=int, default=20_000, help="log() calls to time")
-    parser.add_argument("--rounds", type=int, default=150, help="rounds of the three loop variants")
+    parser.add_argument("--rounds", type=int, default=40, help="rounds of the loop variants")
+    parser.add_argument(
+        "--block", type=int, default=6, help="consecutive steps per variant and round"
+    )
     parser.add_argument(
         "--threads",
         type=int,
@@ -249,6 +278,7 @@ def main() -> int:
             server,
             workdir / "spool",
             args.rounds,
+            args.block,
             Learner(args.batch, args.tokens, args.vocab, args.hidden),
         )
     return 0

@@ -114,7 +114,7 @@ def stability_metrics(
         logits: learner logits [..., B, T, V] for the exact entropy.
         sampler_version: weights version each sequence was sampled with, [..., B].
         learner_version: version of the weights being trained (int or tensor).
-        quantile: compute `mismatch/log_ratio_p99` (one sort of the tokens).
+        quantile: compute `mismatch/log_ratio_p99` (one top-k of the tokens).
 
     Returns keys (always): `mismatch/kl`, `mismatch/kl_k1`, `mismatch/kl_k2`,
     `mismatch/ratio_max`, `mismatch/ratio_min`, `mismatch/log_ratio_abs_mean`,
@@ -141,7 +141,7 @@ def stability_metrics(
             learner_version,
             quantile,
         )
-        if _distributed():
+        if data_parallel():
             sums, maxes = (
                 _all_reduce(sums, dist.ReduceOp.SUM),
                 _all_reduce(maxes, dist.ReduceOp.MAX),
@@ -152,7 +152,8 @@ def stability_metrics(
         return _finalize(sums, maxes, p99)
 
 
-def _distributed() -> bool:
+def data_parallel() -> bool:
+    """Is torch.distributed initialised with more than one rank (metrics then all-reduce)?"""
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
@@ -287,7 +288,7 @@ def _local_partials(
     hist = p99 = None
     if quantile:
         valid_tokens = valid if valid is not None else torch.ones_like(ell, dtype=torch.bool)
-        if _distributed():
+        if data_parallel():
             hist = _log_ratio_histogram(ell.abs(), valid_tokens)
         else:
             p99 = _exact_quantile(ell.abs(), valid_tokens, tokens, 0.99)
@@ -297,16 +298,20 @@ def _local_partials(
 def _exact_quantile(values: Tensor, valid: Tensor, count: Tensor, q: float) -> Tensor:
     """torch.quantile (linear interpolation) over the valid entries, without a host sync.
 
-    Boolean indexing would sync to learn the count; instead padding sorts last
-    (+inf) and the order statistics are gathered at tensor-valued positions.
+    Boolean indexing would sync to learn the count; instead padding is −inf, the
+    largest ⌊(1 − q)(N − 1)⌋ + 2 entries (N known from the shape) are taken in
+    descending order, which hold both order statistics around q·(count − 1) for
+    any count ≤ N, and those are gathered at tensor-valued positions.
     """
-    ordered = torch.where(valid, values, math.inf).flatten(-2).sort(dim=-1).values
+    values = torch.where(valid, values, -math.inf).flatten(-2)
+    size = values.shape[-1]
+    top = values.topk(min(size, math.floor((1 - q) * (size - 1)) + 2), dim=-1).values
     pos = (q * (count - 1)).clamp_min(0)
     below = pos.floor()
-    lower = ordered.gather(-1, below.long().unsqueeze(-1)).squeeze(-1)
-    upper = ordered.gather(-1, pos.ceil().long().unsqueeze(-1)).squeeze(-1)
-    weight = (pos - below).to(values.dtype)
-    value = torch.where(weight == 0, lower, torch.lerp(lower, upper, weight))
+    # Ascending position p among `count` values is descending position count − 1 − p.
+    ranks = (count - 1).unsqueeze(-1) - torch.stack([below, pos.ceil()], -1)
+    bounds = top.gather(-1, ranks.clamp(0, top.shape[-1] - 1).long())
+    value = torch.lerp(bounds[..., 0], bounds[..., 1], (pos - below).to(values.dtype))
     return torch.where(count > 0, value, math.nan)
 
 

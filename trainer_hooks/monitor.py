@@ -3,13 +3,16 @@
     monitor = Monitor("http://127.0.0.1:8750", run_name="cispo-lag8")
     for step in range(steps):
         ...
-        monitor.log(step, stability_metrics(...))  # tensors or floats; never blocks
+        monitor.log_batch(step, sampler_logprobs, learner_logprobs, mask, rewards=rewards,
+                          metrics={"grad/norm": grad_norm})  # stability_metrics + log()
+        monitor.log(step, {"eval/score": score})  # tensors or floats; never blocks
     monitor.finish()
 
 The training thread only snapshots values (`capture.py`: one stack + one non-blocking
 device-to-host copy per device) and appends to an in-memory queue. A background thread turns the
 queue into frames, appends each frame to the disk spool (`spool.py`) and streams the
-spool to the server (`sender.py`). A frame leaves the spool only when the server has
+spool to the server (`sender.py`). On CPU, `log_batch` also leaves the stability metrics
+themselves to that thread. A frame leaves the spool only when the server has
 acked it, so a server outage, a reconnect or a dead trainer (`keel sync`) lose nothing.
 
 torch is optional: it is only touched when a value is a tensor (then torch is already
@@ -19,6 +22,7 @@ imported by the caller).
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import logging
 import os
@@ -29,7 +33,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -57,6 +61,9 @@ _TICK_S = 0.05
 # A killed job has a grace period (SLURM and Kubernetes default to 30 s) that checkpointing
 # also needs; the spool keeps whatever is not acked by then for `keel sync`.
 _KILLED_FINISH_TIMEOUT_S = 10.0
+# log_batch() steps whose metrics the background thread has yet to compute; beyond this the
+# training thread computes them itself, so a slow background thread bounds memory, not steps.
+_MAX_DEFERRED = 16
 
 
 def _is_rank_zero() -> bool:
@@ -111,6 +118,7 @@ class Monitor:
         self._dropped_rows = 0
         self._warned: set[str] = set()
         self._capture = Capture(self._warn_once, _LIMITS)
+        self._deferred_slots = threading.BoundedSemaphore(_MAX_DEFERRED)
         self._closed = False  # finish() started: log() is a no-op from here on
         self._delivered: bool | None = None  # what finish() returned
         self._exit_status: str | None = None  # set by the SIGTERM handler
@@ -159,17 +167,90 @@ class Monitor:
         if self._closed or not self.enabled:
             return
         try:
-            if len(self._queue) >= self._config.max_queued_rows:
-                self._dropped_rows += 1
-                self._warn_once(
-                    "queue", "the send queue is full; dropping rows (is the disk stalled?)"
-                )
-                return
-            queued = self._capture(step, metrics)
-            if queued is not None:
-                self._queue.append(queued)  # deque.append is atomic; no lock on the hot path
+            self._enqueue(step, metrics)
         except Exception as exc:  # a bad metric must never stop training
             self._warn_once(f"log:{type(exc).__name__}", f"log({step!r}) dropped: {exc!r}")
+
+    def log_batch(
+        self,
+        step: int,
+        sampler_logprobs: Any,
+        learner_logprobs: Any,
+        mask: Any,
+        *,
+        metrics: Mapping[str, Any] | None = None,
+        rewards: Any = None,
+        advantages: Any = None,
+        gate_mask: Any = None,
+        logits: Any = None,
+        sampler_version: Any = None,
+        learner_version: Any = None,
+    ) -> None:
+        """`log(step, {**stability_metrics(sampler_logprobs, ...), **metrics})`, cheaper.
+
+        The arguments are those of `trainer_hooks.metrics.stability_metrics`. On CPU the
+        tensors are copied (one copy each, so the loop may reuse its buffers) and the
+        background thread computes the metrics: the training thread spends microseconds,
+        not the ~60 small tensor ops. On a GPU they are computed here, which only queues
+        asynchronous kernels. Under torch.distributed they are computed here on every
+        rank, because each rank takes part in their all-reduces. Never raises.
+        """
+        if self._closed:
+            return
+        try:
+            from trainer_hooks.metrics import data_parallel, stability_metrics
+
+            tensors = (sampler_logprobs, learner_logprobs, mask)
+            inputs = {
+                "rewards": rewards,
+                "advantages": advantages,
+                "gate_mask": gate_mask,
+                "logits": logits,
+                "sampler_version": sampler_version,
+                "learner_version": learner_version,
+            }
+            if data_parallel():
+                computed = stability_metrics(*tensors, **inputs)  # on every rank
+                self.log(step, {**computed, **(metrics or {})})
+                return
+            if not self.enabled:
+                return
+            on_cpu = learner_logprobs.device.type == "cpu"
+            if on_cpu and self._deferred_slots.acquire(blocking=False):
+                queued = False
+                try:
+                    tensors, inputs = _copied(tensors), _copied(inputs)
+                    compute = functools.partial(stability_metrics, *tensors, **inputs)
+                    queued = self._enqueue(step, metrics or {}, deferred=compute)
+                finally:
+                    if not queued:
+                        self._deferred_slots.release()
+                return
+            computed = stability_metrics(*tensors, **inputs)
+            self.log(step, {**computed, **(metrics or {})})
+        except Exception as exc:  # a bad input must never stop training
+            self._warn_once(
+                f"log_batch:{type(exc).__name__}", f"log_batch({step!r}) dropped: {exc!r}"
+            )
+
+    def _enqueue(
+        self,
+        step: int,
+        metrics: Mapping[str, Any],
+        deferred: Callable[[], Mapping[str, Any]] | None = None,
+    ) -> bool:
+        if not self.enabled:
+            return False
+        if len(self._queue) >= self._config.max_queued_rows:
+            self._dropped_rows += 1
+            self._warn_once("queue", "the send queue is full; dropping rows (is the disk stalled?)")
+            return False
+        queued = self._capture(step, metrics)
+        if queued is None:
+            return False
+        queued.deferred = deferred
+        self._queue.append(queued)  # deque.append is atomic; no lock on the hot path
+        return True
 
     def _warn_once(self, what: str, message: str) -> None:
         if what not in self._warned:
@@ -321,9 +402,29 @@ class Monitor:
                 row = captured.row()
             except Exception as exc:  # e.g. a CUDA error surfacing at the event
                 self._warn_once("device", f"tensors of step {captured.step} lost: {exc!r}")
+                if captured.deferred is not None:
+                    self._deferred_slots.release()
+                continue
+            if captured.deferred is not None:
+                row.values = {**self._compute(captured.step, captured.deferred), **row.values}
+            if not row.values:
                 continue
             self._rows.append(row)
             self._rows_values += len(row.values)
+
+    def _compute(self, step: int, deferred: Callable[[], Mapping[str, Any]]) -> dict[str, float]:
+        """The metrics a log_batch() left to this thread; the step's other values stay if they fail."""
+        try:
+            computed = deferred()
+            captured = self._capture(step, computed)
+            return captured.row().values if captured is not None else {}
+        except Exception as exc:
+            self._warn_once(
+                f"log_batch:{type(exc).__name__}", f"stability metrics of step {step} lost: {exc!r}"
+            )
+            return {}
+        finally:
+            self._deferred_slots.release()
 
     def _cut_frame(self, *, force: bool) -> None:
         if not self._rows:
@@ -359,6 +460,18 @@ class Monitor:
             self._sender.close()
             self._spool.close(remove=delivered)
             self._done.set()
+
+
+def _copied(tensors: Any) -> Any:
+    """Detached copies of the tensors in a tuple or dict (other values as they are)."""
+    torch = sys.modules["torch"]
+
+    def copy(value: Any) -> Any:
+        return value.detach().clone() if isinstance(value, torch.Tensor) else value
+
+    if isinstance(tensors, dict):
+        return {key: copy(value) for key, value in tensors.items()}
+    return tuple(copy(value) for value in tensors)
 
 
 def _last_uncaught() -> BaseException | None:

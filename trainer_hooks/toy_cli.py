@@ -124,7 +124,9 @@ def run_grid(
     if getattr(args, "server", None) and on_step is None:
         from trainer_hooks.monitor_cli import ToyStreamer
 
-        with ToyStreamer(specs, args.server, steps=config.steps, project=args.project, token=args.token) as streamer:
+        with ToyStreamer(
+            specs, args.server, steps=config.steps, project=args.project, token=args.token
+        ) as streamer:
             result = simulate(specs, config, device=args.device, on_step=streamer.on_step)
             streamer.finish()
     else:

@@ -77,14 +77,19 @@ def test_hand_computed_values() -> None:
         assert out[key].item() == pytest.approx(value, rel=2e-6, abs=1e-7), key
 
 
-def test_p99_is_torch_quantile_on_the_valid_tokens() -> None:
-    generator = torch.Generator().manual_seed(3)
-    sampler = -torch.rand(16, 40, generator=generator) * 3
-    learner = sampler + 0.3 * torch.randn(16, 40, generator=generator)
-    mask = torch.arange(40)[None, :] < torch.randint(1, 41, (16, 1), generator=generator)
+@pytest.mark.parametrize("seqs,length", [(16, 40), (1, 1), (3, 2), (7, 300), (64, 33)])
+def test_p99_is_torch_quantile_on_the_valid_tokens(seqs: int, length: int) -> None:
+    generator = torch.Generator().manual_seed(seqs * 1000 + length)
+    sampler = -torch.rand(seqs, length, generator=generator) * 3
+    learner = sampler + 0.3 * torch.randn(seqs, length, generator=generator)
+    lengths = torch.randint(0, length + 1, (seqs, 1), generator=generator)
+    lengths[0] = max(1, int(lengths[0]))  # at least one valid token
+    mask = torch.arange(length)[None, :] < lengths
     out = stability_metrics(sampler, learner, mask)
     expected = torch.quantile((learner - sampler).abs()[mask], 0.99)
     torch.testing.assert_close(out["mismatch/log_ratio_p99"], expected)
+    empty = stability_metrics(sampler, learner, torch.zeros_like(mask))
+    assert math.isnan(empty["mismatch/log_ratio_p99"].item())
 
 
 def test_sequence_gate_entropy_and_nonfinite() -> None:

@@ -110,6 +110,49 @@ def test_bad_values_are_dropped_without_raising(make_server, sqlite_url, tmp_pat
     assert server.series(monitor.run_id, "ok") == ([0, 2], [1.0, 2.0])
 
 
+def test_log_batch_logs_what_stability_metrics_computes(make_server, sqlite_url, tmp_path) -> None:
+    """On CPU the metrics are computed off the training thread from copies of the inputs:
+    the loop may reuse its buffers in place right after log_batch() returns. Steps beyond
+    the background thread's backlog (16) are computed inline: this loop exercises both."""
+    from trainer_hooks.metrics import stability_metrics
+
+    server = make_server(sqlite_url)
+    generator = torch.Generator().manual_seed(3)
+    sampler = -torch.rand(20, 6, 9, generator=generator) * 3
+    learner = sampler + 0.3 * torch.randn(20, 6, 9, generator=generator)
+    mask = torch.rand(20, 6, 9, generator=generator) > 0.2
+    rewards = torch.rand(20, 6, generator=generator)
+    sampler_buffer, learner_buffer = torch.empty(6, 9), torch.empty(6, 9)
+    with Monitor(server.url, run_name="batch", spool_dir=tmp_path, sender_config=FAST) as monitor:
+        for step in range(20):
+            sampler_buffer.copy_(sampler[step])
+            learner_buffer.copy_(learner[step])
+            monitor.log_batch(
+                step,
+                sampler_buffer,
+                learner_buffer,
+                mask[step],
+                rewards=rewards[step],
+                metrics={"grad/norm": float(step), **({"mismatch/kl": -1.0} if step == 7 else {})},
+            )
+            sampler_buffer.fill_(math.nan)  # reused in place before the metrics are computed
+            learner_buffer.fill_(math.nan)
+        monitor.log_batch(20, sampler[0], learner[0], "not a mask")  # reported, not raised
+    keys = server.keys(monitor.run_id)
+    assert keys["grad/norm"] == 20 and keys["mismatch/ratio_max"] == 20
+    for key in ("mismatch/kl", "mismatch/ratio_max", "reward/std", "nonfinite/count"):
+        expected = [
+            stability_metrics(sampler[s], learner[s], mask[s], rewards=rewards[s])[key].item()
+            for s in range(20)
+        ]
+        if key == "mismatch/kl":
+            expected[7] = -1.0  # the caller's value wins over the computed one
+        steps, values = server.series(monitor.run_id, key)
+        assert steps == list(range(20))
+        assert values == pytest.approx(expected, rel=1e-6), key
+    assert server.series(monitor.run_id, "nonfinite/count")[1] == [0.0] * 20
+
+
 @pytest.mark.postgres
 def test_server_sigkilled_mid_run_and_restarted(make_server, database_url, tmp_path) -> None:
     server = make_server(database_url)

@@ -1,4 +1,5 @@
-"""Under torch.distributed only rank 0 sends; every other rank's Monitor does nothing."""
+"""Under torch.distributed only rank 0 sends; every other rank's Monitor does nothing
+(but log_batch still takes part in the metrics' all-reduces)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,11 @@ RANK = """
     monitor = Monitor({url!r}, run_name="ddp", run_id={run_id!r}, spool_dir={root!r} + "/rank{rank}")
     for step in range(20):
         monitor.log(step, {{"rank": torch.tensor(float(dist.get_rank())), "step": float(step)}})
+    # log_batch all-reduces on every rank (rank 1 takes part though it sends nothing):
+    # 6 tokens on rank 0 and 1 on rank 1.
+    logprobs = torch.full((2, 3), -1.0)
+    mask = torch.ones(2, 3) if {rank} == 0 else torch.tensor([[1.0, 0, 0], [0, 0, 0]])
+    monitor.log_batch(20, logprobs, logprobs + 0.1, mask)
     delivered = monitor.finish()
     dist.barrier()
     dist.destroy_process_group()
@@ -47,8 +53,11 @@ def test_only_rank_zero_sends(make_server, sqlite_url, tmp_path) -> None:
     for rank, (_, err) in zip(ranks, outputs, strict=True):
         assert rank.returncode == 0, err
     assert [out.strip() for out, _ in outputs] == ["True True", "False True"]
-    assert server.keys(run_id) == {"rank": 20, "step": 20}
+    keys = server.keys(run_id)
+    assert (keys["rank"], keys["step"], keys["batch/tokens"]) == (20, 20, 1)
     assert server.series(run_id, "rank") == (list(range(20)), [0.0] * 20)
+    assert server.series(run_id, "batch/tokens") == ([20], [7.0])
+    assert server.series(run_id, "batch/seqs") == ([20], [3.0])
     assert server.run(run_id)["status"] == "finished"
     assert not (tmp_path / "rank1").exists()
 
