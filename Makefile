@@ -24,6 +24,7 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check server trainer_hooks dashboard tests bench
+	$(BIN)/mypy server dashboard trainer_hooks
 
 bench: $(STAMP)
 	$(BIN)/python bench/ingest.py

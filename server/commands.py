@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import threading
+from collections.abc import Callable
+from typing import Any
 
 
 def _add_database_url(parser: argparse.ArgumentParser) -> None:
@@ -186,7 +188,7 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _csv(kind: type) -> object:
+def _csv(kind: Callable[[str], Any]) -> Callable[[str], list[Any]]:
     return lambda text: [kind(part) for part in text.split(",") if part]
 
 

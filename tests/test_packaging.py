@@ -5,6 +5,9 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 BLOCK_SERVER_DEPS = textwrap.dedent(
     """
@@ -31,13 +34,38 @@ def test_trainer_hooks_imports_without_server_dependencies() -> None:
         print("ok", sorted(trainer_hooks.__all__) if hasattr(trainer_hooks, "__all__") else [])
         """
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("ok")
 
 
 def test_keel_cli_help_lists_commands() -> None:
-    result = subprocess.run([sys.executable, "-m", "server", "--help"], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "server", "--help"], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     for command in ("serve", "db"):
         assert command in result.stdout
+
+
+def test_packages_type_check(tmp_path) -> None:
+    """mypy (config in pyproject.toml) over every package; a fresh cache, as on a clean clone."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--cache-dir",
+            str(tmp_path),
+            "server",
+            "dashboard",
+            "trainer_hooks",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -38,7 +38,7 @@ async def list_alerts(
 
 
 class AckIn(BaseModel):
-    by: str = Field("anonymous", max_length=200)
+    by: str = Field(default="anonymous", max_length=200)
 
 
 @router.post("/alerts/{alert_id}/ack", dependencies=[ADMIN])
