@@ -282,6 +282,30 @@ class Store:
             result = await session.execute(query)
             return [KeyInfo(key, int(count), last) for key, count, last in result]
 
+    async def rows(self, run_id: str, *, after: int, before: int, max_points: int = 200_000) -> list[Row]:
+        """The stored rows of a run with after < step < before, in step order.
+
+        At most `max_points` points; when that cuts a step, the rows end before it.
+        """
+        query = (
+            select(Point.step, Series.key, Point.value)
+            .join(Series, Point.series_id == Series.id)
+            .where(Series.run_id == run_id, Point.step > after, Point.step < before)
+            .order_by(Point.step)
+            .limit(max_points + 1)
+        )
+        async with self.sessions() as session:
+            result = list(await session.execute(query))
+        if len(result) > max_points:
+            cut = result[max_points][0]
+            result = [point for point in result if point[0] < cut]
+        rows: list[Row] = []
+        for step, key, value in result:
+            if not rows or rows[-1].step != step:
+                rows.append(Row(step=step, time=None, values={}))
+            rows[-1].values[key] = _loaded(value)
+        return rows
+
     async def latest(self, run_id: str, keys: list[str]) -> dict[str, tuple[int, float]]:
         """The last (step, value) of each of these keys that has points: one index seek per key."""
         inner = aliased(Point)

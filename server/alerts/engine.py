@@ -5,6 +5,9 @@ evaluated in order under a lock; each (rule, run) keeps detector and lifecycle
 state in memory and in `rule_states`, written in the same transaction as the
 alert changes and the webhook outbox rows they cause. Steps at or below a
 state's last evaluated step are skipped, so resent data is not evaluated twice.
+State is checkpointed at most once a second without alert changes; when it is
+loaded back (after a crash, or a failed evaluation) the engine first replays the
+stored points after the checkpoint, so no committed step goes unevaluated.
 """
 
 from __future__ import annotations
@@ -155,22 +158,30 @@ class AlertEngine:
                 self.rules_changed()
             self._known_projects.add(project)
 
-    async def _tracked_for(self, context: _RunContext) -> dict[int, _Tracked]:
+    async def _tracked_for(self, context: _RunContext) -> tuple[dict[int, _Tracked], int | None]:
+        """The run's states, and the earliest last step among those just loaded from the database."""
         run_id = context.run.id
         missing = [rule.id for rule, _ in context.rules if (rule.id, run_id) not in self._tracked]
+        resume_after: int | None = None
         if missing:
             stored = await repository.load_states(self.store.sessions, run_id, missing)
             for rule, detector in context.rules:
                 if rule.id not in missing:
                     continue
-                self._tracked[(rule.id, run_id)] = _Tracked.load(stored.get(rule.id), detector.initial_state())
-        return {rule.id: self._tracked[(rule.id, run_id)] for rule, _ in context.rules}
+                state = _Tracked.load(stored.get(rule.id), detector.initial_state())
+                self._tracked[(rule.id, run_id)] = state
+                if state.last_step is not None:
+                    resume_after = state.last_step if resume_after is None else min(resume_after, state.last_step)
+        return {rule.id: self._tracked[(rule.id, run_id)] for rule, _ in context.rules}, resume_after
 
     async def _evaluate(self, run_id: str, rows: list[Row]) -> None:
         context = await self._context(run_id)
         if not context.rules:
             return
-        tracked = await self._tracked_for(context)
+        tracked, resume_after = await self._tracked_for(context)
+        if resume_after is not None and rows and rows[0].step > resume_after + 1:
+            # Committed steps the loaded checkpoint has not seen: evaluate them first.
+            rows = await self.store.rows(run_id, after=resume_after, before=rows[0].step) + rows
         changes: list[_Change] = []
         for rule, detector in context.rules:
             state = tracked[rule.id]
