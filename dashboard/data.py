@@ -19,6 +19,9 @@ from dashboard.series import Alert, Series
 
 __all__ = ["KeelApi", "in_process_client"]
 
+# Read in one request when fewer alerts than this are firing (else one request per run).
+_FIRING_LIMIT = 2000
+
 
 def in_process_client(app: Any) -> httpx.AsyncClient:
     """An HTTP client whose requests are served by `app` directly (ASGI, same event loop).
@@ -102,10 +105,12 @@ class KeelApi:
         """The latest point of one metric (empty when it has none)."""
         return (await self.latest(run_id, [key])).get(key, Series.empty())
 
-    async def alerts(self, run_id: str, state: str | None = None) -> list[Alert] | None:
-        """Alerts of a run, or None when the server has no alerts API (yet)."""
+    async def alerts(
+        self, run_id: str | None, state: str | None = None, limit: int = 500
+    ) -> list[Alert] | None:
+        """Alerts of a run (of every run with None), or None when the server has no alerts API."""
         try:
-            response = await self._get("/alerts", run_id=run_id, state=state)
+            response = await self._get("/alerts", run_id=run_id, state=state, limit=limit)
         except httpx.HTTPError:
             return None
         if response.status_code in (404, 405, 501):
@@ -123,6 +128,12 @@ class KeelApi:
         self, run_ids: Iterable[str], state: str | None = None
     ) -> list[Alert] | None:
         ids = list(dict.fromkeys(run_ids))
+        if state == "firing" and len(ids) > 1:
+            # Few alerts fire at once: one read of them all beats one read per run.
+            firing = await self.alerts(None, "firing", limit=_FIRING_LIMIT)
+            if firing is not None and len(firing) < _FIRING_LIMIT:
+                wanted = set(ids)
+                return [alert for alert in firing if alert.run_id in wanted]
         results = await asyncio.gather(*(self.alerts(run_id, state) for run_id in ids))
         if all(result is None for result in results):
             return None

@@ -55,32 +55,39 @@ def test_missing_alerts_api_reads_as_none() -> None:
 
 
 def test_alerts_are_parsed_and_merged_across_runs() -> None:
+    requests: list[httpx.Request] = []
+
+    def alert(run_id: str, state: str) -> dict[str, object]:
+        return {
+            "id": len(run_id),
+            "run_id": run_id,
+            "rule": "r",
+            "metric": "grad/norm",
+            "severity": "critical",
+            "state": state,
+            "started_step": 4,
+            "resolved_step": None,
+            "message": "m",
+        }
+
     def handler(request: httpx.Request) -> httpx.Response:
-        run_id = request.url.params["run_id"]
-        assert request.url.params["state"] == "firing"
-        return httpx.Response(
-            200,
-            json=[
-                {
-                    "id": 1,
-                    "run_id": run_id,
-                    "rule": "r",
-                    "metric": "grad/norm",
-                    "severity": "critical",
-                    "state": "firing",
-                    "started_step": 4,
-                    "resolved_step": None,
-                    "message": "m",
-                }
-            ],
-        )
+        requests.append(request)
+        state = request.url.params.get("state")
+        run_id = request.url.params.get("run_id")
+        if run_id is None:  # every run's alerts: the firing ones of a, b and an unrelated run
+            return httpx.Response(200, json=[alert(r, "firing") for r in ("a", "b", "other")])
+        return httpx.Response(200, json=[alert(run_id, state or "resolved")])
 
     async def read() -> None:
         api = KeelApi(
             httpx.AsyncClient(transport=httpx.MockTransport(handler), base_url="http://t")
         )
-        alerts = await api.alerts_for(["a", "b", "a"], "firing")
-        assert alerts is not None and sorted(a.run_id for a in alerts) == ["a", "b"]
-        assert alerts[0].started_step == 4 and alerts[0].severity == "critical"
+        firing = await api.alerts_for(["a", "b", "a"], "firing")
+        assert firing is not None and sorted(a.run_id for a in firing) == ["a", "b"]
+        assert firing[0].started_step == 4 and firing[0].severity == "critical"
+        assert len(requests) == 1 and requests[0].url.params["state"] == "firing"
+        every = await api.alerts_for(["a", "b"])
+        assert every is not None and sorted(a.run_id for a in every) == ["a", "b"]
+        assert [r.url.params["run_id"] for r in requests[1:]] == ["a", "b"]
 
     asyncio.run(read())
