@@ -9,20 +9,37 @@ produce such steps, however heavy the ratio tail; losses that do, produce
 smaller ones first. So the detector watches the gradient norm against the
 run's own recent history, in log units:
 
-    spike_t  =  log g_t - m_{t-1} > log(spike_factor) + dev_mult * d_{t-1}
+    excess_t =  log g_t - m_{t-1}
     m_t      =  (1 - alpha) m_{t-1} + alpha log g_t            (EWMA level)
     d_t      =  (1 - alpha) d_{t-1} + alpha |log g_t - m_{t-1}|  (EWMA spread)
 
-Neither is updated on spikes, so a spike does not raise the bar for the next;
-the spread term keeps a run whose gradient norm is merely erratic (gated
-steps, oscillation) from looking like one that spikes. Zero gradients (every
-sample gated out) carry no information and are skipped. A collapse needs
-something to lose: while the smoothed reward has not risen `min_gain` times its
-initial per-sample spread above its initial level, spikes are reported as
-divergence, not collapse risk. A spike (or a non-finite gradient) is a firing
-step; the rule's keep_firing_for holds the alert while spikes keep coming. The
-ratio tail and ESS at the spike are reported with it. Validated with
-`keel eval-alerts` (docs/alerts.md).
+and calls a step a spike when
+
+    excess_t > log(spike_factor) + dev_mult * d_{t-1}            (any spike), or
+    excess_t > log(coupled_factor) + dev_mult * d_{t-1}          (coupled spike)
+               and log r_t - q_{t-1} > log(ratio_jump)
+
+where r_t is the largest importance ratio of the step (`mismatch/ratio_max`)
+and q its EWMA level in log units. A coupled spike is the gradient answering a
+jump in the ratio tail: direct evidence that the loss does not bound its
+coefficient, i.e. of the mechanism itself, so it counts at a lower bar than a
+spike with no ratio jump behind it (which may be the optimiser, a gated step
+or noise). A loss that bounds its coefficient shows no gradient response to
+ratio jumps, so the lower bar costs it nothing.
+
+None of the levels is updated on a spike (resp. a ratio jump), so a spike does
+not raise the bar for the next; the spread term keeps a run whose gradient norm
+is merely erratic (gated steps, oscillation) from looking like one that spikes.
+Zero gradients (every sample gated out) carry no information and are skipped.
+A collapse needs something to lose: while the smoothed reward has not risen
+`min_gain` times its initial per-sample spread above its initial level, spikes
+are reported as divergence, not collapse risk. A spike (or a non-finite
+gradient) is a firing step; the rule's keep_firing_for holds the alert while
+spikes keep coming. The ratio tail and ESS at the spike are reported with it.
+
+What it cannot see: a collapse caused by one catastrophic update with no
+smaller spike before it fires on that update, one step ahead of the reward
+drop. Validated with `keel eval-alerts` (docs/alerts.md).
 """
 
 from __future__ import annotations
@@ -37,7 +54,9 @@ from server.alerts.detectors import Detector, Signal, _positive
 class CollapseRisk(Detector):
     kind = "collapse_risk"
     defaults: ClassVar[dict[str, Any]] = {
-        "spike_factor": 2.0,
+        "spike_factor": 2.5,
+        "coupled_factor": 1.5,
+        "ratio_jump": 10.0,
         "dev_mult": 2.0,
         "alpha": 0.1,
         "warmup": 5,
@@ -50,9 +69,13 @@ class CollapseRisk(Detector):
     }
 
     def validate(self) -> None:
-        _positive(self.params, "spike_factor", "alpha", "warmup", "reward_alpha")
+        _positive(self.params, "spike_factor", "coupled_factor", "ratio_jump", "alpha", "warmup")
+        _positive(self.params, "reward_alpha")
         if not 0 < self.params["alpha"] < 1 or self.params["spike_factor"] <= 1:
             raise ValueError("alpha must be in (0, 1) and spike_factor > 1")
+        coupled, spike = self.params["coupled_factor"], self.params["spike_factor"]
+        if not 1 < coupled <= spike or self.params["ratio_jump"] <= 1:
+            raise ValueError("coupled_factor must be in (1, spike_factor] and ratio_jump > 1")
         for name in ("dev_mult", "min_gain"):
             value = self.params[name]
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
@@ -79,6 +102,22 @@ class CollapseRisk(Detector):
         start, spread = state.get("start_sum", 0.0) / count, state.get("start_spread", 0.0) / count
         return bool(state["reward_peak"] - start >= p["min_gain"] * spread and state["reward_peak"] > start)
 
+    def _ratio_jump(self, state: dict[str, Any], values: Mapping[str, float]) -> bool:
+        """Is the ratio tail `ratio_jump` times above its recent level? (False when not logged.)"""
+        p = self.params
+        ratio = values.get(p["ratio_key"])
+        if ratio is None or not math.isfinite(ratio) or ratio <= 0.0:
+            return False
+        x = math.log(ratio)
+        level = state.get("ratio_level")
+        if level is None:
+            state["ratio_level"] = x
+            return False
+        if x - level > math.log(p["ratio_jump"]):
+            return True
+        state["ratio_level"] = (1 - p["alpha"]) * level + p["alpha"] * x
+        return False
+
     def update(self, state: dict[str, Any], step: int, values: Mapping[str, float]) -> Signal | None:
         grad = values.get(self.metric)
         if grad is None or math.isnan(grad):
@@ -87,6 +126,7 @@ class CollapseRisk(Detector):
             return Signal(True, grad, f"{self.metric} is {grad} at step {step}")
         p = self.params
         progressed = self._progressed(state, values)
+        ratio_jump = self._ratio_jump(state, values)
         if grad <= 0.0:
             # No update this step (every sample gated out): nothing to compare.
             return Signal(False, grad, "no gradient")
@@ -98,13 +138,18 @@ class CollapseRisk(Detector):
             state["mean"], state["dev"] = x, 0.0
             return Signal(False, grad, "warming up")
         dev = state["dev"]
-        if seen >= p["warmup"] and x - mean > math.log(p["spike_factor"]) + p["dev_mult"] * dev:
+        excess, slack = x - mean, p["dev_mult"] * dev
+        spike = excess > math.log(p["spike_factor"]) + slack
+        coupled = ratio_jump and excess > math.log(p["coupled_factor"]) + slack
+        if seen >= p["warmup"] and (spike or coupled):
             if not progressed:
                 return Signal(False, grad, "gradient spiking before the reward has moved (diverging, not collapsing)")
-            factor = math.exp(x - mean)
+            factor = math.exp(excess)
             context = [f"{key} {values[key]:.3g}" for key in (p["ratio_key"], p["ess_key"]) if key in values]
-            message = f"{self.metric} {grad:.4g} is {factor:.1f}x its recent level" + (f" ({', '.join(context)})" if context else "")
+            what = "its recent level" + ("" if spike else ", answering a jump in the ratio tail")
+            message = f"{self.metric} {grad:.4g} is {factor:.1f}x {what}"
+            message += f" ({', '.join(context)})" if context else ""
             return Signal(True, grad, message)
-        state["dev"] = (1 - p["alpha"]) * dev + p["alpha"] * abs(x - mean)
+        state["dev"] = (1 - p["alpha"]) * dev + p["alpha"] * abs(excess)
         state["mean"] = (1 - p["alpha"]) * mean + p["alpha"] * x
         return Signal(False, grad, "stable")
