@@ -192,8 +192,11 @@ def bench_loop(server: str, spool: Path, rounds: int, block: int, learner: Learn
     for index in range(2 * len(VARIANTS)):
         learner.step(index, VARIANTS[index % len(VARIANTS)], monitor)
     shuffle = random.Random(0)
-    # Per round, the mean step of each variant's block (its first step dropped).
-    step_ms: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
+    # Per round and variant, the mean step of its block (first step dropped): wall time, and
+    # CPU time of the training thread (immune to the scheduler giving the core to another
+    # process, which on a shared VM swings wall time by several %).
+    wall_ms: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
+    cpu_ms: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
     metrics_ms, log_ms, log_batch_ms = [], [], []
     step = 0
     for _ in range(rounds):
@@ -202,46 +205,56 @@ def bench_loop(server: str, spool: Path, rounds: int, block: int, learner: Learn
         # background work (sending, and log_batch's metrics) overlaps the steps after the
         # one that logged: inside a block it lands on the same variant, as in a real loop.
         for variant in shuffle.sample(VARIANTS, len(VARIANTS)):
-            block_ms = []
+            block_wall, block_cpu = [], []
             for _ in range(block):
-                started = time.perf_counter()
+                started, started_cpu = time.perf_counter(), time.thread_time()
                 inside = learner.step(step, variant, monitor)
-                block_ms.append(1000 * (time.perf_counter() - started))
+                block_wall.append(1000 * (time.perf_counter() - started))
+                block_cpu.append(1000 * (time.thread_time() - started_cpu))
                 if variant == "monitored":
                     metrics_ms.append(inside[0])
                     log_ms.append(inside[1])
                 elif variant == "batch":
                     log_batch_ms.append(inside[1])
                 step += 1
-            step_ms[variant].append(statistics.fmean(block_ms[1:]))
+            wall_ms[variant].append(statistics.fmean(block_wall[1:]))
+            cpu_ms[variant].append(statistics.fmean(block_cpu[1:]))
     delivered = monitor.finish(timeout=120)
-    plain = statistics.median(step_ms["plain"])
 
-    def overhead(variant: str) -> str:
+    def overhead(samples: dict[str, list[float]], variant: str) -> str:
+        plain = statistics.median(samples["plain"])
         paired = [
             with_ms / plain_ms - 1
-            for with_ms, plain_ms in zip(step_ms[variant], step_ms["plain"], strict=True)
+            for with_ms, plain_ms in zip(samples[variant], samples["plain"], strict=True)
         ]
         return (
-            f"{statistics.median(step_ms[variant]):.2f} ms, overhead "
-            f"{100 * (statistics.median(step_ms[variant]) / plain - 1):+.2f} % "
-            f"(median per-round difference {100 * statistics.median(paired):+.2f} %)"
+            f"{statistics.median(samples[variant]):6.2f} ms, overhead "
+            f"{100 * (statistics.median(samples[variant]) / plain - 1):+5.2f} % "
+            f"(median of per-round differences {100 * statistics.median(paired):+5.2f} %)"
         )
 
     def share(samples: list[float]) -> str:
+        plain = statistics.median(wall_ms["plain"])
         return f"{statistics.median(samples):.3f} ms ({100 * statistics.median(samples) / plain:.2f} %)"
 
-    print(
+    names = {
+        "metrics": "+ stability_metrics",
+        "monitored": "+ stability_metrics + log()",
+        "batch": "+ log_batch() (metrics off-thread)",
+    }
+    lines = [
         f"learner loop, {rounds} rounds of {block}-step blocks, torch threads "
-        f"{torch.get_num_threads()}:\n"
-        f"  plain step                          {plain:.2f} ms\n"
-        f"  + stability_metrics                 {overhead('metrics')}\n"
-        f"  + stability_metrics + log()         {overhead('monitored')}\n"
-        f"  + log_batch() (metrics off-thread)  {overhead('batch')}\n"
+        f"{torch.get_num_threads()}:"
+    ]
+    for label, samples in (("wall time", wall_ms), ("training-thread CPU time", cpu_ms)):
+        lines.append(f"  {label}: plain step {statistics.median(samples['plain']):.2f} ms")
+        lines += [f"    {names[v]:36s} {overhead(samples, v)}" for v in VARIANTS[1:]]
+    lines.append(
         f"  timed inside the steps: stability_metrics {share(metrics_ms)}, log() {share(log_ms)}, "
-        f"log_batch() {share(log_batch_ms)}\n"
-        f"  (all delivered: {delivered})"
+        f"log_batch() {share(log_batch_ms)}"
     )
+    lines.append(f"  (all delivered: {delivered})")
+    print("\n".join(lines))
 
 
 def main() -> int:
@@ -250,7 +263,7 @@ def main() -> int:
         "--server", default=None, help="stream to this server instead of a local one"
     )
     parser.add_argument("--calls", type=int, default=20_000, help="log() calls to time")
-    parser.add_argument("--rounds", type=int, default=40, help="rounds of the loop variants")
+    parser.add_argument("--rounds", type=int, default=100, help="rounds of the loop variants")
     parser.add_argument(
         "--block", type=int, default=6, help="consecutive steps per variant and round"
     )
@@ -262,7 +275,7 @@ def main() -> int:
         "against the sender thread and the local server and the step time swings 5x)",
     )
     parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--vocab", type=int, default=1024)
     parser.add_argument("--hidden", type=int, default=128)
     args = parser.parse_args()

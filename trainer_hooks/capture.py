@@ -35,8 +35,8 @@ class Captured:
     """The plain-number metrics."""
     snapshots: list[tuple[list[str], Any, Any]]
     """Per device: (keys, stacked tensor (pinned host memory on CUDA), CUDA event or None)."""
-    deferred: Callable[[], Mapping[str, Any]] | None = None
-    """More metrics, computed by the background thread (`Monitor.log_batch` on CPU)."""
+    deferred: Any = None
+    """`batched.BatchInputs` whose metrics the background thread adds (log_batch on CPU)."""
 
     def row(self) -> Row:
         """Read the tensors back; blocks (this thread only) until their copies have landed."""

@@ -22,7 +22,6 @@ imported by the caller).
 from __future__ import annotations
 
 import atexit
-import functools
 import json
 import logging
 import os
@@ -33,7 +32,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -63,7 +62,7 @@ _TICK_S = 0.05
 _KILLED_FINISH_TIMEOUT_S = 10.0
 # log_batch() steps whose metrics the background thread has yet to compute; beyond this the
 # training thread computes them itself, so a slow background thread bounds memory, not steps.
-_MAX_DEFERRED = 16
+_MAX_DEFERRED = 64
 
 
 def _is_rank_zero() -> bool:
@@ -190,14 +189,16 @@ class Monitor:
 
         The arguments are those of `trainer_hooks.metrics.stability_metrics`. On CPU the
         tensors are copied (one copy each, so the loop may reuse its buffers) and the
-        background thread computes the metrics: the training thread spends microseconds,
-        not the ~60 small tensor ops. On a GPU they are computed here, which only queues
-        asynchronous kernels. Under torch.distributed they are computed here on every
-        rank, because each rank takes part in their all-reduces. Never raises.
+        background thread computes the metrics, several steps per call (`batched.py`): the
+        training thread spends the copies, not the ~100 small tensor ops. On a GPU they
+        are computed here, which only queues asynchronous kernels. Under torch.distributed
+        they are computed here on every rank, because each rank takes part in their
+        all-reduces. Never raises.
         """
         if self._closed:
             return
         try:
+            from trainer_hooks.batched import BatchInputs
             from trainer_hooks.metrics import data_parallel, stability_metrics
 
             tensors = (sampler_logprobs, learner_logprobs, mask)
@@ -219,9 +220,8 @@ class Monitor:
             if on_cpu and self._deferred_slots.acquire(blocking=False):
                 queued = False
                 try:
-                    tensors, inputs = _copied(tensors), _copied(inputs)
-                    compute = functools.partial(stability_metrics, *tensors, **inputs)
-                    queued = self._enqueue(step, metrics or {}, deferred=compute)
+                    deferred = BatchInputs.copied(*tensors, **inputs)
+                    queued = self._enqueue(step, metrics or {}, deferred=deferred)
                 finally:
                     if not queued:
                         self._deferred_slots.release()
@@ -233,12 +233,7 @@ class Monitor:
                 f"log_batch:{type(exc).__name__}", f"log_batch({step!r}) dropped: {exc!r}"
             )
 
-    def _enqueue(
-        self,
-        step: int,
-        metrics: Mapping[str, Any],
-        deferred: Callable[[], Mapping[str, Any]] | None = None,
-    ) -> bool:
+    def _enqueue(self, step: int, metrics: Mapping[str, Any], deferred: Any = None) -> bool:
         if not self.enabled:
             return False
         if len(self._queue) >= self._config.max_queued_rows:
@@ -385,7 +380,7 @@ class Monitor:
 
     def _pump_once(self) -> None:
         finishing = self._finish_requested.is_set()
-        self._drain()
+        self._drain(force=finishing)
         self._cut_frame(force=finishing)
         if finishing and not self._queue and not self._rows and self._finish_status is not None:
             if self._spool.status != self._finish_status:
@@ -394,37 +389,42 @@ class Monitor:
         self._sender.step(_TICK_S)
         self._spool.fsync_if_due(self._config.fsync_interval)
 
-    def _drain(self) -> None:
+    def _drain(self, *, force: bool = True) -> None:
+        """Queue -> rows. Unless `force`d, waits (like the frame window) until the oldest entry
+        is `flush_interval` old, so that log_batch() metrics are computed several steps at once."""
         limit = self._config.max_rows_per_frame
-        while self._queue and len(self._rows) < limit:
+        if not self._queue:
+            return
+        if not force and len(self._queue) < limit:
+            if time.time() - self._queue[0].time < self._config.flush_interval:
+                return
+        drained: list[tuple[Captured, Row | None]] = []
+        while self._queue and len(self._rows) + len(drained) < limit:
             captured = self._queue.popleft()
             try:
-                row = captured.row()
+                drained.append((captured, captured.row()))
             except Exception as exc:  # e.g. a CUDA error surfacing at the event
                 self._warn_once("device", f"tensors of step {captured.step} lost: {exc!r}")
-                if captured.deferred is not None:
-                    self._deferred_slots.release()
+                drained.append((captured, None))
+        deferred = [captured.deferred for captured, _ in drained if captured.deferred is not None]
+        computed = iter(self._compute(deferred) if deferred else [])
+        for captured, row in drained:
+            values = next(computed) if captured.deferred is not None else {}
+            if row is None or not (row.values or values):
                 continue
-            if captured.deferred is not None:
-                row.values = {**self._compute(captured.step, captured.deferred), **row.values}
-            if not row.values:
-                continue
+            row.values = {**values, **row.values}  # the caller's own metrics win
             self._rows.append(row)
             self._rows_values += len(row.values)
 
-    def _compute(self, step: int, deferred: Callable[[], Mapping[str, Any]]) -> dict[str, float]:
-        """The metrics a log_batch() left to this thread; the step's other values stay if they fail."""
+    def _compute(self, batches: list[Any]) -> list[dict[str, float]]:
+        """The stability metrics that log_batch() left to this thread, several steps per call."""
+        from trainer_hooks.batched import compute
+
         try:
-            computed = deferred()
-            captured = self._capture(step, computed)
-            return captured.row().values if captured is not None else {}
-        except Exception as exc:
-            self._warn_once(
-                f"log_batch:{type(exc).__name__}", f"stability metrics of step {step} lost: {exc!r}"
-            )
-            return {}
+            return compute(batches, warn=self._warn_once)
         finally:
-            self._deferred_slots.release()
+            for _ in batches:
+                self._deferred_slots.release()
 
     def _cut_frame(self, *, force: bool) -> None:
         if not self._rows:
@@ -460,18 +460,6 @@ class Monitor:
             self._sender.close()
             self._spool.close(remove=delivered)
             self._done.set()
-
-
-def _copied(tensors: Any) -> Any:
-    """Detached copies of the tensors in a tuple or dict (other values as they are)."""
-    torch = sys.modules["torch"]
-
-    def copy(value: Any) -> Any:
-        return value.detach().clone() if isinstance(value, torch.Tensor) else value
-
-    if isinstance(tensors, dict):
-        return {key: copy(value) for key, value in tensors.items()}
-    return tuple(copy(value) for value in tensors)
 
 
 def _last_uncaught() -> BaseException | None:

@@ -112,8 +112,7 @@ def test_bad_values_are_dropped_without_raising(make_server, sqlite_url, tmp_pat
 
 def test_log_batch_logs_what_stability_metrics_computes(make_server, sqlite_url, tmp_path) -> None:
     """On CPU the metrics are computed off the training thread from copies of the inputs:
-    the loop may reuse its buffers in place right after log_batch() returns. Steps beyond
-    the background thread's backlog (16) are computed inline: this loop exercises both."""
+    the loop may reuse its buffers in place right after log_batch() returns."""
     from trainer_hooks.metrics import stability_metrics
 
     server = make_server(sqlite_url)

@@ -1,0 +1,76 @@
+"""batched.compute: several steps' stability metrics in one call equal each step's alone."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from trainer_hooks.batched import BatchInputs, compute
+from trainer_hooks.metrics import stability_metrics
+
+
+def batch(seed: int, seqs: int, length: int, **extra: bool) -> dict[str, object]:
+    generator = torch.Generator().manual_seed(seed)
+    sampler = -torch.rand(seqs, length, generator=generator) * 3
+    inputs: dict[str, object] = {
+        "sampler_logprobs": sampler,
+        "learner_logprobs": sampler + 0.3 * torch.randn(seqs, length, generator=generator),
+        "mask": torch.rand(seqs, length, generator=generator) > 0.25,
+        "rewards": torch.rand(seqs, generator=generator),
+        "sampler_version": torch.randint(0, 5, (seqs,), generator=generator),
+        "learner_version": 5 + seed,
+    }
+    if extra.get("token_gate"):
+        inputs["gate_mask"] = torch.rand(seqs, length, generator=generator) > 0.8
+        inputs["advantages"] = torch.randn(seqs, length, generator=generator)
+    if extra.get("logits"):
+        inputs["logits"] = torch.randn(seqs, length, 11, generator=generator)
+    return inputs
+
+
+def alone(inputs: dict[str, object]) -> dict[str, float]:
+    args = dict(inputs)
+    tensors = (args.pop("sampler_logprobs"), args.pop("learner_logprobs"), args.pop("mask"))
+    return {k: v.item() for k, v in stability_metrics(*tensors, **args).items()}  # type: ignore[arg-type]
+
+
+def test_ragged_batches_of_mixed_kinds_match_each_batch_alone() -> None:
+    inputs = [
+        batch(0, 6, 9),
+        batch(1, 4, 13),  # fewer sequences, longer: padded both ways
+        batch(2, 6, 9, token_gate=True),  # another kind of inputs: its own group
+        batch(3, 7, 2),
+        batch(4, 3, 5, logits=True),
+        batch(5, 6, 9, token_gate=True),
+        {**batch(6, 5, 8), "mask": None},  # no mask: every token counts
+    ]
+    results = compute([BatchInputs(**b) for b in inputs])  # type: ignore[arg-type]
+    for index, (got, b) in enumerate(zip(results, inputs, strict=True)):
+        expected = alone(b)
+        assert got.keys() == expected.keys(), index
+        for key, value in expected.items():
+            assert got[key] == pytest.approx(value, rel=1e-5, abs=1e-7), (index, key)
+    assert results[0]["staleness/lag_max"] == alone(inputs[0])["staleness/lag_max"]
+    assert "policy/entropy" in results[4] and "gate/frac" in results[2]
+
+
+def test_a_bad_batch_costs_only_its_own_metrics() -> None:
+    good, other = batch(0, 4, 6), batch(1, 5, 6)
+    bad = {**batch(2, 4, 6), "rewards": torch.rand(3)}  # wrong length: cannot broadcast
+    warnings: list[str] = []
+    results = compute(
+        [BatchInputs(**b) for b in (good, bad, other)],  # type: ignore[arg-type]
+        warn=lambda what, message: warnings.append(message),
+    )
+    assert results[1] == {} and len(warnings) == 1
+    assert results[0]["mismatch/kl"] == pytest.approx(alone(good)["mismatch/kl"], rel=1e-6)
+    assert results[2]["mismatch/kl"] == pytest.approx(alone(other)["mismatch/kl"], rel=1e-6)
+
+
+def test_copies_do_not_follow_the_callers_buffers() -> None:
+    inputs = batch(0, 4, 6)
+    copied = BatchInputs.copied(**inputs)  # type: ignore[arg-type]
+    inputs["learner_logprobs"].fill_(math.nan)  # type: ignore[union-attr]
+    assert math.isfinite(compute([copied])[0]["mismatch/kl"])
