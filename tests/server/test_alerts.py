@@ -29,11 +29,11 @@ def _hook(server, url: str, fmt: str = "generic") -> dict:  # type: ignore[no-un
     return dict(response.json())
 
 
-def _stream(server, run: dict, values_by_step: list[dict], seq0: int = 0) -> None:  # type: ignore[no-untyped-def]
+def _stream(server, run: dict, values_by_step: list[dict], seq0: int = 0, step0: int = 0) -> None:  # type: ignore[no-untyped-def]
     with open_ingest(server) as ws:
         hello(ws, run)
         for i in range(0, len(values_by_step), 10):
-            ws.send(points(seq0 + i // 10, [{"step": i + j, "values": v} for j, v in enumerate(values_by_step[i:i + 10])]))
+            ws.send(points(seq0 + i // 10, [{"step": step0 + i + j, "values": v} for j, v in enumerate(values_by_step[i:i + 10])]))
             assert recv(ws)["type"] == "ack"
 
 
@@ -190,17 +190,17 @@ def test_detector_state_survives_a_restart(server_factory, database_url) -> None
     import random
 
     rng = random.Random(3)
-    kl = [1e-3 * math.exp(rng.gauss(0, 0.2)) for _ in range(80)] + [1e-3 * math.exp(0.08 * i) for i in range(80)]
+    kl = [1e-3 * math.exp(rng.gauss(0, 0.2)) for _ in range(80)] + [1e-3 * math.exp(0.05 * i) for i in range(80)]
     rows = [{"mismatch/kl": v} for v in kl]
     reference = server_factory(database_url)
     ref_run = new_run("reference")
     _stream(reference, ref_run, rows)
     expected = _wait(lambda: [a for a in _alerts(reference, run_id=ref_run["id"]) if a["rule"] == "mismatch climbing"])
     run = new_run("restarted")
-    _stream(reference, run, rows[:100])
+    _stream(reference, run, rows[:90])
     reference.stop()
     second = server_factory(database_url)
-    _stream(second, run, rows[100:], seq0=10)
+    _stream(second, run, rows[90:], seq0=9, step0=90)
     got = _wait(lambda: [a for a in _alerts(second, run_id=run["id"]) if a["rule"] == "mismatch climbing"])
     assert [(a["started_step"], a["fired_step"]) for a in got] == [(a["started_step"], a["fired_step"]) for a in expected]
 
