@@ -17,7 +17,10 @@
    of the per-round relative differences.
 
 The server shares this machine's CPUs unless --server points elsewhere; that is
-included in what is measured (the sender thread and the server are both real). torch
+included in what is measured (the sender thread and the server are both real). With
+--pin the learner's thread gets the first CPU to itself and the server and the Monitor's
+thread share the others, as on a GPU node whose training loop owns a core. Whole steps are
+timed in wall time and in CPU time of the training thread. torch
 runs one intra-op thread by default (--threads), leaving the other core of a 2-core box
 to the sender thread and the server, as a GPU trainer leaves its CPU mostly idle.
 """
@@ -25,6 +28,7 @@ to the sender thread and the server, as a GPU trainer leaves its CPU mostly idle
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import socket
 import statistics
@@ -47,6 +51,11 @@ from trainer_hooks.losses import policy_loss  # noqa: E402
 from trainer_hooks.metrics import stability_metrics  # noqa: E402
 from trainer_hooks.monitor import Monitor  # noqa: E402
 
+# With --pin: the learner's thread on the first CPU, everything else (the local server, the
+# Monitor's background thread) on the others, as on a GPU node where the training loop owns
+# a core and the rest are idle. Empty: no pinning.
+SIDE_CPUS: set[int] = set()
+
 HEADLINE = ("reward/mean", "mismatch/kl", "gate/frac", "mismatch/ratio_max", "grad/norm")
 
 
@@ -61,6 +70,7 @@ def local_server(workdir: Path) -> Iterator[str]:
         [sys.executable, "-m", "server", "serve", "--port", str(port), "--log-level", "warning",
          "--database-url", f"sqlite:///{workdir / 'keel.db'}"],
         stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
+        preexec_fn=(lambda: os.sched_setaffinity(0, SIDE_CPUS)) if SIDE_CPUS else None,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 60
@@ -189,6 +199,8 @@ VARIANTS = ("plain", "metrics", "monitored", "batch")
 
 def bench_loop(server: str, spool: Path, rounds: int, block: int, learner: Learner) -> None:
     monitor = Monitor(server, run_name="bench-loop", spool_dir=spool, tags=("bench",))
+    if SIDE_CPUS:
+        os.sched_setaffinity(monitor._thread.native_id or 0, SIDE_CPUS)
     for index in range(2 * len(VARIANTS)):
         learner.step(index, VARIANTS[index % len(VARIANTS)], monitor)
     shuffle = random.Random(0)
@@ -278,7 +290,18 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--vocab", type=int, default=1024)
     parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="learner thread on CPU 0; the server and the Monitor's thread on the other CPUs",
+    )
     args = parser.parse_args()
+    if args.pin:
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) < 2:
+            parser.error("--pin needs at least 2 CPUs")
+        SIDE_CPUS.update(cpus[1:])
+        os.sched_setaffinity(0, {cpus[0]})  # this (the learner's) thread
     torch.manual_seed(0)
     if args.threads:
         torch.set_num_threads(args.threads)
