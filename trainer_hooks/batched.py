@@ -43,7 +43,8 @@ class BatchInputs:
     def copied(cls, *args: Any, **kwargs: Any) -> BatchInputs:
         """Snapshot the tensors (one copy each), so the caller may reuse its buffers at once."""
         inputs = cls(*args, **kwargs)
-        return cls(**{field.name: _copy(getattr(inputs, field.name)) for field in fields(cls)})
+        with torch.no_grad():  # copies without autograd history, no detach() needed
+            return cls(**{f.name: _copy(getattr(inputs, f.name)) for f in fields(cls)})
 
     def signature(self) -> tuple[Any, ...]:
         """Batches with equal signatures can be stacked into one call."""
@@ -128,7 +129,7 @@ def _alone(batch: BatchInputs, report: Callable[[str, str], None]) -> dict[str, 
 
 
 def _copy(value: Any) -> Any:
-    return value.detach().clone() if isinstance(value, Tensor) else value
+    return value.clone() if isinstance(value, Tensor) else value
 
 
 def _as_floats(metrics: dict[str, Tensor], steps: int) -> list[dict[str, float]]:
