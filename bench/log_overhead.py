@@ -12,17 +12,18 @@
    plain; + `stability_metrics` (computed, not logged); + `stability_metrics` + `log()`
    on the training thread; and `Monitor.log_batch()` (the same metrics and row, computed
    by the Monitor's background thread from copies of the inputs). Every round runs each
-   variant once in random order, so drift in machine load hits all alike. Reports the
-   median step of each and the overhead against plain (target: <= 1 %), plus the median
-   of the per-round relative differences.
+   variant for a block of 20 consecutive steps, blocks in random order, so drift in
+   machine load hits all alike; the Monitor's leftover work is waited for between blocks.
+   Reports the median block of each and the overhead against plain (target: <= 1 %),
+   plus the median of the per-round relative differences.
 
 The server shares this machine's CPUs unless --server points elsewhere; that is
 included in what is measured (the sender thread and the server are both real). With
 --pin the learner's thread gets the first CPU to itself and the server and the Monitor's
 thread share the others, as on a GPU node whose training loop owns a core. Whole steps are
-timed in wall time and in CPU time of the training thread. torch
-runs one intra-op thread by default (--threads), leaving the other core of a 2-core box
-to the sender thread and the server, as a GPU trainer leaves its CPU mostly idle.
+timed in wall time and in CPU time of the training thread. torch runs one intra-op thread
+by default (--threads), leaving the other core of a 2-core box to the sender thread and
+the server, as a GPU trainer leaves its CPU mostly idle.
 """
 
 from __future__ import annotations
@@ -197,6 +198,15 @@ class Learner:
 VARIANTS = ("plain", "metrics", "monitored", "batch")
 
 
+def settle(monitor: Monitor) -> None:
+    """Untimed, between blocks: let the Monitor's thread finish the block's rows (and
+    log_batch's metrics), so its work lands in the block that caused it, not the next."""
+    deadline = time.monotonic() + 10
+    while (monitor._queue or monitor._rows) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.02)
+
+
 def bench_loop(server: str, spool: Path, rounds: int, block: int, learner: Learner) -> None:
     monitor = Monitor(server, run_name="bench-loop", spool_dir=spool, tags=("bench",))
     if SIDE_CPUS:
@@ -216,6 +226,8 @@ def bench_loop(server: str, spool: Path, rounds: int, block: int, learner: Learn
         # order, so load drift hits all alike. Consecutive steps, because the Monitor's
         # background work (sending, and log_batch's metrics) overlaps the steps after the
         # one that logged: inside a block it lands on the same variant, as in a real loop.
+        # The work left at the end of a block is waited for, untimed (settle), so it does
+        # not land on the next block; a block of 20 steps (~1 s) keeps most of it inside.
         for variant in shuffle.sample(VARIANTS, len(VARIANTS)):
             block_wall, block_cpu = [], []
             for _ in range(block):
@@ -231,6 +243,7 @@ def bench_loop(server: str, spool: Path, rounds: int, block: int, learner: Learn
                 step += 1
             wall_ms[variant].append(statistics.fmean(block_wall[1:]))
             cpu_ms[variant].append(statistics.fmean(block_cpu[1:]))
+            settle(monitor)
     delivered = monitor.finish(timeout=120)
 
     def overhead(samples: dict[str, list[float]], variant: str) -> str:
@@ -275,9 +288,9 @@ def main() -> int:
         "--server", default=None, help="stream to this server instead of a local one"
     )
     parser.add_argument("--calls", type=int, default=20_000, help="log() calls to time")
-    parser.add_argument("--rounds", type=int, default=100, help="rounds of the loop variants")
+    parser.add_argument("--rounds", type=int, default=40, help="rounds of the loop variants")
     parser.add_argument(
-        "--block", type=int, default=6, help="consecutive steps per variant and round"
+        "--block", type=int, default=20, help="consecutive steps per variant and round"
     )
     parser.add_argument(
         "--threads",
