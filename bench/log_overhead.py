@@ -220,6 +220,9 @@ def bench_loop(server: str, spool: Path, rounds: int, block: int, learner: Learn
     wall_ms: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
     cpu_ms: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
     metrics_ms, log_ms, log_batch_ms = [], [], []
+    # CPU time of the Monitor's background thread per step (sending; log_batch's metrics).
+    background_clock = time.pthread_getcpuclockid(monitor._thread.ident or 0)
+    background_ms: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
     step = 0
     for _ in range(rounds):
         # Each round runs every variant for `block` consecutive steps, blocks in random
@@ -230,6 +233,7 @@ def bench_loop(server: str, spool: Path, rounds: int, block: int, learner: Learn
         # not land on the next block; a block of 20 steps (~1 s) keeps most of it inside.
         for variant in shuffle.sample(VARIANTS, len(VARIANTS)):
             block_wall, block_cpu = [], []
+            background_started = time.clock_gettime(background_clock)
             for _ in range(block):
                 started, started_cpu = time.perf_counter(), time.thread_time()
                 inside = learner.step(step, variant, monitor)
@@ -244,6 +248,8 @@ def bench_loop(server: str, spool: Path, rounds: int, block: int, learner: Learn
             wall_ms[variant].append(statistics.fmean(block_wall[1:]))
             cpu_ms[variant].append(statistics.fmean(block_cpu[1:]))
             settle(monitor)
+            background = time.clock_gettime(background_clock) - background_started
+            background_ms[variant].append(1000 * background / block)
     delivered = monitor.finish(timeout=120)
 
     def overhead(samples: dict[str, list[float]], variant: str) -> str:
@@ -277,6 +283,13 @@ def bench_loop(server: str, spool: Path, rounds: int, block: int, learner: Learn
     lines.append(
         f"  timed inside the steps: stability_metrics {share(metrics_ms)}, log() {share(log_ms)}, "
         f"log_batch() {share(log_batch_ms)}"
+    )
+    lines.append(
+        "  the Monitor's background thread, CPU per step: "
+        + ", ".join(
+            f"{names.get(v, 'plain').lstrip('+ ')} {statistics.median(background_ms[v]):.3f} ms"
+            for v in VARIANTS
+        )
     )
     lines.append(f"  (all delivered: {delivered})")
     print("\n".join(lines))
