@@ -19,8 +19,8 @@ from dashboard.series import Alert, Series
 
 __all__ = ["KeelApi", "in_process_client"]
 
-# Read in one request when fewer alerts than this are firing (else one request per run).
-_FIRING_LIMIT = 2000
+# The newest alerts of the runs a page shows (the API's own maximum).
+_ALERTS_LIMIT = 10_000
 
 
 def in_process_client(app: Any) -> httpx.AsyncClient:
@@ -32,7 +32,10 @@ def in_process_client(app: Any) -> httpx.AsyncClient:
     token = getattr(app.state, "internal_token", None)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     return httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://keel.internal", timeout=30.0, headers=headers
+        transport=httpx.ASGITransport(app=app),
+        base_url="http://keel.internal",
+        timeout=30.0,
+        headers=headers,
     )
 
 
@@ -106,14 +109,15 @@ class KeelApi:
         return (await self.latest(run_id, [key])).get(key, Series.empty())
 
     async def alerts(
-        self, run_id: str | None, state: str | None = None, limit: int = 500
+        self, run_ids: str | Iterable[str], state: str | None = None
     ) -> list[Alert] | None:
-        """Alerts of a run (of every run with None), or None when the server has no alerts API."""
+        """Alerts of these runs in one read, or None when the server has no alerts API (yet)."""
+        ids = [run_ids] if isinstance(run_ids, str) else list(dict.fromkeys(run_ids))
+        if not ids:
+            return []  # no run_id would mean every run
         try:
-            response = await self._get("/alerts", run_id=run_id, state=state, limit=limit)
+            response = await self._get("/alerts", run_id=ids, state=state, limit=_ALERTS_LIMIT)
         except httpx.HTTPError:
-            return None
-        if response.status_code in (404, 405, 501):
             return None
         if response.status_code != 200:
             return None
@@ -123,18 +127,3 @@ class KeelApi:
         if not isinstance(payload, list):
             return None
         return [Alert.from_json(item) for item in payload if isinstance(item, dict)]
-
-    async def alerts_for(
-        self, run_ids: Iterable[str], state: str | None = None
-    ) -> list[Alert] | None:
-        ids = list(dict.fromkeys(run_ids))
-        if state == "firing" and len(ids) > 1:
-            # Few alerts fire at once: one read of them all beats one read per run.
-            firing = await self.alerts(None, "firing", limit=_FIRING_LIMIT)
-            if firing is not None and len(firing) < _FIRING_LIMIT:
-                wanted = set(ids)
-                return [alert for alert in firing if alert.run_id in wanted]
-        results = await asyncio.gather(*(self.alerts(run_id, state) for run_id in ids))
-        if all(result is None for result in results):
-            return None
-        return [alert for result in results if result for alert in result]

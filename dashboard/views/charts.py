@@ -112,7 +112,7 @@ async def load_lines(
         asyncio.gather(
             *(api.series(r, key, max_points=points, start=start, end=end) for r in known)
         ),
-        api.alerts_for(known),
+        api.alerts(known),
     )
     lines = []
     for run_id, data in zip(known, series, strict=True):

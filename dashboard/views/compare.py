@@ -186,7 +186,7 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         infos = await api.runs_by_id(run_ids)
         known = [r for r in run_ids if infos.get(r)]
         per_run = await asyncio.gather(*(_run_series(api, r) for r in known))
-        alerts = await api.alerts_for(known) or []
+        alerts = await api.alerts(known) or []
         summaries = []
         for run_id, series in zip(known, per_run, strict=True):
             info = infos[run_id] or {}

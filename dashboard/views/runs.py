@@ -223,7 +223,7 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         runs = await api.runs()
         shown = filter_runs(runs, chosen)
         tails, firing = await asyncio.gather(
-            _last_values(api, shown), api.alerts_for([r["id"] for r in shown], "firing")
+            _last_values(api, shown), api.alerts([r["id"] for r in shown], "firing")
         )
         by_run = None if firing is None else _group_alerts(firing)
         options = {

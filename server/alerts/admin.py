@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import select
@@ -78,11 +79,12 @@ async def delete_rule(store: Store, rule_id: int) -> None:
 
 
 async def list_alerts(
-    store: Store, *, run_id: str | None, state: str | None, severity: str | None, project: str | None, limit: int
+    store: Store, *, run_ids: Sequence[str] | None, state: str | None, severity: str | None, project: str | None, limit: int
 ) -> list[Alert]:
+    """Newest first; `run_ids` (None: every run) filters to those runs."""
     query = select(Alert).order_by(Alert.id.desc()).limit(limit)
-    if run_id is not None:
-        query = query.where(Alert.run_id == run_id)
+    if run_ids:
+        query = query.where(Alert.run_id.in_(run_ids))
     if state is not None:
         query = query.where(Alert.state == state)
     if severity is not None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from pydantic import BaseModel, Field
@@ -27,13 +27,13 @@ def _missing(exc: admin.NotFound) -> HTTPException:
 @router.get("/alerts", dependencies=[READ])
 async def list_alerts(
     store: StoreDep,
-    run_id: str | None = None,
+    run_id: Annotated[list[str] | None, Query(description="repeat for several runs")] = None,
     state: Literal["pending", "firing", "resolved"] | None = None,
     severity: str | None = None,
     project: str | None = None,
     limit: int = Query(500, ge=1, le=10_000),
 ) -> list[dict[str, Any]]:
-    alerts = await admin.list_alerts(store, run_id=run_id, state=state, severity=severity, project=project, limit=limit)
+    alerts = await admin.list_alerts(store, run_ids=run_id, state=state, severity=severity, project=project, limit=limit)
     return [alert_json(alert) for alert in alerts]
 
 

@@ -49,45 +49,41 @@ def test_missing_alerts_api_reads_as_none() -> None:
             httpx.AsyncClient(transport=httpx.MockTransport(handler), base_url="http://t")
         )
         assert await api.alerts("r") is None
-        assert await api.alerts_for(["r", "s"]) is None
+        assert await api.alerts(["r", "s"]) is None
 
     asyncio.run(read())
 
 
-def test_alerts_are_parsed_and_merged_across_runs() -> None:
-    requests: list[httpx.Request] = []
+def test_alerts_of_several_runs_in_one_read(server) -> None:
+    """GET /alerts with repeated run_id, on both databases: the firing alerts of the
+    runs asked for, and of no other run."""
+    runs = [LiveRun(server, name, "cispo") for name in ("a", "b", "other")]
+    for run in runs:
+        run.send([{"step": 1, "values": {"grad/norm": "inf"}}])  # non-finite: critical at once
+        run.close()
+    a, b, other = (run.id for run in runs)
 
-    def alert(run_id: str, state: str) -> dict[str, object]:
-        return {
-            "id": len(run_id),
-            "run_id": run_id,
-            "rule": "r",
-            "metric": "grad/norm",
-            "severity": "critical",
-            "state": state,
-            "started_step": 4,
-            "resolved_step": None,
-            "message": "m",
-        }
+    async def read() -> list:  # type: ignore[type-arg]
+        api = _api(server)
+        deadline = asyncio.get_running_loop().time() + 15
+        while True:
+            every = await api.alerts([a, b, other], "firing")
+            if (
+                every is not None and len(every) == 3
+            ) or asyncio.get_running_loop().time() > deadline:
+                break
+            await asyncio.sleep(0.05)
+        return [
+            every,
+            await api.alerts([a, b, a], "firing"),
+            await api.alerts([b]),
+            await api.alerts([]),
+        ]
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        requests.append(request)
-        state = request.url.params.get("state")
-        run_id = request.url.params.get("run_id")
-        if run_id is None:  # every run's alerts: the firing ones of a, b and an unrelated run
-            return httpx.Response(200, json=[alert(r, "firing") for r in ("a", "b", "other")])
-        return httpx.Response(200, json=[alert(run_id, state or "resolved")])
-
-    async def read() -> None:
-        api = KeelApi(
-            httpx.AsyncClient(transport=httpx.MockTransport(handler), base_url="http://t")
-        )
-        firing = await api.alerts_for(["a", "b", "a"], "firing")
-        assert firing is not None and sorted(a.run_id for a in firing) == ["a", "b"]
-        assert firing[0].started_step == 4 and firing[0].severity == "critical"
-        assert len(requests) == 1 and requests[0].url.params["state"] == "firing"
-        every = await api.alerts_for(["a", "b"])
-        assert every is not None and sorted(a.run_id for a in every) == ["a", "b"]
-        assert [r.url.params["run_id"] for r in requests[1:]] == ["a", "b"]
-
-    asyncio.run(read())
+    every, firing, only_b, none = asyncio.run(read())
+    assert every is not None and {x.run_id for x in every} == {a, b, other}
+    assert firing is not None and {x.run_id for x in firing} == {a, b}
+    assert len(firing) == len(every) * 2 // 3  # each run's alerts, once (a asked twice)
+    assert firing[0].severity == "critical" and firing[0].started_step == 1
+    assert only_b is not None and {x.run_id for x in only_b} == {b}
+    assert none == []
