@@ -47,15 +47,17 @@ class BatchInputs:
             return cls(**{f.name: _copy(getattr(inputs, f.name)) for f in fields(cls)})
 
     def signature(self) -> tuple[Any, ...]:
-        """Batches with equal signatures can be stacked into one call."""
-        return tuple(
-            None
-            if value is None
-            else (value.dtype, value.dim(), value.shape[2:] if name == "logits" else None)
-            if isinstance(value, Tensor)
-            else type(value)
-            for name, value in ((f.name, getattr(self, f.name)) for f in fields(self))
-        )
+        """Batches with equal signatures can be stacked into one call: the same inputs
+        given, with the same dtypes and ranks (and vocabulary size for logits)."""
+        kinds: list[Any] = []
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, Tensor):
+                vocab = tuple(value.shape[2:]) if field.name == "logits" else ()
+                kinds.append((value.dtype, value.dim(), vocab))
+            else:
+                kinds.append(type(value))  # None, or an int learner_version
+        return tuple(kinds)
 
     def stackable(self) -> bool:
         """A plain [B, T] batch whose other inputs have the shapes stability_metrics expects

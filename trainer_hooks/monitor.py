@@ -210,14 +210,11 @@ class Monitor:
                 "sampler_version": sampler_version,
                 "learner_version": learner_version,
             }
-            if data_parallel():
-                computed = stability_metrics(*tensors, **inputs)  # on every rank
-                self.log(step, {**computed, **(metrics or {})})
-                return
-            if not self.enabled:
+            parallel = data_parallel()  # then every rank takes part in the all-reduces
+            if not (self.enabled or parallel):
                 return
             on_cpu = learner_logprobs.device.type == "cpu"
-            if on_cpu and self._deferred_slots.acquire(blocking=False):
+            if not parallel and on_cpu and self._deferred_slots.acquire(blocking=False):
                 queued = False
                 try:
                     deferred = BatchInputs.copied(*tensors, **inputs)
