@@ -90,6 +90,16 @@ def _field(caption: str, control: Any, class_name: str = "field", **style: Any) 
     )
 
 
+def _radio(component_id: str, labels: dict[str, str]) -> dcc.RadioItems:
+    """Inline radio buttons: value -> label, the first one selected."""
+    return dcc.RadioItems(
+        id=component_id,
+        options=[{"label": label, "value": value} for value, label in labels.items()],
+        value=next(iter(labels)),
+        className="radio-inline",
+    )
+
+
 def chart_controls(*, aggregate: bool, extra_metrics: bool) -> html.Div:
     """Smoothing, aggregation, y scale (every chart page has these ids) and extra metrics."""
     controls = html.Div(
@@ -110,30 +120,19 @@ def chart_controls(*, aggregate: bool, extra_metrics: bool) -> html.Div:
             ),
             _field(
                 "Show",
-                dcc.RadioItems(
-                    id="opt-aggregate",
-                    options=[
-                        {"label": "each run", "value": "runs"},
-                        {"label": "group mean ± std", "value": "std"},
-                        {"label": "group mean ± stderr", "value": "stderr"},
-                    ],
-                    value="runs",
-                    className="radio-inline",
+                _radio(
+                    "opt-aggregate",
+                    {
+                        "runs": "each run",
+                        "std": "group mean ± std",
+                        "stderr": "group mean ± stderr",
+                    },
                 ),
                 display=None if aggregate else "none",
             ),
             _field(
                 "Y scale",
-                dcc.RadioItems(
-                    id="opt-yscale",
-                    options=[
-                        {"label": "auto", "value": "auto"},
-                        {"label": "linear", "value": "linear"},
-                        {"label": "log", "value": "log"},
-                    ],
-                    value="auto",
-                    className="radio-inline",
-                ),
+                _radio("opt-yscale", {"auto": "auto", "linear": "linear", "log": "log"}),
             ),
         ],
         className="toolbar panel",
