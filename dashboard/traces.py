@@ -266,6 +266,9 @@ def alert_overlays(
             end = max(alert.started_step, last[alert.run_id] or alert.started_step)
         shapes.append(
             {
+                # A firing range is named after its run: the live updater stretches it with
+                # the points it appends (keel_live.js).
+                "name": f"firing:{alert.run_id}" if alert.resolved_step is None else "resolved",
                 "type": "rect",
                 "xref": "x",
                 "yref": "paper",

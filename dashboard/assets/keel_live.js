@@ -195,6 +195,26 @@
     return gd.__keelVisible !== false; // unknown until the IntersectionObserver reports
   }
 
+  /* The relayout that stretches each still-firing alert range to its run's newest appended step. */
+  function stretchFiring(gd, p) {
+    var layout = {};
+    var shapes = gd.layout.shapes || [];
+    if (!shapes.length) return layout;
+    var newest = {};
+    for (var i = 0; i < p.idx.length; i++) {
+      var run = gd.data[p.idx[i]].meta.run;
+      var top = Math.max.apply(null, p.x[i]);
+      if (!(run in newest) || top > newest[run]) newest[run] = top;
+    }
+    for (var s = 0; s < shapes.length; s++) {
+      var name = shapes[s].name || "";
+      if (name.indexOf("firing:") !== 0) continue;
+      var step = newest[name.slice(7)];
+      if (step !== undefined && step > shapes[s].x1) layout["shapes[" + s + "].x1"] = step;
+    }
+    return layout;
+  }
+
   /* Draw what is pending on one chart: a single extendTraces for all its traces. */
   function extend(gd) {
     var p = gd.__keelPending;
@@ -205,9 +225,11 @@
     var key = gd.layout.meta.key;
     var wasEmpty = gd.layout.meta.empty;
     gd.layout.meta.empty = false;
+    var layout = stretchFiring(gd, p);
     var done = window.Plotly.extendTraces(gd, { x: p.x, y: p.y }, p.idx);
     live.stats.appended += p.x.reduce(function (n, xs) { return n + xs.length; }, 0);
-    if (wasEmpty) window.Plotly.relayout(gd, { annotations: [] });
+    if (wasEmpty) layout.annotations = [];
+    if (Object.keys(layout).length) window.Plotly.relayout(gd, layout);
     Promise.resolve(done).then(function () {
       // Logged on the next frame: the points have been painted by then.
       requestAnimationFrame(function () {

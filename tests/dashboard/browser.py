@@ -13,6 +13,9 @@ return Array.from(document.querySelectorAll('.keel-graph .js-plotly-plot')).map(
     key: meta.key || null,
     render: meta.render_id || null,
     yaxis: gd.layout && gd.layout.yaxis ? gd.layout.yaxis.type : null,
+    shapes: ((gd.layout && gd.layout.shapes) || []).map(function (s) {
+      return {name: s.name || null, x0: s.x0, x1: s.x1};
+    }),
     traces: (gd.data || []).map(function (t) {
       var m = t.meta || {};
       return {role: m.role || null, run: m.run || null, group: m.group || null, name: t.name,

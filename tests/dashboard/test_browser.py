@@ -230,6 +230,38 @@ def test_run_page_shows_every_metric_its_config_and_alerts(server, browser, arti
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_firing_alert_range_grows_with_live_points(server, browser) -> None:
+    run = LiveRun(server, "flat", "cispo")
+    flat = {"reward/mean": 0.5, "mismatch/kl": 1e-3, "mismatch/ratio_max": 1.5, "grad/norm": 1.0}
+    run.send([{"step": s, "values": flat} for s in range(60)])
+    run.send([{"step": 60, "values": {**flat, "grad/norm": "nan"}}])  # non-finite: critical at once
+    browser.get(f"{server.url}/compare?runs={run.id}")
+
+    def grad_chart() -> dict:
+        return next(c for c in charts(browser) if c["key"] == "grad/norm")
+
+    def firing_range(chart: dict) -> list[dict]:
+        return [s for s in chart["shapes"] if s["name"] == f"firing:{run.id}"]
+
+    drawn_charts(browser, 5)
+    before = wait_until(lambda: firing_range(grad_chart()) and grad_chart(), message="alert range")
+    assert [(s["x0"], s["x1"]) for s in firing_range(before)] == [(60, 60)]
+    wait_until(lambda: live_state(browser) == "live", message="live websocket")
+    for step in range(61, 66):
+        run.send([{"step": step, "values": flat}])  # finite again; the alert keeps firing
+    grown = wait_until(
+        lambda: (lambda c: c if firing_range(c)[0]["x1"] == 65 else None)(grad_chart()),
+        timeout=10,
+        message="range stretched to step 65",
+    )
+    assert firing_range(grown)[0]["x0"] == 60
+    # Stretched in place by the live updater, not redrawn.
+    assert grown["render"] == before["render"]
+    assert console_errors(browser) == []
+    run.close()
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_empty_states(server, browser) -> None:
     browser.get(f"{server.url}/compare")
     wait_until(

@@ -172,6 +172,8 @@ def test_alerts_shade_firing_ranges_and_mark_starts() -> None:
         (1, 3),
     ]  # firing: up to the run's last step
     assert all(s["yref"] == "paper" and s["layer"] == "below" for s in shapes)
+    # The live updater stretches the firing ones.
+    assert [s["name"] for s in shapes] == ["resolved", "firing:c"]
     (markers,) = _roles(figure, "alerts")
     assert markers["x"] == [1, 1] and markers["yaxis"] == "y2"
     assert "mismatch climbing" in markers["text"][0] and "firing" in markers["text"][1]
