@@ -1,0 +1,92 @@
+"""Monitor.log and log_batch on the training device, against a real `keel serve`.
+
+On a GPU both must only queue work: called while the GPU is still busy with the step
+that produced their inputs, they return long before that work ends, and the values
+that reach the server are those of the finished computation. On CPU the same test
+checks the values.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from tests.trainer_hooks.monitor_support import FAST, servers
+from trainer_hooks.metrics import stability_metrics
+from trainer_hooks.monitor import Monitor
+
+make_server = pytest.fixture(name="make_server")(servers)
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+BUSY_MS = 300.0
+"""GPU work queued ahead of each call; log()/log_batch() must return well within it."""
+
+
+def _queue_gpu_work(ms: float) -> torch.Tensor:
+    """Queue about `ms` of matmuls on the GPU; returns a 0-dim zero that depends on them."""
+    a = torch.randn(4096, 4096, device=DEVICE, dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(5):
+        a = a @ a
+        a = a / a.abs().amax().clamp_min(1.0)  # keep it finite
+    torch.cuda.synchronize()
+    per_pair = (time.perf_counter() - started) * 1000 / 5
+    for _ in range(int(ms / per_pair) + 1):
+        a = a @ a
+        a = a / a.abs().amax().clamp_min(1.0)
+    return (a[0, 0] * 0).float()
+
+
+def test_log_and_log_batch_queue_device_work_and_send_its_values(
+    make_server, sqlite_url, tmp_path
+) -> None:
+    server = make_server(sqlite_url)
+    generator = torch.Generator().manual_seed(5)
+    sampler = -torch.rand(8, 16, 32, generator=generator) * 4
+    learner = sampler + 0.2 * torch.randn(8, 16, 32, generator=generator)
+    mask = torch.rand(8, 16, 32, generator=generator) > 0.1
+    rewards = torch.rand(8, 16, generator=generator)
+    # On the device before any work is queued: a copy from pageable host memory waits for it.
+    on_device = [t.to(DEVICE) for t in (sampler, learner, mask, rewards)]
+    call_ms: list[float] = []
+    with Monitor(server.url, run_name="device", spool_dir=tmp_path, sender_config=FAST) as monitor:
+        for step in range(8):
+            zero = _queue_gpu_work(BUSY_MS) if DEVICE.type == "cuda" else torch.zeros(())
+            # Inputs that exist only once the queued work is done.
+            s, l_, m, r = (t[step] for t in on_device)
+            s, l_, value = s + zero, l_ + zero, zero + step
+            started = time.perf_counter()
+            if step % 2:
+                monitor.log(step, {"probe/value": value, "probe/double": 2 * value})
+            else:
+                monitor.log_batch(
+                    step,
+                    s,
+                    l_,
+                    m,
+                    rewards=r,
+                    metrics={"probe/value": value},
+                )
+            call_ms.append((time.perf_counter() - started) * 1000)
+            if DEVICE.type == "cuda":
+                assert torch.cuda.current_stream().query() is False, "the GPU work ended early"
+    if DEVICE.type == "cuda":
+        # A call that waited for the GPU would take the rest of the queued ~300 ms.
+        assert max(call_ms) < BUSY_MS / 3, call_ms
+    print(f"{DEVICE.type}: log()/log_batch() wall per call, ms: {[round(m, 2) for m in call_ms]}")
+    assert server.series(monitor.run_id, "probe/value") == (
+        list(range(8)),
+        [float(s) for s in range(8)],
+    )
+    assert server.series(monitor.run_id, "probe/double") == ([1, 3, 5, 7], [2.0, 6.0, 10.0, 14.0])
+    for key in ("mismatch/kl", "mismatch/ratio_max", "mismatch/ess_frac", "reward/std"):
+        expected = [
+            stability_metrics(sampler[s], learner[s], mask[s], rewards=rewards[s])[key].item()
+            for s in range(0, 8, 2)
+        ]
+        steps, values = server.series(monitor.run_id, key)
+        assert steps == [0, 2, 4, 6], key
+        assert values == pytest.approx(expected, rel=1e-4), key
