@@ -125,6 +125,7 @@ class Learner:
     tokens: int
     vocab: int
     hidden: int
+    device: torch.device
 
     def __post_init__(self) -> None:
         generator = torch.Generator().manual_seed(0)
@@ -133,7 +134,7 @@ class Learner:
             torch.nn.Linear(self.hidden, 2 * self.hidden),
             torch.nn.GELU(),
             torch.nn.Linear(2 * self.hidden, self.vocab),
-        )
+        ).to(self.device)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=1e-3)
         shape = (self.batch, self.tokens)
         self.batches = []
@@ -145,12 +146,13 @@ class Learner:
             )
             mask_B_T = (torch.arange(self.tokens) < lengths_B[:, None]).float()
             with torch.no_grad():
-                logits = self.model(inputs_B_T).float()
+                logits = self.model(inputs_B_T.to(self.device)).float().cpu()
                 exact = torch.log_softmax(logits, -1).gather(-1, sampled_B_T[..., None]).squeeze(-1)
             # The sampler's numbers differ a little from the learner's (numerics / staleness).
             sampler_logp_B_T = exact + 0.05 * torch.randn(shape, generator=generator)
             rewards_B = torch.rand(self.batch, generator=generator)
-            self.batches.append((inputs_B_T, sampled_B_T, mask_B_T, sampler_logp_B_T, rewards_B))
+            batch = (inputs_B_T, sampled_B_T, mask_B_T, sampler_logp_B_T, rewards_B)
+            self.batches.append(tuple(t.to(self.device) for t in batch))
 
     def step(self, index: int, variant: str, monitor: Monitor) -> tuple[float, float]:
         """One learner step; `variant` is one of VARIANTS.
@@ -172,6 +174,7 @@ class Learner:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.optimizer.step()
         if variant == "plain":
+            self._sync()
             return 0.0, 0.0
         started = time.perf_counter()
         if variant == "batch":
@@ -184,7 +187,9 @@ class Learner:
                 gate_mask=gate_B_T,
                 metrics={"grad/norm": grad_norm, "loss/total": loss},
             )
-            return 0.0, 1000 * (time.perf_counter() - started)
+            spent = 1000 * (time.perf_counter() - started)
+            self._sync()
+            return 0.0, spent
         metrics = stability_metrics(
             sampler_logp_B_T, learner_logp_B_T, mask_B_T, rewards=rewards_B, gate_mask=gate_B_T
         )
@@ -192,7 +197,15 @@ class Learner:
         if variant == "monitored":
             monitor.log(index, {**metrics, "grad/norm": grad_norm, "loss/total": loss})
         logged = time.perf_counter()
+        self._sync()
         return 1000 * (computed - started), 1000 * (logged - computed)
+
+    def _sync(self) -> None:
+        """On a GPU, the end of every step waits for its kernels (as a loop that reads its
+        loss each step does), so a step's wall time is its GPU time and includes the metrics'
+        kernels; the times "inside the step" stay the host's time to queue them."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
 
 VARIANTS = ("plain", "metrics", "monitored", "batch")
@@ -205,6 +218,19 @@ def settle(monitor: Monitor) -> None:
     while (monitor._queue or monitor._rows) and time.monotonic() < deadline:
         time.sleep(0.01)
     time.sleep(0.02)
+
+
+def siblings(cpu: int) -> set[int]:
+    """The CPUs sharing `cpu`'s core (hyperthreads), itself included; {cpu} if unknown."""
+    path = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list")
+    try:
+        found: set[int] = set()
+        for part in path.read_text().strip().split(","):
+            low, _, high = part.partition("-")
+            found.update(range(int(low), int(high or low) + 1))
+        return found
+    except (OSError, ValueError):
+        return {cpu}
 
 
 def bench_loop(server: str, spool: Path, rounds: int, block: int, learner: Learner) -> None:
@@ -274,8 +300,8 @@ def bench_loop(server: str, spool: Path, rounds: int, block: int, learner: Learn
         "batch": "+ log_batch() (metrics off-thread)",
     }
     lines = [
-        f"learner loop, {rounds} rounds of {block}-step blocks, torch threads "
-        f"{torch.get_num_threads()}:"
+        f"learner loop on {learner.device}, {rounds} rounds of {block}-step blocks, torch "
+        f"threads {torch.get_num_threads()}:"
     ]
     for label, samples in (("wall time", wall_ms), ("training-thread CPU time", cpu_ms)):
         lines.append(f"  {label}: plain step {statistics.median(samples['plain']):.2f} ms")
@@ -312,6 +338,12 @@ def main() -> int:
         help="torch intra-op threads (default 1: on a 2-core box, 2 threads oversubscribe "
         "against the sender thread and the local server and the step time swings 5x)",
     )
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        help="the learner's device; on cuda size it up to ~50 ms a step, e.g. --batch 16 "
+        "--tokens 1024 --hidden 2048 --vocab 32768",
+    )
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--vocab", type=int, default=1024)
@@ -326,11 +358,15 @@ def main() -> int:
         cpus = sorted(os.sched_getaffinity(0))
         if len(cpus) < 2:
             parser.error("--pin needs at least 2 CPUs")
-        SIDE_CPUS.update(cpus[1:])
+        # Not the learner CPU's SMT siblings: they share its core, and work there slows it.
+        side = set(cpus[1:]) - siblings(cpus[0])
+        SIDE_CPUS.update(side or cpus[1:])
         os.sched_setaffinity(0, {cpus[0]})  # this (the learner's) thread
+        print(f"pinned: learner on CPU {cpus[0]}, the rest on CPUs {sorted(SIDE_CPUS)}")
     torch.manual_seed(0)
     if args.threads:
         torch.set_num_threads(args.threads)
+    torch.backends.cuda.matmul.allow_tf32 = True  # as GPU trainers run fp32 matmuls
     with ExitStack() as stack:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="keel-bench-")))
         server = args.server or stack.enter_context(local_server(workdir))
@@ -341,7 +377,7 @@ def main() -> int:
             workdir / "spool",
             args.rounds,
             args.block,
-            Learner(args.batch, args.tokens, args.vocab, args.hidden),
+            Learner(args.batch, args.tokens, args.vocab, args.hidden, torch.device(args.device)),
         )
     return 0
 

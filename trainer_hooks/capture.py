@@ -130,7 +130,9 @@ def _snapshot(torch: Any, keys: list[str], tensors: list[Any]) -> list[tuple[lis
             continue
         host = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
         host.copy_(stacked, non_blocking=True)
-        event = torch.cuda.Event()
+        # Blocking: the background thread sleeps until the copy lands instead of spinning
+        # a CPU core for the rest of the step.
+        event = torch.cuda.Event(blocking=True)
         event.record(torch.cuda.current_stream(group_device))
         snapshots.append((group_keys, host, event))
     return snapshots

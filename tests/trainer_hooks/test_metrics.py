@@ -127,17 +127,20 @@ def test_outputs_are_0dim_float32_on_the_input_device_without_grad() -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     b = {k: v.to(device) for k, v in hand_batch().items()}
     learner = b["learner"].clone().requires_grad_(True)
+    rewards = torch.ones(2, device=device)
+    versions = torch.tensor([1, 2], device=device), torch.tensor(3, device=device)
     if device == "cuda":
-        # Any host sync inside would raise here.
+        # Any host sync inside would raise here (the inputs are built before: a copy from
+        # host memory is one).
         torch.cuda.set_sync_debug_mode("error")
     try:
         out = stability_metrics(
             b["sampler"],
             learner,
             b["mask"],
-            rewards=torch.ones(2, device=device),
-            sampler_version=torch.tensor([1, 2], device=device),
-            learner_version=torch.tensor(3, device=device),
+            rewards=rewards,
+            sampler_version=versions[0],
+            learner_version=versions[1],
         )
     finally:
         if device == "cuda":
