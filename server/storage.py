@@ -282,10 +282,13 @@ class Store:
             result = await session.execute(query)
             return [KeyInfo(key, int(count), last) for key, count, last in result]
 
-    async def rows(self, run_id: str, *, after: int, before: int, max_points: int = 200_000) -> list[Row]:
+    async def rows(
+        self, run_id: str, *, after: int, before: int, max_points: int = 200_000, session: AsyncSession | None = None
+    ) -> list[Row]:
         """The stored rows of a run with after < step < before, in step order.
 
-        At most `max_points` points; when that cuts a step, the rows end before it.
+        At most `max_points` points; when that cuts a step, the rows end before it. Read in
+        `session` when given (inside the caller's transaction).
         """
         query = (
             select(Point.step, Series.key, Point.value)
@@ -294,8 +297,11 @@ class Store:
             .order_by(Point.step)
             .limit(max_points + 1)
         )
-        async with self.sessions() as session:
+        if session is not None:
             result = list(await session.execute(query))
+        else:
+            async with self.sessions() as own:
+                result = list(await own.execute(query))
         if len(result) > max_points:
             cut = result[max_points][0]
             result = [point for point in result if point[0] < cut]

@@ -5,15 +5,20 @@ evaluated in order under a lock; each (rule, run) keeps detector and lifecycle
 state in memory and in `rule_states`, written in the same transaction as the
 alert changes and the webhook outbox rows they cause. Steps at or below a
 state's last evaluated step are skipped, so resent data is not evaluated twice.
-State is checkpointed at most once a second without alert changes; when it is
-loaded back (after a crash, or a failed evaluation) the engine first replays the
-stored points after the checkpoint, so no committed step goes unevaluated.
+
+On SQLite (one server process) state is checkpointed at most once a second
+without alert changes; when it is loaded back (after a crash, or a failed
+evaluation) the engine first replays the stored points after the checkpoint, so
+no committed step goes unevaluated. On PostgreSQL, where replicas may take turns
+with a run, every frame is evaluated in one transaction under the run's advisory
+lock against the states read back from the database (`_evaluate_shared`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import math
 import time
@@ -22,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import or_, select
+from sqlalchemy import or_, select, text
 
 from server.alerts import repository
 from server.alerts.detectors import Detector
@@ -38,6 +43,22 @@ log = logging.getLogger("keel.alerts")
 
 def fingerprint(rule_id: int, run_id: str) -> str:
     return hashlib.sha256(f"{rule_id}\x00{run_id}".encode()).hexdigest()[:16]
+
+
+RULES_TTL_S = 2.0
+"""On PostgreSQL, how stale a replica's copy of the rules may get (another replica's edits)."""
+
+
+def _signature(rule: Rule) -> tuple[Any, ...]:
+    return (
+        rule.id, rule.name, rule.project, rule.group, rule.run_id, rule.metric, rule.detector,
+        json.dumps(rule.params, sort_keys=True), rule.severity, rule.for_steps, rule.keep_firing_for, rule.enabled,
+    )
+
+
+def advisory_key(name: str) -> int:
+    """A PostgreSQL advisory lock key (signed 64-bit) for a run id or a job name."""
+    return int.from_bytes(hashlib.sha256(f"keel-alerts\x00{name}".encode()).digest()[:8], "big", signed=True)
 
 
 @dataclass
@@ -100,6 +121,7 @@ class AlertEngine:
         self._checkpointed: dict[str, float] = {}
         self.rules_version = 0
         self._rules: list[Rule] | None = None
+        self._rules_loaded_at = 0.0
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._runs: dict[str, _RunContext] = {}
         self._tracked: dict[tuple[int, str], _Tracked] = {}
@@ -137,11 +159,10 @@ class AlertEngine:
             await self._ensure_project(run.project)
             context = _RunContext(run=run)
             self._runs[run_id] = context
+        rules = await self._current_rules()
         if context.rules_version != self.rules_version:
-            if self._rules is None:
-                self._rules = await repository.load_rules(self.store.sessions)
             context.rules = []
-            for rule in self._rules:
+            for rule in rules:
                 if rule.enabled and repository.rule_applies(rule, context.run) and rule.detector != "silent":
                     try:
                         context.rules.append((rule, build_detector(rule.detector, rule.metric, rule.params)))
@@ -149,6 +170,21 @@ class AlertEngine:
                         log.exception("rule %s is invalid; skipped", rule.id)
             context.rules_version = self.rules_version
         return context
+
+    async def _current_rules(self) -> list[Rule]:
+        """The rules, cached. On PostgreSQL another replica may have edited them: the cache
+        is read again after RULES_TTL_S, and a difference counts as a change here."""
+        expired = not self.store.sqlite and time.monotonic() - self._rules_loaded_at > RULES_TTL_S
+        if self._rules is None or expired:
+            rules, cached = await repository.load_rules(self.store.sessions), self._rules
+            current = {_signature(r) for r in rules}
+            for rule in cached or ():
+                if _signature(rule) not in current:  # edited or deleted elsewhere: drop its states
+                    self.forget_rule(rule.id)
+            if cached is None or current != {_signature(r) for r in cached}:
+                self.rules_version += 1
+            self._rules, self._rules_loaded_at = rules, time.monotonic()
+        return self._rules
 
     async def _ensure_project(self, project: str) -> None:
         async with self._install_lock:
@@ -178,10 +214,63 @@ class AlertEngine:
         context = await self._context(run_id)
         if not context.rules:
             return
+        if not self.store.sqlite:
+            await self._evaluate_shared(context, rows)
+            return
         tracked, resume_after = await self._tracked_for(context)
         if resume_after is not None and rows and rows[0].step > resume_after + 1:
             # Committed steps the loaded checkpoint has not seen: evaluate them first.
             rows = await self.store.rows(run_id, after=resume_after, before=rows[0].step) + rows
+        changes = self._run_rules(context, tracked, rows)
+        dirty = [(rule_id, t) for rule_id, t in tracked.items() if t.dirty]
+        now = time.monotonic()
+        if not dirty or (not changes and now - self._checkpointed.get(run_id, 0.0) < self.checkpoint_s):
+            return
+        self._checkpointed[run_id] = now
+        alerts = await repository.apply(
+            self.store, context.run, changes, dirty, fingerprint, self.base_url
+        )
+        for _, t in dirty:
+            t.dirty = False
+        self._publish(alerts)
+
+    async def _evaluate_shared(self, context: _RunContext, rows: list[Row]) -> None:
+        """PostgreSQL, where replicas may take turns with a run (reconnects, REST writes).
+
+        One transaction per frame, under the run's advisory lock: the states are read back,
+        those another replica has advanced replace the cached ones, committed steps the
+        states have not seen are evaluated before the frame's, and the new states are
+        written with the frame's alert changes, so the database always holds the latest
+        evaluation.
+        """
+        run_id = context.run.id
+        async with self.store.writing() as session:
+            await session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": advisory_key(run_id)})
+            stored = await repository.load_states_in(session, run_id, [rule.id for rule, _ in context.rules])
+            tracked: dict[int, _Tracked] = {}
+            for rule, detector in context.rules:
+                mine, row = self._tracked.get((rule.id, run_id)), stored.get(rule.id)
+                theirs = None if row is None else row[1]
+                if mine is None or (theirs is not None and (mine.last_step is None or theirs > mine.last_step)):
+                    mine = _Tracked.load(row, detector.initial_state())
+                    self._tracked[(rule.id, run_id)] = mine
+                tracked[rule.id] = mine
+            # Frames can be evaluated out of order here (two replicas, REST writes): evaluate
+            # every committed step after the states' last one first.
+            evaluated = [t.last_step for t in tracked.values() if t.last_step is not None]
+            if evaluated and rows and rows[0].step > min(evaluated) + 1:
+                rows = await self.store.rows(run_id, after=min(evaluated), before=rows[0].step, session=session) + rows
+            changes = self._run_rules(context, tracked, rows)
+            dirty = [(rule_id, t) for rule_id, t in tracked.items() if t.dirty]
+            if not dirty:
+                return
+            alerts = await repository.apply_in(session, False, context.run, changes, dirty, fingerprint, self.base_url)
+        for _, t in dirty:
+            t.dirty = False
+        self._publish(alerts)
+
+    def _run_rules(self, context: _RunContext, tracked: dict[int, _Tracked], rows: list[Row]) -> list[_Change]:
+        """Feed the rows (ascending) to every rule's detector and lifecycle; the transitions."""
         changes: list[_Change] = []
         for rule, detector in context.rules:
             state = tracked[rule.id]
@@ -197,17 +286,7 @@ class AlertEngine:
                     signal.active, row.step, for_steps=rule.for_steps, keep_firing_for=rule.keep_firing_for
                 ):
                     changes.append(_Change(rule, transition, row.step, signal.value, signal.message, state, signal.metric))
-        dirty = [(rule_id, t) for rule_id, t in tracked.items() if t.dirty]
-        now = time.monotonic()
-        if not dirty or (not changes and now - self._checkpointed.get(run_id, 0.0) < self.checkpoint_s):
-            return
-        self._checkpointed[run_id] = now
-        alerts = await repository.apply(
-            self.store, context.run, changes, dirty, fingerprint, self.base_url
-        )
-        for _, t in dirty:
-            t.dirty = False
-        self._publish(alerts)
+        return changes
 
     async def flush(self) -> None:
         """Write every run's unsaved detector state (graceful shutdown)."""
@@ -234,25 +313,36 @@ class AlertEngine:
     async def check_silent_runs(self, now: float | None = None) -> None:
         """Fire "run went silent" for running runs past their rule's `after_s`; resolve on data."""
         now = time.time() if now is None else now
-        rules = [r for r in (self._rules or await repository.load_rules(self.store.sessions)) if r.enabled and r.detector == "silent"]
+        rules = [r for r in await self._current_rules() if r.enabled and r.detector == "silent"]
         if not rules:
             return
-        # Running runs can go silent; others only need a look while their alert is still open.
-        open_ids = [run_id for (rule_id, run_id), t in self._tracked.items() if t.lifecycle.phase is not Phase.INACTIVE]
         async with self.store.sessions() as session:
-            runs = list((await session.scalars(select(Run).where(or_(Run.status == "running", Run.id.in_(open_ids))))).all())
-        for run in runs:
-            for rule in rules:
-                if not repository.rule_applies(rule, run):
-                    continue
-                silent_for = now - run.last_seen_at
-                active = run.status == "running" and silent_for > float(rule.params.get("after_s", 120.0))
-                await self._silence_step(rule, run, active, silent_for)
+            if not self.store.sqlite:
+                # One replica at a time checks (the lock is the session's, released below).
+                held = await session.scalar(text("SELECT pg_try_advisory_lock(:key)"), {"key": advisory_key("silence")})
+                if not held:
+                    return
+            try:
+                # Running runs can go silent; others only need a look while their alert is open.
+                open_alerts = select(Alert.run_id).where(Alert.rule_id.in_([r.id for r in rules]), Alert.state != "resolved")
+                query = select(Run).where(or_(Run.status == "running", Run.id.in_(open_alerts)))
+                runs = list((await session.scalars(query)).all())
+                for run in runs:
+                    for rule in rules:
+                        if not repository.rule_applies(rule, run):
+                            continue
+                        silent_for = now - run.last_seen_at
+                        active = run.status == "running" and silent_for > float(rule.params.get("after_s", 120.0))
+                        await self._silence_step(rule, run, active, silent_for)
+            finally:
+                if not self.store.sqlite:
+                    await session.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": advisory_key("silence")})
 
     async def _silence_step(self, rule: Rule, run: Run, active: bool, silent_for: float) -> None:
         async with self._locks[run.id]:
             key = (rule.id, run.id)
-            state = self._tracked.get(key)
+            # On PostgreSQL another replica may have checked last: read its state back.
+            state = self._tracked.get(key) if self.store.sqlite else None
             if state is None:
                 stored = await repository.load_states(self.store.sessions, run.id, [rule.id])
                 state = _Tracked.load(stored.get(rule.id), {})

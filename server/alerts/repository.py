@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import and_, delete, or_, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -66,12 +66,18 @@ async def load_states(
     sessions: async_sessionmaker[AsyncSession], run_id: str, rule_ids: Sequence[int]
 ) -> dict[int, tuple[dict[str, Any], int | None]]:
     async with sessions() as session:
-        rows = await session.execute(
-            select(RuleState.rule_id, RuleState.state, RuleState.last_step).where(
-                RuleState.run_id == run_id, RuleState.rule_id.in_(list(rule_ids))
-            )
+        return await load_states_in(session, run_id, rule_ids)
+
+
+async def load_states_in(
+    session: AsyncSession, run_id: str, rule_ids: Sequence[int]
+) -> dict[int, tuple[dict[str, Any], int | None]]:
+    rows = await session.execute(
+        select(RuleState.rule_id, RuleState.state, RuleState.last_step).where(
+            RuleState.run_id == run_id, RuleState.rule_id.in_(list(rule_ids))
         )
-        return {rule_id: (state, last_step) for rule_id, state, last_step in rows}
+    )
+    return {rule_id: (state, last_step) for rule_id, state, last_step in rows}
 
 
 def labels(alert: Alert, run: Run) -> dict[str, str]:
@@ -145,55 +151,68 @@ async def apply(
 
     Returns the alerts that changed and whether a notification was queued for each.
     """
+    async with store.writing() as session:
+        return await apply_in(session, store.sqlite, run, changes, states, fingerprint, base_url)
+
+
+async def apply_in(
+    session: AsyncSession,
+    sqlite: bool,
+    run: Run,
+    changes: list[_Change],
+    states: list[tuple[int, _Tracked]],
+    fingerprint: Callable[[int, str], str],
+    base_url: str,
+) -> list[tuple[Alert, bool]]:
+    """`apply` inside the caller's transaction."""
     now = time.time()
     touched: dict[int, tuple[Alert, bool]] = {}
-    async with store.writing() as session:
-        silences: list[Silence] | None = None
-        webhooks: list[Webhook] | None = None
-        for change in changes:
-            tracked = change.tracked
-            alert = await session.get(Alert, tracked.alert_id) if tracked.alert_id is not None else None
-            if change.transition in (Transition.PENDING, Transition.FIRING) and (alert is None or alert.state == "resolved"):
-                alert = Alert(
-                    fingerprint=fingerprint(change.rule.id, run.id), rule_id=change.rule.id, rule_name=change.rule.name,
-                    run_id=run.id, metric=(change.metric or change.rule.metric)[:200], severity=change.rule.severity, state="pending",
-                    started_step=tracked.lifecycle.started_step if tracked.lifecycle.started_step is not None else change.step,
-                    fired_step=None, resolved_step=None, value=change.value, message=change.message[:1000],
-                    started_at=now, resolved_at=None, silenced=False, acknowledged_at=None, acknowledged_by=None,
-                )
-                session.add(alert)
-                await session.flush()
-                tracked.alert_id = alert.id
-            if alert is None:
-                continue
-            queued = False
-            if change.transition is Transition.CANCELLED:
-                await session.delete(alert)
-                tracked.alert_id = None
-                touched.pop(alert.id, None)
-                continue
-            if change.transition is Transition.FIRING:
-                alert.state, alert.fired_step, alert.value, alert.message = "firing", change.step, change.value, change.message[:1000]
-                if change.metric:
-                    alert.metric = change.metric[:200]
-                if silences is None:
-                    silences = list((await session.scalars(select(Silence).where(Silence.starts_at <= now, Silence.ends_at > now))).all())
-                alert.silenced = any(silence_matches(s, labels(alert, run)) for s in silences)
-            elif change.transition is Transition.RESOLVED:
-                alert.state, alert.resolved_step, alert.resolved_at = "resolved", change.step, now
-                tracked.alert_id = None
-            if change.transition in (Transition.FIRING, Transition.RESOLVED) and not alert.silenced:
-                if webhooks is None:
-                    webhooks = list((await session.scalars(select(Webhook).where(Webhook.enabled.is_(True)))).all())
-                await session.flush()
-                payload = event_payload(f"alert.{alert.state}", alert, run, base_url)
-                for hook in webhooks:
-                    session.add(outbox_row(hook.id, f"evt_{alert.id}_{alert.state}", payload["type"], payload, now))
-                queued = bool(webhooks)
-            touched[alert.id] = (alert, queued or touched.get(alert.id, (alert, False))[1])
-        # After the changes: new alerts' ids are part of the state. One statement for all.
-        if states:
-            await _upsert_states(session, store.sqlite, run.id, [(rule_id, t.to_json(), t.last_step) for rule_id, t in states])
+    silences: list[Silence] | None = None
+    webhooks: list[Webhook] | None = None
+    for change in changes:
+        tracked = change.tracked
+        alert = await session.get(Alert, tracked.alert_id) if tracked.alert_id is not None else None
+        if change.transition in (Transition.PENDING, Transition.FIRING) and (alert is None or alert.state == "resolved"):
+            alert = Alert(
+                fingerprint=fingerprint(change.rule.id, run.id), rule_id=change.rule.id, rule_name=change.rule.name,
+                run_id=run.id, metric=(change.metric or change.rule.metric)[:200], severity=change.rule.severity, state="pending",
+                started_step=tracked.lifecycle.started_step if tracked.lifecycle.started_step is not None else change.step,
+                fired_step=None, resolved_step=None, value=change.value, message=change.message[:1000],
+                started_at=now, resolved_at=None, silenced=False, acknowledged_at=None, acknowledged_by=None,
+            )
+            session.add(alert)
+            await session.flush()
+            tracked.alert_id = alert.id
+        if alert is None:
+            continue
+        queued = False
+        if change.transition is Transition.CANCELLED:
+            await session.delete(alert)
+            tracked.alert_id = None
+            touched.pop(alert.id, None)
+            continue
+        if change.transition is Transition.FIRING:
+            alert.state, alert.fired_step, alert.value, alert.message = "firing", change.step, change.value, change.message[:1000]
+            if change.metric:
+                alert.metric = change.metric[:200]
+            if silences is None:
+                silences = list((await session.scalars(select(Silence).where(Silence.starts_at <= now, Silence.ends_at > now))).all())
+            alert.silenced = any(silence_matches(s, labels(alert, run)) for s in silences)
+        elif change.transition is Transition.RESOLVED:
+            alert.state, alert.resolved_step, alert.resolved_at = "resolved", change.step, now
+            tracked.alert_id = None
+        if change.transition in (Transition.FIRING, Transition.RESOLVED) and not alert.silenced:
+            if webhooks is None:
+                webhooks = list((await session.scalars(select(Webhook).where(Webhook.enabled.is_(True)))).all())
+            await session.flush()
+            payload = event_payload(f"alert.{alert.state}", alert, run, base_url)
+            for hook in webhooks:
+                session.add(outbox_row(hook.id, f"evt_{alert.id}_{alert.state}", payload["type"], payload, now))
+            queued = bool(webhooks)
+        touched[alert.id] = (alert, queued or touched.get(alert.id, (alert, False))[1])
+    # After the changes: new alerts' ids are part of the state. One statement for all.
+    if states:
+        await _upsert_states(session, sqlite, run.id, [(rule_id, t.to_json(), t.last_step) for rule_id, t in states])
     return list(touched.values())
 
 
@@ -211,9 +230,14 @@ async def _upsert_states(
     statement = insert(RuleState).values(
         [{"rule_id": rule_id, "run_id": run_id, "state": state, "last_step": last_step} for rule_id, state, last_step in rows]
     )
+    stored, incoming = RuleState.last_step, statement.excluded.last_step
     await session.execute(
         statement.on_conflict_do_update(
-            index_elements=["rule_id", "run_id"], set_={"state": statement.excluded.state, "last_step": statement.excluded.last_step}
+            index_elements=["rule_id", "run_id"],
+            set_={"state": statement.excluded.state, "last_step": incoming},
+            # Never back in time: a replica (or a late shutdown flush) holding an older state
+            # must not overwrite what another has evaluated since.
+            where=or_(stored.is_(None), and_(incoming.is_not(None), incoming >= stored)),
         )
     )
 

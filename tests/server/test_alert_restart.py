@@ -1,5 +1,6 @@
-"""Detector history across restarts: a server that dies without saving detector state
-catches up from the stored points, so an alert fires at the same step as without the crash."""
+"""Detector history across restarts and replicas: a server that dies without saving detector
+state catches up from the stored points, and replicas that take turns with a run evaluate it
+as one server would, so alerts fire at the same steps as on one server that never stopped."""
 
 from __future__ import annotations
 
@@ -48,26 +49,77 @@ def test_a_crash_that_loses_detector_state_is_caught_up_from_stored_points(serve
     expected = _climb_alerts(reference, ref_run["id"])
     assert expected and expected[0][0] > 80  # fires on the climb, not on the noise
 
-    # The first server stores and acks steps 0..89, but its detector state is saved only
-    # after the first frame (then a long checkpoint interval) and it dies without the
-    # shutdown flush: the state on disk is at step 9.
+    # The first server stores, acks and evaluates steps 0..9, then goes on storing and
+    # acking steps 10..89 but dies before evaluating them (its alert engine is unhooked,
+    # as if every evaluation were cut off by the crash): the state on disk is at step 9.
     run = new_run("crashed")
     first = server_factory(database_url)
     _stream(first, run, rows[:10])
     engine = first.app.state.alerts  # type: ignore[attr-defined]
     deadline = time.monotonic() + 15
-    while run["id"] not in engine._checkpointed:  # evaluation follows the ack
-        assert time.monotonic() < deadline
+    while not any(run_id == run["id"] and t.last_step == 9 for (_, run_id), t in engine._tracked.items()):
+        assert time.monotonic() < deadline  # evaluation follows the ack
         time.sleep(0.02)
-    engine.checkpoint_s = 1e9
-
-    async def crash_without_flush() -> None:
-        return None
-
-    engine.flush = crash_without_flush
+    first.app.state.points_listeners.remove(engine.on_points)  # type: ignore[attr-defined]
     _stream(first, run, rows[10:90], first_step=10, seq0=1)
     first.stop()
 
     second = server_factory(database_url)
     _stream(second, run, rows[90:], first_step=90, seq0=9)
     assert _climb_alerts(second, run["id"]) == expected
+
+
+def _all_alerts(server, run_id: str) -> list[tuple]:  # type: ignore[no-untyped-def]
+    alerts = httpx.get(f"{server.url}/api/v1/alerts", params={"run_id": run_id}).json()
+    return sorted((a["rule"], a["state"], a["started_step"], a["fired_step"], a["resolved_step"]) for a in alerts)
+
+
+def _settled(read, timeout: float = 15.0) -> list[tuple]:  # type: ignore[no-untyped-def]
+    """The value of `read()` once it is non-empty and unchanged for half a second."""
+    deadline, last = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        value = read()
+        if value and value == last:
+            return value  # type: ignore[no-any-return]
+        last = value
+        time.sleep(0.5)
+    raise AssertionError(f"alerts did not settle: {last}")
+
+
+def test_replicas_taking_turns_with_a_run_evaluate_it_as_one_server(postgres_url, server_factory) -> None:
+    """Frames of one run go to two replicas in turn (a trainer reconnecting through a load
+    balancer), each replica's evaluation overlapping the other's: same alerts, none twice."""
+    rows = _kl_series()
+    rows[40] = {"mismatch/kl": "nan"}  # non-finite: fires at once, resolves 20 steps later
+    reference = server_factory(postgres_url)
+    ref_run = new_run("reference")
+    _stream(reference, ref_run, rows)
+    expected = _settled(lambda: _all_alerts(reference, ref_run["id"]))
+    assert [a[:2] for a in expected] == [("mismatch climbing", "firing"), ("non-finite value", "resolved")]
+
+    replicas = (server_factory(postgres_url), server_factory(postgres_url))
+    run = new_run("shared")
+    for frame, start in enumerate(range(0, len(rows), 10)):
+        _stream(replicas[frame % 2], run, rows[start : start + 10], first_step=start, seq0=frame)
+    assert _settled(lambda: _all_alerts(replicas[0], run["id"])) == expected
+
+
+def test_one_replica_reports_a_silent_run(postgres_url, server_factory) -> None:
+    replicas = [server_factory(postgres_url, silence_check_s=0.2) for _ in range(2)]
+    run = new_run("quiet", project="replicas")
+    _stream(replicas[0], run, [{"reward/mean": 0.5}])
+    rules = httpx.get(f"{replicas[0].url}/api/v1/rules", params={"project": "replicas"}).json()
+    (rule,) = [r for r in rules if r["detector"] == "silent"]
+    # Edited on one replica; the other picks the edit up within seconds.
+    assert httpx.patch(f"{replicas[0].url}/api/v1/rules/{rule['id']}", json={"params": {"after_s": 1.0}}).status_code == 200
+    firing = _settled(lambda: _all_alerts(replicas[1], run["id"]))
+    assert [a[:2] for a in firing] == [("run went silent", "firing")]
+    time.sleep(3)  # both replicas keep checking: still one alert
+    assert _all_alerts(replicas[0], run["id"]) == firing
+    _stream(replicas[1], run, [{"reward/mean": 0.5}] * 2, first_step=1, seq0=1)
+    first = _settled(lambda: [a for a in _all_alerts(replicas[0], run["id"]) if a[2] == 0 and a[1] == "resolved"])
+    assert first == [("run went silent", "resolved", 0, 0, 2)]
+    # (Silent again a second later, so a second episode may start: never two at once.)
+    for replica in replicas:
+        alerts = _all_alerts(replica, run["id"])
+        assert [a for a in alerts if a[2] == 0] == first and sum(a[1] != "resolved" for a in alerts) <= 1
