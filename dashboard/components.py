@@ -10,6 +10,7 @@ from dashboard.figures import message_figure
 
 __all__ = [
     "GRAPH_TYPE",
+    "ZOOM_TYPE",
     "shell",
     "chart_controls",
     "metric_graph",
@@ -22,6 +23,8 @@ __all__ = [
 
 GRAPH_TYPE = "metric-graph"
 """Pattern-matching id type of every metric chart: {"type": GRAPH_TYPE, "key": <metric key>}."""
+ZOOM_TYPE = "metric-zoom"
+"""The store beside each chart holding its last x-axis relayout (a zoom or a reset)."""
 
 STATUS_LABELS = {
     "running": "live",
@@ -150,23 +153,26 @@ def chart_controls(*, aggregate: bool, extra_metrics: bool) -> html.Div:
 
 def metric_graph(key: str, height: int) -> html.Div:
     return html.Div(
-        dcc.Graph(
-            id={"type": GRAPH_TYPE, "key": key},
-            figure=message_figure("Loading…", height),
-            className="keel-graph",
-            style={"height": f"{height}px"},
-            config={
-                "displaylogo": False,
-                "responsive": True,
-                # Few buttons, so the bar does not cover the chart title.
-                "modeBarButtons": [["toImage", "zoom2d", "pan2d", "resetScale2d"]],
-                "toImageButtonOptions": {
-                    "format": "png",
-                    "scale": 2,
-                    "filename": key.replace("/", "_"),
+        [
+            dcc.Store(id={"type": ZOOM_TYPE, "key": key}),
+            dcc.Graph(
+                id={"type": GRAPH_TYPE, "key": key},
+                figure=message_figure("Loading…", height),
+                className="keel-graph",
+                style={"height": f"{height}px"},
+                config={
+                    "displaylogo": False,
+                    "responsive": True,
+                    # Few buttons, so the bar does not cover the chart title.
+                    "modeBarButtons": [["toImage", "zoom2d", "pan2d", "resetScale2d"]],
+                    "toImageButtonOptions": {
+                        "format": "png",
+                        "scale": 2,
+                        "filename": key.replace("/", "_"),
+                    },
                 },
-            },
-        ),
+            ),
+        ],
         className="chart-card",
     )
 

@@ -16,7 +16,7 @@ from typing import Any
 from dash import MATCH, Dash, Input, Output, State, ctx
 from dash.exceptions import PreventUpdate
 
-from dashboard.components import GRAPH_TYPE
+from dashboard.components import GRAPH_TYPE, ZOOM_TYPE
 from dashboard.data import KeelApi
 from dashboard.figures import ChartOptions, RunLine, metric_figure
 
@@ -49,8 +49,27 @@ def zoom_range(relayout: dict[str, Any] | None) -> tuple[float, float] | str | N
 STRUCTURAL_TICKS = {"alert", "reconnect"}
 
 
+# In the browser: only relayouts that touch the x axis reach the server. Plotly reports
+# others (the first autosize, resizes, y-only zooms) as relayoutData too; a request for
+# each would be in flight when the user changes an option, and Dash then drops the
+# option's redraw.
+X_AXIS_ONLY = """
+function (relayout) {
+    if (relayout && (relayout["xaxis.autorange"] || Array.isArray(relayout["xaxis.range"])
+            || ("xaxis.range[0]" in relayout && "xaxis.range[1]" in relayout))) {
+        return relayout;
+    }
+    return window.dash_clientside.no_update;
+}
+"""
+
+
 def register(dash_app: Dash, api: KeelApi) -> None:
     graph = {"type": GRAPH_TYPE, "key": MATCH}
+    zoom_store = {"type": ZOOM_TYPE, "key": MATCH}
+    dash_app.clientside_callback(
+        X_AXIS_ONLY, Output(zoom_store, "data"), Input(graph, "relayoutData")
+    )
 
     @dash_app.callback(
         Output(graph, "figure"),
@@ -58,7 +77,7 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         Input("opt-smoothing", "value"),
         Input("opt-aggregate", "value"),
         Input("opt-yscale", "value"),
-        Input(graph, "relayoutData"),
+        Input(zoom_store, "data"),
         Input("live-tick", "data"),
         State(graph, "id"),
     )
@@ -75,7 +94,11 @@ def register(dash_app: Dash, api: KeelApi) -> None:
             raise PreventUpdate
         triggers = {item["prop_id"] for item in ctx.triggered}
         zoom = zoom_range(relayout)
-        if triggers and all(t.endswith(".relayoutData") for t in triggers) and zoom == UNCHANGED:
+        if (
+            triggers
+            and all(t.endswith(".data") and ZOOM_TYPE in t for t in triggers)
+            and zoom == UNCHANGED
+        ):
             raise PreventUpdate
         if triggers == {"live-tick.data"}:
             reason = (tick or {}).get("reason")

@@ -264,7 +264,7 @@ class AlertEngine:
             dirty = [(rule_id, t) for rule_id, t in tracked.items() if t.dirty]
             if not dirty:
                 return
-            alerts = await repository.apply_in(session, False, context.run, changes, dirty, fingerprint, self.base_url)
+            alerts = await repository.apply(self.store, context.run, changes, dirty, fingerprint, self.base_url, session=session)
         for _, t in dirty:
             t.dirty = False
         self._publish(alerts)

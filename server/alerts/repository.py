@@ -146,25 +146,17 @@ async def apply(
     states: list[tuple[int, _Tracked]],
     fingerprint: Callable[[int, str], str],
     base_url: str,
+    *,
+    session: AsyncSession | None = None,
 ) -> list[tuple[Alert, bool]]:
-    """Persist rule states, alert transitions and outbox rows in one transaction.
+    """Persist rule states, alert transitions and outbox rows in one transaction (the
+    caller's `session`, else a new one).
 
     Returns the alerts that changed and whether a notification was queued for each.
     """
-    async with store.writing() as session:
-        return await apply_in(session, store.sqlite, run, changes, states, fingerprint, base_url)
-
-
-async def apply_in(
-    session: AsyncSession,
-    sqlite: bool,
-    run: Run,
-    changes: list[_Change],
-    states: list[tuple[int, _Tracked]],
-    fingerprint: Callable[[int, str], str],
-    base_url: str,
-) -> list[tuple[Alert, bool]]:
-    """`apply` inside the caller's transaction."""
+    if session is None:
+        async with store.writing() as session:
+            return await apply(store, run, changes, states, fingerprint, base_url, session=session)
     now = time.time()
     touched: dict[int, tuple[Alert, bool]] = {}
     silences: list[Silence] | None = None
@@ -212,7 +204,7 @@ async def apply_in(
         touched[alert.id] = (alert, queued or touched.get(alert.id, (alert, False))[1])
     # After the changes: new alerts' ids are part of the state. One statement for all.
     if states:
-        await _upsert_states(session, sqlite, run.id, [(rule_id, t.to_json(), t.last_step) for rule_id, t in states])
+        await _upsert_states(session, store.sqlite, run.id, [(rule_id, t.to_json(), t.last_step) for rule_id, t in states])
     return list(touched.values())
 
 
