@@ -70,17 +70,29 @@ class _Tracked:
     last_step: int | None
     alert_id: int | None = None
     dirty: bool = False
+    kind: str = ""
+    """The detector kind whose state this is."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"detector": self.detector_state, "lifecycle": self.lifecycle.to_json(), "alert_id": self.alert_id}
+        return {
+            "detector": self.detector_state,
+            "kind": self.kind,
+            "lifecycle": self.lifecycle.to_json(),
+            "alert_id": self.alert_id,
+        }
 
     @classmethod
-    def load(cls, row: tuple[dict[str, Any], int | None] | None, initial: dict[str, Any]) -> _Tracked:
-        """From a rule_states row, or fresh with the detector's initial state."""
+    def load(
+        cls, row: tuple[dict[str, Any], int | None] | None, initial: dict[str, Any], kind: str
+    ) -> _Tracked:
+        """From a rule_states row, or fresh with the detector's initial state. A stored state
+        of another detector kind (the rule was changed meanwhile) is replaced by `initial`."""
         if row is None:
-            return cls(initial, Lifecycle(), None)
+            return cls(initial, Lifecycle(), None, kind=kind)
         data, last_step = row
-        return cls(data["detector"], Lifecycle.from_json(data["lifecycle"]), last_step, data.get("alert_id"))
+        detector = data["detector"] if data.get("kind", kind) == kind else initial
+        lifecycle = Lifecycle.from_json(data["lifecycle"])
+        return cls(detector, lifecycle, last_step, data.get("alert_id"), kind=kind)
 
 
 @dataclass
@@ -204,7 +216,7 @@ class AlertEngine:
             for rule, detector in context.rules:
                 if rule.id not in missing:
                     continue
-                state = _Tracked.load(stored.get(rule.id), detector.initial_state())
+                state = _Tracked.load(stored.get(rule.id), detector.initial_state(), detector.kind)
                 self._tracked[(rule.id, run_id)] = state
                 if state.last_step is not None:
                     resume_after = state.last_step if resume_after is None else min(resume_after, state.last_step)
@@ -252,7 +264,7 @@ class AlertEngine:
                 mine, row = self._tracked.get((rule.id, run_id)), stored.get(rule.id)
                 theirs = None if row is None else row[1]
                 if mine is None or (theirs is not None and (mine.last_step is None or theirs > mine.last_step)):
-                    mine = _Tracked.load(row, detector.initial_state())
+                    mine = _Tracked.load(row, detector.initial_state(), detector.kind)
                     self._tracked[(rule.id, run_id)] = mine
                 tracked[rule.id] = mine
             # Frames can be evaluated out of order here (two replicas, REST writes): evaluate
@@ -345,7 +357,7 @@ class AlertEngine:
             state = self._tracked.get(key) if self.store.sqlite else None
             if state is None:
                 stored = await repository.load_states(self.store.sessions, run.id, [rule.id])
-                state = _Tracked.load(stored.get(rule.id), {})
+                state = _Tracked.load(stored.get(rule.id), {}, "silent")
                 self._tracked[key] = state
             if not active and state.lifecycle.phase is Phase.INACTIVE:
                 return

@@ -123,3 +123,18 @@ def test_one_replica_reports_a_silent_run(postgres_url, server_factory) -> None:
     for replica in replicas:
         alerts = _all_alerts(replica, run["id"])
         assert [a for a in alerts if a[2] == 0] == first and sum(a[1] != "resolved" for a in alerts) <= 1
+
+
+def test_a_stored_state_of_another_detector_kind_is_not_fed_to_the_new_one() -> None:
+    """A rule changed to another detector (by another replica, say) starts its detector
+    fresh, keeping the alert it was tracking; one of the same kind keeps its state."""
+    from server.alerts.engine import _Tracked
+    from server.alerts.lifecycle import Lifecycle
+
+    old = _Tracked({"cusum": 3.0}, Lifecycle(), 41, alert_id=7, kind="climb")
+    row = (old.to_json(), old.last_step)
+    same = _Tracked.load(row, {"fresh": True}, "climb")
+    assert (same.detector_state, same.last_step, same.alert_id) == ({"cusum": 3.0}, 41, 7)
+    other = _Tracked.load(row, {"fresh": True}, "threshold")
+    assert (other.detector_state, other.last_step, other.alert_id) == ({"fresh": True}, 41, 7)
+    assert other.to_json()["kind"] == "threshold"
