@@ -16,6 +16,7 @@ from server import db
 from server.alerts.engine import AlertEngine
 from server.auth import allowed, create_token
 from server.config import Settings
+from server.fanout import Fanout
 from server.ingest import PointsListener
 from server.live import LiveHub
 from server.routes import alerts as alert_routes
@@ -61,9 +62,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             asyncio.create_task(deliveries.run_forever(), name="keel-webhooks"),
             asyncio.create_task(_every(settings.silence_check_s, alerts.check_silent_runs), name="keel-silence"),
         ]
+        if not store.sqlite:  # replicas may share this database: feed each other's live pages
+            fanout = Fanout(app.state.hub, store, settings.database_url)
+            app.state.hub.relay, app.state.fanout = fanout.relay, fanout
+            tasks += [
+                asyncio.create_task(fanout.send_forever(), name="keel-fanout-send"),
+                asyncio.create_task(fanout.listen_forever(), name="keel-fanout-listen"),
+                asyncio.create_task(fanout.deliver_forever(), name="keel-fanout-deliver"),
+            ]
         try:
             yield
         finally:
+            app.state.hub.relay = None
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)

@@ -2,14 +2,15 @@
 
 Publishing never waits on a subscriber: each has a bounded queue, and one that
 falls behind is dropped (its page reconnects and reloads history over REST).
-Across replicas the same hub would be fed by PostgreSQL LISTEN/NOTIFY; the
-ingest path only ever calls `publish`.
+Across replicas (PostgreSQL) the hub relays what it publishes to `server.fanout`,
+which feeds the other replicas' hubs.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["LiveHub", "Subscription"]
@@ -45,6 +46,8 @@ class LiveHub:
     def __init__(self, queue_size: int = 1000):
         self.queue_size = queue_size
         self._by_run: dict[str, set[Subscription]] = defaultdict(set)
+        self.relay: Callable[[dict[str, Any]], None] | None = None
+        """Set by `server.fanout` when other replicas must hear of what is published here."""
 
     def subscribe(self, run_ids: frozenset[str] | None) -> Subscription:
         """Subscribe to some runs, or to every run when `run_ids` is None."""
@@ -61,9 +64,18 @@ class LiveHub:
                 if not subscribers:
                     del self._by_run[run_id]
 
-    def publish(self, run_id: str, message: dict[str, Any]) -> None:
+    def publish(self, run_id: str, message: dict[str, Any], *, relay: bool = True) -> None:
+        """To this replica's subscribers of the run; also to the other replicas' (`relay`).
+        Points go through `points_committed` instead."""
         for subscription in (*self._by_run.get(run_id, ()), *self._by_run.get(ALL_RUNS, ())):
             subscription.offer(message)
+        if relay and self.relay is not None:
+            self.relay({"t": "message", "r": run_id, "m": message})
+
+    def points_committed(self, run_id: str, first_step: int, last_step: int) -> None:
+        """Tell the other replicas which steps of a run were just stored (they read them back)."""
+        if self.relay is not None:
+            self.relay({"t": "points", "r": run_id, "a": first_step, "b": last_step})
 
     def watching(self, run_id: str) -> bool:
         """Whether anyone would receive a message about this run (skip building it otherwise)."""

@@ -1,0 +1,127 @@
+"""Live fan-out across replicas: PostgreSQL LISTEN/NOTIFY feeding every replica's LiveHub.
+
+Each replica publishes to its own hub; the hub relays what it publishes here, and this
+notifies the other replicas on one channel. A notification about points carries only
+the run and the step range (NOTIFY payloads are small): a replica whose browsers watch
+that run reads the rows back from the database and publishes them. Alert and status
+messages travel whole. Notifications are sent from a queue by a background task, so the
+ingest path never waits on them, and a replica ignores its own.
+
+Delivery is best effort, like the hub itself: while the listening connection is down
+(it reconnects with backoff) other replicas' messages are missed, and a page reloads
+history when its live socket reconnects. With SQLite there is one process: no fan-out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from typing import Any
+
+import orjson
+from sqlalchemy.engine import make_url
+
+from server.live import LiveHub
+from server.storage import Store
+
+log = logging.getLogger("keel.fanout")
+
+CHANNEL = "keel_live"
+MAX_PAYLOAD = 7900
+"""PostgreSQL refuses NOTIFY payloads of 8000 bytes and more."""
+
+
+def libpq_url(database_url: str) -> str:
+    """The libpq form of a postgresql[+driver]:// URL."""
+    return make_url(database_url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+class Fanout:
+    def __init__(self, hub: LiveHub, store: Store, database_url: str, queue_size: int = 10_000):
+        self.hub = hub
+        self.store = store
+        self.dsn = libpq_url(database_url)
+        self.origin = uuid.uuid4().hex[:12]
+        self._outgoing: asyncio.Queue[str] = asyncio.Queue(maxsize=queue_size)
+        self._incoming: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=queue_size)
+        self.listening = asyncio.Event()
+        """Set while the LISTEN connection is up (tests wait on it)."""
+
+    # -- this replica -> the others ---------------------------------------------------
+
+    def relay(self, note: dict[str, Any]) -> None:
+        """Queue a notification for the other replicas (the hub calls this). Never waits."""
+        payload = orjson.dumps({"o": self.origin, **note}).decode()
+        if len(payload.encode()) > MAX_PAYLOAD:
+            log.warning("live message for run %s too large to relay (%d bytes)", note.get("r"), len(payload))
+            return
+        try:
+            self._outgoing.put_nowait(payload)
+        except asyncio.QueueFull:
+            log.warning("live relay queue full; dropping a message for run %s", note.get("r"))
+
+    async def send_forever(self) -> None:
+        import psycopg
+
+        delay = 0.5
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
+                    delay = 0.5
+                    while True:
+                        payload = await self._outgoing.get()
+                        await conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, payload))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the database restarting, say: reconnect
+                log.warning("live relay connection lost (%s); retrying in %.1f s", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+
+    # -- the others -> this replica ---------------------------------------------------
+
+    async def listen_forever(self) -> None:
+        import psycopg
+
+        delay = 0.5
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
+                    await conn.execute(f"LISTEN {CHANNEL}")
+                    self.listening.set()
+                    delay = 0.5
+                    async for notify in conn.notifies():
+                        note = orjson.loads(notify.payload)
+                        if note.get("o") == self.origin or not self.hub.watching(str(note.get("r"))):
+                            continue
+                        try:
+                            self._incoming.put_nowait(note)
+                        except asyncio.QueueFull:
+                            log.warning("live fan-in queue full; dropping a message for run %s", note.get("r"))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("live listen connection lost (%s); retrying in %.1f s", exc, delay)
+            finally:
+                self.listening.clear()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 10.0)
+
+    async def deliver_forever(self) -> None:
+        """Publish what other replicas notified, in order, reading points back as needed."""
+        from server.ingest import rows_json
+
+        while True:
+            note = await self._incoming.get()
+            run_id = str(note["r"])
+            try:
+                if note["t"] == "points":
+                    rows = await self.store.rows(run_id, after=int(note["a"]) - 1, before=int(note["b"]) + 1)
+                    if rows:
+                        message = {"type": "points", "run_id": run_id, "rows": rows_json(rows)}
+                        self.hub.publish(run_id, message, relay=False)
+                else:
+                    self.hub.publish(run_id, note["m"], relay=False)
+            except Exception:
+                log.exception("could not deliver a live message for run %s", run_id)

@@ -1,0 +1,62 @@
+"""Live fan-out across replicas (PostgreSQL LISTEN/NOTIFY): a page on one replica sees the
+points, alerts and status changes of a run ingested by another, once each."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from websockets.sync.client import ClientConnection, connect
+
+from tests.server.wire import hello, new_run, open_ingest, points, recv
+
+
+def _until(condition: Any, timeout: float = 15.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+    return value
+
+
+def _collect(live: ClientConnection, done: Any, timeout: float = 15.0) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout
+    while not done(messages):
+        assert time.monotonic() < deadline, f"timed out; got {messages}"
+        messages.append(json.loads(live.recv(timeout=timeout)))
+    return messages
+
+
+def _complete(messages: list[dict[str, Any]]) -> bool:
+    steps = [row["step"] for m in messages if m["type"] == "points" for row in m["rows"]]
+    fired = any(m["type"] == "alert" and m["alert"]["state"] == "firing" for m in messages)
+    finished = any(m["type"] == "status" for m in messages)
+    return set(steps) >= {0, 1, 2, 3} and fired and finished
+
+
+def test_pages_on_every_replica_see_a_run_ingested_by_one(postgres_url, server_factory) -> None:
+    replicas = [server_factory(postgres_url) for _ in range(2)]
+    _until(lambda: all(r.app.state.fanout.listening.is_set() for r in replicas))  # type: ignore[attr-defined]
+    run = new_run("fanned")
+    url = "{}/api/v1/live?runs=" + run["id"]
+    with connect(url.format(replicas[0].ws_url)) as near, connect(url.format(replicas[1].ws_url)) as far:
+        time.sleep(0.2)  # the subscriptions are registered once the sockets are accepted
+        with open_ingest(replicas[0]) as ws:
+            hello(ws, run)
+            ws.send(points(0, [{"step": s, "values": {"m": s / 3, "n": "inf" if s == 2 else 0.5}} for s in range(3)]))
+            ws.send(points(1, [{"step": 3, "values": {"loss/total": "nan"}}]))  # non-finite: an alert
+            assert [recv(ws)["seq"] for _ in range(2)] == [0, 1]
+            ws.send(json.dumps({"type": "finish", "status": "finished"}))
+            assert recv(ws)["type"] == "bye"
+        seen = {name: _collect(live, _complete) for name, live in (("near", near), ("far", far))}
+    for name, messages in seen.items():
+        rows = [row for m in messages if m["type"] == "points" for row in m["rows"]]
+        assert [row["step"] for row in rows] == [0, 1, 2, 3], name  # each step once, in order
+        assert [row["values"].get("m") for row in rows[:3]] == [0.0, 1 / 3, 2 / 3], name
+        assert [row["values"].get("n") for row in rows[:3]] == [0.5, 0.5, "inf"], name
+        assert rows[3]["values"] == {"loss/total": "nan"}, name
+        (alert,) = [m["alert"] for m in messages if m["type"] == "alert" and m["alert"]["state"] == "firing"]
+        assert alert["rule"] == "non-finite value" and alert["run_id"] == run["id"], name
+        assert [m["status"] for m in messages if m["type"] == "status"] == ["finished"], name
