@@ -64,14 +64,16 @@ class Fanout:
     async def send_forever(self) -> None:
         import psycopg
 
-        delay = 0.5
+        delay, payload = 0.5, None
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
                     delay = 0.5
                     while True:
-                        payload = await self._outgoing.get()
+                        if payload is None:
+                            payload = await self._outgoing.get()
                         await conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, payload))
+                        payload = None  # sent; one that failed is sent again on reconnecting
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the database restarting, say: reconnect
@@ -92,8 +94,8 @@ class Fanout:
                     self.listening.set()
                     delay = 0.5
                     async for notify in conn.notifies():
-                        note = orjson.loads(notify.payload)
-                        if note.get("o") == self.origin or not self.hub.watching(str(note.get("r"))):
+                        note = _parse(notify.payload)
+                        if note is None or note.get("o") == self.origin or not self.hub.watching(note["r"]):
                             continue
                         try:
                             self._incoming.put_nowait(note)
@@ -114,7 +116,7 @@ class Fanout:
 
         while True:
             note = await self._incoming.get()
-            run_id = str(note["r"])
+            run_id = note["r"]
             try:
                 if note["t"] == "points":
                     rows = await self.store.rows(run_id, after=int(note["a"]) - 1, before=int(note["b"]) + 1)
@@ -125,3 +127,19 @@ class Fanout:
                     self.hub.publish(run_id, note["m"], relay=False)
             except Exception:
                 log.exception("could not deliver a live message for run %s", run_id)
+
+
+def _parse(payload: str) -> dict[str, Any] | None:
+    """A notification from a replica, or None for anything else on the channel."""
+    try:
+        note = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        note = None
+    if not isinstance(note, dict) or not isinstance(note.get("r"), str) or note.get("t") not in ("points", "message"):
+        log.warning("ignoring a notification on %s that no replica sent: %.200s", CHANNEL, payload)
+        return None
+    if note["t"] == "points" and not (isinstance(note.get("a"), int) and isinstance(note.get("b"), int)):
+        return None
+    if note["t"] == "message" and not isinstance(note.get("m"), dict):
+        return None
+    return note

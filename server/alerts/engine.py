@@ -56,6 +56,12 @@ def _signature(rule: Rule) -> tuple[Any, ...]:
     )
 
 
+def definition(rule: Rule) -> str:
+    """What a rule's detector state depends on: its detector, metric and parameters."""
+    text = json.dumps([rule.detector, rule.metric, rule.params], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def advisory_key(name: str) -> int:
     """A PostgreSQL advisory lock key (signed 64-bit) for a run id or a job name."""
     return int.from_bytes(hashlib.sha256(f"keel-alerts\x00{name}".encode()).digest()[:8], "big", signed=True)
@@ -70,29 +76,31 @@ class _Tracked:
     last_step: int | None
     alert_id: int | None = None
     dirty: bool = False
-    kind: str = ""
-    """The detector kind whose state this is."""
+    definition: str = ""
+    """`definition(rule)` of the rule this state was computed for."""
 
     def to_json(self) -> dict[str, Any]:
         return {
             "detector": self.detector_state,
-            "kind": self.kind,
+            "definition": self.definition,
             "lifecycle": self.lifecycle.to_json(),
             "alert_id": self.alert_id,
         }
 
     @classmethod
     def load(
-        cls, row: tuple[dict[str, Any], int | None] | None, initial: dict[str, Any], kind: str
+        cls, row: tuple[dict[str, Any], int | None] | None, initial: dict[str, Any], definition: str
     ) -> _Tracked:
-        """From a rule_states row, or fresh with the detector's initial state. A stored state
-        of another detector kind (the rule was changed meanwhile) is replaced by `initial`."""
+        """From a rule_states row, or fresh with the detector's initial state. The detector
+        state of another definition of the rule (it was edited meanwhile, and a replica that
+        had not seen the edit yet wrote it) is replaced by `initial`; the lifecycle stays, so
+        an open alert still resolves."""
         if row is None:
-            return cls(initial, Lifecycle(), None, kind=kind)
+            return cls(initial, Lifecycle(), None, definition=definition)
         data, last_step = row
-        detector = data["detector"] if data.get("kind", kind) == kind else initial
+        detector = data["detector"] if data.get("definition", definition) == definition else initial
         lifecycle = Lifecycle.from_json(data["lifecycle"])
-        return cls(detector, lifecycle, last_step, data.get("alert_id"), kind=kind)
+        return cls(detector, lifecycle, last_step, data.get("alert_id"), definition=definition)
 
 
 @dataclass
@@ -154,8 +162,9 @@ class AlertEngine:
         async with self._locks[run_id]:
             try:
                 await self._evaluate(run_id, sorted(rows, key=lambda row: row.step))
-            except Exception:
-                # Drop cached state so the next frame reloads what was committed.
+            except BaseException:
+                # Failed or cancelled: the cached state may be ahead of what was committed.
+                # Drop it so the next frame reloads what was.
                 self._forget(run_id)
                 raise
 
@@ -188,7 +197,13 @@ class AlertEngine:
         is read again after RULES_TTL_S, and a difference counts as a change here."""
         expired = not self.store.sqlite and time.monotonic() - self._rules_loaded_at > RULES_TTL_S
         if self._rules is None or expired:
-            rules, cached = await repository.load_rules(self.store.sessions), self._rules
+            cached = self._rules
+            while True:  # a rule edited here during the read makes it stale: read again
+                version = self.rules_version
+                rules = await repository.load_rules(self.store.sessions)
+                if version == self.rules_version:
+                    break
+                cached = None
             current = {_signature(r) for r in rules}
             for rule in cached or ():
                 if _signature(rule) not in current:  # edited or deleted elsewhere: drop its states
@@ -216,7 +231,7 @@ class AlertEngine:
             for rule, detector in context.rules:
                 if rule.id not in missing:
                     continue
-                state = _Tracked.load(stored.get(rule.id), detector.initial_state(), detector.kind)
+                state = _Tracked.load(stored.get(rule.id), detector.initial_state(), definition(rule))
                 self._tracked[(rule.id, run_id)] = state
                 if state.last_step is not None:
                     resume_after = state.last_step if resume_after is None else min(resume_after, state.last_step)
@@ -263,8 +278,12 @@ class AlertEngine:
             for rule, detector in context.rules:
                 mine, row = self._tracked.get((rule.id, run_id)), stored.get(rule.id)
                 theirs = None if row is None else row[1]
-                if mine is None or (theirs is not None and (mine.last_step is None or theirs > mine.last_step)):
-                    mine = _Tracked.load(row, detector.initial_state(), detector.kind)
+                if (
+                    mine is None
+                    or mine.definition != definition(rule)
+                    or (theirs is not None and (mine.last_step is None or theirs > mine.last_step))
+                ):
+                    mine = _Tracked.load(row, detector.initial_state(), definition(rule))
                     self._tracked[(rule.id, run_id)] = mine
                 tracked[rule.id] = mine
             # Frames can be evaluated out of order here (two replicas, REST writes): evaluate
@@ -301,7 +320,10 @@ class AlertEngine:
         return changes
 
     async def flush(self) -> None:
-        """Write every run's unsaved detector state (graceful shutdown)."""
+        """Write every run's unsaved detector state (graceful shutdown; on PostgreSQL every
+        evaluation has written its state already)."""
+        if not self.store.sqlite:
+            return
         for run_id, context in list(self._runs.items()):
             async with self._locks[run_id]:
                 dirty = [
@@ -328,27 +350,36 @@ class AlertEngine:
         rules = [r for r in await self._current_rules() if r.enabled and r.detector == "silent"]
         if not rules:
             return
-        async with self.store.sessions() as session:
-            if not self.store.sqlite:
-                # One replica at a time checks (the lock is the session's, released below).
-                held = await session.scalar(text("SELECT pg_try_advisory_lock(:key)"), {"key": advisory_key("silence")})
-                if not held:
-                    return
+        if self.store.sqlite:
+            await self._check_silent(rules, now)
+            return
+        # One replica at a time checks: a session-level lock on a connection of its own, in
+        # autocommit, so no failure below can leave it held in an aborted transaction.
+        async with self.store.engine.connect() as conn:
+            conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+            key = {"key": advisory_key("silence")}
+            if not await conn.scalar(text("SELECT pg_try_advisory_lock(:key)"), key):
+                return
             try:
-                # Running runs can go silent; others only need a look while their alert is open.
-                open_alerts = select(Alert.run_id).where(Alert.rule_id.in_([r.id for r in rules]), Alert.state != "resolved")
-                query = select(Run).where(or_(Run.status == "running", Run.id.in_(open_alerts)))
-                runs = list((await session.scalars(query)).all())
-                for run in runs:
-                    for rule in rules:
-                        if not repository.rule_applies(rule, run):
-                            continue
-                        silent_for = now - run.last_seen_at
-                        active = run.status == "running" and silent_for > float(rule.params.get("after_s", 120.0))
-                        await self._silence_step(rule, run, active, silent_for)
+                await self._check_silent(rules, now)
             finally:
-                if not self.store.sqlite:
-                    await session.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": advisory_key("silence")})
+                try:
+                    await conn.execute(text("SELECT pg_advisory_unlock(:key)"), key)
+                except Exception:
+                    await conn.invalidate()  # closing the connection releases the lock
+
+    async def _check_silent(self, rules: list[Rule], now: float) -> None:
+        # Running runs can go silent; others only need a look while their alert is open.
+        open_alerts = select(Alert.run_id).where(Alert.rule_id.in_([r.id for r in rules]), Alert.state != "resolved")
+        async with self.store.sessions() as session:
+            runs = list((await session.scalars(select(Run).where(or_(Run.status == "running", Run.id.in_(open_alerts))))).all())
+        for run in runs:
+            for rule in rules:
+                if not repository.rule_applies(rule, run):
+                    continue
+                silent_for = now - run.last_seen_at
+                active = run.status == "running" and silent_for > float(rule.params.get("after_s", 120.0))
+                await self._silence_step(rule, run, active, silent_for)
 
     async def _silence_step(self, rule: Rule, run: Run, active: bool, silent_for: float) -> None:
         async with self._locks[run.id]:
@@ -357,7 +388,7 @@ class AlertEngine:
             state = self._tracked.get(key) if self.store.sqlite else None
             if state is None:
                 stored = await repository.load_states(self.store.sessions, run.id, [rule.id])
-                state = _Tracked.load(stored.get(rule.id), {}, "silent")
+                state = _Tracked.load(stored.get(rule.id), {}, definition(rule))
                 self._tracked[key] = state
             if not active and state.lifecycle.phase is Phase.INACTIVE:
                 return

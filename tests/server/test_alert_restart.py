@@ -125,16 +125,22 @@ def test_one_replica_reports_a_silent_run(postgres_url, server_factory) -> None:
         assert [a for a in alerts if a[2] == 0] == first and sum(a[1] != "resolved" for a in alerts) <= 1
 
 
-def test_a_stored_state_of_another_detector_kind_is_not_fed_to_the_new_one() -> None:
-    """A rule changed to another detector (by another replica, say) starts its detector
-    fresh, keeping the alert it was tracking; one of the same kind keeps its state."""
-    from server.alerts.engine import _Tracked
+def test_a_stored_state_of_another_rule_definition_is_not_fed_to_the_new_one() -> None:
+    """A rule edited meanwhile (and a replica that had not seen the edit yet wrote its old
+    state back) starts its detector fresh, keeping the alert it was tracking; a state of
+    the same definition is kept."""
+    from types import SimpleNamespace
+
+    from server.alerts.engine import _Tracked, definition
     from server.alerts.lifecycle import Lifecycle
 
-    old = _Tracked({"cusum": 3.0}, Lifecycle(), 41, alert_id=7, kind="climb")
+    rule = SimpleNamespace(detector="climb", metric="mismatch/kl", params={"h": 12})
+    edited = SimpleNamespace(detector="climb", metric="mismatch/kl", params={"h": 20})
+    assert definition(rule) != definition(edited)  # type: ignore[arg-type]
+    old = _Tracked({"cusum": 3.0}, Lifecycle(), 41, alert_id=7, definition=definition(rule))  # type: ignore[arg-type]
     row = (old.to_json(), old.last_step)
-    same = _Tracked.load(row, {"fresh": True}, "climb")
+    same = _Tracked.load(row, {"fresh": True}, definition(rule))  # type: ignore[arg-type]
     assert (same.detector_state, same.last_step, same.alert_id) == ({"cusum": 3.0}, 41, 7)
-    other = _Tracked.load(row, {"fresh": True}, "threshold")
+    other = _Tracked.load(row, {"fresh": True}, definition(edited))  # type: ignore[arg-type]
     assert (other.detector_state, other.last_step, other.alert_id) == ({"fresh": True}, 41, 7)
-    assert other.to_json()["kind"] == "threshold"
+    assert other.to_json()["definition"] == definition(edited)  # type: ignore[arg-type]

@@ -39,9 +39,18 @@ def _complete(messages: list[dict[str, Any]]) -> bool:
 def test_pages_on_every_replica_see_a_run_ingested_by_one(postgres_url, server_factory) -> None:
     replicas = [server_factory(postgres_url) for _ in range(2)]
     _until(lambda: all(r.app.state.fanout.listening.is_set() for r in replicas))  # type: ignore[attr-defined]
+    # Anything else on the channel is ignored, and does not stop the replicas listening.
+    import psycopg
+
+    from server.fanout import CHANNEL
+
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        for junk in ("not json", '{"t": "points"}', '{"o": "x", "r": "y", "t": "points", "a": "z"}'):
+            conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, junk))
     run = new_run("fanned")
     url = "{}/api/v1/live?runs=" + run["id"]
-    with connect(url.format(replicas[0].ws_url)) as near, connect(url.format(replicas[1].ws_url)) as far:
+    # The far page watches every run (so the junk above would reach it, were it not ignored).
+    with connect(url.format(replicas[0].ws_url)) as near, connect(f"{replicas[1].ws_url}/api/v1/live") as far:
         time.sleep(0.2)  # the subscriptions are registered once the sockets are accepted
         with open_ingest(replicas[0]) as ws:
             hello(ws, run)
