@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import or_, select, text
+from sqlalchemy.exc import IntegrityError
 
 from server.alerts import repository
 from server.alerts.detectors import Detector
@@ -162,10 +163,12 @@ class AlertEngine:
         async with self._locks[run_id]:
             try:
                 await self._evaluate(run_id, sorted(rows, key=lambda row: row.step))
-            except BaseException:
+            except BaseException as exc:
                 # Failed or cancelled: the cached state may be ahead of what was committed.
-                # Drop it so the next frame reloads what was.
+                # Drop it so the next frame reloads what was (and replays the steps).
                 self._forget(run_id)
+                if isinstance(exc, IntegrityError):
+                    self.rules_changed()  # e.g. a rule deleted by another replica: re-read now
                 raise
 
     def _forget(self, run_id: str) -> None:

@@ -144,3 +144,29 @@ def test_a_stored_state_of_another_rule_definition_is_not_fed_to_the_new_one() -
     other = _Tracked.load(row, {"fresh": True}, definition(edited))  # type: ignore[arg-type]
     assert (other.detector_state, other.last_step, other.alert_id) == ({"fresh": True}, 41, 7)
     assert other.to_json()["definition"] == definition(edited)  # type: ignore[arg-type]
+
+
+def test_a_rule_deleted_on_another_replica_stops_failing_evaluation_at_the_next_frame(
+    postgres_url, server_factory
+) -> None:
+    """Replica B still holds a rule replica A just deleted: B's next evaluation fails on the
+    missing rule, B re-reads the rules at once, and its next frame evaluates what failed."""
+    a, b = server_factory(postgres_url), server_factory(postgres_url)
+    run = new_run("deleted-rule", project="deleted")
+    created = httpx.post(
+        f"{a.url}/api/v1/rules",
+        json={"name": "kl high", "metric": "mismatch/kl", "detector": "threshold", "params": {"threshold": 1.0}, "project": "deleted"},
+    )
+    assert created.status_code == 201
+    flat = [{"mismatch/kl": 1e-3} for _ in range(10)]
+    _stream(b, run, flat)  # B now holds every rule of the project, "kl high" included
+    deadline = time.monotonic() + 15
+    while run["id"] not in {r for (_, r) in b.app.state.alerts._tracked}:  # type: ignore[attr-defined]
+        assert time.monotonic() < deadline  # evaluation follows the ack
+        time.sleep(0.02)
+    assert httpx.delete(f"{a.url}/api/v1/rules/{created.json()['id']}").status_code == 204
+    with_nan = [{"mismatch/kl": "nan" if i == 2 else 1e-3} for i in range(10)]
+    _stream(b, run, with_nan, first_step=10, seq0=1)  # fails on the deleted rule
+    _stream(b, run, flat, first_step=20, seq0=2)  # re-read rules; steps 10..19 replayed
+    fired = _settled(lambda: [a for a in _all_alerts(b, run["id"]) if a[0] == "non-finite value"], timeout=5)
+    assert [a[2] for a in fired] == [12]
