@@ -350,7 +350,10 @@ class AlertEngine:
     async def check_silent_runs(self, now: float | None = None) -> None:
         """Fire "run went silent" for running runs past their rule's `after_s`; resolve on data."""
         now = time.time() if now is None else now
-        rules = [r for r in await self._current_rules() if r.enabled and r.detector == "silent"]
+        # On PostgreSQL read the rules afresh (once per check): with a cached copy up to 2 s
+        # old, a replica that has not seen an edit could undo what the edit just caused.
+        every = await (repository.load_rules(self.store.sessions) if not self.store.sqlite else self._current_rules())
+        rules = [r for r in every if r.enabled and r.detector == "silent"]
         if not rules:
             return
         if self.store.sqlite:
