@@ -118,7 +118,9 @@ def test_one_replica_reports_a_silent_run(postgres_url, server_factory) -> None:
     assert _all_alerts(replicas[0], run["id"]) == firing
     _stream(replicas[1], run, [{"reward/mean": 0.5}] * 2, first_step=1, seq0=1)
     first = _settled(lambda: [a for a in _all_alerts(replicas[0], run["id"]) if a[2] == 0 and a[1] == "resolved"])
-    assert first == [("run went silent", "resolved", 0, 0, 2)]
+    # Resolved once: at step 0 if a check ran between the hello (the run is seen again) and
+    # the points, else at the step the points reached.
+    assert len(first) == 1 and first[0][:4] == ("run went silent", "resolved", 0, 0) and first[0][4] in (0, 1, 2)
     # (Silent again a second later, so a second episode may start: never two at once.)
     for replica in replicas:
         alerts = _all_alerts(replica, run["id"])
