@@ -170,5 +170,5 @@ def test_a_rule_deleted_on_another_replica_stops_failing_evaluation_at_the_next_
     with_nan = [{"mismatch/kl": "nan" if i == 2 else 1e-3} for i in range(10)]
     _stream(b, run, with_nan, first_step=10, seq0=1)  # fails on the deleted rule
     _stream(b, run, flat, first_step=20, seq0=2)  # re-read rules; steps 10..19 replayed
-    fired = _settled(lambda: [a for a in _all_alerts(b, run["id"]) if a[0] == "non-finite value"], timeout=5)
+    fired = _settled(lambda: [a for a in _all_alerts(b, run["id"]) if a[0] == "non-finite value"], timeout=15)
     assert [a[2] for a in fired] == [12]
