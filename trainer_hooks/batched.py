@@ -27,7 +27,7 @@ logger = logging.getLogger("keel")
 
 @dataclass(frozen=True)
 class BatchInputs:
-    """The arguments of one `stability_metrics` call, detached copies (see `copied`)."""
+    """The arguments of one `stability_metrics` call (`copy()` snapshots them)."""
 
     sampler_logprobs: Tensor
     learner_logprobs: Tensor
@@ -39,12 +39,14 @@ class BatchInputs:
     sampler_version: Tensor | None = None
     learner_version: Tensor | int | None = None
 
-    @classmethod
-    def copied(cls, *args: Any, **kwargs: Any) -> BatchInputs:
+    def arguments(self) -> dict[str, Any]:
+        """The keyword arguments of `stability_metrics`."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def copy(self) -> BatchInputs:
         """Snapshot the tensors (one copy each), so the caller may reuse its buffers at once."""
-        inputs = cls(*args, **kwargs)
         with torch.no_grad():  # copies without autograd history, no detach() needed
-            return cls(**{f.name: _copy(getattr(inputs, f.name)) for f in fields(cls)})
+            return BatchInputs(**{name: _copy(value) for name, value in self.arguments().items()})
 
     def signature(self) -> tuple[Any, ...]:
         """Batches with equal signatures can be stacked into one call: the same inputs
@@ -81,17 +83,7 @@ class BatchInputs:
         return self.logits is None or tuple(self.logits.shape[:2]) == tokens
 
     def compute(self) -> dict[str, Tensor]:
-        return stability_metrics(
-            self.sampler_logprobs,
-            self.learner_logprobs,
-            self.mask,
-            rewards=self.rewards,
-            advantages=self.advantages,
-            gate_mask=self.gate_mask,
-            logits=self.logits,
-            sampler_version=self.sampler_version,
-            learner_version=self.learner_version,
-        )
+        return stability_metrics(**self.arguments())
 
 
 def compute(

@@ -15,9 +15,12 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainer_hooks.protocol import Limits, Row
+
+if TYPE_CHECKING:  # batched imports torch; this module must not
+    from trainer_hooks.batched import BatchInputs
 
 __all__ = ["Capture", "Captured"]
 
@@ -35,8 +38,8 @@ class Captured:
     """The plain-number metrics."""
     snapshots: list[tuple[list[str], Any, Any]]
     """Per device: (keys, stacked tensor (pinned host memory on CUDA), CUDA event or None)."""
-    deferred: Any = None
-    """`batched.BatchInputs` whose metrics the background thread adds (log_batch on CPU)."""
+    deferred: BatchInputs | None = None
+    """Inputs whose stability metrics the background thread adds (log_batch on CPU)."""
 
     def row(self) -> Row:
         """Read the tensors back; blocks (this thread only) until their copies have landed."""

@@ -35,7 +35,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainer_hooks.capture import Capture, Captured
 from trainer_hooks.protocol import (
@@ -49,6 +49,9 @@ from trainer_hooks.protocol import (
 )
 from trainer_hooks.sender import ConnState, Sender, SenderConfig, ingest_url
 from trainer_hooks.spool import Spool, default_spool_root
+
+if TYPE_CHECKING:  # batched imports torch, which a floats-only Monitor does without
+    from trainer_hooks.batched import BatchInputs
 
 __all__ = ["Monitor"]
 
@@ -199,17 +202,19 @@ class Monitor:
             return
         try:
             from trainer_hooks.batched import BatchInputs
-            from trainer_hooks.metrics import data_parallel, stability_metrics
+            from trainer_hooks.metrics import data_parallel
 
-            tensors = (sampler_logprobs, learner_logprobs, mask)
-            inputs = {
-                "rewards": rewards,
-                "advantages": advantages,
-                "gate_mask": gate_mask,
-                "logits": logits,
-                "sampler_version": sampler_version,
-                "learner_version": learner_version,
-            }
+            inputs = BatchInputs(
+                sampler_logprobs,
+                learner_logprobs,
+                mask,
+                rewards=rewards,
+                advantages=advantages,
+                gate_mask=gate_mask,
+                logits=logits,
+                sampler_version=sampler_version,
+                learner_version=learner_version,
+            )
             parallel = data_parallel()  # then every rank takes part in the all-reduces
             if not (self.enabled or parallel):
                 return
@@ -217,20 +222,20 @@ class Monitor:
             if not parallel and on_cpu and self._deferred_slots.acquire(blocking=False):
                 queued = False
                 try:
-                    deferred = BatchInputs.copied(*tensors, **inputs)
-                    queued = self._enqueue(step, metrics or {}, deferred=deferred)
+                    queued = self._enqueue(step, metrics or {}, deferred=inputs.copy())
                 finally:
                     if not queued:
                         self._deferred_slots.release()
                 return
-            computed = stability_metrics(*tensors, **inputs)
-            self.log(step, {**computed, **(metrics or {})})
+            self.log(step, {**inputs.compute(), **(metrics or {})})
         except Exception as exc:  # a bad input must never stop training
             self._warn_once(
                 f"log_batch:{type(exc).__name__}", f"log_batch({step!r}) dropped: {exc!r}"
             )
 
-    def _enqueue(self, step: int, metrics: Mapping[str, Any], deferred: Any = None) -> bool:
+    def _enqueue(
+        self, step: int, metrics: Mapping[str, Any], deferred: BatchInputs | None = None
+    ) -> bool:
         if not self.enabled:
             return False
         if len(self._queue) >= self._config.max_queued_rows:
@@ -413,7 +418,7 @@ class Monitor:
             self._rows.append(row)
             self._rows_values += len(row.values)
 
-    def _compute(self, batches: list[Any]) -> list[dict[str, float]]:
+    def _compute(self, batches: list[BatchInputs]) -> list[dict[str, float]]:
         """The stability metrics that log_batch() left to this thread, several steps per call."""
         from trainer_hooks.batched import compute
 

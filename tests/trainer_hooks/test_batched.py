@@ -71,6 +71,6 @@ def test_a_bad_batch_costs_only_its_own_metrics() -> None:
 
 def test_copies_do_not_follow_the_callers_buffers() -> None:
     inputs = batch(0, 4, 6)
-    copied = BatchInputs.copied(**inputs)  # type: ignore[arg-type]
+    copied = BatchInputs(**inputs).copy()  # type: ignore[arg-type]
     inputs["learner_logprobs"].fill_(math.nan)  # type: ignore[union-attr]
     assert math.isfinite(compute([copied])[0]["mismatch/kl"])
