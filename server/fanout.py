@@ -17,13 +17,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from sqlalchemy.engine import make_url
 
 from server.live import LiveHub
 from server.storage import Store
+
+if TYPE_CHECKING:
+    import psycopg
 
 log = logging.getLogger("keel.fanout")
 
@@ -45,6 +49,7 @@ class Fanout:
         self.origin = uuid.uuid4().hex[:12]
         self._outgoing: asyncio.Queue[str] = asyncio.Queue(maxsize=queue_size)
         self._incoming: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=queue_size)
+        self._unsent: str | None = None
         self.listening = asyncio.Event()
         """Set while the LISTEN connection is up (tests wait on it)."""
 
@@ -52,61 +57,61 @@ class Fanout:
 
     def relay(self, note: dict[str, Any]) -> None:
         """Queue a notification for the other replicas (the hub calls this). Never waits."""
-        payload = orjson.dumps({"o": self.origin, **note}).decode()
-        if len(payload.encode()) > MAX_PAYLOAD:
+        payload = orjson.dumps({"o": self.origin, **note})
+        if len(payload) > MAX_PAYLOAD:
             log.warning("live message for run %s too large to relay (%d bytes)", note.get("r"), len(payload))
             return
         try:
-            self._outgoing.put_nowait(payload)
+            self._outgoing.put_nowait(payload.decode())
         except asyncio.QueueFull:
             log.warning("live relay queue full; dropping a message for run %s", note.get("r"))
 
     async def send_forever(self) -> None:
-        import psycopg
+        await self._connected_forever("relay", self._send)
 
-        delay, payload = 0.5, None
+    async def _send(self, conn: psycopg.AsyncConnection[Any]) -> None:
         while True:
-            try:
-                async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
-                    delay = 0.5
-                    while True:
-                        if payload is None:
-                            payload = await self._outgoing.get()
-                        await conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, payload))
-                        payload = None  # sent; one that failed is sent again on reconnecting
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # the database restarting, say: reconnect
-                log.warning("live relay connection lost (%s); retrying in %.1f s", exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 10.0)
+            if self._unsent is None:
+                self._unsent = await self._outgoing.get()
+            await conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, self._unsent))
+            self._unsent = None  # sent; one that failed is sent again on reconnecting
 
     # -- the others -> this replica ---------------------------------------------------
 
     async def listen_forever(self) -> None:
+        await self._connected_forever("listen", self._listen)
+
+    async def _listen(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        await conn.execute(f"LISTEN {CHANNEL}")
+        self.listening.set()
+        try:
+            async for notify in conn.notifies():
+                note = _parse(notify.payload)
+                if note is None or note.get("o") == self.origin or not self.hub.watching(note["r"]):
+                    continue
+                try:
+                    self._incoming.put_nowait(note)
+                except asyncio.QueueFull:
+                    log.warning("live fan-in queue full; dropping a message for run %s", note["r"])
+        finally:
+            self.listening.clear()
+
+    async def _connected_forever(
+        self, what: str, use: Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]]
+    ) -> None:
+        """Run `use` on a connection of its own, reconnecting with backoff when it drops."""
         import psycopg
 
         delay = 0.5
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
-                    await conn.execute(f"LISTEN {CHANNEL}")
-                    self.listening.set()
                     delay = 0.5
-                    async for notify in conn.notifies():
-                        note = _parse(notify.payload)
-                        if note is None or note.get("o") == self.origin or not self.hub.watching(note["r"]):
-                            continue
-                        try:
-                            self._incoming.put_nowait(note)
-                        except asyncio.QueueFull:
-                            log.warning("live fan-in queue full; dropping a message for run %s", note.get("r"))
+                    await use(conn)
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:
-                log.warning("live listen connection lost (%s); retrying in %.1f s", exc, delay)
-            finally:
-                self.listening.clear()
+            except Exception as exc:  # the database restarting, say
+                log.warning("live %s connection lost (%s); retrying in %.1f s", what, exc, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 10.0)
 

@@ -60,8 +60,7 @@ async def after_commit(hub: LiveHub, listeners: list[PointsListener], run_id: st
     """What follows every committed write, from the websocket or from REST: live push, then listeners."""
     if hub.watching(run_id):
         hub.publish(run_id, {"type": "points", "run_id": run_id, "rows": rows_json(rows)}, relay=False)
-    if rows:
-        hub.points_committed(run_id, min(row.step for row in rows), max(row.step for row in rows))
+    hub.points_committed(run_id, (row.step for row in rows))
     for listener in listeners:
         try:
             await listener(run_id, rows)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 __all__ = ["LiveHub", "Subscription"]
@@ -72,10 +72,12 @@ class LiveHub:
         if relay and self.relay is not None:
             self.relay({"t": "message", "r": run_id, "m": message})
 
-    def points_committed(self, run_id: str, first_step: int, last_step: int) -> None:
+    def points_committed(self, run_id: str, steps: Iterable[int]) -> None:
         """Tell the other replicas which steps of a run were just stored (they read them back)."""
         if self.relay is not None:
-            self.relay({"t": "points", "r": run_id, "a": first_step, "b": last_step})
+            steps = list(steps)
+            if steps:
+                self.relay({"t": "points", "r": run_id, "a": min(steps), "b": max(steps)})
 
     def watching(self, run_id: str) -> bool:
         """Whether anyone would receive a message about this run (skip building it otherwise)."""

@@ -119,6 +119,8 @@ class _Change:
 class _RunContext:
     run: Run
     rules: list[tuple[Rule, Detector]] = field(default_factory=list)
+    definitions: dict[int, str] = field(default_factory=dict)
+    """`definition(rule)` per rule id, computed once per rules version (not per frame)."""
     rules_version: int = -1
 
 
@@ -185,11 +187,12 @@ class AlertEngine:
             self._runs[run_id] = context
         rules = await self._current_rules()
         if context.rules_version != self.rules_version:
-            context.rules = []
+            context.rules, context.definitions = [], {}
             for rule in rules:
                 if rule.enabled and repository.rule_applies(rule, context.run) and rule.detector != "silent":
                     try:
                         context.rules.append((rule, build_detector(rule.detector, rule.metric, rule.params)))
+                        context.definitions[rule.id] = definition(rule)
                     except ValueError:
                         log.exception("rule %s is invalid; skipped", rule.id)
             context.rules_version = self.rules_version
@@ -234,7 +237,7 @@ class AlertEngine:
             for rule, detector in context.rules:
                 if rule.id not in missing:
                     continue
-                state = _Tracked.load(stored.get(rule.id), detector.initial_state(), definition(rule))
+                state = _Tracked.load(stored.get(rule.id), detector.initial_state(), context.definitions[rule.id])
                 self._tracked[(rule.id, run_id)] = state
                 if state.last_step is not None:
                     resume_after = state.last_step if resume_after is None else min(resume_after, state.last_step)
@@ -280,13 +283,13 @@ class AlertEngine:
             tracked: dict[int, _Tracked] = {}
             for rule, detector in context.rules:
                 mine, row = self._tracked.get((rule.id, run_id)), stored.get(rule.id)
-                theirs = None if row is None else row[1]
+                theirs, current = (None if row is None else row[1]), context.definitions[rule.id]
                 if (
                     mine is None
-                    or mine.definition != definition(rule)
+                    or mine.definition != current
                     or (theirs is not None and (mine.last_step is None or theirs > mine.last_step))
                 ):
-                    mine = _Tracked.load(row, detector.initial_state(), definition(rule))
+                    mine = _Tracked.load(row, detector.initial_state(), current)
                     self._tracked[(rule.id, run_id)] = mine
                 tracked[rule.id] = mine
             # Frames can be evaluated out of order here (two replicas, REST writes): evaluate
@@ -350,14 +353,8 @@ class AlertEngine:
     async def check_silent_runs(self, now: float | None = None) -> None:
         """Fire "run went silent" for running runs past their rule's `after_s`; resolve on data."""
         now = time.time() if now is None else now
-        # On PostgreSQL read the rules afresh (once per check): with a cached copy up to 2 s
-        # old, a replica that has not seen an edit could undo what the edit just caused.
-        every = await (repository.load_rules(self.store.sessions) if not self.store.sqlite else self._current_rules())
-        rules = [r for r in every if r.enabled and r.detector == "silent"]
-        if not rules:
-            return
         if self.store.sqlite:
-            await self._check_silent(rules, now)
+            await self._check_silent(await self._current_rules(), now)
             return
         # One replica at a time checks: a session-level lock on a connection of its own, in
         # autocommit, so no failure below can leave it held in an aborted transaction.
@@ -367,14 +364,19 @@ class AlertEngine:
             if not await conn.scalar(text("SELECT pg_try_advisory_lock(:key)"), key):
                 return
             try:
-                await self._check_silent(rules, now)
+                # The rules afresh (once per check): with a cached copy up to 2 s old, a
+                # replica that has not seen an edit could undo what the edit just caused.
+                await self._check_silent(await repository.load_rules(self.store.sessions), now)
             finally:
                 try:
                     await conn.execute(text("SELECT pg_advisory_unlock(:key)"), key)
                 except Exception:
                     await conn.invalidate()  # closing the connection releases the lock
 
-    async def _check_silent(self, rules: list[Rule], now: float) -> None:
+    async def _check_silent(self, every: list[Rule], now: float) -> None:
+        rules = [r for r in every if r.enabled and r.detector == "silent"]
+        if not rules:
+            return
         # Running runs can go silent; others only need a look while their alert is open.
         open_alerts = select(Alert.run_id).where(Alert.rule_id.in_([r.id for r in rules]), Alert.state != "resolved")
         async with self.store.sessions() as session:
