@@ -93,13 +93,7 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         if not state:
             raise PreventUpdate
         triggers = {item["prop_id"] for item in ctx.triggered}
-        zoom = zoom_range(relayout)
-        if (
-            triggers
-            and all(t.endswith(".data") and ZOOM_TYPE in t for t in triggers)
-            and zoom == UNCHANGED
-        ):
-            raise PreventUpdate
+        zoom = zoom_range(relayout)  # the store only ever holds x-axis relayouts (X_AXIS_ONLY)
         if triggers == {"live-tick.data"}:
             reason = (tick or {}).get("reason")
             wanted = reason in STRUCTURAL_TICKS or (reason == "aggregate" and aggregate != "runs")

@@ -69,8 +69,7 @@ class CollapseRisk(Detector):
     }
 
     def validate(self) -> None:
-        _positive(self.params, "spike_factor", "coupled_factor", "ratio_jump", "alpha", "warmup")
-        _positive(self.params, "reward_alpha")
+        _positive(self.params, "spike_factor", "coupled_factor", "ratio_jump", "alpha", "warmup", "reward_alpha")
         if not 0 < self.params["alpha"] < 1 or self.params["spike_factor"] <= 1:
             raise ValueError("alpha must be in (0, 1) and spike_factor > 1")
         coupled, spike = self.params["coupled_factor"], self.params["spike_factor"]
