@@ -13,7 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -242,3 +242,27 @@ def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(0.02)
+
+
+def learner_batches(steps: int, seqs: int, length: int, seed: int) -> tuple[Any, Any, Any, Any]:
+    """Off-policy batches per step: sampler and learner log-probs and a mask [steps, seqs,
+    length], rewards [steps, seqs] (torch imported here: this module is also used without)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    sampler = -torch.rand(steps, seqs, length, generator=generator) * 3
+    learner = sampler + 0.3 * torch.randn(steps, seqs, length, generator=generator)
+    mask = torch.rand(steps, seqs, length, generator=generator) > 0.2
+    rewards = torch.rand(steps, seqs, generator=generator)
+    return sampler, learner, mask, rewards
+
+
+def metric_per_step(batches: tuple[Any, Any, Any, Any], key: str, steps: Iterable[int]) -> list[float]:
+    """`stability_metrics(...)[key]` of each of these steps of `learner_batches`, alone."""
+    from trainer_hooks.metrics import stability_metrics
+
+    sampler, learner, mask, rewards = batches
+    return [
+        stability_metrics(sampler[s], learner[s], mask[s], rewards=rewards[s])[key].item()
+        for s in steps
+    ]

@@ -13,6 +13,8 @@ from tests.trainer_hooks.monitor_support import (
     FAST,
     assert_every_step_once,
     headline,
+    learner_batches,
+    metric_per_step,
     python_process,
     servers,
     spooled_steps,
@@ -113,14 +115,9 @@ def test_bad_values_are_dropped_without_raising(make_server, sqlite_url, tmp_pat
 def test_log_batch_logs_what_stability_metrics_computes(make_server, sqlite_url, tmp_path) -> None:
     """On CPU the metrics are computed off the training thread from copies of the inputs:
     the loop may reuse its buffers in place right after log_batch() returns."""
-    from trainer_hooks.metrics import stability_metrics
-
     server = make_server(sqlite_url)
-    generator = torch.Generator().manual_seed(3)
-    sampler = -torch.rand(20, 6, 9, generator=generator) * 3
-    learner = sampler + 0.3 * torch.randn(20, 6, 9, generator=generator)
-    mask = torch.rand(20, 6, 9, generator=generator) > 0.2
-    rewards = torch.rand(20, 6, generator=generator)
+    batches = learner_batches(20, 6, 9, seed=3)
+    sampler, learner, mask, rewards = batches
     sampler_buffer, learner_buffer = torch.empty(6, 9), torch.empty(6, 9)
     with Monitor(server.url, run_name="batch", spool_dir=tmp_path, sender_config=FAST) as monitor:
         for step in range(20):
@@ -140,10 +137,7 @@ def test_log_batch_logs_what_stability_metrics_computes(make_server, sqlite_url,
     keys = server.keys(monitor.run_id)
     assert keys["grad/norm"] == 20 and keys["mismatch/ratio_max"] == 20
     for key in ("mismatch/kl", "mismatch/ratio_max", "reward/std", "nonfinite/count"):
-        expected = [
-            stability_metrics(sampler[s], learner[s], mask[s], rewards=rewards[s])[key].item()
-            for s in range(20)
-        ]
+        expected = metric_per_step(batches, key, range(20))
         if key == "mismatch/kl":
             expected[7] = -1.0  # the caller's value wins over the computed one
         steps, values = server.series(monitor.run_id, key)

@@ -13,8 +13,7 @@ import time
 import pytest
 import torch
 
-from tests.trainer_hooks.monitor_support import FAST, servers
-from trainer_hooks.metrics import stability_metrics
+from tests.trainer_hooks.monitor_support import FAST, learner_batches, metric_per_step, servers
 from trainer_hooks.monitor import Monitor
 
 make_server = pytest.fixture(name="make_server")(servers)
@@ -51,13 +50,9 @@ def test_log_and_log_batch_queue_device_work_and_send_its_values(
     make_server, sqlite_url, tmp_path
 ) -> None:
     server = make_server(sqlite_url)
-    generator = torch.Generator().manual_seed(5)
-    sampler = -torch.rand(8, 16, 32, generator=generator) * 4
-    learner = sampler + 0.2 * torch.randn(8, 16, 32, generator=generator)
-    mask = torch.rand(8, 16, 32, generator=generator) > 0.1
-    rewards = torch.rand(8, 16, generator=generator)
+    batches = learner_batches(8, 16, 32, seed=5)
     # On the device before any work is queued: a copy from pageable host memory waits for it.
-    on_device = [t.to(DEVICE) for t in (sampler, learner, mask, rewards)]
+    on_device = [t.to(DEVICE) for t in batches]
     # The first calls of a process may wait for the GPU once, while CUDA loads the metrics'
     # kernels (lazy module loading) and pins host memory: made by another run, untimed.
     with Monitor(server.url, run_name="warm-up", spool_dir=tmp_path, sender_config=FAST) as warm:
@@ -95,10 +90,7 @@ def test_log_and_log_batch_queue_device_work_and_send_its_values(
     )
     assert server.series(monitor.run_id, "probe/double") == ([1, 3, 5, 7], [2.0, 6.0, 10.0, 14.0])
     for key in ("mismatch/kl", "mismatch/ratio_max", "mismatch/ess_frac", "reward/std"):
-        expected = [
-            stability_metrics(sampler[s], learner[s], mask[s], rewards=rewards[s])[key].item()
-            for s in range(0, 8, 2)
-        ]
+        expected = metric_per_step(batches, key, range(0, 8, 2))
         steps, values = server.series(monitor.run_id, key)
         assert steps == [0, 2, 4, 6], key
         assert values == pytest.approx(expected, rel=1e-4), key
