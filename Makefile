@@ -23,8 +23,8 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check server trainer_hooks dashboard tests bench
-	$(BIN)/mypy server dashboard trainer_hooks
+	$(BIN)/ruff check server trainer_hooks dashboard learners keel tests bench
+	$(BIN)/mypy server dashboard trainer_hooks learners keel
 
 bench: $(STAMP)
 	$(BIN)/python bench/ingest.py

@@ -25,7 +25,7 @@ def start_server(database_url: str) -> tuple[subprocess.Popen[bytes], str]:
     """Start `keel serve` on a free port; returns the process and its base URL once ready."""
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "server", "serve", "--port", str(port), "--database-url", database_url, "--log-level", "warning"],
+        [sys.executable, "-m", "keel", "serve", "--port", str(port), "--database-url", database_url, "--log-level", "warning"],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
     )

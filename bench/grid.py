@@ -18,8 +18,8 @@ import time
 
 import torch
 
-from trainer_hooks.toy import ToyConfig, grid_specs, simulate
-from trainer_hooks.toy_cli import idle_cores, keep_freed_memory
+from learners.toy import ToyConfig, grid_specs, simulate
+from learners.toy_cli import idle_cores, keep_freed_memory
 
 
 def _load() -> str:

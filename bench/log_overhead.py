@@ -68,7 +68,7 @@ def local_server(workdir: Path) -> Iterator[str]:
     url = f"http://127.0.0.1:{port}"
     log = open(workdir / "server.log", "wb")  # noqa: SIM115 - handed to the child
     process = subprocess.Popen(
-        [sys.executable, "-m", "server", "serve", "--port", str(port), "--log-level", "warning",
+        [sys.executable, "-m", "keel", "serve", "--port", str(port), "--log-level", "warning",
          "--database-url", f"sqlite:///{workdir / 'keel.db'}"],
         stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
         preexec_fn=(lambda: os.sched_setaffinity(0, SIDE_CPUS)) if SIDE_CPUS else None,

@@ -43,10 +43,10 @@ def test_trainer_hooks_imports_without_server_dependencies() -> None:
 
 def test_keel_cli_help_lists_commands() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "server", "--help"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "keel", "--help"], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stderr
-    for command in ("serve", "db"):
+    for command in ("serve", "db", "demo", "sync", "sim", "grid", "eval-alerts", "token"):
         assert command in result.stdout
 
 
@@ -62,6 +62,8 @@ def test_packages_type_check(tmp_path) -> None:
             "server",
             "dashboard",
             "trainer_hooks",
+            "learners",
+            "keel",
         ],
         capture_output=True,
         text=True,

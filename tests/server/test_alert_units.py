@@ -314,7 +314,7 @@ def test_collapse_risk_does_not_fire_before_the_reward_has_moved() -> None:
 
 
 def test_collapse_label() -> None:
-    from server.alerts.evaluation import collapse_step
+    from keel.eval_alerts import collapse_step
 
     assert collapse_step([0.1, 0.3, 0.6, 0.55, 0.41, 0.39, 0.1]) == 5
     assert collapse_step([0.1, 0.45, 0.2]) is None  # never reached 0.5

@@ -41,7 +41,7 @@ def test_rest_needs_a_token_with_the_right_scope(secured) -> None:
 
 def test_ingest_websocket_refuses_without_ingest_scope(secured, database_url) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "server", "token", "create", "--scopes", "read", "--database-url", database_url],
+        [sys.executable, "-m", "keel", "token", "create", "--scopes", "read", "--database-url", database_url],
         capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 0, result.stderr
@@ -74,7 +74,7 @@ def test_dashboard_pages_redirect_to_login_and_cookie_signs_in(secured) -> None:
 
 def test_serve_refuses_a_public_interface_with_auth_off(tmp_path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "server", "serve", "--host", "0.0.0.0", "--port", "1", "--database-url", f"sqlite:///{tmp_path}/x.db"],
+        [sys.executable, "-m", "keel", "serve", "--host", "0.0.0.0", "--port", "1", "--database-url", f"sqlite:///{tmp_path}/x.db"],
         capture_output=True, text=True, timeout=60, env={"KEEL_AUTH": "false", "PATH": ""},
     )
     assert result.returncode == 2 and "refusing" in result.stdout

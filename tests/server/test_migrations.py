@@ -35,7 +35,7 @@ def test_upgrade_head_on_empty_database_matches_models(database_url: str) -> Non
 
 def test_keel_db_upgrade_command(sqlite_url: str) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "server", "db", "upgrade", "--database-url", sqlite_url],
+        [sys.executable, "-m", "keel", "db", "upgrade", "--database-url", sqlite_url],
         capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 0, result.stderr

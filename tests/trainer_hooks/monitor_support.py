@@ -30,7 +30,7 @@ FAST = SenderConfig(flush_interval=0.05, backoff_initial=0.05, backoff_max=0.5)
 
 
 class ServerProcess:
-    """`python -m server serve` on a fixed port; start(), kill() (SIGKILL) and start() again."""
+    """`python -m keel serve` on a fixed port; start(), kill() (SIGKILL) and start() again."""
 
     def __init__(
         self, database_url: str, log_path: Path, port: int | None = None, token: str | None = None
@@ -50,7 +50,7 @@ class ServerProcess:
             [
                 sys.executable,
                 "-m",
-                "server",
+                "keel",
                 "serve",
                 "--host",
                 "127.0.0.1",
@@ -169,9 +169,9 @@ def python_process(
 def keel(
     *args: str, env: dict[str, str] | None = None, timeout: float = 120.0
 ) -> subprocess.CompletedProcess[str]:
-    """Run the `keel` command (`python -m server ...`)."""
+    """Run the `keel` command (`python -m keel ...`)."""
     return subprocess.run(
-        [sys.executable, "-m", "server", *args],
+        [sys.executable, "-m", "keel", *args],
         cwd=REPO_ROOT,
         env={**os.environ, **(env or {})},
         capture_output=True,

@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer_hooks import toy_cli
-from trainer_hooks.losses import LOSSES, compute_advantages, loss_terms, policy_loss
-from trainer_hooks.toy import (
+from learners import toy_cli
+from learners.toy import (
     DEFAULT_LAGS,
     RunSpec,
     ToyConfig,
@@ -25,6 +24,7 @@ from trainer_hooks.toy import (
     simulate,
     weight_gradient,
 )
+from trainer_hooks.losses import LOSSES, compute_advantages, loss_terms, policy_loss
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""`keel grid`: run the toy grid of TOY.md and print its table.
+"""`keel grid` (the toy grid of docs/losses.md, its table) and `keel sim` (one toy run, live).
 
 Standard library only at module level (server/cli.py imports every command
 module to build the parser); torch is imported when the command runs.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import logging
 import math
 import os
 import sys
@@ -63,6 +64,10 @@ def add_grid_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token", default=None, help="API token (default: env KEEL_TOKEN)")
 
 
+def _setup_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+
+
 def idle_cores() -> int:
     """Cores not busy with other processes (1-minute load average), at least 1.
 
@@ -102,8 +107,8 @@ def run_grid(
     """Run the grid; `on_step(step, metrics)` sees every step (the seam for live streaming)."""
     import torch
 
+    from learners.toy import MISMATCH_LEVELS, ToyConfig, grid_specs, simulate
     from trainer_hooks.losses import LOSSES
-    from trainer_hooks.toy import MISMATCH_LEVELS, ToyConfig, grid_specs, simulate
 
     unknown = [name for name in args.losses if name not in LOSSES]
     unknown += [level for level in args.mismatch if level not in MISMATCH_LEVELS]
@@ -122,7 +127,7 @@ def run_grid(
     specs = grid_specs(args.losses, args.lags, args.mismatch, args.seeds)
     config = ToyConfig(steps=args.steps, final_window=min(ToyConfig.final_window, args.steps))
     if getattr(args, "server", None) and on_step is None:
-        from trainer_hooks.monitor_cli import ToyStreamer
+        from learners.stream import ToyStreamer
 
         with ToyStreamer(
             specs, args.server, steps=config.steps, project=args.project, token=args.token
@@ -173,4 +178,67 @@ def format_table(runs: Sequence[dict[str, Any]], losses: Sequence[str], lags: Se
     return "\n".join(lines) + "\n"
 
 
-COMMANDS = {"grid": (GRID_HELP, add_grid_arguments, run_grid)}
+def _add_sim(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--loss", required=True, help="a loss of trainer_hooks.losses, e.g. cispo")
+    parser.add_argument("--lag", type=int, default=0, help="sampler staleness in steps")
+    parser.add_argument("--mismatch", choices=("none", "mild", "severe"), default="none")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument(
+        "--step-delay",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="sleep after each step, to watch the run live",
+    )
+    parser.add_argument("--server", required=True, help="server URL, e.g. http://127.0.0.1:8750")
+    parser.add_argument(
+        "--name", default=None, help="run name (default {loss}-lag{lag}-{mismatch}-s{seed})"
+    )
+    parser.add_argument("--group", default=None, help="run group (default: the loss)")
+    parser.add_argument("--project", default="default")
+    parser.add_argument("--token", default=None, help="API token (default: $KEEL_TOKEN)")
+    parser.add_argument("--device", default="cpu", help="torch device for the simulation")
+
+
+def _sim(args: argparse.Namespace) -> int:
+    from learners.toy import MISMATCH_LEVELS, RunSpec, ToyConfig, simulate
+    from trainer_hooks.losses import LOSSES
+
+    _setup_logging()
+    if args.loss not in LOSSES:
+        print(
+            f"keel sim: unknown loss {args.loss!r}; one of {', '.join(sorted(LOSSES))}",
+            file=sys.stderr,
+        )
+        return 2
+    if args.lag < 0 or args.steps < 1 or args.mismatch not in MISMATCH_LEVELS:
+        print("keel sim: --lag must be >= 0 and --steps >= 1", file=sys.stderr)
+        return 2
+    spec = RunSpec(loss=args.loss, lag=args.lag, mismatch=args.mismatch, seed=args.seed)
+    config = ToyConfig(steps=args.steps)
+    from learners.stream import ToyStreamer
+
+    with ToyStreamer(
+        [spec],
+        args.server,
+        steps=args.steps,
+        project=args.project,
+        names=[args.name] if args.name else None,
+        group=args.group,
+        token=args.token,
+        step_delay=args.step_delay,
+    ) as streamer:
+        result = simulate([spec], config, device=args.device, on_step=streamer.on_step)
+        delivered = streamer.finish()
+    print(
+        f"keel sim: run {streamer.monitors[0].run_id} ({spec.name}): final reward "
+        f"{float(result.final_reward[0]):.4f}, max grad norm {float(result.max_grad_norm[0]):.4g}"
+    )
+    return 0 if delivered else 1
+
+
+COMMANDS = {
+    "grid": (GRID_HELP, add_grid_arguments, run_grid),
+    "sim": ("Stream one toy off-policy run live to a Keel server.", _add_sim, _sim),
+}

@@ -16,8 +16,10 @@ from typing import Any
 
 _COMMAND_MODULES = (
     "server.commands",
-    "trainer_hooks.toy_cli",
-    "trainer_hooks.monitor_cli",
+    "learners.toy_cli",
+    "learners.lm_cli",
+    "keel.sync",
+    "keel.commands",
 )
 
 CommandSpec = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from learners.stream import ToyStreamer
+from learners.toy import RunSpec, ToyConfig, simulate
 from tests.trainer_hooks.monitor_support import keel, servers
-from trainer_hooks.monitor_cli import ToyStreamer
-from trainer_hooks.toy import RunSpec, ToyConfig, simulate
 
 make_server = pytest.fixture(name="make_server")(servers)
 

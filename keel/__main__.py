@@ -1,5 +1,5 @@
 import sys
 
-from server.cli import main
+from keel.cli import main
 
 sys.exit(main())
