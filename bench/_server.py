@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -11,14 +10,10 @@ from pathlib import Path
 
 import httpx
 
+from keel.local import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 PG_ADMIN = os.environ.get("KEEL_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def start_server(database_url: str) -> tuple[subprocess.Popen[bytes], str]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import statistics
 import sys
@@ -28,6 +29,8 @@ from pathlib import Path
 import httpx
 import psycopg
 from websockets.asyncio.client import connect
+
+from trainer_hooks.protocol import Row, RunInfo, hello_message, points_message
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _server import PG_ADMIN, start_server  # noqa: E402
@@ -67,12 +70,13 @@ class Receiver:
 async def trial(ws_url: str, receiver: Receiver) -> float:
     run_id = str(uuid.uuid4())
     async with connect(f"{ws_url}/api/v1/ingest") as ws:
-        await ws.send(json.dumps({"type": "hello", "protocol": 1, "run": {"id": run_id, "name": f"lat-{run_id[:6]}"}}))
+        await ws.send(json.dumps(hello_message(RunInfo(id=run_id, name=f"lat-{run_id[:6]}"))))
         await ws.recv()
-        healthy = [{"step": s, "values": {"grad/norm": 1.0, "reward/mean": 0.5}} for s in range(20)]
-        await ws.send(json.dumps({"type": "points", "seq": 0, "rows": healthy}))
+        healthy = [Row(step=s, time=None, values={"grad/norm": 1.0, "reward/mean": 0.5}) for s in range(20)]
+        await ws.send(json.dumps(points_message(0, healthy)))
         await ws.recv()
-        await ws.send(json.dumps({"type": "points", "seq": 1, "rows": [{"step": 20, "values": {"grad/norm": "nan", "reward/mean": 0.5}}]}))
+        spike = [Row(step=20, time=None, values={"grad/norm": math.nan, "reward/mean": 0.5})]
+        await ws.send(json.dumps(points_message(1, spike)))
         await ws.recv()
         acked = time.perf_counter()
     arrived = await asyncio.to_thread(receiver.wait, run_id)
@@ -82,12 +86,12 @@ async def trial(ws_url: str, receiver: Receiver) -> float:
 async def background_load(ws_url: str, stop: asyncio.Event) -> None:
     run_id = str(uuid.uuid4())
     async with connect(f"{ws_url}/api/v1/ingest") as ws:
-        await ws.send(json.dumps({"type": "hello", "protocol": 1, "run": {"id": run_id, "name": f"load-{run_id[:6]}"}}))
+        await ws.send(json.dumps(hello_message(RunInfo(id=run_id, name=f"load-{run_id[:6]}"))))
         await ws.recv()
         seq = 0
         while not stop.is_set():
-            rows = [{"step": seq * 10 + i, "values": {f"m/{k}": 0.1 * k for k in range(20)}} for i in range(10)]
-            await ws.send(json.dumps({"type": "points", "seq": seq, "rows": rows}))
+            rows = [Row(step=seq * 10 + i, time=None, values={f"m/{k}": 0.1 * k for k in range(20)}) for i in range(10)]
+            await ws.send(json.dumps(points_message(seq, rows)))
             await ws.recv()
             seq += 1
             await asyncio.sleep(0.01)

@@ -25,6 +25,8 @@ from pathlib import Path
 import psycopg
 from websockets.asyncio.client import connect
 
+from trainer_hooks.protocol import Row, RunInfo, finish_message, hello_message, points_message
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _server import PG_ADMIN, start_server  # noqa: E402
 
@@ -34,17 +36,17 @@ def frames(steps: int, metrics: int, rows_per_frame: int) -> list[str]:
     out = []
     for seq, start in enumerate(range(0, steps, rows_per_frame)):
         rows = [
-            {"step": s, "time": 1.7e9 + s, "values": {k: (s * 0.001 + i) for i, k in enumerate(keys)}}
+            Row(step=s, time=1.7e9 + s, values={k: (s * 0.001 + i) for i, k in enumerate(keys)})
             for s in range(start, min(steps, start + rows_per_frame))
         ]
-        out.append(json.dumps({"type": "points", "seq": seq, "rows": rows}))
+        out.append(json.dumps(points_message(seq, rows)))
     return out
 
 
 async def stream_run(ws_url: str, payload: list[str], window: int) -> None:
     run_id = str(uuid.uuid4())
     async with connect(f"{ws_url}/api/v1/ingest", max_size=None) as ws:
-        await ws.send(json.dumps({"type": "hello", "protocol": 1, "run": {"id": run_id, "name": run_id[:8]}}))
+        await ws.send(json.dumps(hello_message(RunInfo(id=run_id, name=run_id[:8]))))
         json.loads(await ws.recv())
         in_flight = 0
         for frame in payload:
@@ -55,7 +57,7 @@ async def stream_run(ws_url: str, payload: list[str], window: int) -> None:
             in_flight += 1
         for _ in range(in_flight):
             assert json.loads(await ws.recv())["type"] == "ack"
-        await ws.send(json.dumps({"type": "finish", "status": "finished"}))
+        await ws.send(json.dumps(finish_message("finished")))
         await ws.recv()
 
 

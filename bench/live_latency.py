@@ -31,6 +31,8 @@ from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from websockets.sync.client import ClientConnection, connect
 
+from trainer_hooks.protocol import Row, RunInfo, hello_message, points_message
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _server import start_server  # noqa: E402
 
@@ -57,20 +59,13 @@ class Run:
         self.ws: ClientConnection = stack.enter_context(
             connect(f"{ws_url}/api/v1/ingest", max_size=None)
         )
-        run = {
-            "id": self.id,
-            "name": name,
-            "project": "bench",
-            "group": group,
-            "config": {},
-            "tags": ["bench"],
-        }
-        self.ws.send(json.dumps({"type": "hello", "protocol": 1, "run": run}))
+        run = RunInfo(id=self.id, name=name, project="bench", group=group, tags=["bench"])
+        self.ws.send(json.dumps(hello_message(run)))
         json.loads(self.ws.recv(timeout=10))
 
-    def send(self, rows: list[dict[str, Any]]) -> float:
+    def send(self, rows: list[Row]) -> float:
         sent_at = time.time()
-        self.ws.send(json.dumps({"type": "points", "seq": self.seq, "rows": rows}))
+        self.ws.send(json.dumps(points_message(self.seq, rows)))
         self.seq += 1
         reply = json.loads(self.ws.recv(timeout=10))
         assert reply["type"] == "ack", reply
@@ -135,7 +130,7 @@ def main() -> int:
             for start in range(0, args.history, 250):
                 run.send(
                     [
-                        {"step": s, "values": values(s, run.seed)}
+                        Row(step=s, time=None, values=values(s, run.seed))
                         for s in range(start, min(args.history, start + 250))
                     ]
                 )
@@ -166,7 +161,7 @@ def main() -> int:
         started = time.monotonic()
         for offset, step, run in arrivals:
             time.sleep(max(0.0, started + offset - time.monotonic()))
-            sent[(run.id, step)] = run.send([{"step": step, "values": values(step, run.seed)}])
+            sent[(run.id, step)] = run.send([Row(step=step, time=None, values=values(step, run.seed))])
 
         drawn_js = (
             "var key = arguments[0]; return window.keelLive.drawn"

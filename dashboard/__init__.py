@@ -13,8 +13,11 @@ from typing import Any
 __all__ = ["mount_dashboard"]
 
 
-def mount_dashboard(app: Any, settings: Any) -> None:
-    """Build the Dash app on the FastAPI `app` and serve its pages at /, /compare, /runs/<id>."""
+def mount_dashboard(app: Any, *, internal_token: str | None = None) -> None:
+    """Build the Dash app on the FastAPI `app` and serve its pages at /, /compare, /runs/<id>.
+
+    `internal_token` is the read token its in-process API reads carry when auth is on.
+    """
     from dashboard.app import mount
 
-    mount(app)
+    mount(app, internal_token=internal_token)

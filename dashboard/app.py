@@ -83,10 +83,9 @@ class _ApiFallback:
         await JSONResponse({"detail": "Not Found"}, status_code=404)(scope, receive, send)
 
 
-def mount(app: FastAPI) -> Dash:
+def mount(app: FastAPI, *, internal_token: str | None = None) -> Dash:
     """Build the dashboard on `app`; call after the API routes are included."""
-    dash_app = build_dash(app, KeelApi(in_process_client(app)))
-    app.state.dash = dash_app
+    dash_app = build_dash(app, KeelApi(in_process_client(app, internal_token)))
 
     async def page(request: Request) -> HTMLResponse:
         token = set_current_request(request)

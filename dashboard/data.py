@@ -1,4 +1,4 @@
-"""The dashboard's only data source: Keel's own REST API (PROTOCOL.md), called in-process.
+"""The dashboard's only data source: Keel's own REST API (docs/protocol.md), called in-process.
 
 Pages read through the public API rather than the storage layer, so the
 dashboard sees exactly what any other client sees (status, downsampling,
@@ -23,13 +23,12 @@ __all__ = ["KeelApi", "in_process_client"]
 _ALERTS_LIMIT = 10_000
 
 
-def in_process_client(app: Any) -> httpx.AsyncClient:
+def in_process_client(app: Any, token: str | None = None) -> httpx.AsyncClient:
     """An HTTP client whose requests are served by `app` directly (ASGI, same event loop).
 
     When auth is on, pages are already behind the login; their reads carry the
-    process-local internal token (server.auth), never the user's.
+    process-local internal `token` (server.auth), never the user's.
     """
-    token = getattr(app.state, "internal_token", None)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     return httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app),

@@ -82,7 +82,7 @@ _KNOWN = {
 }
 
 HEADLINE_KEYS = ("reward/mean", "mismatch/kl", "gate/frac", "mismatch/ratio_max", "grad/norm")
-"""The five default panels (METRICS.md ★), in display order."""
+"""The five default panels (docs/metrics.md ★), in display order."""
 
 
 def metric_info(key: str) -> MetricInfo:

@@ -1,6 +1,6 @@
 """`keel eval-alerts`: score critical alerts on a labelled corpus of toy runs.
 
-The corpus is the toy grid (trainer_hooks.toy). A run *collapses* when its
+The corpus is the toy grid (learners.toy). A run *collapses* when its
 reward reached >= 0.5 and later fell >= 0.2 below its running peak; the
 collapse step is the first such step. Every run is replayed through the real
 ingest websocket of an in-process server (so the real alert engine with the
@@ -21,7 +21,6 @@ import json
 import math
 import statistics
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -112,24 +111,24 @@ def score(detector: str, corpus: Sequence[CorpusRun], first_alerts: Sequence[int
 async def _stream(ws_url: str, run: CorpusRun, run_id: str, rows_per_frame: int) -> None:
     from websockets.asyncio.client import connect
 
-    from trainer_hooks.protocol import encode_value
+    from trainer_hooks.protocol import Row, RunInfo, finish_message, hello_message, points_message
 
     steps = len(run.series["reward/mean"])
+    info = RunInfo(id=run_id, name=run.name, project="eval-alerts", group=run.config["loss"], config=run.config, tags=["eval"])
     async with connect(f"{ws_url}/api/v1/ingest", max_size=None) as ws:
-        hello = {"type": "hello", "protocol": 1, "run": {"id": run_id, "name": run.name, "project": "eval-alerts", "group": run.config["loss"], "config": run.config, "tags": ["eval"]}}
-        await ws.send(json.dumps(hello))
+        await ws.send(json.dumps(hello_message(info)))
         json.loads(await ws.recv())
         frames = 0
         for seq, start in enumerate(range(0, steps, rows_per_frame)):
             rows = [
-                {"step": step, "values": {key: encode_value(values[step]) for key, values in run.series.items()}}
+                Row(step=step, time=None, values={key: values[step] for key, values in run.series.items()})
                 for step in range(start, min(steps, start + rows_per_frame))
             ]
-            await ws.send(json.dumps({"type": "points", "seq": seq, "rows": rows}))
+            await ws.send(json.dumps(points_message(seq, rows)))
             frames += 1
         for _ in range(frames):
             assert json.loads(await ws.recv())["type"] == "ack"
-        await ws.send(json.dumps({"type": "finish", "status": "finished"}))
+        await ws.send(json.dumps(finish_message("finished")))
         assert json.loads(await ws.recv())["type"] == "bye"  # every frame evaluated by now
 
 
@@ -143,37 +142,16 @@ async def _replay_all(ws_url: str, corpus: Sequence[CorpusRun], run_ids: Sequenc
     await asyncio.gather(*(one(run, run_id) for run, run_id in zip(corpus, run_ids, strict=True)))
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def keel_first_alerts(corpus: Sequence[CorpusRun], database_url: str | None = None, concurrency: int = 8) -> list[int | None]:
     import httpx
-    import uvicorn
 
-    from server.app import create_app
-    from server.config import Settings
+    from keel.local import LocalServer
 
     with tempfile.TemporaryDirectory(prefix="keel-eval-") as tmp:
-        settings = Settings(database_url=database_url or f"sqlite:///{tmp}/eval.db", port=free_port(), silence_check_s=3600)
-        server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=settings.port, log_level="warning"))
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        while not server.started:
-            if not thread.is_alive():
-                raise RuntimeError("evaluation server failed to start")
-            time.sleep(0.05)
-        try:
+        with LocalServer(database_url or f"sqlite:///{tmp}/eval.db", silence_check_s=3600) as server:
             run_ids = [str(uuid.uuid4()) for _ in corpus]
-            asyncio.run(_replay_all(f"ws://127.0.0.1:{settings.port}", corpus, run_ids, concurrency))
-            alerts = httpx.get(f"http://127.0.0.1:{settings.port}/api/v1/alerts", params={"severity": "critical", "limit": 10_000}, timeout=60).json()
-        finally:
-            server.should_exit = True
-            thread.join(timeout=30)
+            asyncio.run(_replay_all(server.ws_url, corpus, run_ids, concurrency))
+            alerts = httpx.get(f"{server.url}/api/v1/alerts", params={"severity": "critical", "limit": 10_000}, timeout=60).json()
     first: dict[str, int] = {}
     for alert in alerts:
         if alert["fired_step"] is not None:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import IO, Any
 
 _DEFAULT_LOSSES = "reinforce,stable_proxy,importance_sampling,ppo,cispo,cispo_floor,tis,mis"
-_BELOW = 0.9  # TOY.md counts the runs that end below this final reward
+_BELOW = 0.9  # docs/losses.md counts the runs that end below this final reward
 
 GRID_HELP = "Run the toy off-policy grid (losses x lags x mismatch x seeds) and print its table."
 

@@ -41,7 +41,7 @@ def _serve(args: argparse.Namespace) -> int:
     from server.app import create_app
 
     settings = _settings(args, host=args.host, port=args.port, allow_private_webhooks=args.allow_private_webhooks)
-    from server.auth import is_loopback
+    from server.tokens import is_loopback
 
     if not settings.auth_enabled and not is_loopback(settings.host):
         print(f"keel: refusing to serve on {settings.host} with auth off; unset KEEL_AUTH=false or bind 127.0.0.1", flush=True)
@@ -86,8 +86,8 @@ def _token(args: argparse.Namespace) -> int:
     import asyncio
 
     from server import db
-    from server.auth import create_token
     from server.storage import Store
+    from server.tokens import create_token
 
     settings = _settings(args)
     db.upgrade(settings.database_url)

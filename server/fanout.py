@@ -25,6 +25,7 @@ from sqlalchemy.engine import make_url
 
 from server.live import LiveHub
 from server.storage import Store
+from trainer_hooks.protocol import live_points_message
 
 if TYPE_CHECKING:
     import psycopg
@@ -42,8 +43,10 @@ def libpq_url(database_url: str) -> str:
 
 
 class Fanout:
-    def __init__(self, hub: LiveHub, store: Store, database_url: str, queue_size: int = 10_000):
-        self.hub = hub
+    """Built before the hub (the hub relays through it); `listen_forever` and
+    `deliver_forever` are given the hub they feed."""
+
+    def __init__(self, store: Store, database_url: str, queue_size: int = 10_000):
         self.store = store
         self.dsn = libpq_url(database_url)
         self.origin = uuid.uuid4().hex[:12]
@@ -78,16 +81,16 @@ class Fanout:
 
     # -- the others -> this replica ---------------------------------------------------
 
-    async def listen_forever(self) -> None:
-        await self._connected_forever("listen", self._listen)
+    async def listen_forever(self, hub: LiveHub) -> None:
+        await self._connected_forever("listen", lambda conn: self._listen(conn, hub))
 
-    async def _listen(self, conn: psycopg.AsyncConnection[Any]) -> None:
+    async def _listen(self, conn: psycopg.AsyncConnection[Any], hub: LiveHub) -> None:
         await conn.execute(f"LISTEN {CHANNEL}")
         self.listening.set()
         try:
             async for notify in conn.notifies():
                 note = _parse(notify.payload)
-                if note is None or note.get("o") == self.origin or not self.hub.watching(note["r"]):
+                if note is None or note.get("o") == self.origin or not hub.watching(note["r"]):
                     continue
                 try:
                     self._incoming.put_nowait(note)
@@ -115,10 +118,8 @@ class Fanout:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 10.0)
 
-    async def deliver_forever(self) -> None:
+    async def deliver_forever(self, hub: LiveHub) -> None:
         """Publish what other replicas notified, in order, reading points back as needed."""
-        from server.ingest import rows_json
-
         while True:
             note = await self._incoming.get()
             run_id = note["r"]
@@ -126,10 +127,9 @@ class Fanout:
                 if note["t"] == "points":
                     rows = await self.store.rows(run_id, after=int(note["a"]) - 1, before=int(note["b"]) + 1)
                     if rows:
-                        message = {"type": "points", "run_id": run_id, "rows": rows_json(rows)}
-                        self.hub.publish(run_id, message, relay=False)
+                        hub.publish(run_id, live_points_message(run_id, rows), relay=False)
                 else:
-                    self.hub.publish(run_id, note["m"], relay=False)
+                    hub.publish(run_id, note["m"], relay=False)
             except Exception:
                 log.exception("could not deliver a live message for run %s", run_id)
 

@@ -11,14 +11,14 @@ from __future__ import annotations
 import enum
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import orjson
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from server.live import LiveHub
-from server.storage import Store, UnknownRun
+from server.storage import Store
 from trainer_hooks.protocol import (
     CLOSE_AUTH,
     CLOSE_OVERLOADED,
@@ -27,7 +27,8 @@ from trainer_hooks.protocol import (
     Limits,
     ProtocolError,
     Row,
-    encode_value,
+    live_points_message,
+    live_status_message,
     parse_finish,
     parse_hello,
     parse_points,
@@ -45,28 +46,45 @@ class IngestState(enum.Enum):
     FINISHED = "finished"
 
 
-def rows_json(rows: list[Row]) -> list[dict[str, Any]]:
-    return [
-        {
-            "step": row.step,
-            "time": row.time,
-            "values": {key: encode_value(value) for key, value in row.values.items()},
-        }
-        for row in rows
-    ]
+class AfterCommit:
+    """What follows every committed write, from the websocket or from REST: the live push
+    (to this replica's pages, and a note to the other replicas'), then the listeners (the
+    alert engine), in order."""
+
+    def __init__(self, hub: LiveHub, listeners: Sequence[PointsListener] = ()):
+        self.hub = hub
+        self.listeners = list(listeners)
+
+    async def points(self, run_id: str, rows: list[Row]) -> None:
+        if self.hub.watching(run_id):
+            self.hub.publish(run_id, live_points_message(run_id, rows), relay=False)
+        self.hub.points_committed(run_id, (row.step for row in rows))
+        for listener in self.listeners:
+            try:
+                await listener(run_id, rows)
+            except Exception:
+                # A listener (alert engine) failing must not fail ingest: data is committed.
+                log.exception("points listener failed for run %s", run_id)
+
+    def status(self, run_id: str, status: str) -> None:
+        self.hub.publish(run_id, live_status_message(run_id, status))
 
 
-async def after_commit(hub: LiveHub, listeners: list[PointsListener], run_id: str, rows: list[Row]) -> None:
-    """What follows every committed write, from the websocket or from REST: live push, then listeners."""
-    if hub.watching(run_id):
-        hub.publish(run_id, {"type": "points", "run_id": run_id, "rows": rows_json(rows)}, relay=False)
-    hub.points_committed(run_id, (row.step for row in rows))
-    for listener in listeners:
-        try:
-            await listener(run_id, rows)
-        except Exception:
-            # A listener (alert engine) failing must not fail ingest: data is committed.
-            log.exception("points listener failed for run %s", run_id)
+class IngestSlots:
+    """Counts open ingest sockets against the configured maximum."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.open = 0
+
+    def take(self) -> bool:
+        if self.open >= self.limit:
+            return False
+        self.open += 1
+        return True
+
+    def give_back(self) -> None:
+        self.open -= 1
 
 
 class IngestSession:
@@ -76,15 +94,13 @@ class IngestSession:
         self,
         websocket: WebSocket,
         store: Store,
-        hub: LiveHub,
+        committed: AfterCommit,
         limits: Limits,
-        listeners: list[PointsListener],
     ):
         self.websocket = websocket
         self.store = store
-        self.hub = hub
+        self.committed = committed
         self.limits = limits
-        self.listeners = listeners
         self.state = IngestState.AWAIT_HELLO
         self.run_id: str | None = None
 
@@ -142,11 +158,11 @@ class IngestSession:
             result = await self.store.write_points(self.run_id, rows, time.time(), seq=seq)
             await self._send({"type": "ack", "seq": seq})
             if result.stored:
-                await after_commit(self.hub, self.listeners, self.run_id, rows)
+                await self.committed.points(self.run_id, rows)
         elif kind == "finish":
             status = parse_finish(message)
             await self.store.finish_run(self.run_id, status, time.time())
-            self.hub.publish(self.run_id, {"type": "status", "run_id": self.run_id, "status": status})
+            self.committed.status(self.run_id, status)
             await self._send({"type": "bye"})
             self.state = IngestState.FINISHED
             await self.websocket.close(1000)
@@ -185,4 +201,4 @@ async def refuse_overloaded(websocket: WebSocket) -> None:
     await websocket.close(CLOSE_OVERLOADED)
 
 
-__all__ = ["after_commit", "IngestSession", "IngestState", "PointsListener", "UnknownRun", "refuse_overloaded", "refuse_unauthorized", "rows_json"]
+__all__ = ["AfterCommit", "IngestSession", "IngestSlots", "IngestState", "PointsListener", "refuse_overloaded", "refuse_unauthorized"]

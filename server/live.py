@@ -42,12 +42,16 @@ class Subscription:
         return await self.queue.get()
 
 
+Relay = Callable[[dict[str, Any]], None]
+"""Hands a note to the other replicas (`server.fanout.Fanout.relay`); never waits."""
+
+
 class LiveHub:
-    def __init__(self, queue_size: int = 1000):
+    def __init__(self, queue_size: int = 1000, relay: Relay | None = None):
         self.queue_size = queue_size
         self._by_run: dict[str, set[Subscription]] = defaultdict(set)
-        self.relay: Callable[[dict[str, Any]], None] | None = None
-        """Set by `server.fanout` when other replicas must hear of what is published here."""
+        self.relay = relay
+        """Where other replicas hear of what is published here; None with one process."""
 
     def subscribe(self, run_ids: frozenset[str] | None) -> Subscription:
         """Subscribe to some runs, or to every run when `run_ids` is None."""

@@ -7,13 +7,38 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from server.models import Run
+from server.models import Alert, Run
 from server.storage import KeyInfo, SeriesData
 from trainer_hooks.protocol import encode_value
 
 
 def iso(ts: float | None) -> str | None:
     return None if ts is None else datetime.fromtimestamp(ts, timezone.utc).isoformat()
+
+
+def alert_json(alert: Alert) -> dict[str, Any]:
+    """The API shape of an alert (REST, live pushes and webhook events; docs/protocol.md fields first)."""
+    return {
+        "id": alert.id,
+        "run_id": alert.run_id,
+        "rule": alert.rule_name,
+        "metric": alert.metric,
+        "severity": alert.severity,
+        "state": alert.state,
+        "started_step": alert.started_step,
+        "resolved_step": alert.resolved_step,
+        "message": alert.message,
+        "keys": [key for key in alert.metric.split(",") if key],
+        "rule_id": alert.rule_id,
+        "fingerprint": alert.fingerprint,
+        "fired_step": alert.fired_step,
+        "value": None if alert.value is None else encode_value(alert.value),
+        "started_at": iso(alert.started_at),
+        "resolved_at": iso(alert.resolved_at),
+        "silenced": alert.silenced,
+        "acknowledged_at": iso(alert.acknowledged_at),
+        "acknowledged_by": alert.acknowledged_by,
+    }
 
 
 class RunOut(BaseModel):

@@ -22,14 +22,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import aliased
 
 from server.db import is_sqlite, session_factory
+from server.errors import UnknownRun
 from server.models import Point, Run, Series
 from trainer_hooks.protocol import Row, RunInfo
 
-__all__ = ["Store", "UnknownRun", "WriteResult", "SeriesData", "KeyInfo"]
-
-
-class UnknownRun(LookupError):
-    pass
+__all__ = ["Store", "WriteResult", "SeriesData", "KeyInfo"]
 
 
 @dataclass(frozen=True)

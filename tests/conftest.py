@@ -3,22 +3,15 @@
 from __future__ import annotations
 
 import os
-import socket
-import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
 
+from keel.local import LocalServer
+
 PG_ADMIN_DSN = os.environ.get("KEEL_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _postgres_or_skip() -> None:
@@ -70,58 +63,21 @@ class RunningServer:
     stop: Callable[[], None]
 
 
-class _ServerThread:
-    def __init__(self, database_url: str, **settings: object):
-        import uvicorn
-
-        from server.app import create_app
-        from server.config import Settings
-
-        self.port = free_port()
-        self.settings = Settings(database_url=database_url, port=self.port, **settings)  # type: ignore[arg-type]
-        self.app = create_app(self.settings)
-        config = uvicorn.Config(
-            self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on",
-            ws_max_size=self.settings.max_frame_bytes + 1024 * 1024,
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> RunningServer:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("server did not start")
-            time.sleep(0.02)
-        base = f"http://127.0.0.1:{self.port}"
-        return RunningServer(
-            url=base,
-            ws_url=f"ws://127.0.0.1:{self.port}",
-            database_url=self.settings.database_url,
-            app=self.app,
-            stop=lambda: self.__exit__(None, None, None),
-        )
-
-    def __exit__(self, *exc: object) -> None:
-        if self.thread.is_alive():
-            self.server.should_exit = True
-            self.thread.join(timeout=15)
-
-
 @pytest.fixture
 def server_factory():  # type: ignore[no-untyped-def]
     """Start servers (in-process, real sockets) with custom settings; all stopped at teardown."""
-    started: list[_ServerThread] = []
+    started: list[LocalServer] = []
 
     def start(database_url: str, **settings: object) -> RunningServer:
-        thread = _ServerThread(database_url, **settings)
-        started.append(thread)
-        return thread.__enter__()
+        local = LocalServer(database_url, **settings).start()
+        started.append(local)
+        return RunningServer(
+            url=local.url, ws_url=local.ws_url, database_url=database_url, app=local.app, stop=local.stop
+        )
 
     yield start
-    for thread in reversed(started):
-        thread.__exit__(None, None, None)
+    for local in reversed(started):
+        local.stop(timeout_s=15)
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Policy-gradient losses of LOSSES.md (docs/losses.md), as per-token coefficients.
+"""Policy-gradient losses of docs/losses.md (docs/losses.md), as per-token coefficients.
 
 Every loss has the gradient −agg_t(c_t · ∇ log π_t); the losses differ only in
 the coefficient c_t. Each loss function here is pure and returns, per token,
@@ -279,7 +279,7 @@ def flash_reinforce(
     *,
     delta: float = 3e-3,
 ) -> LossTerms:
-    """c = m_i·A_i·sg(r_t), m_i = 1[mean_t d_t ≤ δ] with d the Bernoulli KL (METRICS.md).
+    """c = m_i·A_i·sg(r_t), m_i = 1[mean_t d_t ≤ δ] with d the Bernoulli KL (docs/metrics.md).
 
     Use batch advantages (`compute_advantages(..., "batch")`) and the default
     `seq_mean_token_mean`; rejected sequences stay in the denominator B.

@@ -1,4 +1,4 @@
-"""Stability metrics from a learner step's tensors (docs/metrics.md, METRICS.md).
+"""Stability metrics from a learner step's tensors (docs/metrics.md, docs/metrics.md).
 
 Everything runs under `torch.no_grad()` on the device the inputs live on and
 returns 0-dim float32 tensors: no `.item()`, no `.cpu()`, no Python branch on a
@@ -101,7 +101,7 @@ def stability_metrics(
     learner_version: Tensor | int | None = None,
     quantile: bool = True,
 ) -> dict[str, Tensor]:
-    """The METRICS.md metrics of one batch, as 0-dim float32 tensors on the input device.
+    """The docs/metrics.md metrics of one batch, as 0-dim float32 tensors on the input device.
 
     Args:
         sampler_logprobs: log μ of each sampled token, recorded at sampling, [..., B, T].

@@ -43,9 +43,9 @@ from trainer_hooks.protocol import (
     Limits,
     Row,
     RunInfo,
+    encode_rows,
     hello_message,
     parse_hello,
-    points_message,
 )
 from trainer_hooks.sender import ConnState, Sender, SenderConfig, ingest_url
 from trainer_hooks.spool import Spool, default_spool_root
@@ -438,9 +438,7 @@ class Monitor:
         oldest = self._rows[0].time or 0.0
         if not (force or full or time.time() - oldest >= self._config.flush_interval):
             return
-        rows_json = json.dumps(
-            points_message(0, self._rows)["rows"], separators=(",", ":"), allow_nan=False
-        )
+        rows_json = json.dumps(encode_rows(self._rows), separators=(",", ":"), allow_nan=False)
         self._spool.append(rows_json)  # on OSError the rows stay and are retried next tick
         self._rows = []
         self._rows_values = 0

@@ -22,6 +22,7 @@ __all__ = [
     "CLOSE_SERVER_FAULT",
     "RUN_STATUSES",
     "FINISH_STATUSES",
+    "KeelError",
     "Limits",
     "ProtocolError",
     "RunInfo",
@@ -32,9 +33,15 @@ __all__ = [
     "parse_rows",
     "parse_points",
     "parse_finish",
+    "parse_live",
+    "encode_rows",
     "hello_message",
     "points_message",
+    "points_frame",
     "finish_message",
+    "live_points_message",
+    "live_alert_message",
+    "live_status_message",
 ]
 
 PROTOCOL_VERSION = 1
@@ -67,7 +74,14 @@ class Limits:
     """Characters in a run name, project, group or tag."""
 
 
-class ProtocolError(ValueError):
+class KeelError(Exception):
+    """The root of every error Keel raises on purpose (docs/architecture.md lists the tree).
+
+    Here, in the stdlib-only protocol module, because the client and the server share it.
+    """
+
+
+class ProtocolError(KeelError, ValueError):
     """A message that breaks the protocol. `close_code` is what the server closes with."""
 
     def __init__(self, message: str, *, code: str = "malformed", close_code: int = CLOSE_MALFORMED):
@@ -238,20 +252,61 @@ def hello_message(run: RunInfo) -> dict[str, Any]:
     return {"type": "hello", "protocol": PROTOCOL_VERSION, "run": run.to_json()}
 
 
+def encode_rows(rows: list[Row]) -> list[dict[str, Any]]:
+    """Rows as every points message carries them (ingest frames and live pushes alike)."""
+    return [
+        {
+            "step": row.step,
+            **({"time": row.time} if row.time is not None else {}),
+            "values": {key: encode_value(value) for key, value in row.values.items()},
+        }
+        for row in rows
+    ]
+
+
 def points_message(seq: int, rows: list[Row]) -> dict[str, Any]:
-    return {
-        "type": "points",
-        "seq": seq,
-        "rows": [
-            {
-                "step": row.step,
-                **({"time": row.time} if row.time is not None else {}),
-                "values": {key: encode_value(value) for key, value in row.values.items()},
-            }
-            for row in rows
-        ],
-    }
+    return {"type": "points", "seq": seq, "rows": encode_rows(rows)}
+
+
+def points_frame(seq: int, rows_json: str) -> str:
+    """`points_message` as text, from rows already encoded to JSON (`encode_rows`).
+
+    The client spools a frame's rows once, when it cuts the frame; only the seq is
+    added when sending, so a frame is never decoded and encoded again.
+    """
+    return f'{{"type":"points","seq":{seq},"rows":{rows_json}}}'
 
 
 def finish_message(status: str = "finished") -> dict[str, Any]:
     return {"type": "finish", "status": status}
+
+
+# -- live pushes (server -> browser) ----------------------------------------------------
+
+
+def live_points_message(run_id: str, rows: list[Row]) -> dict[str, Any]:
+    return {"type": "points", "run_id": run_id, "rows": encode_rows(rows)}
+
+
+def live_alert_message(run_id: str, alert: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "alert", "run_id": run_id, "alert": alert}
+
+
+def live_status_message(run_id: str, status: str) -> dict[str, Any]:
+    return {"type": "status", "run_id": run_id, "status": status}
+
+
+def parse_live(msg: Any) -> tuple[str, str, Any]:
+    """(type, run_id, payload) of a live push: the rows for "points" (decoded), the
+    alert's JSON for "alert", the run status for "status"."""
+    msg = _require_dict(msg, "live message")
+    kind, run_id = msg.get("type"), msg.get("run_id")
+    if not isinstance(run_id, str):
+        raise ProtocolError("live message has no run_id")
+    if kind == "points":
+        return kind, run_id, parse_rows(msg.get("rows"))
+    if kind == "alert":
+        return kind, run_id, _require_dict(msg.get("alert"), "alert")
+    if kind == "status" and msg.get("status") in RUN_STATUSES:
+        return kind, run_id, msg["status"]
+    raise ProtocolError(f"unknown live message type {str(kind)[:40]!r}")

@@ -33,6 +33,7 @@ from trainer_hooks.protocol import (
     CLOSE_TOO_LARGE,
     finish_message,
     hello_message,
+    points_frame,
 )
 from trainer_hooks.spool import Spool
 
@@ -219,9 +220,7 @@ class Sender:
             self._send_offset = frame.end_offset
             if frame.n < 0:  # a corrupt line kept in the log; nothing to send
                 continue
-            # The rows were encoded by protocol.points_message when the frame was cut;
-            # only the seq is added here, so the frame is never decoded and re-encoded.
-            self._ws.send(f'{{"type":"points","seq":{base + frame.n},"rows":{frame.rows_json}}}')
+            self._ws.send(points_frame(base + frame.n, frame.rows_json))
             self._inflight.append((frame.n, frame.end_offset, time.monotonic()))
 
     def _maybe_send_finish(self) -> None:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer_hooks.protocol import RunInfo
+from trainer_hooks.protocol import KeelError, RunInfo
 
 try:
     import fcntl
@@ -74,7 +74,7 @@ def find_spools(path: Path) -> list[Path]:
     return sorted(child for child in path.iterdir() if (child / RUN_FILE).is_file())
 
 
-class SpoolBusyError(RuntimeError):
+class SpoolBusyError(KeelError, RuntimeError):
     """Another live process (a trainer or `keel sync`) owns this spool."""
 
 

@@ -1,4 +1,4 @@
-"""CRUD for rules, alerts (list, acknowledge), silences and webhooks."""
+"""Alerts (list, acknowledge), silences and webhooks: their REST operations. Rules: rulebook.py."""
 
 from __future__ import annotations
 
@@ -9,73 +9,13 @@ from typing import Any
 
 from sqlalchemy import select
 
-from server.alerts import repository
-from server.alerts.rules import SEVERITIES, build_detector
-from server.models import Alert, Delivery, Rule, Run, Silence, Webhook
+from server.alerts.notify import outbox_row
+from server.errors import InvalidRequest, NotFound
+from server.models import Alert, Delivery, Run, Silence, Webhook
 from server.schemas import iso
 from server.storage import Store
 from server.webhooks import signing
 from server.webhooks.formats import FORMATS
-
-
-class NotFound(LookupError):
-    pass
-
-
-def rule_json(rule: Rule) -> dict[str, Any]:
-    return {
-        "id": rule.id, "name": rule.name, "project": rule.project, "group": rule.group, "run_id": rule.run_id,
-        "metric": rule.metric, "detector": rule.detector, "params": rule.params, "severity": rule.severity,
-        "for_steps": rule.for_steps, "keep_firing_for": rule.keep_firing_for, "enabled": rule.enabled, "builtin": rule.builtin,
-    }
-
-
-def validate_rule(fields: dict[str, Any]) -> None:
-    build_detector(fields["detector"], fields["metric"], fields.get("params") or {})
-    if fields["severity"] not in SEVERITIES:
-        raise ValueError(f"severity must be one of {', '.join(SEVERITIES)}")
-    if fields["for_steps"] < 0 or fields["keep_firing_for"] < 0:
-        raise ValueError("for_steps and keep_firing_for must be >= 0")
-
-
-async def list_rules(store: Store, project: str | None) -> list[Rule]:
-    query = select(Rule).order_by(Rule.id)
-    if project is not None:
-        query = query.where(Rule.project == project)
-    async with store.sessions() as session:
-        return list((await session.scalars(query)).all())
-
-
-async def create_rule(store: Store, fields: dict[str, Any]) -> Rule:
-    validate_rule(fields)
-    async with store.writing() as session:
-        rule = Rule(**fields, builtin=False, created_at=time.time())
-        session.add(rule)
-    return rule
-
-
-async def update_rule(store: Store, rule_id: int, changes: dict[str, Any]) -> Rule:
-    async with store.writing() as session:
-        rule = await session.get(Rule, rule_id)
-        if rule is None:
-            raise NotFound(f"rule {rule_id} not found")
-        merged = {**rule_json(rule), **changes}
-        validate_rule(merged)
-        evaluation_changed = any(k in changes for k in ("metric", "detector", "params"))
-        for key, value in changes.items():
-            setattr(rule, key, value)
-        if evaluation_changed:
-            # Old detector state means nothing to a different detector.
-            await repository.delete_rule_states(session, rule_id)
-    return rule
-
-
-async def delete_rule(store: Store, rule_id: int) -> None:
-    async with store.writing() as session:
-        rule = await session.get(Rule, rule_id)
-        if rule is None:
-            raise NotFound(f"rule {rule_id} not found")
-        await session.delete(rule)
 
 
 async def list_alerts(
@@ -113,9 +53,9 @@ def silence_json(silence: Silence, now: float) -> dict[str, Any]:
 
 async def create_silence(store: Store, matchers: dict[str, str], starts_at: float, ends_at: float, comment: str, created_by: str) -> Silence:
     if not matchers:
-        raise ValueError("a silence needs at least one matcher")
+        raise InvalidRequest("a silence needs at least one matcher")
     if ends_at <= starts_at:
-        raise ValueError("ends_at must be after starts_at")
+        raise InvalidRequest("ends_at must be after starts_at")
     async with store.writing() as session:
         silence = Silence(matchers=matchers, starts_at=starts_at, ends_at=ends_at, comment=comment, created_by=created_by)
         session.add(silence)
@@ -142,7 +82,7 @@ def webhook_json(hook: Webhook) -> dict[str, Any]:
 
 async def create_webhook(store: Store, url: str, format_name: str, secret: str | None) -> Webhook:
     if format_name not in FORMATS:
-        raise ValueError(f"format must be one of {', '.join(FORMATS)}")
+        raise InvalidRequest(f"format must be one of {', '.join(FORMATS)}")
     secret = secret or signing.new_secret()
     signing.validate_secret(secret)
     async with store.writing() as session:
@@ -183,7 +123,7 @@ async def queue_test_event(store: Store, hook_id: int, base_url: str) -> Deliver
                 "rule_id": None, "silenced": False, "acknowledged_at": None, "acknowledged_by": None,
             },
         }
-        delivery = repository.outbox_row(hook.id, event_id, "test", payload, now)
+        delivery = outbox_row(hook.id, event_id, "test", payload, now)
         session.add(delivery)
     return delivery
 

@@ -5,19 +5,21 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, HTTPException, Query
 from pydantic import BaseModel, Field
 
 from server.alerts import admin
-from server.alerts.repository import alert_json
+from server.alerts.rulebook import rule_json
 from server.auth import ADMIN, READ
-from server.deps import SettingsDep, StoreDep
+from server.deps import DeliveriesDep, RuleBookDep, SettingsDep, StoreDep
+from server.errors import NotFound
+from server.schemas import alert_json
 from server.webhooks.netguard import checked_address
 
 router = APIRouter(tags=["alerts"])
 
 
-def _missing(exc: admin.NotFound) -> HTTPException:
+def _missing(exc: NotFound) -> HTTPException:
     return HTTPException(404, str(exc))
 
 
@@ -45,7 +47,7 @@ class AckIn(BaseModel):
 async def acknowledge(alert_id: int, store: StoreDep, body: AckIn | None = None) -> dict[str, Any]:
     try:
         return alert_json(await admin.acknowledge(store, alert_id, (body or AckIn()).by))
-    except admin.NotFound as exc:
+    except NotFound as exc:
         raise _missing(exc) from None
 
 
@@ -78,39 +80,36 @@ class RulePatch(BaseModel):
 
 
 @router.get("/rules", dependencies=[READ])
-async def list_rules(store: StoreDep, project: str | None = None) -> list[dict[str, Any]]:
-    return [admin.rule_json(rule) for rule in await admin.list_rules(store, project)]
+async def list_rules(rules: RuleBookDep, project: str | None = None) -> list[dict[str, Any]]:
+    return [rule_json(rule) for rule in await rules.list(project)]
 
 
 @router.post("/rules", status_code=201, dependencies=[ADMIN])
-async def create_rule(body: RuleIn, store: StoreDep, request: Request) -> dict[str, Any]:
+async def create_rule(body: RuleIn, rules: RuleBookDep) -> dict[str, Any]:
     try:
-        rule = await admin.create_rule(store, body.model_dump())
+        rule = await rules.create(body.model_dump())
     except ValueError as exc:
         raise HTTPException(422, str(exc)) from None
-    request.app.state.alerts.rules_changed()
-    return admin.rule_json(rule)
+    return rule_json(rule)
 
 
 @router.patch("/rules/{rule_id}", dependencies=[ADMIN])
-async def update_rule(rule_id: int, body: RulePatch, store: StoreDep, request: Request) -> dict[str, Any]:
+async def update_rule(rule_id: int, body: RulePatch, rules: RuleBookDep) -> dict[str, Any]:
     try:
-        rule = await admin.update_rule(store, rule_id, body.model_dump(exclude_none=True))
-    except admin.NotFound as exc:
+        rule = await rules.update(rule_id, body.model_dump(exclude_none=True))
+    except NotFound as exc:
         raise _missing(exc) from None
     except ValueError as exc:
         raise HTTPException(422, str(exc)) from None
-    request.app.state.alerts.forget_rule(rule_id)
-    return admin.rule_json(rule)
+    return rule_json(rule)
 
 
 @router.delete("/rules/{rule_id}", status_code=204, dependencies=[ADMIN])
-async def delete_rule(rule_id: int, store: StoreDep, request: Request) -> None:
+async def delete_rule(rule_id: int, rules: RuleBookDep) -> None:
     try:
-        await admin.delete_rule(store, rule_id)
-    except admin.NotFound as exc:
+        await rules.delete(rule_id)
+    except NotFound as exc:
         raise _missing(exc) from None
-    request.app.state.alerts.forget_rule(rule_id)
 
 
 # -- silences -----------------------------------------------------------------------
@@ -149,7 +148,7 @@ async def create_silence(body: SilenceIn, store: StoreDep) -> dict[str, Any]:
 async def expire_silence(silence_id: int, store: StoreDep) -> dict[str, Any]:
     try:
         return admin.silence_json(await admin.expire_silence(store, silence_id), time.time())
-    except admin.NotFound as exc:
+    except NotFound as exc:
         raise _missing(exc) from None
 
 
@@ -166,7 +165,7 @@ class WebhookIn(BaseModel):
 async def create_webhook(body: WebhookIn, store: StoreDep, settings: SettingsDep) -> dict[str, Any]:
     try:
         await checked_address(body.url, allow_private=settings.allow_private_webhooks)
-    except ValueError as exc:  # ForbiddenTarget included
+    except ValueError as exc:  # ForbiddenTarget (an InvalidRequest) included
         raise HTTPException(422, str(exc)) from None
     try:
         hook = await admin.create_webhook(store, body.url, body.format, body.secret)
@@ -184,17 +183,19 @@ async def list_webhooks(store: StoreDep) -> list[dict[str, Any]]:
 async def delete_webhook(hook_id: int, store: StoreDep) -> None:
     try:
         await admin.delete_webhook(store, hook_id)
-    except admin.NotFound as exc:
+    except NotFound as exc:
         raise _missing(exc) from None
 
 
 @router.post("/webhooks/{hook_id}/test", status_code=202, dependencies=[ADMIN])
-async def test_webhook(hook_id: int, store: StoreDep, settings: SettingsDep, request: Request) -> dict[str, Any]:
+async def test_webhook(
+    hook_id: int, store: StoreDep, settings: SettingsDep, deliveries: DeliveriesDep
+) -> dict[str, Any]:
     try:
         delivery = await admin.queue_test_event(store, hook_id, settings.base_url)
-    except admin.NotFound as exc:
+    except NotFound as exc:
         raise _missing(exc) from None
-    request.app.state.deliveries.wake()
+    deliveries.wake()
     return {"event_id": delivery.event_id, "status": "queued"}
 
 

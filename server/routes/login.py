@@ -8,7 +8,9 @@ from urllib.parse import parse_qs
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from server.auth import COOKIE, token_scopes
+from server.auth import COOKIE
+from server.deps import StoreDep
+from server.tokens import token_scopes
 
 router = APIRouter(include_in_schema=False)
 
@@ -27,9 +29,9 @@ async def login_form() -> HTMLResponse:
 
 
 @router.post("/login")
-async def login(request: Request) -> Response:
+async def login(request: Request, store: StoreDep) -> Response:
     token = parse_qs((await request.body()).decode(errors="replace")).get("token", [""])[0].strip()
-    scopes = await token_scopes(request.app.state.store, token) if token else None
+    scopes = await token_scopes(store, token) if token else None
     if not scopes or "read" not in scopes:
         return HTMLResponse(PAGE.format(error=escape("That token is unknown or lacks the read scope.")), status_code=401)
     response = RedirectResponse("/", status_code=303)

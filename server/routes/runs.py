@@ -8,10 +8,9 @@ import orjson
 from fastapi import APIRouter, HTTPException, Query, Request
 
 from server.auth import INGEST, READ
-from server.deps import HubDep, SettingsDep, StoreDep
-from server.ingest import after_commit
+from server.deps import CommittedDep, SettingsDep, StoreDep
+from server.errors import UnknownRun
 from server.schemas import KeyOut, PointsWritten, RunDetail, RunOut, SeriesOut
-from server.storage import UnknownRun
 from trainer_hooks.protocol import CLOSE_TOO_LARGE, ProtocolError, encode_value, parse_rows
 
 router = APIRouter(tags=["runs"])
@@ -84,7 +83,7 @@ async def run_series(
 
 @router.post("/runs/{run_id}/points", response_model=PointsWritten, dependencies=[INGEST])
 async def post_points(
-    run_id: str, request: Request, store: StoreDep, settings: SettingsDep, hub: HubDep
+    run_id: str, request: Request, store: StoreDep, settings: SettingsDep, committed: CommittedDep
 ) -> PointsWritten:
     body = await request.body()
     if len(body) > settings.max_frame_bytes:
@@ -102,5 +101,5 @@ async def post_points(
         result = await store.write_points(run_id, rows, time.time())
     except UnknownRun:
         raise _not_found(run_id) from None
-    await after_commit(hub, request.app.state.points_listeners, run_id, rows)
+    await committed.points(run_id, rows)
     return PointsWritten(stored_rows=len(rows), last_step=result.last_step)

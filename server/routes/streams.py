@@ -8,28 +8,30 @@ import orjson
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from server.auth import allowed
-from server.deps import HubDep, SettingsDep, StoreDep
+from server.deps import CommittedDep, HubDep, IngestSlotsDep, SettingsDep, StoreDep
 from server.ingest import IngestSession, refuse_overloaded, refuse_unauthorized
 
 router = APIRouter()
 
 
 @router.websocket("/ingest")
-async def ingest(websocket: WebSocket, store: StoreDep, hub: HubDep, settings: SettingsDep) -> None:
-    state = websocket.app.state
-    if state.ingest_connections >= settings.max_ingest_connections:
+async def ingest(
+    websocket: WebSocket, store: StoreDep, committed: CommittedDep, slots: IngestSlotsDep, settings: SettingsDep
+) -> None:
+    if slots.open >= slots.limit:
         await refuse_overloaded(websocket)
         return
     if not await allowed(websocket, "ingest"):
         await refuse_unauthorized(websocket, "ingest")
         return
-    state.ingest_connections += 1
+    if not slots.take():  # taken by another socket while this one was authorised
+        await refuse_overloaded(websocket)
+        return
     try:
         await websocket.accept()
-        session = IngestSession(websocket, store, hub, settings.limits, state.points_listeners)
-        await session.serve()
+        await IngestSession(websocket, store, committed, settings.limits).serve()
     finally:
-        state.ingest_connections -= 1
+        slots.give_back()
 
 
 @router.websocket("/live")

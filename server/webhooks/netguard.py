@@ -13,11 +13,9 @@ import ipaddress
 import socket
 from urllib.parse import urlsplit
 
+from server.errors import ForbiddenTarget
+
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-
-
-class ForbiddenTarget(ValueError):
-    pass
 
 
 def address_allowed(address: IPAddress) -> bool:

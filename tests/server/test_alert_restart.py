@@ -55,12 +55,12 @@ def test_a_crash_that_loses_detector_state_is_caught_up_from_stored_points(serve
     run = new_run("crashed")
     first = server_factory(database_url)
     _stream(first, run, rows[:10])
-    engine = first.app.state.alerts  # type: ignore[attr-defined]
+    engine = first.app.state.services.alerts  # type: ignore[attr-defined]
     deadline = time.monotonic() + 15
     while not any(run_id == run["id"] and t.last_step == 9 for (_, run_id), t in engine._tracked.items()):
         assert time.monotonic() < deadline  # evaluation follows the ack
         time.sleep(0.02)
-    first.app.state.points_listeners.remove(engine.on_points)  # type: ignore[attr-defined]
+    first.app.state.services.committed.listeners.remove(engine.on_points)  # type: ignore[attr-defined]
     _stream(first, run, rows[10:90], first_step=10, seq0=1)
     first.stop()
 
@@ -133,17 +133,17 @@ def test_a_stored_state_of_another_rule_definition_is_not_fed_to_the_new_one() -
     the same definition is kept."""
     from types import SimpleNamespace
 
-    from server.alerts.engine import _Tracked, definition
     from server.alerts.lifecycle import Lifecycle
+    from server.alerts.state import Tracked, definition
 
     rule = SimpleNamespace(detector="climb", metric="mismatch/kl", params={"h": 12})
     edited = SimpleNamespace(detector="climb", metric="mismatch/kl", params={"h": 20})
     assert definition(rule) != definition(edited)  # type: ignore[arg-type]
-    old = _Tracked({"cusum": 3.0}, Lifecycle(), 41, alert_id=7, definition=definition(rule))  # type: ignore[arg-type]
+    old = Tracked({"cusum": 3.0}, Lifecycle(), 41, alert_id=7, definition=definition(rule))  # type: ignore[arg-type]
     row = (old.to_json(), old.last_step)
-    same = _Tracked.load(row, {"fresh": True}, definition(rule))  # type: ignore[arg-type]
+    same = Tracked.load(row, {"fresh": True}, definition(rule))  # type: ignore[arg-type]
     assert (same.detector_state, same.last_step, same.alert_id) == ({"cusum": 3.0}, 41, 7)
-    other = _Tracked.load(row, {"fresh": True}, definition(edited))  # type: ignore[arg-type]
+    other = Tracked.load(row, {"fresh": True}, definition(edited))  # type: ignore[arg-type]
     assert (other.detector_state, other.last_step, other.alert_id) == ({"fresh": True}, 41, 7)
     assert other.to_json()["definition"] == definition(edited)  # type: ignore[arg-type]
 
@@ -163,7 +163,7 @@ def test_a_rule_deleted_on_another_replica_stops_failing_evaluation_at_the_next_
     flat = [{"mismatch/kl": 1e-3} for _ in range(10)]
     _stream(b, run, flat)  # B now holds every rule of the project, "kl high" included
     deadline = time.monotonic() + 15
-    while run["id"] not in {r for (_, r) in b.app.state.alerts._tracked}:  # type: ignore[attr-defined]
+    while run["id"] not in {r for (_, r) in b.app.state.services.alerts._tracked}:  # type: ignore[attr-defined]
         assert time.monotonic() < deadline  # evaluation follows the ack
         time.sleep(0.02)
     assert httpx.delete(f"{a.url}/api/v1/rules/{created.json()['id']}").status_code == 204

@@ -78,7 +78,7 @@ def test_range_reads_and_unknown_series(server) -> None:
 def test_finishing_an_unknown_run_is_refused(database_url) -> None:
     import pytest
 
-    from server.storage import UnknownRun
+    from server.errors import UnknownRun
 
     db.upgrade(database_url)
 

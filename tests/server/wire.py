@@ -1,4 +1,4 @@
-"""A minimal protocol client for tests, written from PROTOCOL.md (raw JSON, no Keel client code)."""
+"""A minimal protocol client for tests, written from docs/protocol.md (raw JSON, no Keel client code)."""
 
 from __future__ import annotations
 

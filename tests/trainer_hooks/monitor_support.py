@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from tests.conftest import free_port
+from keel.local import free_port
 from trainer_hooks.sender import SenderConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

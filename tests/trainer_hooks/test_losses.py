@@ -1,4 +1,4 @@
-"""trainer_hooks.losses against hand-computed values and the LOSSES.md coefficient table."""
+"""trainer_hooks.losses against hand-computed values and the docs/losses.md coefficient table."""
 
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ def test_flash_reinforce_hand_computed() -> None:
 def table_coefficients(
     name: str, logp: torch.Tensor, sampler_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """c_t and the gate, written straight from the LOSSES.md table (default parameters)."""
+    """c_t and the gate, written straight from the docs/losses.md table (default parameters)."""
     valid = mask.bool()
     ell = torch.where(valid, logp - sampler_logp, 0).clamp(-30, 30)
     r = ell.exp()

@@ -9,7 +9,7 @@ from textwrap import dedent
 
 import pytest
 
-from tests.conftest import free_port
+from keel.local import free_port
 from tests.trainer_hooks.monitor_support import python_process, servers
 
 make_server = pytest.fixture(name="make_server")(servers)

@@ -1,0 +1,107 @@
+"""Everything the server runs, built once per process in the lifespan, each component
+given its collaborators through its constructor (the composition root)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from server import db
+from server.alerts.coordination import for_store
+from server.alerts.engine import AlertEngine
+from server.alerts.notify import Notifier
+from server.alerts.rulebook import RuleBook
+from server.config import Settings
+from server.fanout import Fanout
+from server.ingest import AfterCommit, IngestSlots
+from server.live import LiveHub
+from server.storage import Store
+from server.tokens import create_token
+from server.webhooks.delivery import DeliveryWorker, RetryPolicy
+
+__all__ = ["Services", "running"]
+
+log = logging.getLogger("keel.server")
+
+
+@dataclass(frozen=True)
+class Services:
+    settings: Settings
+    store: Store
+    hub: LiveHub
+    committed: AfterCommit
+    """What follows every committed write (live push, alert engine)."""
+    rulebook: RuleBook
+    alerts: AlertEngine
+    deliveries: DeliveryWorker
+    ingest_slots: IngestSlots
+    internal_token: str
+    """Lets the dashboard's in-process API reads through when auth is on (read scope only)."""
+    fanout: Fanout | None
+    """Live fan-out to other replicas (PostgreSQL); None with SQLite's one process."""
+
+
+async def _every(period_s: float, job: Callable[[], Awaitable[None]]) -> None:
+    while True:
+        await asyncio.sleep(period_s)
+        try:
+            await job()
+        except Exception:
+            log.exception("periodic job failed")
+
+
+@asynccontextmanager
+async def running(settings: Settings, internal_token: str) -> AsyncIterator[Services]:
+    """Build the services, run their background tasks, and take it all down again."""
+    if settings.migrate_on_start:
+        await db.upgrade_async(settings.database_url)
+    engine = db.create_engine(settings.database_url)
+    store = Store(engine)
+    # Replicas may share a PostgreSQL database: they feed each other's live pages.
+    fanout = None if store.sqlite else Fanout(store, settings.database_url)
+    hub = LiveHub(queue_size=settings.live_queue_size, relay=fanout.relay if fanout else None)
+    deliveries = DeliveryWorker(
+        store,
+        allow_private=settings.allow_private_webhooks,
+        timeout_s=settings.webhook_timeout_s,
+        policy=RetryPolicy(max_attempts=settings.webhook_max_attempts, base_s=settings.webhook_retry_base_s),
+    )
+    coordination = for_store(store)
+    rulebook = RuleBook(store, ttl_s=coordination.rules_ttl_s)
+    alerts = AlertEngine(store, hub, rulebook, coordination, Notifier(settings.base_url), on_outbox=deliveries.wake)
+    services = Services(
+        settings=settings,
+        store=store,
+        hub=hub,
+        committed=AfterCommit(hub, [alerts.on_points]),
+        rulebook=rulebook,
+        alerts=alerts,
+        deliveries=deliveries,
+        ingest_slots=IngestSlots(settings.max_ingest_connections),
+        internal_token=internal_token,
+        fanout=fanout,
+    )
+    if settings.bootstrap_token:
+        await create_token(store, "bootstrap", ["admin"], settings.bootstrap_token)
+    tasks = [
+        asyncio.create_task(deliveries.run_forever(), name="keel-webhooks"),
+        asyncio.create_task(_every(settings.silence_check_s, alerts.check_silent_runs), name="keel-silence"),
+    ]
+    if fanout is not None:
+        tasks += [
+            asyncio.create_task(fanout.send_forever(), name="keel-fanout-send"),
+            asyncio.create_task(fanout.listen_forever(hub), name="keel-fanout-listen"),
+            asyncio.create_task(fanout.deliver_forever(hub), name="keel-fanout-deliver"),
+        ]
+    try:
+        yield services
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await alerts.flush()
+        await deliveries.close()
+        await engine.dispose()

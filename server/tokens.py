@@ -1,0 +1,58 @@
+"""API tokens: scoped (ingest, read, admin), stored hashed, shown once at creation.
+
+Checked per request by server.auth.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import secrets
+import time
+
+from sqlalchemy import select
+
+from server.models import ApiToken
+from server.storage import Store
+
+SCOPES = ("ingest", "read", "admin")
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_token() -> str:
+    return "keel_" + secrets.token_urlsafe(32)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+async def create_token(store: Store, name: str, scopes: list[str], token: str | None = None) -> str:
+    unknown = set(scopes) - set(SCOPES)
+    if unknown or not scopes:
+        raise ValueError(f"scopes must be among {', '.join(SCOPES)}")
+    token = token or new_token()
+    async with store.writing() as session:
+        existing = await session.scalar(select(ApiToken).where(ApiToken.token_hash == hash_token(token)))
+        if existing is None:
+            session.add(ApiToken(name=name, token_hash=hash_token(token), scopes=scopes, created_at=time.time(), revoked=False))
+    return token
+
+
+async def token_scopes(store: Store, token: str) -> set[str] | None:
+    async with store.sessions() as session:
+        row = await session.scalar(select(ApiToken).where(ApiToken.token_hash == hash_token(token), ApiToken.revoked.is_(False)))
+    if row is None:
+        return None
+    scopes = set(row.scopes)
+    return set(SCOPES) if "admin" in scopes else scopes
+
+

@@ -1,0 +1,167 @@
+"""The package layering of docs/architecture.md, enforced on the source (imports inside
+functions and under TYPE_CHECKING count: they are dependencies all the same)."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("trainer_hooks", "learners", "server", "dashboard", "keel", "migrations")
+
+# What the server and the dashboard need; none of it may reach a trainer's GPU node.
+SERVER_DEPENDENCIES = {
+    "fastapi", "starlette", "sqlalchemy", "alembic", "uvicorn", "pydantic", "pydantic_settings",
+    "dash", "dash_ag_grid", "plotly", "orjson", "httpx", "aiosqlite", "psycopg",
+}
+CLI_OR_SIMULATION = {"argparse", "learners", "keel"}
+
+
+def _modules() -> dict[str, Path]:
+    modules = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            modules[".".join(parts)] = path
+    return modules
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path) -> Iterator[str]:
+    """Every module `name` imports, anywhere in the file, as dotted names."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            yield base
+            yield from (f"{base}.{alias.name}" for alias in node.names)  # `from pkg import module`
+
+
+def _graph() -> dict[str, set[str]]:
+    return {
+        name: {imported for imported in _imports(name, path) if imported in MODULES and imported != name}
+        for name, path in MODULES.items()
+    }
+
+
+def _top(module: str) -> str:
+    return module.split(".")[0]
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles of `graph`: its strongly connected components of two or more (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph[node]:
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return cycles
+
+
+def test_no_two_product_modules_import_each_other_directly_or_through_a_cycle() -> None:
+    assert _cycles(_graph()) == []
+
+
+def test_the_cycle_check_finds_direct_and_indirect_cycles() -> None:
+    graph = {"a": {"b"}, "b": {"a"}, "c": {"d"}, "d": {"e"}, "e": {"c"}, "f": {"a"}}
+    assert sorted(_cycles(graph)) == [["a", "b"], ["c", "d", "e"]]
+
+
+def _module_of(imported: str) -> str:
+    """The product module a dotted import names (`pkg.module.Name` -> `pkg.module`)."""
+    parts = imported.split(".")
+    for end in range(len(parts), 0, -1):
+        if ".".join(parts[:end]) in MODULES:
+            return ".".join(parts[:end])
+    return imported
+
+
+def _importers(package: str) -> Iterator[tuple[str, str]]:
+    for name, path in MODULES.items():
+        if _top(name) == package:
+            for imported in _imports(name, path):
+                yield name, _module_of(imported)
+
+
+@pytest.mark.parametrize("package", ["server", "dashboard"])
+def test_server_and_dashboard_use_only_the_wire_protocol_of_trainer_hooks(package: str) -> None:
+    wrong = {
+        (name, imported)
+        for name, imported in _importers(package)
+        if _top(imported) == "trainer_hooks" and imported not in ("trainer_hooks", "trainer_hooks.protocol")
+        or _top(imported) in ("learners", "keel")
+    }
+    assert wrong == set()
+
+
+def test_trainer_hooks_hold_no_command_line_or_simulation_code_and_no_server_dependencies() -> None:
+    wrong = {
+        (name, imported)
+        for name, imported in _importers("trainer_hooks")
+        if _top(imported) in SERVER_DEPENDENCIES | CLI_OR_SIMULATION | {"server", "dashboard"}
+    }
+    assert wrong == set()
+    for name, path in MODULES.items():
+        if _top(name) == "trainer_hooks":
+            tree = ast.parse(path.read_text())
+            defined = {
+                target.id
+                for node in ast.walk(tree)
+                if isinstance(node, ast.Assign)
+                for target in node.targets
+                if isinstance(target, ast.Name)
+            }
+            assert "COMMANDS" not in defined, f"{name} defines keel commands"
+            assert "__main__" not in path.read_text(), f"{name} is a program"
+
+
+def test_learners_are_built_on_trainer_hooks_alone() -> None:
+    """A reference learner loop is what a user's trainer is: it may not reach into the server."""
+    wrong = {
+        (name, imported)
+        for name, imported in _importers("learners")
+        if _top(imported) in {"server", "dashboard", "keel"} | SERVER_DEPENDENCIES - {"httpx"}
+    }
+    assert wrong == set()
+
+
+def test_this_check_sees_imports_inside_functions() -> None:
+    """The graph above counts a function-level import (the kind that hides a cycle)."""
+    assert "learners.stream" in _graph()["learners.toy_cli"]
