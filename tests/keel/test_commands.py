@@ -1,0 +1,35 @@
+"""`keel demo` starts its children with keel_command(): the installed Keel, whatever the
+working directory holds (a training repository with its own `server/` or `keel/`)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from keel.commands import keel_command
+
+IMPOSTOR = "import sys; print('not keel'); sys.exit(42)\n"
+
+
+def _repository_with_impostors(root: Path) -> Path:
+    for package in ("server", "keel"):
+        (root / package).mkdir()
+        (root / package / "__init__.py").write_text(IMPOSTOR)
+        (root / package / "__main__.py").write_text(IMPOSTOR)
+    (root / "learners.py").write_text(IMPOSTOR)
+    return root
+
+
+def test_a_demo_child_runs_keel_from_a_directory_with_its_own_server_and_keel(tmp_path: Path) -> None:
+    cwd = _repository_with_impostors(tmp_path)
+    child = subprocess.run(keel_command("sim", "--help"), cwd=cwd, capture_output=True, text=True, timeout=60)
+    assert child.returncode == 0, child.stdout + child.stderr
+    assert "--mismatch" in child.stdout and "not keel" not in child.stdout
+
+
+def test_the_plain_module_form_would_have_run_the_impostor(tmp_path: Path) -> None:
+    """What the fix is for: `python -m keel` resolves against the working directory first."""
+    cwd = _repository_with_impostors(tmp_path)
+    child = subprocess.run([sys.executable, "-m", "keel", "--help"], cwd=cwd, capture_output=True, text=True, timeout=60)
+    assert child.returncode == 42 and "not keel" in child.stdout
