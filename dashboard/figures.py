@@ -1,17 +1,24 @@
 """Figure builders: points in, Plotly figure (a plain dict) out. No I/O.
 
 Conventions the browser relies on (assets/keel_live.js appends live points):
-- `layout.meta` = {"key", "render_id", "aggregate", "smoothing", "empty"};
+- `layout.meta` = {"key", "render_id", "aggregate", "smoothing", "empty", "y_extent",
+  "flat", "log_fallback", ...};
 - each trace's `meta` = {"run", "role", "last_step", ...} with role one of
   "raw" (the line as logged), "smooth" (its EMA; meta.ema carries the state),
   "nonfinite" (NaN/±Inf markers on the edge axis y2), "envelope" (min/max of
   downsampled buckets), "member"/"mean"/"band" (group aggregation), "alerts".
 Non-finite values never vanish: they are gaps in the line and markers at the
 plot edge on an overlaid, fixed [0, 1] axis, so zoom and log scale cannot hide them.
+
+The y axis never zooms into rounding error: a series flat to within FLAT_SPAN of its
+size gets a fixed range of ±FLAT_PAD around it (`flat_range`; the browser applies the
+same rule to live points from `meta.y_extent`). On a log axis values ≤ 0 are gaps; a chart
+with nothing positive to show is drawn on a linear axis with a note instead.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -25,6 +32,7 @@ from dashboard.traces import (
     RunLine,
     Style,
     alert_overlays,
+    drawable,
     group_of,
     group_traces,
     run_styles,
@@ -38,11 +46,21 @@ __all__ = [
     "run_styles",
     "metric_figure",
     "message_figure",
+    "flat_range",
+    "FLAT_SPAN",
+    "FLAT_PAD",
     "EDGE_Y",
     "EDGE_SYMBOL",
 ]
 
 Figure = dict[str, Any]
+
+FLAT_SPAN = 1e-6
+"""Values closer than this fraction of their size are one value to the eye: float32 keeps
+about 7 digits and float64 arithmetic rounds in the 16th, so such a spread is noise."""
+FLAT_PAD = 0.1
+"""How far a flat series' axis reaches either side of it: ±10 % of the value, or a tenth
+of a decade each way on a log axis."""
 
 
 @dataclass(frozen=True)
@@ -107,6 +125,50 @@ def _base_layout(title: str, unit: str, height: int, log_y: bool) -> Figure:
     }
 
 
+def flat_range(extent: tuple[float, float] | None, log_y: bool) -> list[float] | None:
+    """The y range (in axis units: log10 on a log axis) that shows a flat series as a flat
+    line, or None when the series varies (or is exactly 0 everywhere, which Plotly draws
+    at [-1, 1]). Plotly's own autorange zooms into rounding error, and puts a constant on
+    a log axis at the top edge; `autorangeoptions.include` only widens that afterwards."""
+    if extent is None:
+        return None
+    lo, hi = extent
+    size = max(abs(lo), abs(hi))
+    if size == 0 or hi - lo >= FLAT_SPAN * size:
+        return None
+    middle = (lo + hi) / 2
+    if log_y:
+        return [math.log10(middle) - FLAT_PAD, math.log10(middle) + FLAT_PAD]
+    return [middle - FLAT_PAD * abs(middle), middle + FLAT_PAD * abs(middle)]
+
+
+def _y_extent(traces: Sequence[Figure], log_y: bool) -> tuple[float, float] | None:
+    """The smallest and largest value drawn on the main y axis (markers live on y2)."""
+    drawn = [
+        v
+        for trace in traces
+        if trace.get("yaxis", "y") == "y"
+        for v in trace["y"]
+        if drawable(v, log_y)
+    ]
+    return (min(drawn), max(drawn)) if drawn else None
+
+
+def _log_fallback_note(lines: Sequence[RunLine]) -> str | None:
+    """Why a log axis cannot draw these lines (finite values, none positive), or None if it can."""
+    finite = [
+        v
+        for line in lines
+        for values in (line.series.values, line.series.maxs or ())
+        for v in values
+        if math.isfinite(v)
+    ]
+    if not finite or any(v > 0 for v in finite):
+        return None
+    what = "all values are 0" if all(v == 0 for v in finite) else "no value is above 0"
+    return f"{what}; a log axis cannot show them<br>drawn on a linear axis"
+
+
 def metric_figure(
     key: str,
     lines: Sequence[RunLine],
@@ -117,6 +179,9 @@ def metric_figure(
     """One chart of one metric across runs (or across groups when aggregating)."""
     info = metric_info(key)
     log_y = info.log_y if options.log_y is None else options.log_y
+    log_note = _log_fallback_note(lines) if log_y else None
+    if log_note is not None:
+        log_y = False
     title = (
         f"<b>{info.title}</b>"
         if info.title == key
@@ -134,11 +199,11 @@ def metric_figure(
             members = groups[name]
             spread: Literal["std", "stderr"] = "stderr" if options.aggregate == "stderr" else "std"
             traces.extend(
-                group_traces(members, styles[members[0].run_id], options.smoothing, spread)
+                group_traces(members, styles[members[0].run_id], options.smoothing, spread, log_y)
             )
     else:
         for line in lines:
-            traces.extend(run_traces(line, styles[line.run_id], options.smoothing))
+            traces.extend(run_traces(line, styles[line.run_id], options.smoothing, log_y))
     shapes, alert_trace = alert_overlays(key, lines, alerts)
     layout["shapes"] = shapes
     if alert_trace is not None:
@@ -149,6 +214,15 @@ def metric_figure(
         layout["annotations"].append(_annotation("No runs selected"))
     elif empty:
         layout["annotations"].append(_annotation(f"No points for {key} yet — waiting for data"))
+    if log_note is not None:
+        note = _annotation(log_note)
+        layout["annotations"].append(
+            {**note, "y": 0.97, "yanchor": "top", "font": {**note["font"], "size": 11}}
+        )
+    extent = _y_extent(traces, log_y)
+    y_range = flat_range(extent, log_y)
+    if y_range is not None:
+        layout["yaxis"].update(range=y_range, autorange=False)
     counts: dict[str, int] = {}
     for line in lines:
         for point in nonfinite_points(line.series):
@@ -180,6 +254,9 @@ def metric_figure(
         "aggregate": aggregate,
         "smoothing": options.smoothing,
         "empty": empty,
+        "y_extent": list(extent) if extent is not None else None,
+        "flat": {"span": FLAT_SPAN, "pad": FLAT_PAD, "range": y_range},
+        "log_fallback": log_note is not None,
         "last_steps": {line.run_id: line.series.last_step for line in lines},
         "edge": {kind: [EDGE_Y[kind], EDGE_SYMBOL[kind], EDGE_LABEL[kind]] for kind in EDGE_Y},
     }

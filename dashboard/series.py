@@ -128,16 +128,21 @@ def alert_matches(metric: str | None, key: str) -> bool:
 
 @dataclass
 class EmaState:
-    """Where a debiased EMA stands: the biased accumulator and how many finite points fed it."""
+    """Where a debiased EMA stands: its current value and how many finite points fed it."""
 
-    biased: float = 0.0
+    value: float = 0.0
     count: int = 0
 
     def push(self, value: float, weight: float) -> float:
-        self.biased = self.biased * weight + (1.0 - weight) * value
         self.count += 1
-        # Dividing by 1 - w^n removes the pull towards the zero start (TensorBoard's debiasing).
-        return self.biased / (1.0 - weight**self.count)
+        # TensorBoard's debiased EMA, b_n / (1 - w^n) with b_n = w·b_(n-1) + (1 - w)·x_n,
+        # written as a running value that moves towards each point by (1 - w) / (1 - w^n).
+        # The same numbers, but exact for a constant (x - value is 0): the quotient form
+        # rounds a constant 1.0 to 1.0000000000000002 at some steps, and the axis zooms
+        # into that.
+        gain = (1.0 - weight) / (1.0 - weight**self.count)
+        self.value = value if gain >= 1.0 else self.value + gain * (value - self.value)
+        return self.value
 
 
 def ema(values: Sequence[float], weight: float) -> tuple[list[float | None], EmaState]:
@@ -259,8 +264,12 @@ def group_band(
             lower.append(None)
             upper.append(None)
             continue
-        mu = math.fsum(finite) / n
-        std = math.sqrt(math.fsum((v - mu) ** 2 for v in finite) / (n - 1)) if n > 1 else 0.0
+        if min(finite) == max(finite):
+            # fsum(v, v, v) / 3 need not give v back; equal runs must give a line, not a band.
+            mu, std = finite[0], 0.0
+        else:
+            mu = math.fsum(finite) / n
+            std = math.sqrt(math.fsum((v - mu) ** 2 for v in finite) / (n - 1))
         half = std / math.sqrt(n) if spread == "stderr" else std
         mean.append(mu)
         lower.append(mu - half)

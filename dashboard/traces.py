@@ -20,6 +20,7 @@ __all__ = [
     "run_styles",
     "group_of",
     "run_traces",
+    "drawable",
     "group_traces",
     "alert_overlays",
     "EDGE_Y",
@@ -82,19 +83,29 @@ def plain(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def _finite_or_none(values: Sequence[float | None]) -> list[float | None]:
-    return [v if v is not None and math.isfinite(v) else None for v in values]
+def drawable(value: float | None, log_y: bool) -> bool:
+    """Whether the main y axis can place the value: finite, and positive on a log axis."""
+    return value is not None and math.isfinite(value) and (value > 0 or not log_y)
 
 
-def _envelope(line: RunLine, colour: str) -> Figure | None:
+def _drawable_or_none(values: Sequence[float | None], log_y: bool) -> list[float | None]:
+    # None is a gap. On a log axis Plotly would draw 0 and negatives far below the plot,
+    # so each would pull the line down off the bottom edge (a comb) instead of breaking it.
+    return [v if drawable(v, log_y) else None for v in values]
+
+
+def _envelope(line: RunLine, colour: str, log_y: bool) -> Figure | None:
     series = line.series
     if not series.downsampled or series.mins is None or series.maxs is None:
         return None
-    kept = [
-        (s, lo, hi)
-        for s, lo, hi in zip(series.steps, series.mins, series.maxs, strict=True)
-        if math.isfinite(lo) and math.isfinite(hi)
-    ]
+    kept = []
+    for s, value, lo, hi in zip(series.steps, series.values, series.mins, series.maxs, strict=True):
+        if not (drawable(lo, False) and drawable(hi, log_y)):
+            continue
+        if not drawable(lo, log_y):
+            # A log axis cannot reach a minimum ≤ 0: the band stops at the bucket's own value.
+            lo = value if drawable(value, log_y) else hi
+        kept.append((s, lo, hi))
     if not kept:
         return None
     steps = [s for s, _, _ in kept]
@@ -138,10 +149,10 @@ def _nonfinite_trace(line: RunLine, colour: str) -> Figure:
     }
 
 
-def run_traces(line: RunLine, style: Style, smoothing: float) -> list[Figure]:
+def run_traces(line: RunLine, style: Style, smoothing: float, log_y: bool) -> list[Figure]:
     series = line.series
     traces: list[Figure] = []
-    envelope = _envelope(line, style.colour)
+    envelope = _envelope(line, style.colour, log_y)
     if envelope is not None:
         traces.append(envelope)
     smoothed = smoothing > 0
@@ -150,7 +161,7 @@ def run_traces(line: RunLine, style: Style, smoothing: float) -> list[Figure]:
             "type": "scatter",
             "mode": "lines",
             "x": list(series.steps),
-            "y": _finite_or_none(series.values),
+            "y": _drawable_or_none(series.values, log_y),
             "name": plain(line.name),
             "legendgroup": line.run_id,
             "showlegend": not smoothed,
@@ -167,7 +178,7 @@ def run_traces(line: RunLine, style: Style, smoothing: float) -> list[Figure]:
                 "type": "scatter",
                 "mode": "lines",
                 "x": list(series.steps),
-                "y": values,
+                "y": _drawable_or_none(values, log_y),
                 "name": plain(line.name),
                 "legendgroup": line.run_id,
                 "line": {"color": style.colour, "dash": style.dash, "width": 2},
@@ -176,7 +187,7 @@ def run_traces(line: RunLine, style: Style, smoothing: float) -> list[Figure]:
                     "run": line.run_id,
                     "role": "smooth",
                     "last_step": series.last_step,
-                    "ema": {"biased": state.biased, "count": state.count},
+                    "ema": {"value": state.value, "count": state.count},
                 },
             }
         )
@@ -185,7 +196,11 @@ def run_traces(line: RunLine, style: Style, smoothing: float) -> list[Figure]:
 
 
 def group_traces(
-    members: Sequence[RunLine], style: Style, smoothing: float, spread: Literal["std", "stderr"]
+    members: Sequence[RunLine],
+    style: Style,
+    smoothing: float,
+    spread: Literal["std", "stderr"],
+    log_y: bool,
 ) -> list[Figure]:
     group = members[0].group or members[0].name
     curves = []
@@ -200,7 +215,7 @@ def group_traces(
                 "type": "scatter",
                 "mode": "lines",
                 "x": list(line.series.steps),
-                "y": _finite_or_none(values),
+                "y": _drawable_or_none(values, log_y),
                 "name": plain(line.name),
                 "legendgroup": f"group:{group}",
                 "showlegend": False,
@@ -211,13 +226,17 @@ def group_traces(
             }
         )
     band = group_band(curves, spread=spread)
+    mean = _drawable_or_none(band.mean, log_y)
+    upper = _drawable_or_none(band.upper, log_y)
+    # On a log axis a band reaching 0 or below is cut at the mean (its lower half cannot show).
+    lower = [lo if drawable(lo, log_y) else mu for lo, mu in zip(band.lower, mean, strict=True)]
     label = plain(f"{group} (n={len(members)})")
     traces.append(
         {
             "type": "scatter",
             "mode": "lines",
             "x": band.steps + band.steps[::-1],
-            "y": band.upper + band.lower[::-1],
+            "y": upper + lower[::-1],
             "fill": "toself",
             "fillcolor": _rgba(style.colour, 0.2),
             "line": {"width": 0},
@@ -233,7 +252,7 @@ def group_traces(
             "type": "scatter",
             "mode": "lines",
             "x": band.steps,
-            "y": band.mean,
+            "y": mean,
             "customdata": band.count,
             "name": label,
             "legendgroup": f"group:{group}",

@@ -19,6 +19,7 @@ _COMMAND_MODULES = (
     "learners.toy_cli",
     "learners.lm_cli",
     "keel.sync",
+    "keel.transfer",
     "keel.commands",
 )
 

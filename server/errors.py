@@ -7,14 +7,29 @@ catches what Keel raises on purpose with one `except`. docs/architecture.md list
     ├── NotFound           a run, rule, alert, silence or webhook that does not exist (404)
     │   └── UnknownRun     the run of a points write, a read or a finish
     ├── InvalidRequest     a well-formed request the server will not carry out (422)
-    └── ForbiddenTarget    a webhook URL that resolves to a private address (refused, not retried)
+    │   └── ForbiddenTarget a webhook URL that resolves to a private address (refused, not retried)
+    └── Conflict           contradicts what the server holds (close 4409, HTTP 409); `code` says what:
+        ├── RunConflict    a hello for a run id that belongs to another project
+        ├── SeqGap         a frame seq past the writer's next one (frames were skipped)
+        └── Superseded     a connection of a writer that a newer connection took over
 """
 
 from __future__ import annotations
 
 from trainer_hooks.protocol import KeelError, ProtocolError
 
-__all__ = ["ForbiddenTarget", "InvalidRequest", "KeelError", "NotFound", "ProtocolError", "UnknownRun"]
+__all__ = [
+    "Conflict",
+    "ForbiddenTarget",
+    "InvalidRequest",
+    "KeelError",
+    "NotFound",
+    "ProtocolError",
+    "RunConflict",
+    "SeqGap",
+    "Superseded",
+    "UnknownRun",
+]
 
 
 class NotFound(KeelError, LookupError):
@@ -31,3 +46,26 @@ class InvalidRequest(KeelError, ValueError):
 
 class ForbiddenTarget(InvalidRequest):
     """A webhook URL whose host resolves to a loopback, private or link-local address."""
+
+
+class Conflict(KeelError):
+    """The request contradicts what the server holds; `code` names the conflict on the wire."""
+
+    code = "conflict"
+
+    def __init__(self, message: str, code: str | None = None):
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+
+class RunConflict(Conflict):
+    code = "run_conflict"
+
+
+class SeqGap(Conflict):
+    code = "seq_gap"
+
+
+class Superseded(Conflict):
+    code = "superseded"

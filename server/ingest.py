@@ -1,13 +1,17 @@
 """The ingest websocket: hello -> welcome, points -> ack (after commit), finish -> bye.
 
-One connection streams one run. Frames are handled in the order they arrive,
-so a client may keep several in flight; each ack follows its commit. Any
-protocol error is answered with an error message and a close code, and never
-touches what was already acknowledged.
+One connection streams one run as one writer (docs/protocol.md). Frames are handled in
+the order they arrive, so a client may keep several in flight; each ack follows its
+commit. A points frame whose seq is readable but whose rows break the protocol is
+answered with `reject` (its seq used up, the connection kept); anything else that
+breaks the protocol, with an error message and a close code. Neither ever touches what
+was already acknowledged. A connection that sends no hello within `hello_timeout_s`, or
+nothing for `idle_timeout_s`, is closed with 4408 and frees its slot.
 """
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
 import time
@@ -17,10 +21,12 @@ from typing import Any
 import orjson
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
+from server.errors import Conflict
 from server.live import LiveHub
-from server.storage import Store
+from server.storage import FrameRef, Store
 from trainer_hooks.protocol import (
     CLOSE_AUTH,
+    CLOSE_CONFLICT,
     CLOSE_OVERLOADED,
     CLOSE_SERVER_FAULT,
     CLOSE_TOO_LARGE,
@@ -31,10 +37,19 @@ from trainer_hooks.protocol import (
     live_status_message,
     parse_finish,
     parse_hello,
-    parse_points,
+    parse_rows,
+    parse_seq,
+    parse_writer,
+    reject_message,
 )
 
 log = logging.getLogger("keel.ingest")
+
+CLOSE_TIMEOUT = 4408
+"""No hello, or no frame at all, within the connection's timeout."""
+OFFLOAD_BYTES = 256 * 1024
+"""Frames at least this large are decoded and validated on a worker thread, so a huge
+frame does not hold the event loop (other clients' acks) for its whole parse."""
 
 PointsListener = Callable[[str, list[Row]], Awaitable[None]]
 """Called after each commit with the run id and the rows just stored (alert engine seam)."""
@@ -96,13 +111,21 @@ class IngestSession:
         store: Store,
         committed: AfterCommit,
         limits: Limits,
+        *,
+        hello_timeout_s: float = 10.0,
+        idle_timeout_s: float = 300.0,
     ):
         self.websocket = websocket
         self.store = store
         self.committed = committed
         self.limits = limits
+        self.hello_timeout_s = hello_timeout_s
+        self.idle_timeout_s = idle_timeout_s
         self.state = IngestState.AWAIT_HELLO
         self.run_id: str | None = None
+        self.writer = ""
+        self.session_id = ""
+        self._large = False  # the message being handled came in a frame >= OFFLOAD_BYTES
 
     async def serve(self) -> None:
         try:
@@ -113,6 +136,15 @@ class IngestSession:
                 await self._dispatch(message)
         except ProtocolError as exc:
             await self._fail(exc.to_message(), exc.close_code)
+        except Conflict as exc:
+            await self._fail({"type": "error", "code": exc.code, "message": str(exc)}, CLOSE_CONFLICT)
+        except TimeoutError:
+            waited = "a hello" if self.state is IngestState.AWAIT_HELLO else "a frame"
+            timeout = self.hello_timeout_s if self.state is IngestState.AWAIT_HELLO else self.idle_timeout_s
+            await self._fail(
+                {"type": "error", "code": "timeout", "message": f"no {waited} within {timeout:g} s"},
+                CLOSE_TIMEOUT,
+            )
         except WebSocketDisconnect:
             return
         except Exception:
@@ -123,7 +155,8 @@ class IngestSession:
             )
 
     async def _receive(self) -> dict[str, Any] | None:
-        event = await self.websocket.receive()
+        timeout = self.hello_timeout_s if self.state is IngestState.AWAIT_HELLO else self.idle_timeout_s
+        event = await asyncio.wait_for(self.websocket.receive(), timeout)
         if event["type"] == "websocket.disconnect":
             return None
         raw = event.get("text")
@@ -135,8 +168,9 @@ class IngestSession:
                 code="too_large",
                 close_code=CLOSE_TOO_LARGE,
             )
+        self._large = len(raw) >= OFFLOAD_BYTES
         try:
-            message = orjson.loads(raw)
+            message = await asyncio.to_thread(orjson.loads, raw) if self._large else orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
             raise ProtocolError(f"frame is not valid JSON: {exc}") from None
         if not isinstance(message, dict) or not isinstance(message.get("type"), str):
@@ -147,16 +181,26 @@ class IngestSession:
         kind = message["type"]
         if self.state is IngestState.AWAIT_HELLO:
             info = parse_hello(message, self.limits)
-            acked_seq = await self.store.open_run(info, time.time())
+            self.writer = parse_writer(message)
+            acked_seq, self.session_id = await self.store.open_run(info, time.time(), writer=self.writer)
             self.run_id = info.id
             self.state = IngestState.STREAMING
             await self._send({"type": "welcome", "run_id": info.id, "acked_seq": acked_seq})
             return
         assert self.run_id is not None
         if kind == "points":
-            seq, rows = parse_points(message, self.limits)
-            result = await self.store.write_points(self.run_id, rows, time.time(), seq=seq)
-            await self._send({"type": "ack", "seq": seq})
+            frame = FrameRef(self.writer, self.session_id, parse_seq(message))
+            try:
+                if self._large:
+                    rows = await asyncio.to_thread(parse_rows, message.get("rows"), self.limits)
+                else:
+                    rows = parse_rows(message.get("rows"), self.limits)
+            except ProtocolError as exc:
+                await self.store.reject_frame(self.run_id, frame, time.time())
+                await self._send(reject_message(frame.seq, exc))
+                return
+            result = await self.store.write_points(self.run_id, rows, time.time(), frame)
+            await self._send({"type": "ack", "seq": frame.seq})
             if result.stored:
                 await self.committed.points(self.run_id, rows)
         elif kind == "finish":

@@ -43,12 +43,27 @@ class Run(Base):
     tags: Mapped[list[str]] = mapped_column(JSON)
     status: Mapped[str] = mapped_column(String(16))
     acked_seq: Mapped[int] = mapped_column(BigInteger)
-    """Highest websocket frame seq stored for this run (-1 for none)."""
+    """Highest frame seq stored of any of the run's writers (-1 for none); each writer's own
+    sequence is in run_writers."""
     last_step: Mapped[int | None] = mapped_column(BigInteger)
     started_at: Mapped[float] = mapped_column(Double)
     """Unix seconds, as are the other times."""
     last_seen_at: Mapped[float] = mapped_column(Double)
     finished_at: Mapped[float | None] = mapped_column(Double)
+
+
+class RunWriter(Base):
+    """One client streaming a run (a Monitor's spool, `keel sync`), with its own frame sequence."""
+
+    __tablename__ = "run_writers"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    writer: Mapped[str] = mapped_column(String(64), primary_key=True)
+    """The id the client sends in its hello ("" for clients that send none)."""
+    acked_seq: Mapped[int] = mapped_column(BigInteger)
+    """Highest frame seq of this writer stored (or rejected as malformed); -1 for none."""
+    session: Mapped[str | None] = mapped_column(String(32))
+    """The connection that holds this writer now; frames from any other are refused."""
 
 
 class Series(Base):

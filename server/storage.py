@@ -1,15 +1,22 @@
 """Storage of runs, their series and points (alert tables: server/alerts/repository.py).
 
-Writes are one transaction per frame: the run row is locked, points go in with
-one bulk statement that ignores (series, step) pairs already stored (resends
-are no-ops, a point keeps its first value), and the run's `acked_seq` moves in
-the same transaction, so an ack always means "committed".
+Points go in with bulk statements that ignore (series, step) pairs already stored
+(resends are no-ops, a point keeps its first value). A frame is written in transactions
+of at most `POINTS_PER_TRANSACTION` points, so one huge frame never holds the database
+(SQLite's single writer) from other clients for long; the writer's `acked_seq` moves in
+the last one, so an ack always means "every row of the frame is committed".
+
+Frames are numbered per writer (`run_writers`): a writer's next frame must carry
+`acked_seq + 1` (a later one is a gap: refused, never acked), a seq at or below
+`acked_seq` is a resend (acked again, nothing written), and only the connection that
+said hello last for a writer may write as it (an older one is superseded).
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+import uuid
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -22,11 +29,24 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import aliased
 
 from server.db import is_sqlite, session_factory
-from server.errors import UnknownRun
-from server.models import Point, Run, Series
+from server.errors import RunConflict, SeqGap, Superseded, UnknownRun
+from server.models import Point, Run, RunWriter, Series
 from trainer_hooks.protocol import Row, RunInfo
 
-__all__ = ["Store", "WriteResult", "SeriesData", "KeyInfo"]
+__all__ = ["FrameRef", "Store", "WriteResult", "SeriesData", "KeyInfo", "POINTS_PER_TRANSACTION"]
+
+POINTS_PER_TRANSACTION = 20_000
+"""Points written per transaction of one frame (a few tens of ms on SQLite)."""
+
+
+@dataclass(frozen=True)
+class FrameRef:
+    """Which writer's frame a write is, over which connection (websocket ingest)."""
+
+    writer: str
+    session: str
+    """The id `open_run` gave the connection."""
+    seq: int
 
 
 @dataclass(frozen=True)
@@ -112,8 +132,15 @@ class Store:
 
     # -- writes -----------------------------------------------------------------
 
-    async def open_run(self, info: RunInfo, now: float) -> int:
-        """Create the run, or resume it (config kept). Returns its acked seq."""
+    async def open_run(self, info: RunInfo, now: float, *, writer: str = "") -> tuple[int, str]:
+        """Create the run, or resume it (config and status kept), and make this connection
+        `writer`'s. A resumed run turns "running" again with the first frame it stores
+        (`write_points`): a hello alone, or resends of acked frames, never reopen it.
+
+        Returns the writer's acked seq and the connection's session id (for `FrameRef`).
+        Raises RunConflict for a run of another project.
+        """
+        session_id = uuid.uuid4().hex
         async with self.writing() as session:
             run = await session.get(Run, info.id, with_for_update=not self.sqlite)
             if run is None:
@@ -133,11 +160,20 @@ class Store:
                         finished_at=None,
                     )
                 )
-                return -1
-            run.status = "running"
-            run.last_seen_at = now
-            run.finished_at = None
-            return run.acked_seq
+                await session.flush()
+            elif run.project != info.project:
+                raise RunConflict(
+                    f"run {info.id!r} belongs to project {run.project!r}, not {info.project!r}; "
+                    "use another run id"
+                )
+            else:
+                run.last_seen_at = now
+            state = await session.get(RunWriter, (info.id, writer), with_for_update=not self.sqlite)
+            if state is None:
+                state = RunWriter(run_id=info.id, writer=writer, acked_seq=-1, session=session_id)
+                session.add(state)
+            state.session = session_id  # supersedes any earlier connection of this writer
+            return state.acked_seq, session_id
 
     async def finish_run(self, run_id: str, status: str, now: float) -> None:
         async with self.writing() as session:
@@ -151,38 +187,82 @@ class Store:
                 raise UnknownRun(run_id)
 
     async def write_points(
-        self, run_id: str, rows: list[Row], now: float, seq: int | None = None
+        self, run_id: str, rows: list[Row], now: float, frame: FrameRef | None = None
     ) -> WriteResult:
-        """Store rows idempotently. With `seq` (websocket frames) a frame already
-        acknowledged is not written again; without it (REST) only (series, step)
-        idempotency applies."""
-        async with self.writing() as session:
-            query = select(Run.acked_seq, Run.last_step).where(Run.id == run_id)
-            if not self.sqlite:
-                query = query.with_for_update()
-            head = (await session.execute(query)).first()
-            if head is None:
-                raise UnknownRun(run_id)
-            acked_seq, last_step = head
-            if seq is not None and seq <= acked_seq:
-                return WriteResult(stored=False, acked_seq=acked_seq, last_step=last_step)
-            keys = {key for row in rows for key in row.values}
-            series_ids = await self._ensure_series(session, run_id, keys)
-            await self._insert_points(session, rows, series_ids, now)
-            steps = [row.step for row in rows]
-            if steps:
-                last_step = max(steps) if last_step is None else max(last_step, *steps)
-            if seq is not None:
-                acked_seq = max(acked_seq, seq)
-            await session.execute(
-                update(Run)
-                .where(Run.id == run_id)
-                .values(acked_seq=acked_seq, last_step=last_step, last_seen_at=now)
-            )
-        # Only cache ids once their transaction has committed.
-        for key, series_id in series_ids.items():
-            self._series_ids[(run_id, key)] = series_id
+        """Store rows idempotently. A websocket `frame` that was acknowledged already is not
+        written again; without one (REST) only (series, step) idempotency applies.
+
+        Raises SeqGap or Superseded (nothing written) when the frame cannot be this
+        writer's next one over this connection.
+        """
+        chunks = _chunks(rows, POINTS_PER_TRANSACTION)
+        for index, chunk in enumerate(chunks):
+            async with self.writing() as session:
+                acked_seq, last_step = await self._admit(session, run_id, frame)
+                if frame is not None and frame.seq <= acked_seq:
+                    return WriteResult(stored=False, acked_seq=acked_seq, last_step=last_step)
+                keys = {key for row in chunk for key in row.values}
+                series_ids = await self._ensure_series(session, run_id, keys)
+                await self._insert_points(session, chunk, series_ids, now)
+                if index == len(chunks) - 1:
+                    steps = [row.step for row in rows]
+                    if steps:
+                        last_step = max(steps) if last_step is None else max(last_step, *steps)
+                    values: dict[str, Any] = {"last_step": last_step, "last_seen_at": now}
+                    if frame is not None:
+                        acked_seq = await self._advance(session, run_id, frame)
+                        # A trainer streaming again resumes its run (a REST backfill does not).
+                        values.update(status="running", finished_at=None)
+                    await session.execute(update(Run).where(Run.id == run_id).values(**values))
+            # Only cache ids once their transaction has committed.
+            for key, series_id in series_ids.items():
+                self._series_ids[(run_id, key)] = series_id
         return WriteResult(stored=True, acked_seq=acked_seq, last_step=last_step)
+
+    async def reject_frame(self, run_id: str, frame: FrameRef, now: float) -> None:
+        """Use up `frame.seq` without storing anything: the frame breaks the protocol, and
+        its writer goes on with the next one."""
+        async with self.writing() as session:
+            acked_seq, _ = await self._admit(session, run_id, frame)
+            if frame.seq > acked_seq:
+                await self._advance(session, run_id, frame)
+                await session.execute(update(Run).where(Run.id == run_id).values(last_seen_at=now))
+
+    async def _admit(self, session: AsyncSession, run_id: str, frame: FrameRef | None) -> tuple[int, int | None]:
+        """(the writer's acked seq, the run's last step), the rows locked; or raises."""
+        lock = not self.sqlite  # SQLite: the single writer lock already serialises
+        run = await session.execute(
+            select(Run.last_step).where(Run.id == run_id).with_for_update() if lock
+            else select(Run.last_step).where(Run.id == run_id)
+        )
+        head = run.first()
+        if head is None:
+            raise UnknownRun(run_id)
+        if frame is None:
+            return -1, head[0]
+        state = await session.get(RunWriter, (run_id, frame.writer), with_for_update=lock)
+        if state is None or state.session != frame.session:
+            raise Superseded(
+                f"another connection took over writer {frame.writer!r} of run {run_id!r}; "
+                "this one may not write"
+            )
+        if frame.seq > state.acked_seq + 1:
+            raise SeqGap(
+                f"frame seq {frame.seq} skips ahead: this writer's next frame is {state.acked_seq + 1}; "
+                "reconnect and resume from the welcome's acked_seq"
+            )
+        return state.acked_seq, head[0]
+
+    async def _advance(self, session: AsyncSession, run_id: str, frame: FrameRef) -> int:
+        await session.execute(
+            update(RunWriter)
+            .where(RunWriter.run_id == run_id, RunWriter.writer == frame.writer)
+            .values(acked_seq=frame.seq)
+        )
+        await session.execute(
+            update(Run).where(Run.id == run_id, Run.acked_seq < frame.seq).values(acked_seq=frame.seq)
+        )
+        return frame.seq
 
     async def _ensure_series(
         self, session: AsyncSession, run_id: str, keys: Iterable[str]
@@ -378,3 +458,16 @@ def _buckets(key: str, rows: Iterable[tuple[Any, ...]]) -> SeriesData:
         maxs.append(math.nan if nans else _loaded(vmax))
         mins.append(_loaded(vmin))
     return SeriesData(key=key, downsampled=True, steps=steps, values=values, mins=mins, maxs=maxs)
+
+
+def _chunks(rows: list[Row], points: int) -> list[list[Row]]:
+    """`rows` cut into runs of about `points` values each (at least one chunk, maybe empty)."""
+    chunks: list[list[Row]] = [[]]
+    count = 0
+    for row in rows:
+        if count and count + len(row.values) > points:
+            chunks.append([])
+            count = 0
+        chunks[-1].append(row)
+        count += len(row.values)
+    return chunks

@@ -20,6 +20,7 @@ __all__ = [
     "CLOSE_TOO_LARGE",
     "CLOSE_OVERLOADED",
     "CLOSE_SERVER_FAULT",
+    "CLOSE_CONFLICT",
     "RUN_STATUSES",
     "FINISH_STATUSES",
     "KeelError",
@@ -30,8 +31,10 @@ __all__ = [
     "encode_value",
     "decode_value",
     "parse_hello",
+    "parse_writer",
     "parse_rows",
     "parse_points",
+    "parse_seq",
     "parse_finish",
     "parse_live",
     "encode_rows",
@@ -39,6 +42,7 @@ __all__ = [
     "points_message",
     "points_frame",
     "finish_message",
+    "reject_message",
     "live_points_message",
     "live_alert_message",
     "live_status_message",
@@ -51,6 +55,16 @@ CLOSE_AUTH = 4401
 CLOSE_TOO_LARGE = 4413
 CLOSE_OVERLOADED = 1013
 CLOSE_SERVER_FAULT = 1011
+CLOSE_CONFLICT = 4409
+"""What the client sent contradicts what the server holds: a seq gap, a connection of the
+same writer that another one superseded, a hello for a run of another project or for a
+finished run. The error message's `code` says which (docs/protocol.md)."""
+
+MAX_SEQ = 2**63 - 1
+MAX_STEP = 2**62 - 1
+MAX_CONFIG_DEPTH = 32
+"""Nesting of run.config: deeper is refused at hello (it cannot be stored and read back)."""
+WRITER_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
 
 FINISH_STATUSES = ("finished", "failed", "killed")
 RUN_STATUSES = ("running", *FINISH_STATUSES)
@@ -156,7 +170,23 @@ def _short_str(obj: Any, what: str, limits: Limits, *, optional: bool = False) -
         raise ProtocolError(f"{what} must be a non-empty string")
     if len(obj) > limits.max_name_length:
         raise ProtocolError(f"{what} is longer than {limits.max_name_length} characters")
+    if "\x00" in obj:
+        raise ProtocolError(f"{what} contains a NUL character")
     return obj
+
+
+def _depth(value: Any, limit: int) -> int:
+    """Nesting depth of a JSON value, counting no further than `limit` + 1."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, depth)
+            if depth > limit:
+                return depth
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 def parse_hello(msg: Any, limits: Limits = Limits()) -> RunInfo:
@@ -179,12 +209,22 @@ def parse_hello(msg: Any, limits: Limits = Limits()) -> RunInfo:
     config = run.get("config") or {}
     if not isinstance(config, dict):
         raise ProtocolError("run.config must be a JSON object")
+    if _depth(config, MAX_CONFIG_DEPTH) > MAX_CONFIG_DEPTH:
+        raise ProtocolError(f"run.config nests deeper than {MAX_CONFIG_DEPTH} levels")
     tags = run.get("tags") or []
     if not isinstance(tags, list):
         raise ProtocolError("run.tags must be a list of strings")
     for tag in tags:
         _short_str(tag, "a tag", limits)
     return RunInfo(id=run_id, name=name, project=project, group=group, config=config, tags=tags)
+
+
+def parse_writer(msg: dict[str, Any]) -> str:
+    """The hello's `writer`: the id of the client's own frame sequence ("" when absent)."""
+    writer = msg.get("writer", "")
+    if not isinstance(writer, str) or len(writer) > 64 or not set(writer) <= WRITER_ID_CHARS:
+        raise ProtocolError("hello.writer must be up to 64 characters of [A-Za-z0-9_-]")
+    return writer
 
 
 def parse_rows(rows: Any, limits: Limits = Limits()) -> list[Row]:
@@ -202,8 +242,8 @@ def parse_rows(rows: Any, limits: Limits = Limits()) -> list[Row]:
         if not isinstance(row, dict):
             raise ProtocolError(f"rows[{index}] must be a JSON object")
         step = row.get("step")
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0 or step >= 2**62:
-            raise ProtocolError(f"rows[{index}].step must be a non-negative integer")
+        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_STEP:
+            raise ProtocolError(f"rows[{index}].step must be an integer in 0..2**62-1")
         wall_time = row.get("time")
         if wall_time is not None:
             if isinstance(wall_time, bool) or not isinstance(wall_time, (int, float)):
@@ -222,9 +262,9 @@ def parse_rows(rows: Any, limits: Limits = Limits()) -> list[Row]:
             )
         decoded: dict[str, float] = {}
         for key, raw in values.items():
-            if not key or len(key) > limits.max_key_length:
+            if not key or len(key) > limits.max_key_length or "\x00" in key:
                 raise ProtocolError(
-                    f"rows[{index}]: metric key must be 1..{limits.max_key_length} characters"
+                    f"rows[{index}]: metric key must be 1..{limits.max_key_length} characters, no NUL"
                 )
             try:
                 decoded[key] = decode_value(raw)
@@ -234,11 +274,15 @@ def parse_rows(rows: Any, limits: Limits = Limits()) -> list[Row]:
     return parsed
 
 
-def parse_points(msg: dict[str, Any], limits: Limits = Limits()) -> tuple[int, list[Row]]:
+def parse_seq(msg: dict[str, Any]) -> int:
     seq = msg.get("seq")
-    if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0:
-        raise ProtocolError("points.seq must be a non-negative integer")
-    return seq, parse_rows(msg.get("rows"), limits)
+    if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq <= MAX_SEQ:
+        raise ProtocolError("points.seq must be an integer in 0..2**63-1")
+    return seq
+
+
+def parse_points(msg: dict[str, Any], limits: Limits = Limits()) -> tuple[int, list[Row]]:
+    return parse_seq(msg), parse_rows(msg.get("rows"), limits)
 
 
 def parse_finish(msg: dict[str, Any]) -> str:
@@ -248,8 +292,11 @@ def parse_finish(msg: dict[str, Any]) -> str:
     return str(status)
 
 
-def hello_message(run: RunInfo) -> dict[str, Any]:
-    return {"type": "hello", "protocol": PROTOCOL_VERSION, "run": run.to_json()}
+def hello_message(run: RunInfo, writer: str = "") -> dict[str, Any]:
+    message = {"type": "hello", "protocol": PROTOCOL_VERSION, "run": run.to_json()}
+    if writer:
+        message["writer"] = writer
+    return message
 
 
 def encode_rows(rows: list[Row]) -> list[dict[str, Any]]:
@@ -279,6 +326,12 @@ def points_frame(seq: int, rows_json: str) -> str:
 
 def finish_message(status: str = "finished") -> dict[str, Any]:
     return {"type": "finish", "status": status}
+
+
+def reject_message(seq: int, error: ProtocolError) -> dict[str, Any]:
+    """The server will never store frame `seq` (it breaks the protocol); the seq is used up,
+    so the writer goes on with the next frame."""
+    return {"type": "reject", "seq": seq, "code": error.code, "message": str(error)}
 
 
 # -- live pushes (server -> browser) ----------------------------------------------------

@@ -9,6 +9,11 @@ restarted process all resume the same way, from the last acked frame.
          ^                                        |                          |
          +---------- socket error / close --------+--------------------------+
     any state --auth refused (HTTP 401/403, close 4401)--> REJECTED (stop dialing, keep spool)
+    any state --run refused (close 4409 run_conflict: the run id is another project's)--> REJECTED
+
+A frame the server answers with `reject` breaks the protocol and will never be stored: it
+is copied out of the spool (`Spool.keep_rejected`), warned about once, and counts as done,
+so one bad frame never blocks the frames after it.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from websockets.sync.client import connect
 
 from trainer_hooks.protocol import (
     CLOSE_AUTH,
+    CLOSE_CONFLICT,
     CLOSE_MALFORMED,
     CLOSE_TOO_LARGE,
     finish_message,
@@ -80,7 +86,7 @@ class ConnState(enum.Enum):
     DONE = "done"
     """`bye` received: the server holds every frame and the final status."""
     REJECTED = "rejected"
-    """The server refused our credentials; dialing again cannot help."""
+    """The server refused our credentials or the run; dialing again cannot help."""
 
 
 def ingest_url(server_url: str) -> str:
@@ -119,10 +125,14 @@ class Sender:
         self._ws: Any = None
         self._socket_scope = ExitStack()
         self._send_offset = spool.acked_offset
-        self._inflight: deque[tuple[int, int, float]] = deque()  # (n, end_offset, sent_at)
+        # (n, start_offset, end_offset, sent_at) of each frame sent and not yet answered
+        self._inflight: deque[tuple[int, int, int, float]] = deque()
         self._failures = 0
         self._finish_status: str | None = None
+        self._server_code: str | None = None  # the `code` of the server's last error message
         self._outage_logged = False
+        self.rejected_frames = 0
+        """Frames the server refused as malformed (copied to the spool's rejected file)."""
 
     # -- driving ------------------------------------------------------------------------
 
@@ -179,11 +189,12 @@ class Sender:
                     max_size=2**20,
                 )
             )
-            self._ws.send(json.dumps(hello_message(self._spool.run)))
+            self._ws.send(json.dumps(hello_message(self._spool.run, self._spool.writer)))
             welcome = json.loads(self._ws.recv(timeout=self._config.connect_timeout))
             if welcome.get("type") == "error":
                 # The close that follows carries the code (4401: bad token, 1013: busy).
                 self._server_error = f"{welcome.get('code')}: {welcome.get('message')}"
+                self._server_code = str(welcome.get("code"))
                 self._ws.recv(timeout=self._config.connect_timeout)
             if welcome.get("type") != "welcome":
                 raise RuntimeError(f"expected welcome, got {str(welcome)[:200]}")
@@ -214,14 +225,15 @@ class Sender:
         base = self._spool.seq_base
         assert base is not None  # anchored by the welcome
         while len(self._inflight) < self._config.window:
-            frame = self._spool.read(self._send_offset)
+            start = self._send_offset
+            frame = self._spool.read(start)
             if frame is None:
                 return
             self._send_offset = frame.end_offset
             if frame.n < 0:  # a corrupt line kept in the log; nothing to send
                 continue
             self._ws.send(points_frame(base + frame.n, frame.rows_json))
-            self._inflight.append((frame.n, frame.end_offset, time.monotonic()))
+            self._inflight.append((frame.n, start, frame.end_offset, time.monotonic()))
 
     def _maybe_send_finish(self) -> None:
         if (
@@ -247,34 +259,55 @@ class Sender:
         kind = message.get("type")
         if kind == "ack":
             self._on_ack(int(message["seq"]))
+        elif kind == "reject":
+            self._on_reject(int(message["seq"]), f"{message.get('code')}: {message.get('message')}")
         elif kind == "bye" and self.state is ConnState.FINISHING:
             self.state = ConnState.DONE
             self._close_socket()
         elif kind == "error":
             # The server closes right after; the close code decides what we do.
             self._server_error = f"{message.get('code')}: {message.get('message')}"
+            self._server_code = str(message.get("code"))
             logger.error("keel: server error: %s", self._server_error)
+
+    def _on_reject(self, seq: int, reason: str) -> None:
+        base = self._spool.seq_base
+        assert base is not None
+        rejected = next((entry for entry in self._inflight if entry[0] == seq - base), None)
+        if rejected is not None:
+            kept = self._spool.keep_rejected(rejected[1])
+            self.rejected_frames += 1
+            if self.rejected_frames == 1:
+                logger.error(
+                    "keel: the server refused a frame of run %s as malformed (%s); it is kept "
+                    "in %s and the run goes on (later refusals are counted, not logged)",
+                    self._spool.run.id,
+                    reason,
+                    kept,
+                )
+        self._on_ack(seq)  # the seq is used up: the frames after it go on
 
     def _on_ack(self, seq: int) -> None:
         base = self._spool.seq_base
         assert base is not None
         n = seq - base
-        last: tuple[int, int, float] | None = None
+        last: tuple[int, int, int, float] | None = None
         while self._inflight and self._inflight[0][0] <= n:
             last = self._inflight.popleft()
         if last is not None:
-            self._spool.mark_acked(last[0], last[1])
+            self._spool.mark_acked(last[0], last[2])
         if not self._inflight:
             # Everything sent is acked, so the next frame starts where the acks end
             # (and the spool may just have compacted its log back to offset 0).
             self._send_offset = self._spool.acked_offset
 
     def _check_ack_timeout(self) -> None:
-        if self._inflight and time.monotonic() - self._inflight[0][2] > self._config.ack_timeout:
+        if self._inflight and time.monotonic() - self._inflight[0][3] > self._config.ack_timeout:
             raise TimeoutError(f"no ack for {self._config.ack_timeout:.0f} s")
 
     def _disconnect(self, exc: BaseException, *, rejected: bool = False) -> None:
         close_code = _close_code(exc)
+        server_code, self._server_code = self._server_code, None
         self._close_socket()
         self._inflight.clear()
         self._send_offset = self._spool.acked_offset
@@ -285,6 +318,10 @@ class Sender:
         if rejected or close_code == CLOSE_AUTH:
             self.state = ConnState.REJECTED
             logger.error("keel: %s refused our credentials (%s)", self.url, self.last_error)
+            return
+        if close_code == CLOSE_CONFLICT and server_code == "run_conflict":
+            self.state = ConnState.REJECTED
+            logger.error("keel: %s refused run %s (%s)", self.url, self._spool.run.id, self.last_error)
             return
         self.state = ConnState.DISCONNECTED
         self._failures += 1

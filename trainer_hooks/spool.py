@@ -3,7 +3,7 @@
 One directory per run (default `~/.keel/spool/<run_id>`):
 
     run.json       {"format": 1, "run": RunInfo, "server_url": ..., "seq_base": int | null,
-                    "status": null | "finished" | "failed" | "killed"}
+                    "status": null | "finished" | "failed" | "killed", "writer": str}
                    written whole to a temp file, fsynced, then renamed over (atomic).
     frames.jsonl   append-only, one frame per line: {"n": <local index>,"rows": [...]}
                    `rows` is exactly the wire `rows` array of a points frame.
@@ -18,6 +18,14 @@ us (in `welcome.acked_seq`) where this run's numbering stands, e.g. when a run i
 by id on another machine. The wire seq is `seq_base + n`; `seq_base` is fixed by the first
 welcome this spool sees and persisted in run.json.
 
+`writer` names this spool's own frame sequence on the server (sent in the hello), so two
+spools of one run, say a run resumed on another machine while the first still streams,
+never take each other's frames for resends. Spools written before writers existed have
+none and use the unnamed writer "" their seqs belong to.
+
+A frame the server rejects (it breaks the protocol; it will never be stored) is copied to
+`<root>/rejected/<run_id>.jsonl` before it counts as done, so it outlives the spool.
+
 Crash safety: a line is appended with a single write(2) of the whole line. After a crash
 only the last line can be torn; `open` drops it. fsync is done off the training thread
 at most once per `fsync_interval` seconds (a process crash loses nothing that reached
@@ -31,6 +39,7 @@ import logging
 import os
 import shutil
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -161,6 +170,7 @@ class Spool:
                     "server_url": server_url,
                     "seq_base": None,
                     "status": None,
+                    "writer": uuid.uuid4().hex,
                 }
                 _write_atomic(run_file, meta, durable=True)
             return cls(path, meta, lock_fd)
@@ -250,6 +260,25 @@ class Spool:
     def seq_base(self) -> int | None:
         base = self._meta.get("seq_base")
         return None if base is None else int(base)
+
+    @property
+    def writer(self) -> str:
+        """This spool's writer id on the server ("" for a spool older than writers)."""
+        return str(self._meta.get("writer", ""))
+
+    @property
+    def rejected_path(self) -> Path:
+        return self.path.parent / "rejected" / f"{self.path.name}.jsonl"
+
+    def keep_rejected(self, offset: int) -> Path:
+        """Copy the frame whose line starts at `offset` to `rejected_path` (durably)."""
+        line = self._read_line(offset)
+        self.rejected_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.rejected_path, "ab") as out:
+            out.write(line)
+            out.flush()
+            os.fsync(out.fileno())
+        return self.rejected_path
 
     @property
     def status(self) -> str | None:

@@ -51,6 +51,22 @@
     return value > 0 ? "+inf" : "-inf";
   }
 
+  /* Whether the main y axis can place a value: finite, and positive on a log axis (as figures.py). */
+  function drawable(value, logAxis) {
+    return Number.isFinite(value) && (value > 0 || !logAxis);
+  }
+
+  /* The y range that shows a flat series flat (figures.flat_range); null when it varies. */
+  function flatRange(extent, logAxis, flat) {
+    if (!extent || !flat) return null;
+    var lo = extent[0], hi = extent[1];
+    var size = Math.max(Math.abs(lo), Math.abs(hi));
+    if (size === 0 || hi - lo >= flat.span * size) return null;
+    var middle = (lo + hi) / 2;
+    if (logAxis) return [Math.log10(middle) - flat.pad, Math.log10(middle) + flat.pad];
+    return [middle - flat.pad * Math.abs(middle), middle + flat.pad * Math.abs(middle)];
+  }
+
   function indicator(state) {
     var el = document.getElementById("live-indicator");
     if (el && el.getAttribute("data-state") !== state) el.setAttribute("data-state", state);
@@ -110,6 +126,8 @@
     }
     relevant.sort(byStep);
     var weight = meta.smoothing || 0;
+    var logAxis = !!(gd.layout.yaxis && gd.layout.yaxis.type === "log");
+    var axisChange = false;
     var edge = meta.edge || {};
     var lines = { idx: [], x: [], y: [] };
     var drawnSteps = [];
@@ -127,15 +145,23 @@
         var finite = Number.isFinite(value);
         if (tm.role === "raw") {
           xs.push(row.step);
-          ys.push(finite ? value : null);
+          // null is a gap; on a log axis 0 and negatives would plunge off the bottom edge.
+          ys.push(drawable(value, logAxis) ? value : null);
           drawnSteps.push(row.step);
+          // The server chose the axis from the values it had: a first positive value on a
+          // chart drawn linear for want of one, or a first value ≤ 0 on a log chart with
+          // nothing drawn yet, needs its redraw (log axis again / the note and linear axis).
+          if (meta.log_fallback && finite && value > 0) axisChange = true;
+          if (logAxis && !meta.y_extent && finite && value <= 0) axisChange = true;
         } else if (tm.role === "smooth") {
-          var state = tm.ema || (tm.ema = { biased: 0, count: 0 });
+          // The running form of the debiased EMA, exact for a constant (series.EmaState).
+          var state = tm.ema || (tm.ema = { value: 0, count: 0 });
           xs.push(row.step);
           if (finite) {
-            state.biased = state.biased * weight + (1 - weight) * value;
             state.count += 1;
-            ys.push(state.biased / (1 - Math.pow(weight, state.count)));
+            var gain = (1 - weight) / (1 - Math.pow(weight, state.count));
+            state.value = gain >= 1 ? value : state.value + gain * (value - state.value);
+            ys.push(drawable(state.value, logAxis) ? state.value : null);
           } else {
             ys.push(null);
           }
@@ -165,6 +191,7 @@
         lines.y.push(ys);
       }
     }
+    if (axisChange) requestRefresh("live-tick", "log-axis", 0);
     if (lines.idx.length) {
       gd.__keelPending = gd.__keelPending || { render: meta.render_id, idx: [], x: [], y: [] };
       var p = gd.__keelPending;
@@ -215,6 +242,36 @@
     return layout;
   }
 
+  /*
+   * The relayout that keeps the y axis off rounding error (figures.flat_range) once the
+   * appended points have widened the chart's extent: the flat range, or autorange again
+   * when the series stopped being flat; {} when nothing changes (a user's y zoom stays).
+   */
+  function keepFlatAxis(gd, p) {
+    var meta = gd.layout.meta;
+    var extent = meta.y_extent ? meta.y_extent.slice() : null;
+    for (var i = 0; i < p.y.length; i++) {
+      for (var j = 0; j < p.y[i].length; j++) {
+        var y = p.y[i][j];
+        if (y === null || y === undefined) continue;
+        if (!extent) extent = [y, y];
+        else if (y < extent[0]) extent[0] = y;
+        else if (y > extent[1]) extent[1] = y;
+      }
+    }
+    meta.y_extent = extent;
+    var flat = meta.flat;
+    if (!flat) return {};
+    var range = flatRange(extent, !!(gd.layout.yaxis && gd.layout.yaxis.type === "log"), flat);
+    var before = flat.range;
+    if (range === null ? before === null || before === undefined
+        : before && range[0] === before[0] && range[1] === before[1]) {
+      return {};
+    }
+    flat.range = range;
+    return range === null ? { "yaxis.autorange": true } : { "yaxis.range": range, "yaxis.autorange": false };
+  }
+
   /* Draw what is pending on one chart: a single extendTraces for all its traces. */
   function extend(gd) {
     var p = gd.__keelPending;
@@ -225,7 +282,7 @@
     var key = gd.layout.meta.key;
     var wasEmpty = gd.layout.meta.empty;
     gd.layout.meta.empty = false;
-    var layout = stretchFiring(gd, p);
+    var layout = Object.assign(stretchFiring(gd, p), keepFlatAxis(gd, p));
     var done = window.Plotly.extendTraces(gd, { x: p.x, y: p.y }, p.idx);
     live.stats.appended += p.x.reduce(function (n, xs) { return n + xs.length; }, 0);
     if (wasEmpty) layout.annotations = [];

@@ -46,7 +46,9 @@ def zoom_range(relayout: dict[str, Any] | None) -> tuple[float, float] | str | N
     return UNCHANGED
 
 
-STRUCTURAL_TICKS = {"alert", "reconnect"}
+# "log-axis": a chart drawn on a linear axis for want of a positive value got one (or a log
+# chart with nothing drawn got a value ≤ 0), so the server must choose its axis again.
+STRUCTURAL_TICKS = {"alert", "reconnect", "log-axis"}
 
 
 # In the browser: only relayouts that touch the x axis reach the server. Plotly reports

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -108,3 +109,44 @@ def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
     return ordered[index]
+
+
+AXIS_JS = """
+var key = arguments[0];
+var gd = Array.from(document.querySelectorAll('.keel-graph .js-plotly-plot')).find(function (g) {
+  return g.layout && g.layout.meta && g.layout.meta.key === key;
+});
+if (!gd || !gd._fullLayout || !gd._fullLayout.yaxis) return null;
+var full = gd._fullLayout;
+var main = gd.querySelector('.subplot.xy');
+return {
+  render: gd.layout.meta.render_id || null,
+  type: full.yaxis.type,
+  range: full.yaxis.range.slice(),
+  height: full._size.h,
+  ticks: Array.from(gd.querySelectorAll('.yaxislayer-above .ytick text')).map(function (t) {
+    return t.textContent;
+  }),
+  notes: Array.from(gd.querySelectorAll('.annotation-text')).map(function (t) {
+    return t.textContent;
+  }),
+  lines: main ? Array.from(main.querySelectorAll('.scatterlayer .trace')).map(function (trace) {
+    return Array.from(trace.querySelectorAll('.js-line')).map(function (p) {
+      return p.getAttribute('d') || '';
+    }).join('');
+  }) : [],
+};
+"""
+
+
+def y_axis(driver: Any, key: str) -> dict[str, Any] | None:
+    """How the chart of `key` looks: its y axis as drawn (type, range in axis units, tick
+    labels), the text of its notes, and the SVG path of each line on the main plot (one
+    string per trace, in trace order; a line broken by gaps has one "M" per piece)."""
+    return driver.execute_script(AXIS_JS, key)  # type: ignore[no-any-return]
+
+
+def path_points(d: str) -> list[tuple[float, float]]:
+    """The (x, y) pixel vertices of an SVG line path as Plotly writes it ("M x,y L x,y ...")."""
+    number = r"(-?[\d.]+(?:e[-+]?\d+)?)"
+    return [(float(x), float(y)) for x, y in re.findall(f"{number},{number}", d)]

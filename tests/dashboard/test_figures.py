@@ -8,7 +8,7 @@ import math
 import plotly.graph_objects as go
 import pytest
 
-from dashboard.figures import ChartOptions, message_figure, metric_figure
+from dashboard.figures import ChartOptions, flat_range, message_figure, metric_figure
 from dashboard.series import Alert, Series
 from dashboard.traces import EDGE_SYMBOL, EDGE_Y, RunLine, run_styles
 
@@ -201,3 +201,74 @@ def test_zoomed_range_is_kept() -> None:
         and figure["layout"]["xaxis"]["autorange"] is False
     )
     assert figure["layout"]["uirevision"] == "reward/mean|a,b,c"
+
+
+def test_a_flat_series_gets_a_fixed_range_around_it_not_its_rounding_error() -> None:
+    noisy = _line("a", None, [0.3, 0.1 + 0.2] * 10)  # 0.3 up to the last bit
+    layout = metric_figure("gate/frac", [noisy], options=ChartOptions(smoothing=0.0))["layout"]
+    assert layout["yaxis"]["autorange"] is False
+    assert layout["yaxis"]["range"] == pytest.approx([0.27, 0.33])
+    assert layout["meta"]["flat"]["range"] == layout["yaxis"]["range"]
+    # On a log axis the range is in decades: a tenth of one either side.
+    ratio = metric_figure("mismatch/ratio_max", [_line("a", None, [1.0] * 50)])["layout"]
+    assert ratio["yaxis"]["type"] == "log" and ratio["yaxis"]["range"] == pytest.approx([-0.1, 0.1])
+    assert set(
+        _roles(metric_figure("mismatch/ratio_max", [_line("a", None, [1.0] * 50)]), "smooth")[0][
+            "y"
+        ]
+    ) == {1.0}
+    # A series that varies (even by a thousandth) autoranges; so does an all-zero one.
+    assert (
+        "range"
+        not in metric_figure("gate/frac", [_line("a", None, [1.0, 1.001])])["layout"]["yaxis"]
+    )
+    assert (
+        "range" not in metric_figure("gate/frac", [_line("a", None, [0.0] * 5)])["layout"]["yaxis"]
+    )
+    assert flat_range((5.0, 5.0), False) == [4.5, 5.5] and flat_range((-2.0, -2.0), False) == [
+        -2.2,
+        -1.8,
+    ]
+    assert flat_range((1.0, 1.5), False) is None and flat_range(None, True) is None
+
+
+def test_on_a_log_axis_values_at_or_below_zero_are_gaps() -> None:
+    line = _line("a", "g", [2.0, 0.0, 3.0, -1.0, 4.0])
+    figure = metric_figure("grad/norm", [line], options=ChartOptions(smoothing=0.5))
+    assert _roles(figure, "raw")[0]["y"] == [2.0, None, 3.0, None, 4.0]
+    assert all(v is None or v > 0 for v in _roles(figure, "smooth")[0]["y"])
+    # Linear axes draw them as they are.
+    linear = metric_figure("grad/norm", [line], options=ChartOptions(smoothing=0.0, log_y=False))
+    assert _roles(linear, "raw")[0]["y"] == [2.0, 0.0, 3.0, -1.0, 4.0]
+    # A downsampled bucket whose minimum is ≤ 0 keeps its band down to its own value.
+    bucketed = RunLine(
+        "a", "a", None, Series([10, 20], [1.0, 2.0], mins=[0.0, 1.5], maxs=[9.0, 3.0])
+    )
+    (envelope,) = _roles(metric_figure("grad/norm", [bucketed]), "envelope")
+    assert envelope["y"] == [9.0, 3.0, 1.5, 1.0]
+    # Group bands reaching below 0 are cut at the mean.
+    spread = [_line("a", "g", [1.0, 1.0]), _line("b", "g", [0.01, 0.01])]
+    aggregated = metric_figure(
+        "grad/norm", spread, options=ChartOptions(smoothing=0.0, aggregate="std")
+    )
+    (band,) = _roles(aggregated, "band")
+    assert all(v is not None and v > 0 for v in band["y"])
+
+
+def test_a_log_chart_with_nothing_positive_is_drawn_linear_with_a_note() -> None:
+    zeros = metric_figure("mismatch/kl", [_line("a", None, [0.0, 0.0, NAN])])
+    assert zeros["layout"]["yaxis"]["type"] == "linear"
+    assert zeros["layout"]["meta"]["log_fallback"] is True
+    notes = [a["text"] for a in zeros["layout"]["annotations"]]
+    assert "all values are 0; a log axis cannot show them<br>drawn on a linear axis" in notes
+    assert _roles(zeros, "raw")[0]["y"] == [0.0, 0.0, None]
+    negative = metric_figure("mismatch/kl", [_line("a", None, [0.0, -1.0])])["layout"]
+    assert any("no value is above 0" in a["text"] for a in negative["annotations"])
+    # One positive value anywhere keeps the log axis; no finite value at all keeps it too.
+    mixed = metric_figure("mismatch/kl", [_line("a", None, [0.0]), _line("b", None, [1e-3])])
+    assert mixed["layout"]["yaxis"]["type"] == "log" and not mixed["layout"]["meta"]["log_fallback"]
+    assert (
+        metric_figure("mismatch/kl", [_line("a", None, [NAN])])["layout"]["yaxis"]["type"] == "log"
+    )
+    # The note is about the log axis only.
+    assert metric_figure("reward/mean", [_line("a", None, [0.0])])["layout"]["annotations"] == []

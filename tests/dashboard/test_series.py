@@ -33,14 +33,16 @@ def test_parse_value_reads_the_wire_encoding() -> None:
 
 
 def test_ema_is_debiased_like_tensorboard() -> None:
-    # A constant stays exactly constant (an undebiased EMA would start near 0).
-    smoothed, _ = ema([5.0] * 50, 0.9)
-    assert smoothed == pytest.approx([5.0] * 50, rel=1e-12)
+    # A constant stays exactly constant (an undebiased EMA would start near 0), to the last
+    # bit: b_n / (1 - w^n) gives 1.0000000000000002 for some n, and the axis zooms into it.
+    for value in (1.0, 64.0, 0.1, 3.0, -2.5):
+        for weight in (0.6, 0.9, 0.99):
+            assert set(ema([value] * 2000, weight)[0]) == {value}
     # Hand-computed: biased accumulators 0.1*1 = 0.1, then 0.9*0.1 + 0.1*3 = 0.39.
     smoothed, state = ema([1.0, 3.0], 0.9)
     assert smoothed[0] == pytest.approx(1.0)
     assert smoothed[1] == pytest.approx(0.39 / (1 - 0.81))
-    assert (state.biased, state.count) == (pytest.approx(0.39), 2)
+    assert (state.value, state.count) == (pytest.approx(0.39 / (1 - 0.81)), 2)
 
 
 def test_ema_weight_zero_is_identity_and_weight_bounds() -> None:
@@ -73,6 +75,12 @@ def test_group_band_mean_and_sample_std() -> None:
     assert band.upper == pytest.approx([2.0 + half, 3.0 + half, 4.0 + half])
     assert band.lower == pytest.approx([2.0 - half, 3.0 - half, 4.0 - half])
     assert band.count == [2, 2, 2]
+
+
+def test_group_band_of_equal_runs_is_a_line_at_their_value() -> None:
+    # fsum([0.1] * 3) / 3 is 0.10000000000000002, with a std of 1e-17: a band of rounding error.
+    band = group_band([([0, 1], [0.1, 0.1])] * 3)
+    assert band.mean == band.lower == band.upper == [0.1, 0.1]
 
 
 def test_group_band_stderr_divides_by_sqrt_n() -> None:

@@ -1,0 +1,40 @@
+"""A frame the server refuses as malformed is kept aside, warned about once, and the run
+goes on with the frames after it (it used to be resent forever, blocking the run)."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from tests.trainer_hooks.monitor_support import servers
+from trainer_hooks.protocol import RunInfo
+from trainer_hooks.sender import ConnState, upload
+from trainer_hooks.spool import Spool
+
+make_server = pytest.fixture(name="make_server")(servers)
+
+
+def test_a_rejected_frame_is_kept_aside_and_the_frames_after_it_are_stored(
+    make_server, sqlite_url, tmp_path, caplog
+) -> None:
+    server = make_server(sqlite_url)
+    run = RunInfo(id="6e1d4b63-7f1b-4a68-8b66-2e5d1f8f0001", name="one-bad-frame")
+    spool = Spool.open(tmp_path / "spool" / run.id, run=run)
+    good = lambda steps: json.dumps([{"step": s, "values": {"m": float(s)}} for s in steps])  # noqa: E731
+    spool.append(good(range(0, 3)))
+    spool.append(json.dumps([{"step": 3, "values": {"bad\x00key": 1.0}}]))  # NUL: never storable
+    spool.append(good(range(4, 7)))
+    with caplog.at_level(logging.ERROR, logger="keel"):
+        sender = upload(spool, server.url, status="finished", timeout=60)
+    assert sender.state is ConnState.DONE and sender.rejected_frames == 1
+    assert spool.unacked == 0
+    kept = spool.rejected_path.read_text().splitlines()
+    assert len(kept) == 1 and '"step":3' in kept[0].replace(" ", "")
+    spool.close(remove=True)
+    assert spool.rejected_path.is_file()  # outlives the spool
+    assert server.series(run.id, "m") == ([0, 1, 2, 4, 5, 6], [0.0, 1.0, 2.0, 4.0, 5.0, 6.0])
+    assert server.run(run.id)["status"] == "finished"
+    refusals = [r for r in caplog.records if "refused a frame" in r.getMessage()]
+    assert len(refusals) == 1 and str(spool.rejected_path) in refusals[0].getMessage()
