@@ -88,7 +88,8 @@ _SQLITE_INSERT_POINT = text(
 # a single NaN in a million points survives a 100-point read.
 _BUCKETS = text(
     "WITH b AS ("
-    "  SELECT step, value, ((step - CAST(:lo AS BIGINT)) * CAST(:n AS BIGINT)) / CAST(:span AS BIGINT) AS bucket"
+    # (step - lo) / width, not (step - lo) * n / span: steps reach 2**62, and the product overflows.
+    "  SELECT step, value, (step - CAST(:lo AS BIGINT)) / CAST(:width AS BIGINT) AS bucket"
     "  FROM points WHERE series_id = :sid AND step >= :lo AND step <= :hi),"
     " agg AS ("
     "  SELECT bucket, MAX(step) AS last_step, MIN(value) AS vmin, MAX(value) AS vmax,"
@@ -441,7 +442,7 @@ class Store:
                 return SeriesData(key=key, downsampled=False, steps=steps, values=values)
             result = await session.execute(
                 _BUCKETS,
-                {"sid": series_id, "lo": lo, "hi": hi, "n": max_points, "span": hi - lo + 1},
+                {"sid": series_id, "lo": lo, "hi": hi, "width": -(-(hi - lo + 1) // max_points)},
             )
             return _buckets(key, result)
 

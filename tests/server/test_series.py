@@ -91,3 +91,22 @@ def test_finishing_an_unknown_run_is_refused(database_url) -> None:
             await store.engine.dispose()
 
     asyncio.run(go())
+
+
+def test_downsampling_a_run_whose_steps_reach_2_to_the_62(server) -> None:
+    """Bucketing used to multiply (step - lo) by the bucket count: "bigint out of range"."""
+    run = new_run()
+    steps = [0, 1, 2**40, 2**61, 2**62 - 2, 2**62 - 1]
+    rows = [{"step": step, "values": {"x": float(index)}} for index, step in enumerate(steps)]
+    response = httpx.post(f"{server.url}/api/v1/runs/{run['id']}/points", json={"rows": rows})
+    assert response.status_code == 404  # no such run yet: say hello first
+    from tests.server.wire import hello, open_ingest, points, recv
+
+    with open_ingest(server) as ws:
+        hello(ws, run)
+        ws.send(points(0, rows))
+        assert recv(ws) == {"type": "ack", "seq": 0}
+    data = series(server, run["id"], "x", max_points=3)
+    assert data["downsampled"] is True
+    assert data["steps"] == [2**40, 2**61, 2**62 - 1]
+    assert data["min"] == [0.0, 3.0, 4.0] and data["max"] == [2.0, 3.0, 5.0]
