@@ -1,0 +1,223 @@
+"""Keel for OpenRLHF's Ray PPO trainers (docs/integrations/openrlhf.md).
+
+    ray job submit --runtime-env-json='{"worker_process_setup_hook":
+        "trainer_hooks.integrations.openrlhf.install", "env_vars": {"KEEL_URL": "http://keel:8750"}}'
+        -- python -m openrlhf.cli.train_ppo_ray ...
+
+OpenRLHF has no tracker registry: `BasePPOTrainer.__init__` (openrlhf/trainer/ppo_trainer.py)
+builds a `WandbLogger` and a `TensorboardLogger` (openrlhf/utils/logging_utils.py), each
+with `log_train(global_step, logs_dict)`, `log_eval(global_step, logs_dict)` and
+`close()`, and the trainer calls exactly those two slots. `install()` puts a `KeelLogger`
+in the tensorboard slot (it passes everything on to the TensorboardLogger it replaces)
+and marks the run failed when the trainer's `fit` raises.
+
+The trainer is a Ray actor, so `install()` must run in the actor's process: Ray's
+`worker_process_setup_hook` runs it in every worker of the job (Ray merges the job's
+runtime env with the one train_ppo_ray passes to ray.init). The server is $KEEL_URL
+(default http://127.0.0.1:8750), the token $KEEL_TOKEN; the run is named after
+`--logger.wandb.run_name`, in `--logger.wandb.project` / `.group`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import numbers
+import os
+import sys
+from collections.abc import Mapping
+from types import SimpleNamespace
+from typing import Any
+
+from trainer_hooks.monitor import Monitor
+
+__all__ = [
+    "OPENRLHF_TO_KEEL",
+    "TESTED_OPENRLHF_VERSIONS",
+    "KeelLogger",
+    "install",
+    "keel_metrics",
+]
+
+logger = logging.getLogger("keel")
+
+TESTED_OPENRLHF_VERSIONS = ("0.11.2",)
+"""OpenRLHF releases whose source the names and `install()` were written against."""
+
+DEFAULT_SERVER_URL = "http://127.0.0.1:8750"
+
+OPENRLHF_TO_KEEL: dict[str, str] = {
+    # models/loss.py PolicyLoss, with --algo.advantage.is_correction_level token|seq:
+    # masked_mean(rollout_log_probs − old_log_probs) over the micro-batch's tokens, then
+    # token-weighted over micro-batches (ppo_actor.ppo_train): the batch's token mean.
+    "vllm_kl": "mismatch/kl_k1",
+    "is_filter_ratio": "gate/frac",  # units the IS correction masked or clipped (not PPO's clip)
+    "actor_grad_norm": "grad/norm",  # the step's last optimizer step (ppo_train keeps the last)
+    "policy_loss": "loss/pg",
+    "actor_lr": "optim/lr",
+    "kl": "ref/kl",  # KL to the reference model, not the sampler-learner mismatch
+    "rollout/reward_mean": "reward/mean",  # all the step's samples, before dynamic batching
+    "timing/step_total": "perf/step_s",
+}
+"""OpenRLHF train-log names that mean what a Keel name means. Any other name `x` is stored
+as `openrlhf/x`; eval logs `eval_x` (or `x`) as `eval/x`. `rollout/reward_std` is a sample
+std (Keel's `reward/std` is the population's), so it stays `openrlhf/rollout/reward_std`."""
+
+# train_step adds [decoded text, reward] of one sample every step: not a metric, no warning.
+_NOT_METRICS = frozenset({"generated_samples"})
+
+
+def keel_metrics(
+    logs: Mapping[str, Any], *, evaluation: bool = False
+) -> tuple[dict[str, Any], list[str]]:
+    """One OpenRLHF logs dict under Keel's names, and the keys left out as not numbers.
+
+    None values (OpenRLHF's own loggers skip them) and `generated_samples` are left out
+    silently; NaN and Inf are kept; single-element torch tensors are passed on as they are.
+    """
+    out: dict[str, Any] = {}
+    skipped: list[str] = []
+    torch = sys.modules.get("torch")  # a tensor here means torch is imported already
+    for name, value in logs.items():
+        if value is None or name in _NOT_METRICS:
+            continue
+        if evaluation:
+            key = "eval/" + name.removeprefix("eval_")
+        else:
+            key = OPENRLHF_TO_KEEL.get(name, f"openrlhf/{name}")
+        if isinstance(value, numbers.Real) and not isinstance(value, bool):
+            out[key] = float(value)
+        elif torch is not None and isinstance(value, torch.Tensor) and value.numel() == 1:
+            out[key] = value
+        else:
+            skipped.append(name)
+    return out, skipped
+
+
+class KeelLogger:
+    """OpenRLHF's tracker interface (`log_train`, `log_eval`, `close`) over one Monitor.
+
+    Args:
+        monitor: where the run goes.
+        inner: the tracker whose slot this one takes; it gets every call first.
+    """
+
+    def __init__(self, monitor: Monitor, inner: Any = None) -> None:
+        self.monitor = monitor
+        self.inner = inner
+        self.skipped = 0
+        """Values left out so far because they were not numbers."""
+
+    @classmethod
+    def from_args(cls, args: Any, inner: Any = None) -> KeelLogger:
+        """The logger for an OpenRLHF trainer's `args` (hierarchized argparse namespace)."""
+        wandb = args.logger.wandb
+        config = _plain(args)
+        config.get("logger", {}).get("wandb", {}).pop("key", None)  # an API key: never stored
+        monitor = Monitor(
+            os.environ.get("KEEL_URL", DEFAULT_SERVER_URL),
+            run_name=wandb.run_name or "openrlhf",
+            project=wandb.project or "default",
+            group=wandb.group,
+            config={**config, "openrlhf/version": _openrlhf_version()},
+        )
+        return cls(monitor, inner)
+
+    def log_train(self, global_step: int, logs_dict: Mapping[str, Any]) -> None:
+        if self.inner is not None:
+            self.inner.log_train(global_step, logs_dict)
+        self._log(global_step, logs_dict, evaluation=False)
+
+    def log_eval(self, global_step: int, logs_dict: Mapping[str, Any]) -> None:
+        if self.inner is not None:
+            self.inner.log_eval(global_step, logs_dict)
+        self._log(global_step, logs_dict, evaluation=True)
+
+    def close(self) -> None:
+        """OpenRLHF calls this when fit() ends normally: the run is finished."""
+        try:
+            if self.inner is not None:
+                self.inner.close()
+        finally:
+            self.monitor.finish("finished")
+
+    def fail(self, exc: BaseException) -> None:
+        """fit() raised `exc`: the run is failed (killed for a KeyboardInterrupt)."""
+        self.monitor.__exit__(type(exc), exc, exc.__traceback__)
+
+    def _log(self, step: int, logs: Mapping[str, Any], *, evaluation: bool) -> None:
+        try:
+            metrics, skipped = keel_metrics(logs, evaluation=evaluation)
+        except Exception as exc:  # a metric Keel cannot read must never stop training
+            logger.warning("keel: OpenRLHF logs of step %r dropped: %r", step, exc)
+            return
+        if skipped:
+            if not self.skipped:
+                logger.warning(
+                    "keel: OpenRLHF logged values that are not numbers (%s); they are left out",
+                    ", ".join(skipped[:5]),
+                )
+            self.skipped += len(skipped)
+        if metrics:
+            self.monitor.log(step, metrics)
+
+
+def _plain(value: Any) -> Any:
+    """args (nested SimpleNamespace) as JSON-able dicts."""
+    if isinstance(value, SimpleNamespace):
+        value = vars(value)
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _openrlhf_version() -> str | None:
+    openrlhf = sys.modules.get("openrlhf")
+    return getattr(openrlhf, "__version__", None)
+
+
+def _wrap_fit(trainer_cls: Any) -> None:
+    """Mark the run failed when `trainer_cls.fit` raises (once per class)."""
+    fit = trainer_cls.fit
+    if getattr(fit, "_keel", False):
+        return
+
+    @functools.wraps(fit)
+    def keel_fit(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fit(self, *args, **kwargs)
+        except BaseException as exc:
+            keel = self.tensorboard_logger
+            if isinstance(keel, KeelLogger):
+                keel.fail(exc)
+            raise
+
+    keel_fit._keel = True  # type: ignore[attr-defined]
+    trainer_cls.fit = keel_fit
+
+
+def install() -> None:
+    """Give every OpenRLHF PPO trainer built in this process a KeelLogger. Never raises.
+
+    Ray's `worker_process_setup_hook` runs this in every worker (vLLM engines, model
+    actors too); only the trainer actor builds a BasePPOTrainer, so only it streams.
+    """
+    try:
+        from openrlhf.trainer.ppo_trainer import BasePPOTrainer
+    except Exception as exc:  # a worker that cannot import the trainer never builds one
+        logger.debug("keel: OpenRLHF trainer not importable here: %r", exc)
+        return
+    if getattr(BasePPOTrainer, "_keel_installed", False):
+        return
+    original_init = BasePPOTrainer.__init__
+
+    @functools.wraps(original_init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        self.tensorboard_logger = KeelLogger.from_args(self.args, inner=self.tensorboard_logger)
+        _wrap_fit(type(self))
+
+    BasePPOTrainer.__init__ = __init__
+    BasePPOTrainer._keel_installed = True
