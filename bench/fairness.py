@@ -1,0 +1,136 @@
+"""Fairness: another trainer's ack latency while one client ingests a 7 MiB frame.
+
+A "small" trainer streams 10-row frames (20 metrics) with one frame in flight and times
+each ack; meanwhile a "big" client sends frames of ~600k points (~7 MiB, the size an
+outside tester used). Printed last: the small trainer's ack p50/p99 with the big client
+running, against the same figures measured alone in the same invocation.
+
+    python bench/fairness.py [--database sqlite|postgres|both] [--seconds 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import psycopg
+from websockets.asyncio.client import connect
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _server import PG_ADMIN, start_server  # noqa: E402
+
+from trainer_hooks.protocol import Row, RunInfo, hello_message, points_message  # noqa: E402
+
+BIG_ROWS, BIG_KEYS = 10_000, 60  # 600k points, about 7 MiB of JSON
+
+
+async def _open(ws_url: str, name: str):  # type: ignore[no-untyped-def]
+    ws = await connect(f"{ws_url}/api/v1/ingest", max_size=None)
+    await ws.send(json.dumps(hello_message(RunInfo(id=str(uuid.uuid4()), name=name))))
+    await ws.recv()
+    return ws
+
+
+async def small_trainer(ws_url: str, stop: asyncio.Event, latencies: list[float]) -> None:
+    ws = await _open(ws_url, "small")
+    seq = 0
+    while not stop.is_set():
+        rows = [Row(step=seq * 10 + i, time=None, values={f"m/{k}": 0.1 * k for k in range(20)}) for i in range(10)]
+        frame = json.dumps(points_message(seq, rows), separators=(",", ":"))
+        started = time.perf_counter()
+        await ws.send(frame)
+        reply = json.loads(await ws.recv())
+        assert reply == {"type": "ack", "seq": seq}, reply
+        latencies.append((time.perf_counter() - started) * 1000)
+        seq += 1
+        await asyncio.sleep(0.02)
+    await ws.close()
+
+
+async def big_client(ws_url: str, stop: asyncio.Event, sent: list[int]) -> None:
+    ws = await _open(ws_url, "big")
+    seq = 0
+    while not stop.is_set():
+        rows = [
+            Row(step=seq * BIG_ROWS + i, time=None, values={f"b{k}": float(i + k) for k in range(BIG_KEYS)})
+            for i in range(BIG_ROWS)
+        ]
+        frame = json.dumps(points_message(seq, rows), separators=(",", ":"))
+        await ws.send(frame)
+        reply = json.loads(await ws.recv())
+        assert reply["type"] == "ack", reply
+        sent.append(len(frame))
+        seq += 1
+    await ws.close()
+
+
+async def trial(ws_url: str, seconds: float, with_big: bool) -> tuple[list[float], list[int]]:
+    stop = asyncio.Event()
+    latencies: list[float] = []
+    sent: list[int] = []
+    tasks = [asyncio.create_task(small_trainer(ws_url, stop, latencies))]
+    if with_big:
+        tasks.append(asyncio.create_task(big_client(ws_url, stop, sent)))
+    await asyncio.sleep(seconds)
+    stop.set()
+    await asyncio.gather(*tasks)
+    return latencies, sent
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
+
+
+def measure(database_url: str, seconds: float) -> dict[str, float]:
+    proc, base = start_server(database_url)
+    try:
+        ws_url = base.replace("http://", "ws://")
+        alone, _ = asyncio.run(trial(ws_url, seconds, with_big=False))
+        loaded, big = asyncio.run(trial(ws_url, seconds, with_big=True))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    return {
+        "alone_p50": statistics.median(alone), "alone_p99": pct(alone, 99),
+        "loaded_p50": statistics.median(loaded), "loaded_p99": pct(loaded, 99),
+        "big_frames": len(big), "big_mib": (statistics.median(big) / 2**20) if big else 0.0,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--database", choices=["sqlite", "postgres", "both"], default="both")
+    parser.add_argument("--seconds", type=float, default=20.0, help="per trial (alone, then with the big client)")
+    args = parser.parse_args()
+    results: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="keel-fairness-") as tmp:
+        if args.database in ("sqlite", "both"):
+            results["sqlite"] = measure(f"sqlite:///{tmp}/fair.db", args.seconds)
+        if args.database in ("postgres", "both"):
+            name = f"keel_fair_{uuid.uuid4().hex[:8]}"
+            with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+                conn.execute(f'CREATE DATABASE "{name}"')
+            try:
+                results["postgres"] = measure(PG_ADMIN.rsplit("/", 1)[0] + f"/{name}", args.seconds)
+            finally:
+                with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+                    conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    for label, r in results.items():
+        print(
+            f"{label:8s} small trainer's ack: alone p50 {r['alone_p50']:6.1f} ms, p99 {r['alone_p99']:6.1f} ms | "
+            f"beside {r['big_frames']:.0f} frames of {r['big_mib']:.1f} MiB: p50 {r['loaded_p50']:6.1f} ms, "
+            f"p99 {r['loaded_p99']:6.1f} ms  (p99 x{r['loaded_p99'] / r['alone_p99']:.1f} of alone; target <= 250 ms)"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
