@@ -62,25 +62,39 @@ def build_dash(server: FastAPI, api: KeelApi) -> Dash:
     return dash_app
 
 
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
 class _ApiFallback:
     """ASGI app behind `/api/{path}`: answers as the API would have without Dash's catch-all.
 
-    A known API path with the wrong method is handed back to its route (405 with Allow);
-    anything else is FastAPI's JSON 404 rather than the dashboard's HTML.
+    A known API path with the wrong method is a 405 whose Allow lists every method of the
+    path (one route each: GET /rules and POST /rules are two routes, so no single route
+    can say); anything else is FastAPI's JSON 404 rather than the dashboard's HTML.
     """
 
     def __init__(self, app: FastAPI):
         self.app = app
 
+    def _allowed(self, scope: Scope) -> list[str]:
+        allowed = []
+        for method in _METHODS:
+            probe = {**scope, "method": method}
+            for candidate in self.app.router.routes:
+                if getattr(candidate, "path", "").endswith("{path:path}"):
+                    continue  # this fallback and Dash's catch-all
+                if candidate.matches(probe)[0] is Match.FULL:
+                    allowed.append(method)
+                    break
+        return allowed
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        for candidate in self.app.router.routes:
-            if getattr(candidate, "path", "").endswith("{path:path}"):
-                continue  # this fallback and Dash's catch-all
-            match, child_scope = candidate.matches(scope)
-            if match is Match.PARTIAL:
-                await candidate.handle({**scope, **child_scope}, receive, send)
-                return
-        await JSONResponse({"detail": "Not Found"}, status_code=404)(scope, receive, send)
+        allowed = self._allowed(scope)
+        if allowed:
+            response = JSONResponse({"detail": "Method Not Allowed"}, status_code=405, headers={"Allow": ", ".join(allowed)})
+        else:
+            response = JSONResponse({"detail": "Not Found"}, status_code=404)
+        await response(scope, receive, send)
 
 
 def mount(app: FastAPI, *, internal_token: str | None = None) -> Dash:
@@ -107,7 +121,7 @@ def mount(app: FastAPI, *, internal_token: str | None = None) -> Dash:
         Route(
             "/api/{path:path}",
             _ApiFallback(app),
-            methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
+            methods=list(_METHODS),
             include_in_schema=False,
         )
     )

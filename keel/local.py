@@ -31,17 +31,15 @@ class LocalServer:
 
         from server.app import create_app
         from server.config import Settings
+        from server.serving import uvicorn_config
 
         self.port = free_port()
-        self.settings = Settings(database_url=database_url, port=self.port, **settings)
+        self.settings = Settings(**{"host": "127.0.0.1", **settings, "database_url": database_url, "port": self.port})
         self.app = create_app(self.settings)
         self.url = f"http://127.0.0.1:{self.port}"
         self.ws_url = f"ws://127.0.0.1:{self.port}"
-        config = uvicorn.Config(
-            self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on",
-            ws_max_size=self.settings.max_frame_bytes + 1024 * 1024,
-        )
-        self.server = uvicorn.Server(config)
+        # The same Config as `keel serve` (server/serving.py): same timeouts, same limits.
+        self.server = uvicorn.Server(uvicorn_config(self.app, self.settings, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, name="keel-local-server", daemon=True)
 
     def start(self, timeout_s: float = 30.0) -> LocalServer:

@@ -6,17 +6,48 @@ import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.responses import RedirectResponse, Response
+from starlette.requests import HTTPConnection
 
 from dashboard import mount_dashboard
-from server.auth import allowed
+from server.auth import allowed, presented_token
 from server.config import Settings
+from server.deps import get_services
+from server.ratelimit import client_key
 from server.routes import alerts as alert_routes
 from server.routes import health, login, runs, streams
 from server.services import running
+from server.serving import BodyDeadline
 
-OPEN_PATHS = ("/api/", "/healthz", "/readyz", "/login", "/logout", "/docs", "/openapi.json")
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/login", "/logout", "/docs", "/docs/oauth2-redirect", "/openapi.json"})
+"""Pages served without the login cookie: these paths exactly, and everything under /api/
+(API routes answer 401 themselves)."""
+WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+def is_open_path(path: str) -> bool:
+    return path in OPEN_PATHS or path.startswith("/api/")
+
+
+async def limit_writes(conn: HTTPConnection) -> None:
+    """REST writes count against the client's request and byte buckets (server/ratelimit.py)."""
+    if conn.scope["type"] != "http" or conn.scope["method"] not in WRITE_METHODS:
+        return
+    services = get_services(conn)
+    client = client_key(conn, services.settings.auth_enabled, presented_token(conn))
+    try:
+        body_bytes = int(conn.headers.get("content-length", 0))
+    except ValueError:
+        body_bytes = 0
+    limits = services.rate_limits
+    for limiter, cost in ((limits.requests, 1), (limits.bytes, body_bytes)):
+        reservation = limiter.reserve(client, cost)
+        if not reservation.granted:
+            retry_after = reservation.retry_after_s
+            raise HTTPException(
+                429, f"rate limit exceeded; retry in {retry_after} s", headers={"Retry-After": str(retry_after)}
+            )
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -36,7 +67,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
 
-    api = APIRouter(prefix="/api/v1")
+    api = APIRouter(prefix="/api/v1", dependencies=[Depends(limit_writes)])
     api.include_router(runs.router)
     api.include_router(streams.router)
     api.include_router(alert_routes.router)
@@ -45,11 +76,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app.include_router(login.router)
 
+    # Inside the login middleware below (added later, so outermost): a body timeout is
+    # answered here, as the response the login middleware passes on.
+    app.add_middleware(BodyDeadline, timeout_s=settings.http_body_timeout_s)
+
     @app.middleware("http")
     async def dashboard_login(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         # API routes answer 401 themselves; pages send the browser to the login form.
-        path = request.url.path
-        if settings.auth_enabled and not path.startswith(OPEN_PATHS) and not await allowed(request, "read"):
+        if settings.auth_enabled and not is_open_path(request.url.path) and not await allowed(request, "read"):
             return RedirectResponse("/login", status_code=303)
         return await call_next(request)
 

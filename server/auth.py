@@ -2,8 +2,9 @@
 
 Off on loopback by default (local use); required on any other interface. A
 token arrives as `Authorization: Bearer <token>`, or, for browsers, as the
-`keel_token` cookie set by /login or a `token` query parameter (websockets).
-Tokens themselves: server/tokens.py.
+HttpOnly `keel_token` cookie set by /login (a same-origin websocket sends it
+too). Never in the URL: URLs are written to access logs, proxies and browser
+history. Tokens themselves: server/tokens.py.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def presented_token(conn: HTTPConnection) -> str | None:
     header = conn.headers.get("authorization", "")
     if header.lower().startswith("bearer "):
         return header[7:].strip()
-    return conn.cookies.get(COOKIE) or conn.query_params.get("token")
+    return conn.cookies.get(COOKIE)
 
 
 async def allowed(conn: HTTPConnection, scope: str) -> bool:

@@ -35,10 +35,21 @@ def _add_serve(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def masked_url(database_url: str) -> str:
+    """The database URL as printed: its password, if any, as ***."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(database_url).render_as_string(hide_password=True)
+    except Exception:  # not a URL SQLAlchemy can parse: say nothing of it
+        return "<unparsable database URL>"
+
+
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from server.app import create_app
+    from server.serving import uvicorn_config
 
     settings = _settings(args, host=args.host, port=args.port, allow_private_webhooks=args.allow_private_webhooks)
     from server.tokens import is_loopback
@@ -48,17 +59,10 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     if settings.auth_enabled:
         print("keel: auth is on: clients need a token (keel token create --scopes ingest,read,admin)", flush=True)
-    print(f"keel: serving on http://{settings.host}:{settings.port}  (database: {settings.database_url})", flush=True)
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_level=args.log_level,
-        ws_max_size=settings.max_frame_bytes + 1024 * 1024,
-        ws_ping_interval=20,
-        ws_ping_timeout=60,
-    )
-    return 0
+    print(f"keel: serving on http://{settings.host}:{settings.port}  (database: {masked_url(settings.database_url)})", flush=True)
+    server = uvicorn.Server(uvicorn_config(create_app(settings), settings, log_level=args.log_level))
+    server.run()
+    return 0 if server.started else 3  # 3: did not start (uvicorn's exit code for it)
 
 
 def _add_db(parser: argparse.ArgumentParser) -> None:
@@ -71,7 +75,7 @@ def _db(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     db.upgrade(settings.database_url)
-    print(f"keel: database at head ({settings.database_url})")
+    print(f"keel: database at head ({masked_url(settings.database_url)})")
     return 0
 
 

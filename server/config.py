@@ -47,8 +47,44 @@ class Settings(BaseSettings):
     webhook_retry_base_s: float = 1.0
     """First retry delay; doubles per attempt (with jitter) up to 10 minutes."""
     webhook_max_attempts: int = 10
-    live_queue_size: int = 1_000
-    """Messages buffered per live subscriber; a subscriber that falls further behind is dropped."""
+    live_buffer_bytes: int = 8 * 1024 * 1024
+    """Encoded bytes queued for one live subscriber; one that falls further behind is closed
+    with 1013 ("subscriber fell behind; reload") and its queue freed."""
+    live_total_buffer_bytes: int = 256 * 1024 * 1024
+    """Encoded bytes queued for all live subscribers together; past it, the subscriber
+    furthest behind is dropped (as above) until the new message fits."""
+
+    # Deadlines for every stage of a connection (docs/security.md).
+    http_header_timeout_s: float = 10.0
+    """From connecting (or from the first byte of the next request on a kept-alive
+    connection) to a complete request head, websocket upgrades included; else 408 and close."""
+    http_keep_alive_s: int = 5
+    """An idle kept-alive HTTP connection is closed after this long (uvicorn's timeout_keep_alive)."""
+    http_body_timeout_s: float = 60.0
+    """From the request head to the end of its body; else 408 and close (slow uploads)."""
+    ingest_hello_timeout_s: float = 10.0
+    """An ingest socket that has sent no valid hello this long after it was accepted is
+    closed with 4408. Until its hello it holds no ingest slot."""
+    ingest_idle_timeout_s: float = 300.0
+    """An ingest socket that sends no frame for this long is closed with 4408."""
+    ws_ping_interval_s: float = 20.0
+    """Websocket keepalive pings (both sockets)."""
+    ws_ping_timeout_s: float = 60.0
+    """A websocket peer that answers no ping for this long is dropped (1011)."""
+
+    # Rate limits, per token (per client address with auth off); 0 turns one off.
+    write_requests_per_s: float = 100.0
+    """REST writes (POST, PUT, PATCH, DELETE under /api/) per second; beyond the burst,
+    429 with Retry-After."""
+    write_requests_burst: int = 200
+    ingest_bytes_per_s: float = 16 * 1024 * 1024
+    """Bytes of ingest frames and REST write bodies per second, together."""
+    ingest_bytes_burst: int = 128 * 1024 * 1024
+    """What may be written at once after a quiet spell (a Monitor flushing its spool)."""
+    ingest_max_pacing_s: float = 2.0
+    """An ingest frame over the rate is held back (the socket is not read) for up to this
+    long; one that would have to wait longer closes the socket with 1013 and `retry_after_s`.
+    REST writes are not held back: over the rate they get 429."""
 
     @property
     def limits(self) -> Limits:

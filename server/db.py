@@ -55,6 +55,9 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 
 def create_engine(database_url: str, **kwargs: Any) -> AsyncEngine:
     url = async_url(database_url)
+    # A failed statement's error (and so the server log) would otherwise carry its bound
+    # parameters: webhook secrets, URLs, whatever a client sent.
+    kwargs.setdefault("hide_parameters", True)
     if url.get_backend_name() == "sqlite":
         engine = create_async_engine(url, **kwargs)
         event.listen(engine.sync_engine, "connect", _sqlite_pragmas)

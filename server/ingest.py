@@ -27,6 +27,7 @@ from server.storage import FrameRef, Store
 from trainer_hooks.protocol import (
     CLOSE_AUTH,
     CLOSE_CONFLICT,
+    CLOSE_IDLE,
     CLOSE_OVERLOADED,
     CLOSE_SERVER_FAULT,
     CLOSE_TOO_LARGE,
@@ -45,8 +46,6 @@ from trainer_hooks.protocol import (
 
 log = logging.getLogger("keel.ingest")
 
-CLOSE_TIMEOUT = 4408
-"""No hello, or no frame at all, within the connection's timeout."""
 OFFLOAD_BYTES = 256 * 1024
 """Frames at least this large are decoded and validated on a worker thread, so a huge
 frame does not hold the event loop (other clients' acks) for its whole parse."""
@@ -139,11 +138,11 @@ class IngestSession:
         except Conflict as exc:
             await self._fail({"type": "error", "code": exc.code, "message": str(exc)}, CLOSE_CONFLICT)
         except TimeoutError:
-            waited = "a hello" if self.state is IngestState.AWAIT_HELLO else "a frame"
+            waited = "hello" if self.state is IngestState.AWAIT_HELLO else "frame"
             timeout = self.hello_timeout_s if self.state is IngestState.AWAIT_HELLO else self.idle_timeout_s
             await self._fail(
                 {"type": "error", "code": "timeout", "message": f"no {waited} within {timeout:g} s"},
-                CLOSE_TIMEOUT,
+                CLOSE_IDLE,
             )
         except WebSocketDisconnect:
             return

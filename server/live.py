@@ -1,17 +1,23 @@
 """In-process live fan-out: committed points and alert changes to browser subscribers.
 
-Publishing never waits on a subscriber: each has a bounded queue, and one that
-falls behind is dropped (its page reconnects and reloads history over REST).
-Across replicas (PostgreSQL) the hub relays what it publishes to `server.fanout`,
-which feeds the other replicas' hubs.
+Publishing never waits on a subscriber. A message is encoded to JSON text once, when it
+is published, and the same text is queued for every subscriber. Queues are bounded in
+bytes (the encoded length, counted for each subscriber that holds it): one subscriber
+may hold `buffer_bytes`, all together `total_buffer_bytes`. A subscriber past its own
+bound, or the one furthest behind when the total is reached, is dropped: its queue is
+freed at once and its socket closed with 1013 (its page reconnects and reloads history
+over REST). Across replicas (PostgreSQL) the hub relays what it publishes to
+`server.fanout`, which feeds the other replicas' hubs.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Iterable
 from typing import Any
+
+import orjson
 
 __all__ = ["LiveHub", "Subscription"]
 
@@ -19,27 +25,54 @@ ALL_RUNS = "*"
 
 
 class Subscription:
-    def __init__(self, hub: LiveHub, run_ids: frozenset[str], maxsize: int):
+    def __init__(self, hub: LiveHub, run_ids: frozenset[str]):
         self.hub = hub
         self.run_ids = run_ids
-        self.queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(maxsize=maxsize)
+        self._queue: deque[tuple[str, int]] = deque()
+        self._ready = asyncio.Event()
+        self._dropped = asyncio.Event()
+        self.queued_bytes = 0
         self.dropped = False
 
-    def offer(self, message: dict[str, Any]) -> None:
+    def offer(self, text: str, size: int) -> None:
         if self.dropped:
             return
-        try:
-            self.queue.put_nowait(message)
-        except asyncio.QueueFull:
-            self.dropped = True
-            self.hub.unsubscribe(self)
-            # Wake the reader so it notices it was dropped.
-            self.queue.get_nowait()
-            self.queue.put_nowait(None)
+        if self.queued_bytes + size > self.hub.buffer_bytes:
+            self.drop()
+            return
+        self._queue.append((text, size))
+        self.queued_bytes += size
+        self.hub.buffered_bytes += size
+        self._ready.set()
 
-    async def get(self) -> dict[str, Any] | None:
-        """The next message, or None once this subscriber has been dropped."""
-        return await self.queue.get()
+    def drop(self) -> None:
+        """Stop receiving, free the queue, and wake the reader so it closes the socket."""
+        if self.dropped:
+            return
+        self.dropped = True
+        self.hub.unsubscribe(self)
+        self.hub.buffered_bytes -= self.queued_bytes
+        self._queue.clear()
+        self.queued_bytes = 0
+        self._ready.set()
+        self._dropped.set()
+
+    async def wait_dropped(self) -> None:
+        """Returns once the hub has dropped this subscriber (even while its socket is
+        stuck sending to a peer that does not read)."""
+        await self._dropped.wait()
+
+    async def get(self) -> str | None:
+        """The next message as JSON text, or None once this subscriber has been dropped."""
+        while not self._queue and not self.dropped:
+            self._ready.clear()
+            await self._ready.wait()
+        if self.dropped:
+            return None
+        text, size = self._queue.popleft()
+        self.queued_bytes -= size
+        self.hub.buffered_bytes -= size
+        return text
 
 
 Relay = Callable[[dict[str, Any]], None]
@@ -47,15 +80,23 @@ Relay = Callable[[dict[str, Any]], None]
 
 
 class LiveHub:
-    def __init__(self, queue_size: int = 1000, relay: Relay | None = None):
-        self.queue_size = queue_size
+    def __init__(
+        self,
+        buffer_bytes: int = 8 * 1024 * 1024,
+        total_buffer_bytes: int = 256 * 1024 * 1024,
+        relay: Relay | None = None,
+    ):
+        self.buffer_bytes = buffer_bytes
+        self.total_buffer_bytes = total_buffer_bytes
+        self.buffered_bytes = 0
+        """What all subscribers' queues hold now."""
         self._by_run: dict[str, set[Subscription]] = defaultdict(set)
         self.relay = relay
         """Where other replicas hear of what is published here; None with one process."""
 
     def subscribe(self, run_ids: frozenset[str] | None) -> Subscription:
         """Subscribe to some runs, or to every run when `run_ids` is None."""
-        subscription = Subscription(self, run_ids or frozenset({ALL_RUNS}), self.queue_size)
+        subscription = Subscription(self, run_ids or frozenset({ALL_RUNS}))
         for run_id in subscription.run_ids:
             self._by_run[run_id].add(subscription)
         return subscription
@@ -71,10 +112,23 @@ class LiveHub:
     def publish(self, run_id: str, message: dict[str, Any], *, relay: bool = True) -> None:
         """To this replica's subscribers of the run; also to the other replicas' (`relay`).
         Points go through `points_committed` instead."""
-        for subscription in (*self._by_run.get(run_id, ()), *self._by_run.get(ALL_RUNS, ())):
-            subscription.offer(message)
+        subscribers = {*self._by_run.get(run_id, ()), *self._by_run.get(ALL_RUNS, ())}
+        if subscribers:
+            encoded = orjson.dumps(message)  # once, whatever the number of subscribers
+            text, size = encoded.decode(), len(encoded)
+            for subscription in subscribers:
+                self._make_room(size)
+                subscription.offer(text, size)
         if relay and self.relay is not None:
             self.relay({"t": "message", "r": run_id, "m": message})
+
+    def _make_room(self, size: int) -> None:
+        """Drop the subscribers furthest behind until `size` more bytes fit in the total."""
+        while self.buffered_bytes + size > self.total_buffer_bytes:
+            queued = [s for subs in self._by_run.values() for s in subs if s.queued_bytes]
+            if not queued:
+                return
+            max(queued, key=lambda s: s.queued_bytes).drop()
 
     def points_committed(self, run_id: str, steps: Iterable[int]) -> None:
         """Tell the other replicas which steps of a run were just stored (they read them back)."""

@@ -1,15 +1,94 @@
-"""API models (REST bodies and responses). Wire frames are in trainer_hooks/protocol.py."""
+"""API models (REST bodies and responses), the types every route's input is checked with,
+and the shape of error bodies. Wire frames are in trainer_hooks/protocol.py.
+
+Errors: a 422 is always FastAPI's validation array, `{"detail": [{"loc", "msg", "type"}]}`,
+whether a type check or the handler refused the request (`unprocessable`); every other
+4xx is `{"detail": "<message>"}` (`ErrorOut`). Both are in the OpenAPI schema (`errors`).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Coroutine
 from datetime import datetime, timezone
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel
+from fastapi import HTTPException, Path, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
+from pydantic import AfterValidator, BaseModel, Field
 
 from server.models import Alert, Run
 from server.storage import KeyInfo, SeriesData
-from trainer_hooks.protocol import encode_value
+from trainer_hooks.protocol import Limits, encode_value
+
+MAX_INT = 2**31 - 1
+"""Largest id of a rule, alert, silence or webhook, and largest rule step count: their
+Integer columns are 32-bit on PostgreSQL."""
+MAX_STEP = 2**63 - 1
+"""Largest step a read may name: steps are BigInteger columns."""
+MAX_NAME_LENGTH = 200
+"""Characters in a name, project, group, run id or metric: their String(200) columns."""
+
+
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("must not contain NUL (\\x00) characters")
+    return value
+
+
+Text = Annotated[str, AfterValidator(_no_nul)]
+"""Every string the API accepts, in a path, a query or a body: PostgreSQL text cannot hold
+NUL, and SQLite would store what PostgreSQL refuses."""
+Name = Annotated[Text, Field(max_length=MAX_NAME_LENGTH)]
+RowId = Annotated[int, Path(ge=1, le=MAX_INT, description="the id the create call returned")]
+
+
+# -- errors ------------------------------------------------------------------------------
+
+
+class ErrorOut(BaseModel):
+    """The body of every 4xx response but 422."""
+
+    detail: str
+
+
+_ERROR_DESCRIPTIONS = {
+    400: "The body is not valid JSON",
+    401: "No token, or a token without the route's scope (when auth is on)",
+    404: "No such run, rule, alert, silence or webhook",
+    413: "The body exceeds the server's limits",
+    429: "Too many writes from this client: retry after the Retry-After header's seconds",
+}
+
+
+def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses=` for these error statuses (422 FastAPI documents itself)."""
+    return {code: {"model": ErrorOut, "description": _ERROR_DESCRIPTIONS[code]} for code in codes}
+
+
+def unprocessable(message: str, *loc: str | int) -> HTTPException:
+    """A refusal by the handler, in the same form as FastAPI's own validation errors."""
+    return HTTPException(422, [{"loc": ["body", *loc], "msg": message, "type": "value_error"}])
+
+
+class ApiRoute(APIRoute):
+    """FastAPI's route, except that a validation error does not send the input back.
+
+    The echoed input could be a secret, and a non-finite number (`1e400` parses to inf)
+    cannot be written as JSON at all, which turned the 422 into a 500.
+    """
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def handle(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except RequestValidationError as exc:
+                public = [{key: error[key] for key in ("loc", "msg", "type") if key in error} for error in exc.errors()]
+                raise RequestValidationError(public) from None
+
+        return handle
 
 
 def iso(ts: float | None) -> str | None:
@@ -118,8 +197,43 @@ class SeriesOut(BaseModel):
         return out
 
 
-class PointsIn(BaseModel):
-    rows: list[Any]
+_LIMITS = Limits()
+POINTS_BODY = {
+    "required": True,
+    "content": {
+        "application/json": {
+            "schema": {
+                "type": "object",
+                "required": ["rows"],
+                "properties": {
+                    "rows": {
+                        "type": "array",
+                        "maxItems": _LIMITS.max_rows,
+                        "description": "the rows of one points frame (docs/protocol.md); the limits are the server's defaults",
+                        "items": {
+                            "type": "object",
+                            "required": ["step", "values"],
+                            "properties": {
+                                "step": {"type": "integer", "minimum": 0, "maximum": 2**62 - 1},
+                                "time": {"type": "number", "description": "unix seconds; the server's clock when omitted"},
+                                "values": {
+                                    "type": "object",
+                                    "maxProperties": _LIMITS.max_keys_per_row,
+                                    "propertyNames": {"minLength": 1, "maxLength": _LIMITS.max_key_length, "pattern": "^[^\\x00]*$"},
+                                    "additionalProperties": {
+                                        "anyOf": [{"type": "number"}, {"type": "string", "enum": ["nan", "inf", "-inf"]}]
+                                    },
+                                },
+                            },
+                        },
+                    }
+                },
+            }
+        }
+    },
+}
+"""The POST /runs/{id}/points body, for the OpenAPI schema only: the handler parses the
+bytes itself (trainer_hooks.protocol.parse_rows), as the ingest socket does."""
 
 
 class PointsWritten(BaseModel):

@@ -18,6 +18,7 @@ from server.config import Settings
 from server.fanout import Fanout
 from server.ingest import AfterCommit, IngestSlots
 from server.live import LiveHub
+from server.ratelimit import RateLimits
 from server.storage import Store
 from server.tokens import create_token
 from server.webhooks.delivery import DeliveryWorker, RetryPolicy
@@ -38,6 +39,8 @@ class Services:
     alerts: AlertEngine
     deliveries: DeliveryWorker
     ingest_slots: IngestSlots
+    rate_limits: RateLimits
+    """Per-client token buckets for REST writes and ingest (server/ratelimit.py)."""
     internal_token: str
     """Lets the dashboard's in-process API reads through when auth is on (read scope only)."""
     fanout: Fanout | None
@@ -62,7 +65,11 @@ async def running(settings: Settings, internal_token: str) -> AsyncIterator[Serv
     store = Store(engine)
     # Replicas may share a PostgreSQL database: they feed each other's live pages.
     fanout = None if store.sqlite else Fanout(store, settings.database_url)
-    hub = LiveHub(queue_size=settings.live_queue_size, relay=fanout.relay if fanout else None)
+    hub = LiveHub(
+        buffer_bytes=settings.live_buffer_bytes,
+        total_buffer_bytes=settings.live_total_buffer_bytes,
+        relay=fanout.relay if fanout else None,
+    )
     deliveries = DeliveryWorker(
         store,
         allow_private=settings.allow_private_webhooks,
@@ -81,6 +88,7 @@ async def running(settings: Settings, internal_token: str) -> AsyncIterator[Serv
         alerts=alerts,
         deliveries=deliveries,
         ingest_slots=IngestSlots(settings.max_ingest_connections),
+        rate_limits=RateLimits.from_settings(settings),
         internal_token=internal_token,
         fanout=fanout,
     )

@@ -21,6 +21,7 @@ __all__ = [
     "CLOSE_OVERLOADED",
     "CLOSE_SERVER_FAULT",
     "CLOSE_CONFLICT",
+    "CLOSE_IDLE",
     "RUN_STATUSES",
     "FINISH_STATUSES",
     "KeelError",
@@ -55,6 +56,8 @@ CLOSE_AUTH = 4401
 CLOSE_TOO_LARGE = 4413
 CLOSE_OVERLOADED = 1013
 CLOSE_SERVER_FAULT = 1011
+CLOSE_IDLE = 4408
+"""No hello within the server's hello timeout, or no frame within its idle timeout."""
 CLOSE_CONFLICT = 4409
 """What the client sent contradicts what the server holds: a seq gap, a connection of the
 same writer that another one superseded, a hello for a run of another project or for a

@@ -35,6 +35,7 @@ from websockets.sync.client import connect
 from trainer_hooks.protocol import (
     CLOSE_AUTH,
     CLOSE_CONFLICT,
+    CLOSE_IDLE,
     CLOSE_MALFORMED,
     CLOSE_TOO_LARGE,
     finish_message,
@@ -324,6 +325,11 @@ class Sender:
             logger.error("keel: %s refused run %s (%s)", self.url, self._spool.run.id, self.last_error)
             return
         self.state = ConnState.DISCONNECTED
+        if close_code == CLOSE_IDLE:
+            # The server closes a connection that sent nothing for its idle timeout (a long
+            # evaluation, say): not an outage. Dial again at once, without a warning.
+            self.next_dial = time.monotonic()
+            return
         self._failures += 1
         cap = (
             self._config.backoff_max_finishing

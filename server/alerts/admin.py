@@ -17,6 +17,10 @@ from server.storage import Store
 from server.webhooks import signing
 from server.webhooks.formats import FORMATS
 
+MAX_SILENCE_S = 10 * 365 * 86400
+"""A silence lasts at most 10 years and starts at most 10 years from now: one meant
+"forever" is a mistake to refuse, not a mute to keep without anyone noticing."""
+
 
 async def list_alerts(
     store: Store, *, run_ids: Sequence[str] | None, state: str | None, severity: str | None, project: str | None, limit: int
@@ -51,20 +55,33 @@ def silence_json(silence: Silence, now: float) -> dict[str, Any]:
     }
 
 
-async def create_silence(store: Store, matchers: dict[str, str], starts_at: float, ends_at: float, comment: str, created_by: str) -> Silence:
+async def create_silence(
+    store: Store, matchers: dict[str, str], starts_at: float, ends_at: float, comment: str, created_by: str, *, now: float
+) -> Silence:
     if not matchers:
         raise InvalidRequest("a silence needs at least one matcher")
     if ends_at <= starts_at:
         raise InvalidRequest("ends_at must be after starts_at")
+    if ends_at - starts_at > MAX_SILENCE_S or starts_at > now + MAX_SILENCE_S:
+        raise InvalidRequest(f"a silence lasts at most 10 years ({MAX_SILENCE_S} s) and starts within 10 years from now")
     async with store.writing() as session:
         silence = Silence(matchers=matchers, starts_at=starts_at, ends_at=ends_at, comment=comment, created_by=created_by)
         session.add(silence)
     return silence
 
 
-async def list_silences(store: Store) -> list[Silence]:
+async def list_silences(store: Store, *, limit: int, before_id: int | None, active: bool | None, now: float) -> list[Silence]:
+    """Newest first: at most `limit`, older than `before_id`, in force at `now` or not (`active`)."""
+    query = select(Silence).order_by(Silence.id.desc()).limit(limit)
+    if before_id is not None:
+        query = query.where(Silence.id < before_id)
+    in_force = (Silence.starts_at <= now) & (Silence.ends_at > now)
+    if active is True:
+        query = query.where(in_force)
+    elif active is False:
+        query = query.where(~in_force)
     async with store.sessions() as session:
-        return list((await session.scalars(select(Silence).order_by(Silence.id.desc()))).all())
+        return list((await session.scalars(query)).all())
 
 
 async def expire_silence(store: Store, silence_id: int) -> Silence:
@@ -130,6 +147,8 @@ async def queue_test_event(store: Store, hook_id: int, base_url: str) -> Deliver
 
 async def list_deliveries(store: Store, hook_id: int, limit: int = 100) -> list[Delivery]:
     async with store.sessions() as session:
+        if await session.get(Webhook, hook_id) is None:
+            raise NotFound(f"webhook {hook_id} not found")
         return list(
             (await session.scalars(select(Delivery).where(Delivery.webhook_id == hook_id).order_by(Delivery.id.desc()).limit(limit))).all()
         )

@@ -18,6 +18,11 @@ from typing import Any, ClassVar
 __all__ = ["Signal", "Detector", "NonFinite", "Threshold", "Climb", "Silent", "RobustBaseline"]
 
 MAD_TO_SIGMA = 1.4826
+MAX_PARAM_MAGNITUDE = 1e15
+"""Largest |number| a parameter may be: far beyond any metric's scale, and a bound that
+keeps arithmetic on it (logs, sums, formatting) finite."""
+MAX_WARMUP = 10_000
+"""Values a climb baseline keeps while warming up; they are saved with the rule's state."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,8 @@ class Detector:
         unknown = set(params or {}) - set(self.defaults)
         if unknown:
             raise ValueError(f"{self.kind}: unknown parameter(s) {sorted(unknown)}; known: {sorted(self.defaults)}")
+        for name, value in (params or {}).items():
+            _sane(name, value)
         self.params = {**self.defaults, **(params or {})}
         self.validate()
 
@@ -50,6 +57,20 @@ class Detector:
 
     def update(self, state: dict[str, Any], step: int, values: Mapping[str, float]) -> Signal | None:
         raise NotImplementedError
+
+
+def _sane(name: str, value: Any) -> None:
+    """What every parameter must be, whatever its detector does with it: storable as JSON
+    (finite; PostgreSQL refuses NaN and Infinity) and of a sane size."""
+    if isinstance(value, (list, dict)):
+        raise ValueError(f"parameter {name!r} must be a number, a string, a boolean or null")
+    if isinstance(value, str) and "\x00" in value:
+        raise ValueError(f"parameter {name!r} must not contain NUL (\\x00) characters")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"parameter {name!r} must be a finite number, got {value!r}")
+        if abs(value) > MAX_PARAM_MAGNITUDE:
+            raise ValueError(f"parameter {name!r} must be at most {MAX_PARAM_MAGNITUDE:g} in magnitude")
 
 
 def _positive(params: dict[str, Any], *names: str) -> None:
@@ -144,6 +165,8 @@ class Climb(Detector):
 
     def validate(self) -> None:
         _positive(self.params, "warmup", "k", "h", "z_cap", "min_scale", "floor")
+        if self.params["warmup"] > MAX_WARMUP:
+            raise ValueError(f"parameter 'warmup' must be at most {MAX_WARMUP}")
 
     def update(self, state: dict[str, Any], step: int, values: Mapping[str, float]) -> Signal | None:
         value = values.get(self.metric)

@@ -6,17 +6,21 @@ import time
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from server.alerts import admin
 from server.alerts.rulebook import rule_json
 from server.auth import ADMIN, READ
 from server.deps import DeliveriesDep, RuleBookDep, SettingsDep, StoreDep
 from server.errors import NotFound
-from server.schemas import alert_json
+from server.schemas import MAX_INT, ApiRoute, Name, RowId, Text, alert_json, errors, unprocessable
 from server.webhooks.netguard import checked_address
 
-router = APIRouter(tags=["alerts"])
+router = APIRouter(tags=["alerts"], route_class=ApiRoute, responses=errors(401))
+
+STRICT = ConfigDict(strict=True)
+"""Bodies take JSON's types as they are: `true` is not a number, nor `1` a boolean."""
+StepCount = Annotated[int, Field(ge=0, le=MAX_INT)]
 
 
 def _missing(exc: NotFound) -> HTTPException:
@@ -29,10 +33,10 @@ def _missing(exc: NotFound) -> HTTPException:
 @router.get("/alerts", dependencies=[READ])
 async def list_alerts(
     store: StoreDep,
-    run_id: Annotated[list[str] | None, Query(description="repeat for several runs")] = None,
+    run_id: Annotated[list[Text] | None, Query(description="repeat for several runs")] = None,
     state: Literal["pending", "firing", "resolved"] | None = None,
-    severity: str | None = None,
-    project: str | None = None,
+    severity: Text | None = None,
+    project: Text | None = None,
     limit: int = Query(500, ge=1, le=10_000),
 ) -> list[dict[str, Any]]:
     alerts = await admin.list_alerts(store, run_ids=run_id, state=state, severity=severity, project=project, limit=limit)
@@ -40,11 +44,12 @@ async def list_alerts(
 
 
 class AckIn(BaseModel):
-    by: str = Field(default="anonymous", max_length=200)
+    model_config = STRICT
+    by: Name = "anonymous"
 
 
-@router.post("/alerts/{alert_id}/ack", dependencies=[ADMIN])
-async def acknowledge(alert_id: int, store: StoreDep, body: AckIn | None = None) -> dict[str, Any]:
+@router.post("/alerts/{alert_id}/ack", dependencies=[ADMIN], responses=errors(400, 404, 429))
+async def acknowledge(alert_id: RowId, store: StoreDep, body: AckIn | None = None) -> dict[str, Any]:
     try:
         return alert_json(await admin.acknowledge(store, alert_id, (body or AckIn()).by))
     except NotFound as exc:
@@ -54,58 +59,64 @@ async def acknowledge(alert_id: int, store: StoreDep, body: AckIn | None = None)
 # -- rules ------------------------------------------------------------------------
 
 
+RequiredName = Annotated[Name, Field(min_length=1)]
+DetectorName = Annotated[Text, Field(max_length=50)]
+
+
 class RuleIn(BaseModel):
-    name: str = Field(min_length=1, max_length=200)
-    metric: str = Field(min_length=1, max_length=200)
-    detector: str
-    params: dict[str, Any] = Field(default_factory=dict)
-    severity: str = "warning"
-    project: str | None = None
-    group: str | None = None
-    run_id: str | None = None
-    for_steps: int = Field(1, ge=0)
-    keep_firing_for: int = Field(1, ge=0)
+    model_config = STRICT
+    name: RequiredName
+    metric: RequiredName
+    detector: DetectorName
+    params: dict[Text, Any] = Field(default_factory=dict, description="the detector's parameters (docs/alerts.md)")
+    severity: Text = "warning"
+    project: Name | None = None
+    group: Name | None = None
+    run_id: Name | None = None
+    for_steps: StepCount = 1
+    keep_firing_for: StepCount = 1
     enabled: bool = True
 
 
 class RulePatch(BaseModel):
-    name: str | None = None
-    metric: str | None = None
-    detector: str | None = None
-    params: dict[str, Any] | None = None
-    severity: str | None = None
-    for_steps: int | None = Field(None, ge=0)
-    keep_firing_for: int | None = Field(None, ge=0)
+    model_config = STRICT
+    name: RequiredName | None = None
+    metric: RequiredName | None = None
+    detector: DetectorName | None = None
+    params: dict[Text, Any] | None = None
+    severity: Text | None = None
+    for_steps: StepCount | None = None
+    keep_firing_for: StepCount | None = None
     enabled: bool | None = None
 
 
 @router.get("/rules", dependencies=[READ])
-async def list_rules(rules: RuleBookDep, project: str | None = None) -> list[dict[str, Any]]:
+async def list_rules(rules: RuleBookDep, project: Text | None = None) -> list[dict[str, Any]]:
     return [rule_json(rule) for rule in await rules.list(project)]
 
 
-@router.post("/rules", status_code=201, dependencies=[ADMIN])
+@router.post("/rules", status_code=201, dependencies=[ADMIN], responses=errors(400, 429))
 async def create_rule(body: RuleIn, rules: RuleBookDep) -> dict[str, Any]:
     try:
         rule = await rules.create(body.model_dump())
     except ValueError as exc:
-        raise HTTPException(422, str(exc)) from None
+        raise unprocessable(str(exc)) from None
     return rule_json(rule)
 
 
-@router.patch("/rules/{rule_id}", dependencies=[ADMIN])
-async def update_rule(rule_id: int, body: RulePatch, rules: RuleBookDep) -> dict[str, Any]:
+@router.patch("/rules/{rule_id}", dependencies=[ADMIN], responses=errors(400, 404, 429))
+async def update_rule(rule_id: RowId, body: RulePatch, rules: RuleBookDep) -> dict[str, Any]:
     try:
         rule = await rules.update(rule_id, body.model_dump(exclude_none=True))
     except NotFound as exc:
         raise _missing(exc) from None
     except ValueError as exc:
-        raise HTTPException(422, str(exc)) from None
+        raise unprocessable(str(exc)) from None
     return rule_json(rule)
 
 
-@router.delete("/rules/{rule_id}", status_code=204, dependencies=[ADMIN])
-async def delete_rule(rule_id: int, rules: RuleBookDep) -> None:
+@router.delete("/rules/{rule_id}", status_code=204, dependencies=[ADMIN], responses=errors(404, 429))
+async def delete_rule(rule_id: RowId, rules: RuleBookDep) -> None:
     try:
         await rules.delete(rule_id)
     except NotFound as exc:
@@ -115,37 +126,50 @@ async def delete_rule(rule_id: int, rules: RuleBookDep) -> None:
 # -- silences -----------------------------------------------------------------------
 
 
+UnixTime = Annotated[float, Field(ge=0, allow_inf_nan=False, description="unix seconds")]
+
+
 class SilenceIn(BaseModel):
-    matchers: dict[str, str] = Field(description="label -> glob; labels: rule, run_id, run_name, project, group, metric, severity")
-    duration_s: float | None = Field(None, gt=0, description="from now; or give ends_at")
-    starts_at: float | None = None
-    ends_at: float | None = None
-    comment: str = Field("", max_length=1000)
-    created_by: str = Field("anonymous", max_length=200)
+    model_config = STRICT
+    matchers: dict[Name, Name] = Field(description="label -> glob; labels: rule, run_id, run_name, project, group, metric, severity")
+    duration_s: float | None = Field(
+        None, gt=0, le=admin.MAX_SILENCE_S, allow_inf_nan=False, description="from starts_at; or give ends_at"
+    )
+    starts_at: UnixTime | None = Field(None, description="unix seconds; now when omitted")
+    ends_at: UnixTime | None = Field(None, description=f"unix seconds, at most {admin.MAX_SILENCE_S} s after starts_at")
+    comment: Annotated[Text, Field(max_length=1000)] = ""
+    created_by: Name = "anonymous"
 
 
 @router.get("/silences", dependencies=[READ])
-async def list_silences(store: StoreDep) -> list[dict[str, Any]]:
+async def list_silences(
+    store: StoreDep,
+    limit: int = Query(500, ge=1, le=10_000),
+    before_id: int | None = Query(None, ge=1, le=MAX_INT, description="the next page: silences older than this id"),
+    active: bool | None = Query(None, description="only silences in force now (true) or not (false)"),
+) -> list[dict[str, Any]]:
+    """Newest first, `limit` at a time; pass the last id of a page as `before_id` for the next."""
     now = time.time()
-    return [admin.silence_json(s, now) for s in await admin.list_silences(store)]
+    silences = await admin.list_silences(store, limit=limit, before_id=before_id, active=active, now=now)
+    return [admin.silence_json(s, now) for s in silences]
 
 
-@router.post("/silences", status_code=201, dependencies=[ADMIN])
+@router.post("/silences", status_code=201, dependencies=[ADMIN], responses=errors(400, 429))
 async def create_silence(body: SilenceIn, store: StoreDep) -> dict[str, Any]:
     now = time.time()
     starts_at = body.starts_at if body.starts_at is not None else now
     ends_at = body.ends_at if body.ends_at is not None else (starts_at + body.duration_s if body.duration_s else None)
     if ends_at is None:
-        raise HTTPException(422, "give duration_s or ends_at: silences are time-bounded")
+        raise unprocessable("give duration_s or ends_at: silences are time-bounded", "duration_s")
     try:
-        silence = await admin.create_silence(store, body.matchers, starts_at, ends_at, body.comment, body.created_by)
+        silence = await admin.create_silence(store, body.matchers, starts_at, ends_at, body.comment, body.created_by, now=now)
     except ValueError as exc:
-        raise HTTPException(422, str(exc)) from None
+        raise unprocessable(str(exc)) from None
     return admin.silence_json(silence, now)
 
 
-@router.delete("/silences/{silence_id}", dependencies=[ADMIN])
-async def expire_silence(silence_id: int, store: StoreDep) -> dict[str, Any]:
+@router.delete("/silences/{silence_id}", dependencies=[ADMIN], responses=errors(404, 429))
+async def expire_silence(silence_id: RowId, store: StoreDep) -> dict[str, Any]:
     try:
         return admin.silence_json(await admin.expire_silence(store, silence_id), time.time())
     except NotFound as exc:
@@ -156,21 +180,23 @@ async def expire_silence(silence_id: int, store: StoreDep) -> dict[str, Any]:
 
 
 class WebhookIn(BaseModel):
-    url: str = Field(min_length=1, max_length=2000)
+    model_config = STRICT
+    url: Annotated[Text, Field(min_length=1, max_length=2000)]
     format: Literal["generic", "slack", "discord", "alertmanager"] = "generic"
-    secret: str | None = Field(None, description="whsec_<base64>; generated when omitted")
+    secret: Annotated[Text, Field(max_length=200)] | None = Field(None, description="whsec_<base64>; generated when omitted")
 
 
-@router.post("/webhooks", status_code=201, dependencies=[ADMIN])
+@router.post("/webhooks", status_code=201, dependencies=[ADMIN], responses=errors(400, 429))
 async def create_webhook(body: WebhookIn, store: StoreDep, settings: SettingsDep) -> dict[str, Any]:
+    """The only response that carries the webhook's signing secret."""
     try:
         await checked_address(body.url, allow_private=settings.allow_private_webhooks)
     except ValueError as exc:  # ForbiddenTarget (an InvalidRequest) included
-        raise HTTPException(422, str(exc)) from None
+        raise unprocessable(str(exc), "url") from None
     try:
         hook = await admin.create_webhook(store, body.url, body.format, body.secret)
     except ValueError as exc:
-        raise HTTPException(422, str(exc)) from None
+        raise unprocessable(str(exc)) from None
     return {**admin.webhook_json(hook), "secret": hook.secret}
 
 
@@ -179,17 +205,17 @@ async def list_webhooks(store: StoreDep) -> list[dict[str, Any]]:
     return [admin.webhook_json(hook) for hook in await admin.list_webhooks(store)]
 
 
-@router.delete("/webhooks/{hook_id}", status_code=204, dependencies=[ADMIN])
-async def delete_webhook(hook_id: int, store: StoreDep) -> None:
+@router.delete("/webhooks/{hook_id}", status_code=204, dependencies=[ADMIN], responses=errors(404, 429))
+async def delete_webhook(hook_id: RowId, store: StoreDep) -> None:
     try:
         await admin.delete_webhook(store, hook_id)
     except NotFound as exc:
         raise _missing(exc) from None
 
 
-@router.post("/webhooks/{hook_id}/test", status_code=202, dependencies=[ADMIN])
+@router.post("/webhooks/{hook_id}/test", status_code=202, dependencies=[ADMIN], responses=errors(404, 429))
 async def test_webhook(
-    hook_id: int, store: StoreDep, settings: SettingsDep, deliveries: DeliveriesDep
+    hook_id: RowId, store: StoreDep, settings: SettingsDep, deliveries: DeliveriesDep
 ) -> dict[str, Any]:
     try:
         delivery = await admin.queue_test_event(store, hook_id, settings.base_url)
@@ -199,12 +225,16 @@ async def test_webhook(
     return {"event_id": delivery.event_id, "status": "queued"}
 
 
-@router.get("/webhooks/{hook_id}/deliveries", dependencies=[READ])
-async def list_deliveries(hook_id: int, store: StoreDep) -> list[dict[str, Any]]:
+@router.get("/webhooks/{hook_id}/deliveries", dependencies=[READ], responses=errors(404))
+async def list_deliveries(hook_id: RowId, store: StoreDep) -> list[dict[str, Any]]:
+    try:
+        deliveries = await admin.list_deliveries(store, hook_id)
+    except NotFound as exc:
+        raise _missing(exc) from None
     return [
         {
             "id": d.id, "event_id": d.event_id, "event_type": d.event_type, "status": d.status, "attempts": d.attempts,
             "next_attempt_at": d.next_attempt_at, "last_error": d.last_error, "delivered_at": d.delivered_at,
         }
-        for d in await admin.list_deliveries(store, hook_id)
+        for d in deliveries
     ]

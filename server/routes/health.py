@@ -15,7 +15,7 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz")
+@router.get("/readyz", responses={503: {"description": "The database is unreachable: `{\"status\": \"unavailable\", \"detail\"}`"}})
 async def readyz(store: StoreDep) -> JSONResponse:
     try:
         await store.ping()

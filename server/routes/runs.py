@@ -3,17 +3,34 @@
 from __future__ import annotations
 
 import time
+from typing import Annotated, Literal
 
 import orjson
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, HTTPException, Path, Query, Request
 
 from server.auth import INGEST, READ
 from server.deps import CommittedDep, SettingsDep, StoreDep
 from server.errors import UnknownRun
-from server.schemas import KeyOut, PointsWritten, RunDetail, RunOut, SeriesOut
+from server.schemas import (
+    MAX_STEP,
+    POINTS_BODY,
+    ApiRoute,
+    KeyOut,
+    PointsWritten,
+    RunDetail,
+    RunOut,
+    SeriesOut,
+    Text,
+    errors,
+    unprocessable,
+)
 from trainer_hooks.protocol import CLOSE_TOO_LARGE, ProtocolError, encode_value, parse_rows
 
-router = APIRouter(tags=["runs"])
+router = APIRouter(tags=["runs"], route_class=ApiRoute, responses=errors(401))
+
+RunId = Annotated[Text, Path(description="the run's id, as its client chose it")]
+StepBound = Annotated[int | None, Query(ge=0, le=MAX_STEP)]
+RunStatus = Literal["running", "finished", "failed", "killed", "stale"]
 
 
 def _not_found(run_id: str) -> HTTPException:
@@ -24,9 +41,9 @@ def _not_found(run_id: str) -> HTTPException:
 async def list_runs(
     store: StoreDep,
     settings: SettingsDep,
-    project: str | None = None,
-    group: str | None = None,
-    status: str | None = Query(None, description="running, finished, failed, killed or stale"),
+    project: Text | None = None,
+    group: Text | None = None,
+    status: RunStatus | None = None,
 ) -> list[RunOut]:
     now = time.time()
     runs = [
@@ -36,8 +53,8 @@ async def list_runs(
     return [run for run in runs if status is None or run.status == status]
 
 
-@router.get("/runs/{run_id}", response_model=RunDetail, dependencies=[READ])
-async def get_run(run_id: str, store: StoreDep, settings: SettingsDep) -> RunDetail:
+@router.get("/runs/{run_id}", response_model=RunDetail, dependencies=[READ], responses=errors(404))
+async def get_run(run_id: RunId, store: StoreDep, settings: SettingsDep) -> RunDetail:
     try:
         run = await store.get_run(run_id)
     except UnknownRun:
@@ -45,17 +62,17 @@ async def get_run(run_id: str, store: StoreDep, settings: SettingsDep) -> RunDet
     return RunDetail.from_run(run, now=time.time(), stale_after_s=settings.stale_after_s)
 
 
-@router.get("/runs/{run_id}/keys", response_model=list[KeyOut], dependencies=[READ])
-async def run_keys(run_id: str, store: StoreDep) -> list[KeyOut]:
+@router.get("/runs/{run_id}/keys", response_model=list[KeyOut], dependencies=[READ], responses=errors(404))
+async def run_keys(run_id: RunId, store: StoreDep) -> list[KeyOut]:
     try:
         return [KeyOut.from_info(info) for info in await store.keys(run_id)]
     except UnknownRun:
         raise _not_found(run_id) from None
 
 
-@router.get("/runs/{run_id}/latest", dependencies=[READ])
+@router.get("/runs/{run_id}/latest", dependencies=[READ], responses=errors(404))
 async def run_latest(
-    run_id: str, store: StoreDep, keys: str = Query(description="comma-separated metric keys")
+    run_id: RunId, store: StoreDep, keys: Annotated[Text, Query(description="comma-separated metric keys")]
 ) -> dict[str, dict[str, int | float | str]]:
     """The last logged point of each key: `{key: {"step", "value"}}` (keys without points are left out)."""
     try:
@@ -65,14 +82,16 @@ async def run_latest(
     return {key: {"step": step, "value": encode_value(value)} for key, (step, value) in latest.items()}
 
 
-@router.get("/runs/{run_id}/series", response_model=SeriesOut, response_model_exclude_none=True, dependencies=[READ])
+@router.get(
+    "/runs/{run_id}/series", response_model=SeriesOut, response_model_exclude_none=True, dependencies=[READ], responses=errors(404)
+)
 async def run_series(
-    run_id: str,
+    run_id: RunId,
     store: StoreDep,
-    key: str,
+    key: Text,
     max_points: int = Query(1000, ge=1, le=100_000),
-    start: int | None = Query(None, ge=0),
-    end: int | None = Query(None, ge=0),
+    start: StepBound = None,
+    end: StepBound = None,
 ) -> SeriesOut:
     try:
         data = await store.series(run_id, key, max_points=max_points, start=start, end=end)
@@ -81,10 +100,17 @@ async def run_series(
     return SeriesOut.from_data(data)
 
 
-@router.post("/runs/{run_id}/points", response_model=PointsWritten, dependencies=[INGEST])
+@router.post(
+    "/runs/{run_id}/points",
+    response_model=PointsWritten,
+    dependencies=[INGEST],
+    responses=errors(400, 404, 413, 429),
+    openapi_extra={"requestBody": POINTS_BODY},
+)
 async def post_points(
-    run_id: str, request: Request, store: StoreDep, settings: SettingsDep, committed: CommittedDep
+    run_id: RunId, request: Request, store: StoreDep, settings: SettingsDep, committed: CommittedDep
 ) -> PointsWritten:
+    """`{"rows": [...]}`, stored as a points frame on the ingest socket would be (docs/protocol.md)."""
     body = await request.body()
     if len(body) > settings.max_frame_bytes:
         raise HTTPException(413, f"body of {len(body)} bytes exceeds {settings.max_frame_bytes}")
@@ -96,7 +122,9 @@ async def post_points(
     except orjson.JSONDecodeError as exc:
         raise HTTPException(400, f"body is not valid JSON: {exc}") from None
     except ProtocolError as exc:
-        raise HTTPException(413 if exc.close_code == CLOSE_TOO_LARGE else 422, str(exc)) from None
+        if exc.close_code == CLOSE_TOO_LARGE:
+            raise HTTPException(413, str(exc)) from None
+        raise unprocessable(str(exc)) from None
     try:
         result = await store.write_points(run_id, rows, time.time())
     except UnknownRun:

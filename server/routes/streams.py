@@ -4,34 +4,89 @@ from __future__ import annotations
 
 import asyncio
 
-import orjson
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from starlette.types import Message
 
-from server.auth import allowed
-from server.deps import CommittedDep, HubDep, IngestSlotsDep, SettingsDep, StoreDep
-from server.ingest import IngestSession, refuse_overloaded, refuse_unauthorized
+from server.auth import allowed, presented_token
+from server.deps import CommittedDep, HubDep, IngestSlotsDep, ServicesDep, SettingsDep, StoreDep
+from server.ingest import IngestSession, IngestSlots, refuse_overloaded, refuse_unauthorized
+from server.ratelimit import RateLimited, RateLimits, client_key
+from trainer_hooks.protocol import CLOSE_OVERLOADED, ProtocolError
 
 router = APIRouter()
+
+FELL_BEHIND = "subscriber fell behind; reload"
+
+
+class IngestGate:
+    """The receive side of an ingest socket, before the session sees a frame.
+
+    The socket takes its ingest slot with its first frame (the hello): one that never
+    says hello holds none, and the session's hello timeout closes it. Every frame is
+    charged to the client's byte rate: held back while the wait is short (the client is
+    paced: its socket is not read), refused (1013, `retry_after_s`) when it is not.
+    """
+
+    def __init__(self, websocket: WebSocket, slots: IngestSlots, limits: RateLimits, client: str):
+        self.websocket = websocket
+        self.slots = slots
+        self.limits = limits
+        self.client = client
+        self.has_slot = False
+
+    async def receive(self) -> Message:
+        message = await self.websocket.receive()
+        if message["type"] != "websocket.receive":
+            return message
+        if not self.has_slot:
+            if not self.slots.take():
+                raise ProtocolError("too many ingest connections; retry later", code="overloaded", close_code=CLOSE_OVERLOADED)
+            self.has_slot = True
+        size = len(message.get("text") or message.get("bytes") or b"")
+        reservation = self.limits.bytes.reserve(self.client, size, self.limits.max_pacing_s)
+        if not reservation.granted:
+            raise RateLimited(reservation.wait_s)
+        if reservation.wait_s > 0:
+            await asyncio.sleep(reservation.wait_s)
+        return message
+
+    def release(self) -> None:
+        if self.has_slot:
+            self.has_slot = False
+            self.slots.give_back()
 
 
 @router.websocket("/ingest")
 async def ingest(
-    websocket: WebSocket, store: StoreDep, committed: CommittedDep, slots: IngestSlotsDep, settings: SettingsDep
+    websocket: WebSocket,
+    store: StoreDep,
+    committed: CommittedDep,
+    slots: IngestSlotsDep,
+    settings: SettingsDep,
+    services: ServicesDep,
 ) -> None:
-    if slots.open >= slots.limit:
+    if slots.open >= slots.limit:  # cheap early refusal; the slot itself is taken at the hello
         await refuse_overloaded(websocket)
         return
-    if not await allowed(websocket, "ingest"):
+    if not await allowed(websocket, "ingest"):  # before any slot: strangers take none
         await refuse_unauthorized(websocket, "ingest")
         return
-    if not slots.take():  # taken by another socket while this one was authorised
-        await refuse_overloaded(websocket)
-        return
+    client = client_key(websocket, settings.auth_enabled, presented_token(websocket))
+    gate = IngestGate(websocket, slots, services.rate_limits, client)
+    gated = WebSocket(websocket.scope, receive=gate.receive, send=websocket.send)
     try:
-        await websocket.accept()
-        await IngestSession(websocket, store, committed, settings.limits).serve()
+        await gated.accept()
+        session = IngestSession(
+            gated,
+            store,
+            committed,
+            settings.limits,
+            hello_timeout_s=settings.ingest_hello_timeout_s,
+            idle_timeout_s=settings.ingest_idle_timeout_s,
+        )
+        await session.serve()
     finally:
-        slots.give_back()
+        gate.release()
 
 
 @router.websocket("/live")
@@ -44,28 +99,31 @@ async def live(websocket: WebSocket, hub: HubDep, runs: str | None = None) -> No
     await websocket.accept()
     subscription = hub.subscribe(run_ids)
 
+    async def push() -> None:
+        while (text := await subscription.get()) is not None:
+            await websocket.send_text(text)
+
     async def drain_client() -> None:
         # The client sends nothing we need; reading notices its disconnect.
         while True:
             await websocket.receive_text()
 
-    reader = asyncio.create_task(drain_client())
+    pusher, reader = asyncio.create_task(push()), asyncio.create_task(drain_client())
+    dropped = asyncio.create_task(subscription.wait_dropped())
+    tasks = (pusher, reader, dropped)
     try:
-        while True:
-            getter = asyncio.create_task(subscription.get())
-            done, _ = await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
-            if reader in done:
-                getter.cancel()
-                return
-            message = getter.result()
-            if message is None:
-                await websocket.close(1013, "subscriber fell behind; reload")
-                return
-            await websocket.send_text(orjson.dumps(message).decode())
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        if subscription.dropped and not reader.done():
+            # The pusher may be stuck sending to a peer that does not read: nothing of
+            # that message was written yet, so it is safe to cancel. The close frame
+            # then waits behind what is in the socket's buffer (bounded, see
+            # server/serving.py), and reaches the page once it reads again.
+            pusher.cancel()
+            await websocket.close(CLOSE_OVERLOADED, FELL_BEHIND)
     except (WebSocketDisconnect, RuntimeError):
         return
     finally:
-        reader.cancel()
-        if reader.done() and not reader.cancelled():
-            reader.exception()  # retrieved, so asyncio does not log it as lost
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)  # retrieved, so asyncio logs none as lost
         hub.unsubscribe(subscription)

@@ -153,15 +153,75 @@ def test_standard_webhooks_reference_vector() -> None:
         "::ffff:169.254.169.254",
         "2002:7f00:1::",
         "224.0.0.1",
+        # Judged by what they reach: the IPv4 address inside, however it is spelled.
+        "::127.0.0.1",  # IPv4-compatible
+        "::7f00:1",
+        "::a00:1",
+        "::ffff:0:7f00:1",  # IPv4-translated (SIIT)
+        "64:ff9b::7f00:1",  # NAT64 well-known prefix: 127.0.0.1 behind the gateway
+        "64:ff9b::a9fe:a9fe",  # ... 169.254.169.254, the metadata service
+        "64:ff9b::a00:1",  # ... 10.0.0.1
+        "64:ff9b::6440:1",  # ... 100.64.0.1 (CGNAT)
+        "64:ff9b:1::a00:1",  # local-use NAT64 (RFC 8215)
+        "64:ff9b:1:ff00:808:8:800::",  # ... even where its /48 embeds a public address
+        "2002:a00:1::1",  # 6to4 of 10.0.0.1
+        "2002:a9fe:a9fe::1",  # 6to4 of 169.254.169.254
+        "2001:0:4136:e378:8000:63bf:f5ff:fffe",  # Teredo, client 10.0.0.1
+        "2001:0:a00:1::1",  # Teredo, server 10.0.0.1
+        "fec0::1",  # site-local (deprecated, still routed inside sites)
+        "fc00::1",
+        "100.64.0.1",
+        "100.127.255.254",
+        "0.1.2.3",
+        "192.0.0.8",
+        "198.18.0.1",
+        "240.0.0.1",
+        "255.255.255.255",
+        "239.255.255.250",  # multicast
+        "224.0.1.1",
+        "ff02::1",
+        "ff0e::1",  # global-scope multicast
+        "2001:db8::1",
+        "100::1",  # discard-only
+        "::",
     ],
 )
 def test_non_public_addresses_are_refused(address: str) -> None:
     assert not address_allowed(ipaddress.ip_address(address))
 
 
-def test_public_addresses_are_allowed() -> None:
-    assert address_allowed(ipaddress.ip_address("93.184.216.34"))
-    assert address_allowed(ipaddress.ip_address("2606:4700::1111"))
+@pytest.mark.parametrize(
+    "address",
+    [
+        "93.184.216.34",
+        "8.8.8.8",
+        "1.1.1.1",
+        "2606:4700::1111",
+        "2a00:1450:4001:81c::200e",
+        "::ffff:8.8.8.8",  # IPv4-mapped public address
+        "64:ff9b::808:808",  # 8.8.8.8 through a NAT64 gateway
+    ],
+)
+def test_public_addresses_are_allowed(address: str) -> None:
+    assert address_allowed(ipaddress.ip_address(address))
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://[::127.0.0.1]/x",
+        "http://[::7f00:1]/x",
+        "http://[::ffff:0:7f00:1]/x",
+        "http://[fec0::1]/x",
+        "http://[64:ff9b::7f00:1]/x",
+        "http://[64:ff9b::a9fe:a9fe]/x",
+        "http://[64:ff9b::a00:1]/x",
+        "https://[2002:a00:1::1]:8443/x",
+    ],
+)
+def test_webhook_urls_that_reach_private_addresses_are_refused(url: str) -> None:
+    with pytest.raises(ForbiddenTarget, match="non-public"):
+        asyncio.run(checked_address(url, allow_private=False))
 
 
 def test_connect_time_check_resolves_names() -> None:
@@ -242,75 +302,6 @@ def test_formats_name_the_essentials_and_respect_limits() -> None:
         and am["alerts"][0]["labels"]["alertname"] == "collapse risk"
     )
     assert am["alerts"][0]["endsAt"] == "0001-01-01T00:00:00Z"
-
-
-def test_collapse_risk_fires_on_gradient_spikes_relative_to_recent_history() -> None:
-    from server.alerts.collapse import CollapseRisk
-
-    det = CollapseRisk("grad/norm")
-    state = det.initial_state()
-    rng = random.Random(0)
-    # A slowly shrinking, noisy gradient norm: no alarm, whatever its absolute level.
-    calm = [0.9 * math.exp(-i / 150) * math.exp(rng.gauss(0, 0.15)) for i in range(300)]
-    assert not any(det.update(state, i, {"grad/norm": g}).active for i, g in enumerate(calm))
-    spike = det.update(
-        state,
-        300,
-        {"grad/norm": 4 * calm[-1], "mismatch/ratio_max": 265.0, "mismatch/ess_frac": 0.03},
-    )
-    assert spike.active and "ratio_max 265" in spike.message and "ess_frac 0.03" in spike.message
-    # The spike did not move the baseline: the next normal step is calm again.
-    assert not det.update(state, 301, {"grad/norm": calm[-1]}).active
-    assert det.update(state, 302, {"grad/norm": math.inf}).active
-
-
-def test_collapse_risk_lowers_the_bar_for_spikes_that_answer_a_ratio_jump() -> None:
-    import copy
-
-    from server.alerts.collapse import CollapseRisk
-
-    det = CollapseRisk("grad/norm")
-    state = det.initial_state()
-    rng = random.Random(1)
-    for i in range(200):  # calm gradient (level 1), ratio tail around 3
-        ratio = 3 * math.exp(rng.gauss(0, 0.2))
-        row = {"grad/norm": math.exp(rng.gauss(0, 0.05)), "mismatch/ratio_max": ratio}
-        assert not det.update(state, i, row).active
-    assert math.exp(state["ratio_level"]) == pytest.approx(3, rel=0.2)
-
-    def at_200(grad: float, ratio: float) -> bool:
-        row = {"grad/norm": grad, "mismatch/ratio_max": ratio}
-        return det.update(copy.deepcopy(state), 200, row).active
-
-    # 2x: under the plain bar (2.5x); over the coupled bar (1.5x) only with a >= 10x ratio jump.
-    assert not at_200(2.0, 3.0)
-    assert not at_200(2.0, 20.0)  # ratio ~7x its level: not a jump
-    assert at_200(2.0, 60.0)
-    # A ratio jump the gradient does not answer (a loss that bounds its coefficient): quiet.
-    assert not at_200(1.05, 500.0)
-    # Any spike well above the plain bar fires, ratio or not.
-    assert at_200(3.5, 3.0)
-    row = {"grad/norm": 2.0, "mismatch/ratio_max": 60.0, "mismatch/ess_frac": 0.2}
-    signal = det.update(state, 200, row)
-    assert signal.active and "ratio tail" in signal.message and "ratio_max 60" in signal.message
-    # Neither the spike nor the jump moved the levels: the same jump fires again.
-    assert det.update(state, 201, {"grad/norm": 2.0, "mismatch/ratio_max": 60.0}).active
-
-
-def test_collapse_risk_does_not_fire_before_the_reward_has_moved() -> None:
-    from server.alerts.collapse import CollapseRisk
-
-    det = CollapseRisk("grad/norm")
-    state = det.initial_state()
-    calm = {"grad/norm": 1.0, "mismatch/ratio_max": 3.0, "reward/mean": 0.1, "reward/std": 0.1}
-    rows = [calm] * 50
-    spike = {"grad/norm": 5.0, "mismatch/ratio_max": 300.0, "reward/mean": 0.1, "reward/std": 0.1}
-    assert not any(det.update(state, i, row).active for i, row in enumerate(rows))
-    flat = det.update(state, 50, spike)
-    assert not flat.active and "diverging" in flat.message
-    for i in range(51, 60):  # the reward rises by 5 initial spreads
-        det.update(state, i, {**rows[0], "reward/mean": 0.6})
-    assert det.update(state, 60, {**spike, "reward/mean": 0.6}).active
 
 
 def test_collapse_label() -> None:

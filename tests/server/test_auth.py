@@ -78,3 +78,26 @@ def test_serve_refuses_a_public_interface_with_auth_off(tmp_path) -> None:
         capture_output=True, text=True, timeout=60, env={"KEEL_AUTH": "false", "PATH": ""},
     )
     assert result.returncode == 2 and "refusing" in result.stdout
+
+
+def test_a_token_in_the_query_string_is_not_accepted(secured) -> None:
+    # URLs end up in access logs, proxies and browser history: a token belongs in a header or the cookie.
+    assert httpx.get(f"{secured.url}/api/v1/runs", params={"token": ADMIN}).status_code == 401
+    assert httpx.get(f"{secured.url}/", params={"token": ADMIN}, follow_redirects=False).status_code == 303
+    with connect(f"{secured.ws_url}/api/v1/live?token={ADMIN}") as live:
+        _closed_with(live, 4401)
+    with connect(f"{secured.ws_url}/api/v1/ingest?token={ADMIN}") as ws:
+        _closed_with(ws, 4401)
+
+
+def test_the_live_websocket_accepts_the_login_cookie(secured) -> None:
+    # A browser's same-origin websocket sends the cookie that /login set.
+    run = new_run()
+    with connect(f"{secured.ws_url}/api/v1/live?runs={run['id']}", additional_headers={"Cookie": f"keel_token={ADMIN}"}) as live:
+        with connect(f"{secured.ws_url}/api/v1/ingest", additional_headers={"Authorization": f"Bearer {ADMIN}"}) as ws:
+            ws.send(json.dumps({"type": "hello", "protocol": 1, "run": run}))
+            assert json.loads(ws.recv(timeout=10))["type"] == "welcome"
+            ws.send(json.dumps({"type": "points", "seq": 0, "rows": [{"step": 3, "values": {"m": 1.0}}]}))
+            assert json.loads(ws.recv(timeout=10))["type"] == "ack"
+        message = json.loads(live.recv(timeout=10))
+    assert message["type"] == "points" and message["rows"][0]["step"] == 3

@@ -36,7 +36,7 @@ def test_post_points_errors_lose_nothing(server) -> None:
     assert httpx.post(f"{server.url}/api/v1/runs/unknown/points", json={"rows": []}).status_code == 404
     assert httpx.post(url, content=b"{oops").status_code == 400
     bad = httpx.post(url, json={"rows": [{"step": 1, "values": {"a": 1}}, {"step": "two", "values": {}}]})
-    assert bad.status_code == 422 and "step" in bad.json()["detail"]
+    assert bad.status_code == 422 and "step" in bad.json()["detail"][0]["msg"]
     too_many = httpx.post(url, json={"rows": [{"step": s, "values": {"a": 1}} for s in range(10_001)]})
     assert too_many.status_code == 413
     # The invalid request is all-or-nothing: its valid first row was not stored.

@@ -1,0 +1,161 @@
+"""How the app is served: one uvicorn Config from Settings, used by `keel serve` and by
+keel.local, and the two deadlines uvicorn does not have (docs/security.md).
+
+uvicorn bounds an idle kept-alive connection (`timeout_keep_alive`) and a websocket peer
+that stops answering pings, but not a client that sends its request head slowly
+(slowloris: h11 waits for the rest of a request line or header forever, on a fresh
+connection too) nor one that sends its body slowly. `HeadDeadlineProtocol` closes a
+connection whose request head is not complete `http_header_timeout_s` after it
+connected, or after the first byte of its next request; `BodyDeadline` answers 408 to
+a request whose body is not complete `http_body_timeout_s` after its head.
+
+The websocket send buffer is bounded by uvicorn itself: its websocket `send` waits
+while the transport's write buffer is above its high-water mark (asyncio's 64 KiB), so
+at most that plus one message waits in the process for a peer that does not read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, ClassVar
+
+import h11
+import uvicorn
+from starlette.responses import PlainTextResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from server.config import Settings
+
+__all__ = ["BodyDeadline", "HeadDeadlineProtocol", "uvicorn_config"]
+
+WS_HEADROOM_BYTES = 1024 * 1024
+"""A websocket message may exceed max_frame_bytes by this much (framing, the error path
+answers an oversized frame with 4413 instead of uvicorn's blunt 1009)."""
+
+
+def uvicorn_config(app: ASGIApp, settings: Settings, *, log_level: str = "info") -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=log_level,
+        lifespan="on",
+        http=head_deadline_protocol(settings.http_header_timeout_s),
+        # Pinned: the flow control described above is this implementation's.
+        ws="websockets-sansio",
+        ws_max_size=settings.max_frame_bytes + WS_HEADROOM_BYTES,
+        ws_ping_interval=settings.ws_ping_interval_s,
+        ws_ping_timeout=settings.ws_ping_timeout_s,
+        timeout_keep_alive=settings.http_keep_alive_s,
+    )
+
+
+def _request_timeout_response(reason: str) -> bytes:
+    body = reason.encode()
+    return (
+        b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\n"
+        b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+    )
+
+
+HEAD_TIMEOUT_RESPONSE = _request_timeout_response("request head not received in time")
+
+
+class HeadDeadlineProtocol(H11Protocol):
+    """uvicorn's h11 protocol with a deadline on each request head (see the module doc)."""
+
+    header_timeout_s: ClassVar[float] = 10.0
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        if self._head_timer is None and self.conn.their_state is h11.IDLE:
+            self._arm()  # the first bytes of the next request on a kept-alive connection
+        super().data_received(data)
+        # Past IDLE: the head is complete (a body, a websocket upgrade, or an error follows).
+        if self.conn.their_state is not h11.IDLE:
+            self._disarm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_timed_out)
+
+    def _disarm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if (
+            self.transport.is_closing()
+            or self.transport.get_protocol() is not self  # upgraded to a websocket meanwhile
+            or self.conn.their_state is not h11.IDLE
+        ):
+            return
+        self.transport.write(HEAD_TIMEOUT_RESPONSE)
+        self.transport.close()
+
+
+def head_deadline_protocol(timeout_s: float) -> type[HeadDeadlineProtocol]:
+    """The protocol class uvicorn builds per connection, with this deadline."""
+    return type("HeadDeadlineProtocol", (HeadDeadlineProtocol,), {"header_timeout_s": timeout_s})
+
+
+class _BodyTimeout(Exception):
+    pass
+
+
+class BodyDeadline:
+    """ASGI middleware: a request body must be complete `timeout_s` after its head, else
+    408 with `connection: close` (the app's half-read request is abandoned)."""
+
+    def __init__(self, app: ASGIApp, timeout_s: float):
+        self.app = app
+        self.timeout_s = timeout_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout_s
+        body_complete = False
+        response_started = False
+
+        async def timed_receive() -> Message:
+            nonlocal body_complete
+            if body_complete:  # later reads wait for a disconnect: no deadline
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+            except asyncio.TimeoutError:
+                raise _BodyTimeout from None
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                body_complete = True
+            return message
+
+        async def tracked_send(message: Message) -> None:
+            nonlocal response_started
+            response_started = response_started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, timed_receive, tracked_send)
+        except _BodyTimeout:
+            if response_started:
+                raise
+            response = PlainTextResponse(
+                f"request body not received within {self.timeout_s:g} s", 408, headers={"connection": "close"}
+            )
+            await response(scope, receive, send)
