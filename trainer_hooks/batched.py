@@ -6,6 +6,10 @@ batches of several steps along a new leading dimension, padding them to a common
 with mask 0 (padding never counts), and calls `stability_metrics` once per group of
 batches that carry the same kinds of inputs: the per-step values are those of
 `stability_metrics` on each batch alone, for a fraction of the work.
+
+`concat` makes one batch of the micro-batches of one step (the Monitor merges a step
+logged in several `log_batch` calls): concatenated along the batch dim, the shorter ones
+padded with mask 0, so its metrics are exactly those of the whole step.
 """
 
 from __future__ import annotations
@@ -18,9 +22,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from trainer_hooks.metrics import stability_metrics
+from trainer_hooks.metrics import Partials, stability_metrics, stability_partials
 
-__all__ = ["BatchInputs", "compute"]
+__all__ = ["BatchInputs", "compute", "concat"]
 
 logger = logging.getLogger("keel")
 
@@ -80,10 +84,78 @@ class BatchInputs:
             value = getattr(self, name)
             if value is not None and tuple(value.shape) not in allowed:
                 return False
+        version = self.learner_version
+        if isinstance(version, Tensor) and tuple(version.shape) not in ((), per_seq):
+            return False  # per sequence when concat() joined micro-batches of other versions
         return self.logits is None or tuple(self.logits.shape[:2]) == tokens
 
     def compute(self) -> dict[str, Tensor]:
         return stability_metrics(**self.arguments())
+
+    def partials(self) -> Partials:
+        return stability_partials(**self.arguments())
+
+
+def concat(batches: Sequence[BatchInputs]) -> BatchInputs:
+    """One batch of `batches` concatenated along the batch dim, the shorter ones padded
+    with mask 0: its stability metrics are those of all of them together.
+
+    Raises ValueError when they do not fit together (other kinds of inputs, shapes that
+    `stability_metrics` would refuse); the caller then merges their `Partials` instead.
+    """
+    if len(batches) == 1:
+        return batches[0]
+    # The same inputs given, with the same dtypes and ranks; a mask may be left out (all 1).
+    kinds = {(*b.signature()[:2], *b.signature()[3:-1], b.learner_version is None) for b in batches}
+    if len(kinds) != 1 or not all(b.stackable() for b in batches):
+        raise ValueError("the log_batch calls of a step give different kinds of inputs")
+    length = max(b.learner_logprobs.shape[-1] for b in batches)
+    joined: dict[str, Any] = {}
+    if all(b.mask is None for b in batches) and all(
+        b.learner_logprobs.shape[-1] == length for b in batches
+    ):
+        joined["mask"] = None
+    else:
+        joined["mask"] = torch.cat([_pad_length(_mask_of(b), length) for b in batches])
+    for field in fields(BatchInputs):
+        values = [getattr(b, field.name) for b in batches]
+        if field.name == "mask":
+            continue
+        if field.name == "learner_version":
+            joined[field.name] = _join_versions(batches)
+        elif values[0] is None:
+            joined[field.name] = None
+        else:
+            joined[field.name] = torch.cat([_pad_length(v, length) for v in values])
+    return BatchInputs(**joined)
+
+
+def _mask_of(batch: BatchInputs) -> Tensor:
+    if batch.mask is None:
+        return torch.ones_like(batch.learner_logprobs, dtype=torch.bool)
+    return batch.mask != 0
+
+
+def _pad_length(tensor: Tensor, length: int) -> Tensor:
+    """[B] as it is; [B, T(, V)] zero-padded to T = length."""
+    if tensor.dim() < 2 or tensor.shape[1] == length:
+        return tensor
+    out = tensor.new_zeros((tensor.shape[0], length, *tensor.shape[2:]))
+    out[:, : tensor.shape[1]] = tensor
+    return out
+
+
+def _join_versions(batches: Sequence[BatchInputs]) -> Tensor | int | None:
+    """The learner version of the joined batch: the common one, else one per sequence."""
+    versions = [b.learner_version for b in batches]
+    if versions[0] is None:
+        return None
+    as_tensors = [torch.as_tensor(v) for v in versions]  # type: ignore[arg-type]
+    if all(torch.equal(v, as_tensors[0]) for v in as_tensors):
+        return versions[0]
+    return torch.cat(
+        [v.expand(b.learner_logprobs.shape[0]) for v, b in zip(as_tensors, batches, strict=True)]
+    )
 
 
 def compute(
@@ -148,6 +220,8 @@ def _stack(batches: list[BatchInputs]) -> BatchInputs:
         values = [getattr(b, field.name) for b in batches]
         if values[0] is None:
             stacked[field.name] = None
+        elif field.name == "learner_version" and isinstance(values[0], Tensor) and values[0].dim():
+            stacked[field.name] = _pad(values, seqs, length)  # one version per sequence
         elif field.name == "learner_version":
             stacked[field.name] = torch.as_tensor(
                 [int(v) if not isinstance(v, Tensor) else v.item() for v in values]

@@ -5,6 +5,9 @@ stacked into one tensor per device whose copy to host memory is merely *started*
 `Captured.row()` finishes the job on the background thread. Nothing here does I/O or
 blocks on a GPU: no `.item()`, no `.cpu()` on a device tensor, no synchronize.
 
+What cannot be stored is reported to `drop(kind, count, detail)`, never coerced: a string
+(even "0.5"), None, any other non-number, a non-scalar tensor, a bad key or step.
+
 torch is never imported here: if the caller passes tensors, torch is already in
 `sys.modules`, and floats-only callers never need it.
 """
@@ -22,10 +25,26 @@ from trainer_hooks.protocol import Limits, Row
 if TYPE_CHECKING:  # batched imports torch; this module must not
     from trainer_hooks.batched import BatchInputs
 
-__all__ = ["Capture", "Captured"]
+__all__ = ["Capture", "Captured", "HostCopy", "to_host"]
 
 # Metric keys remembered as valid, so each key is checked once (bounded for odd callers).
 _KNOWN_KEYS_CACHE = 10_000
+
+
+@dataclass(frozen=True)
+class HostCopy:
+    """A tensor on its way to host memory (`to_host`); `wait()` on the background thread."""
+
+    tensor: Any
+    """Pinned host memory on CUDA, the tensor itself elsewhere."""
+    event: Any = None
+    """The CUDA event that marks the end of the copy, or None."""
+
+    def wait(self) -> Any:
+        """The tensor in host memory; blocks (this thread only) until the copy has landed."""
+        if self.event is not None:
+            self.event.synchronize()  # waits for the copy here, not in the training thread
+        return self.tensor.cpu()
 
 
 @dataclass
@@ -36,35 +55,42 @@ class Captured:
     time: float
     values: dict[str, float]
     """The plain-number metrics."""
-    snapshots: list[tuple[list[str], Any, Any]]
-    """Per device: (keys, stacked tensor (pinned host memory on CUDA), CUDA event or None)."""
+    snapshots: list[tuple[list[str], HostCopy]]
+    """Per device: the keys and their values, stacked into one tensor."""
     deferred: BatchInputs | None = None
     """Inputs whose stability metrics the background thread adds (log_batch on CPU)."""
+    partials: tuple[tuple[Any, ...], HostCopy] | None = None
+    """Stability `Partials` packed on the device (log_batch on a GPU): layout, values."""
 
     def row(self) -> Row:
         """Read the tensors back; blocks (this thread only) until their copies have landed."""
         values = self.values
-        for keys, host, event in self.snapshots:
-            if event is not None:
-                event.synchronize()  # waits for the copy here, not in the training thread
-            values.update(zip(keys, host.cpu().tolist(), strict=True))
+        for keys, copy in self.snapshots:
+            values.update(zip(keys, copy.wait().tolist(), strict=True))
         return Row(step=self.step, time=self.time, values=values)
 
 
 class Capture:
-    """Validates and snapshots log() calls. `warn(what, message)` reports a problem once per `what`."""
+    """Validates and snapshots log() calls.
 
-    def __init__(self, warn: Callable[[str, str], None], limits: Limits) -> None:
-        self._warn = warn
+    `drop(kind, count, detail)` reports `count` values that cannot be stored, by kind:
+    "string", "none", "not_a_number", "key", "too_many_keys", "step".
+    """
+
+    def __init__(self, drop: Callable[[str, int, str], None], limits: Limits) -> None:
+        self._drop = drop
         self._limits = limits
         self._known_keys: set[str] = set()
 
     def __call__(self, step: int, metrics: Mapping[str, Any]) -> Captured | None:
         wall_time = time.time()
         if isinstance(step, bool) or not isinstance(step, int):
-            step = int(step)  # numpy integers; a CUDA tensor here would sync, so pass ints
+            try:
+                step = int(step)  # numpy integers; a CUDA tensor here would sync, so pass ints
+            except (TypeError, ValueError):
+                step = -1
         if step < 0:
-            self._warn("step", f"step must be >= 0, got {step}; row dropped")
+            self._drop("step", max(1, len(metrics)), f"step {step!r} is not an int >= 0")
             return None
         torch = sys.modules.get("torch")
         tensor_type = torch.Tensor if torch is not None else None
@@ -74,7 +100,7 @@ class Capture:
         items: Iterable[tuple[Any, Any]] = metrics.items()
         if len(metrics) > self._limits.max_keys_per_row:
             limit = self._limits.max_keys_per_row
-            self._warn("keys", f"more than {limit} metrics in one row; extra keys dropped")
+            self._drop("too_many_keys", len(metrics) - limit, f"more than {limit} keys in a row")
             items = list(items)[:limit]
         for key, value in items:
             if key not in self._known_keys and not self._accept_key(key):
@@ -82,39 +108,56 @@ class Capture:
             if tensor_type is not None and isinstance(value, tensor_type):
                 if value.dim() != 0:
                     if value.numel() != 1:
-                        self._warn(f"shape:{key}", f"{key!r} is not a scalar; skipped")
+                        self._drop("not_a_number", 1, f"{key!r} is a tensor of shape {value.shape}")
                         continue
                     value = value.reshape(())
                 if value.requires_grad:
                     value = value.detach()  # do not keep the autograd graph alive in the queue
                 tensor_keys.append(key)
                 tensors.append(value)
+            elif isinstance(value, str):  # float("0.5") would parse: a string is never a value
+                self._drop("string", 1, f"{key!r} is the string {value[:40]!r}")
+            elif value is None:
+                self._drop("none", 1, f"{key!r} is None")
             else:
                 try:
                     floats[key] = float(value)
                 except (TypeError, ValueError):
-                    self._warn(f"value:{key}", f"{key!r}: {type(value).__name__} is not a number")
+                    self._drop("not_a_number", 1, f"{key!r} is a {type(value).__name__}")
         snapshots = _snapshot(torch, tensor_keys, tensors) if tensors else []
         return Captured(step, wall_time, floats, snapshots)
 
     def _accept_key(self, key: Any) -> bool:
         if not isinstance(key, str) or not 0 < len(key) <= self._limits.max_key_length:
             limit = self._limits.max_key_length
-            self._warn(f"key:{key!r}", f"metric key {key!r} is not a 1..{limit} character string")
+            self._drop("key", 1, f"metric key {key!r:.60} is not a 1..{limit} character string")
             return False
         if len(self._known_keys) < _KNOWN_KEYS_CACHE:
             self._known_keys.add(key)
         return True
 
 
-def _snapshot(torch: Any, keys: list[str], tensors: list[Any]) -> list[tuple[list[str], Any, Any]]:
-    """Stack the tensors of each device into one and start its copy to host memory.
+def to_host(torch: Any, tensor: Any) -> HostCopy:
+    """Start copying `tensor` to host memory, without waiting for it.
 
     On CUDA the copy goes into pinned memory with non_blocking=True and a CUDA event,
-    recorded on the current stream, marks its completion. CPU tensors need no copy (the
-    stack is already a snapshot). Other accelerators are read back with .cpu() by the
+    recorded on the current stream, marks its completion. A CPU tensor needs no copy (the
+    caller passes a fresh one). Other accelerators are read back with .cpu() by the
     background thread, which blocks only that thread.
     """
+    if tensor.device.type != "cuda":
+        return HostCopy(tensor)
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    host.copy_(tensor, non_blocking=True)
+    # Blocking: the background thread sleeps until the copy lands instead of spinning
+    # a CPU core for the rest of the step.
+    event = torch.cuda.Event(blocking=True)
+    event.record(torch.cuda.current_stream(tensor.device))
+    return HostCopy(host, event)
+
+
+def _snapshot(torch: Any, keys: list[str], tensors: list[Any]) -> list[tuple[list[str], HostCopy]]:
+    """Stack the tensors of each device into one and start its copy to host memory."""
     device = tensors[0].device
     groups: dict[Any, tuple[list[str], list[Any]]]
     if all(tensor.device == device for tensor in tensors):
@@ -125,17 +168,8 @@ def _snapshot(torch: Any, keys: list[str], tensors: list[Any]) -> list[tuple[lis
             group_keys, group_tensors = groups.setdefault(tensor.device, ([], []))
             group_keys.append(key)
             group_tensors.append(tensor)
-    snapshots: list[tuple[list[str], Any, Any]] = []
-    for group_device, (group_keys, group_tensors) in groups.items():
-        stacked = torch.stack(group_tensors)  # one kernel; dtypes promote (bf16 + fp32 -> fp32)
-        if group_device.type != "cuda":
-            snapshots.append((group_keys, stacked, None))
-            continue
-        host = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
-        host.copy_(stacked, non_blocking=True)
-        # Blocking: the background thread sleeps until the copy lands instead of spinning
-        # a CPU core for the rest of the step.
-        event = torch.cuda.Event(blocking=True)
-        event.record(torch.cuda.current_stream(group_device))
-        snapshots.append((group_keys, host, event))
-    return snapshots
+    # One stack per device (one kernel; dtypes promote, bf16 + fp32 -> fp32), one copy each.
+    return [
+        (group_keys, to_host(torch, torch.stack(group_tensors)))
+        for group_keys, group_tensors in groups.values()
+    ]

@@ -1,4 +1,4 @@
-"""Stability metrics from a learner step's tensors (docs/metrics.md, docs/metrics.md).
+"""Stability metrics from a learner step's tensors (docs/metrics.md).
 
 Everything runs under `torch.no_grad()` on the device the inputs live on and
 returns 0-dim float32 tensors: no `.item()`, no `.cpu()`, no Python branch on a
@@ -9,12 +9,20 @@ shape `[...]` (the toy grid uses this to measure all its runs at once).
 With `torch.distributed` initialised (world size > 1), means are reduced as
 (sum, count) pairs, extremes with MAX / MIN and the log-ratio p99 from merged
 fixed-bin histograms: one collective of each kind per call.
+
+`stability_partials` stops before the final divisions: its `Partials` (sums, counts,
+extremes and the |ℓ| values or histogram) of several batches merge exactly
+(`merge_partials`), so the metrics of a step logged in several micro-batches are those
+of the whole step (`finalize`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import reduce
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -23,11 +31,15 @@ from torch import Tensor
 __all__ = [
     "LOG_RATIO_CLAMP",
     "PROB_CLAMP",
+    "Partials",
     "bernoulli_kl",
+    "finalize",
     "grad_norm",
     "log_ratio",
+    "merge_partials",
     "nonfinite_count",
     "stability_metrics",
+    "stability_partials",
 ]
 
 LOG_RATIO_CLAMP = 30.0
@@ -88,6 +100,51 @@ def nonfinite_count(*tensors: Tensor) -> Tensor:
     )
 
 
+@dataclass(frozen=True)
+class Partials:
+    """What `stability_metrics` reduces over tokens and sequences, before dividing.
+
+    The partials of several batches merge exactly (`merge_partials`): sums add, extremes
+    take the maximum and the |ℓ| values are concatenated, so `finalize` of the merge is
+    `stability_metrics` of the batches concatenated along the batch dim.
+    """
+
+    sums: dict[str, Tensor]
+    """Added when merging: token and sequence counts and sums (float64)."""
+    maxes: dict[str, Tensor]
+    """Maximum taken when merging (a minimum travels as −max(−x))."""
+    abs_log_ratio: Tensor | None = None
+    """|ℓ| of every token, −inf for padding, [..., N]: the exact p99 on one rank."""
+    histogram: Tensor | None = None
+    """Counts of |ℓ| in the log-spaced bins, [..., 1 + bins]: the p99 across ranks."""
+
+    def pack(self) -> tuple[Tensor, tuple[Any, ...]]:
+        """One float64 vector and the layout that `unpack` needs (0-dim partials only):
+        the Monitor copies a step's partials to the host in one copy."""
+        scalars = [*self.sums.values(), *self.maxes.values()]
+        if any(value.dim() != 0 for value in scalars):
+            raise ValueError("log_batch takes one [B, T] batch (no leading dims)")
+        pieces = [torch.stack(scalars).to(_SUM_DTYPE)]
+        quantile = self.abs_log_ratio if self.abs_log_ratio is not None else self.histogram
+        if quantile is not None:
+            pieces.append(quantile.to(_SUM_DTYPE))
+        layout = (tuple(self.sums), tuple(self.maxes), self.abs_log_ratio is not None)
+        return torch.cat(pieces), layout
+
+    @classmethod
+    def unpack(cls, packed: Tensor, layout: tuple[Any, ...]) -> Partials:
+        sum_names, max_names, exact = layout
+        scalars = len(sum_names) + len(max_names)
+        values = packed[:scalars].unbind()
+        quantile = packed[scalars:] if packed.numel() > scalars else None
+        return cls(
+            sums=dict(zip(sum_names, values[: len(sum_names)], strict=True)),
+            maxes=dict(zip(max_names, values[len(sum_names) :], strict=True)),
+            abs_log_ratio=quantile if exact else None,
+            histogram=None if exact else quantile,
+        )
+
+
 def stability_metrics(
     sampler_logprobs: Tensor,
     learner_logprobs: Tensor,
@@ -128,8 +185,42 @@ def stability_metrics(
     Padding never counts: a sequence is a row with at least one mask-1 token;
     rewards, advantages and versions of empty rows are ignored.
     """
+    return finalize(
+        stability_partials(
+            sampler_logprobs,
+            learner_logprobs,
+            mask,
+            rewards=rewards,
+            advantages=advantages,
+            gate_mask=gate_mask,
+            logits=logits,
+            sampler_version=sampler_version,
+            learner_version=learner_version,
+            quantile=quantile,
+        )
+    )
+
+
+def stability_partials(
+    sampler_logprobs: Tensor,
+    learner_logprobs: Tensor,
+    mask: Tensor | None,
+    *,
+    rewards: Tensor | None = None,
+    advantages: Tensor | None = None,
+    gate_mask: Tensor | None = None,
+    logits: Tensor | None = None,
+    sampler_version: Tensor | None = None,
+    learner_version: Tensor | int | None = None,
+    quantile: bool = True,
+) -> Partials:
+    """`stability_metrics` up to the final divisions (all-reduced under data parallel).
+
+    `finalize(stability_partials(...))` is `stability_metrics(...)`; merge the partials
+    of several batches first (`merge_partials`) to get the metrics of them all.
+    """
     with torch.no_grad():
-        sums, maxes, hist, p99 = _local_partials(
+        partials = _local_partials(
             sampler_logprobs,
             learner_logprobs,
             mask,
@@ -141,15 +232,51 @@ def stability_metrics(
             learner_version,
             quantile,
         )
-        if data_parallel():
-            sums, maxes = (
-                _all_reduce(sums, dist.ReduceOp.SUM),
-                _all_reduce(maxes, dist.ReduceOp.MAX),
-            )
-            if hist is not None:
-                dist.all_reduce(hist, op=dist.ReduceOp.SUM)
-                p99 = _histogram_quantile(hist, sums["tokens"], 0.99)
-        return _finalize(sums, maxes, p99)
+        if not data_parallel():
+            return partials
+        if partials.histogram is not None:
+            dist.all_reduce(partials.histogram, op=dist.ReduceOp.SUM)
+        return Partials(
+            sums=_all_reduce(partials.sums, dist.ReduceOp.SUM),
+            maxes=_all_reduce(partials.maxes, dist.ReduceOp.MAX),
+            histogram=partials.histogram,
+        )
+
+
+def merge_partials(parts: Sequence[Partials]) -> Partials:
+    """The partials of the batches together, as if concatenated along the batch dim.
+
+    A quantity that only some of them carry (rewards given to some calls only) is left
+    out: its metric would not be that of the whole.
+    """
+    if len(parts) == 1:
+        return parts[0]
+    sum_names = [name for name in parts[0].sums if all(name in p.sums for p in parts)]
+    max_names = [name for name in parts[0].maxes if all(name in p.maxes for p in parts)]
+    with torch.no_grad():
+        abs_log_ratios = [p.abs_log_ratio for p in parts if p.abs_log_ratio is not None]
+        histograms = [p.histogram for p in parts if p.histogram is not None]
+        abs_log_ratio = torch.cat(abs_log_ratios, -1) if len(abs_log_ratios) == len(parts) else None
+        histogram = reduce(torch.add, histograms) if len(histograms) == len(parts) else None
+        return Partials(
+            sums={name: reduce(torch.add, [p.sums[name] for p in parts]) for name in sum_names},
+            maxes={
+                name: reduce(torch.maximum, [p.maxes[name] for p in parts]) for name in max_names
+            },
+            abs_log_ratio=abs_log_ratio,
+            histogram=histogram,
+        )
+
+
+def finalize(partials: Partials) -> dict[str, Tensor]:
+    """The metrics of `partials` (see `stability_metrics`), as float32 tensors."""
+    with torch.no_grad():
+        p99 = None
+        if partials.abs_log_ratio is not None:
+            p99 = _exact_quantile(partials.abs_log_ratio, partials.sums["tokens"], 0.99)
+        elif partials.histogram is not None:
+            p99 = _histogram_quantile(partials.histogram, partials.sums["tokens"], 0.99)
+        return _finalize(partials.sums, partials.maxes, p99)
 
 
 def data_parallel() -> bool:
@@ -209,7 +336,7 @@ def _local_partials(
     sampler_version: Tensor | None,
     learner_version: Tensor | int | None,
     quantile: bool,
-) -> tuple[dict[str, Tensor], dict[str, Tensor], Tensor | None, Tensor | None]:
+) -> Partials:
     """Per-rank sums (reduced with SUM) and extremes (reduced with MAX).
 
     Without a mask nothing is masked: the toy grid's hot path skips every where().
@@ -285,25 +412,24 @@ def _local_partials(
         sums["lag"] = _masked_sum(lag, seq_valid, -1)
         maxes["lag_max"] = _masked_max(lag, seq_valid, -1)
 
-    hist = p99 = None
-    if quantile:
-        valid_tokens = valid if valid is not None else torch.ones_like(ell, dtype=torch.bool)
-        if data_parallel():
-            hist = _log_ratio_histogram(ell.abs(), valid_tokens)
-        else:
-            p99 = _exact_quantile(ell.abs(), valid_tokens, tokens, 0.99)
-    return sums, maxes, hist, p99
+    if not quantile:
+        return Partials(sums, maxes)
+    valid_tokens = valid if valid is not None else torch.ones_like(ell, dtype=torch.bool)
+    if data_parallel():
+        return Partials(sums, maxes, histogram=_log_ratio_histogram(ell.abs(), valid_tokens))
+    # Boolean indexing would sync to learn the count: padding becomes −inf instead.
+    abs_log_ratio = torch.where(valid_tokens, ell.abs(), -math.inf).flatten(-2)
+    return Partials(sums, maxes, abs_log_ratio=abs_log_ratio)
 
 
-def _exact_quantile(values: Tensor, valid: Tensor, count: Tensor, q: float) -> Tensor:
-    """torch.quantile (linear interpolation) over the valid entries, without a host sync.
+def _exact_quantile(values: Tensor, count: Tensor, q: float) -> Tensor:
+    """torch.quantile (linear interpolation) over the `count` valid entries of `values`
+    [..., N] (the others −inf), without a host sync.
 
-    Boolean indexing would sync to learn the count; instead padding is −inf, the
-    largest ⌊(1 − q)(N − 1)⌋ + 2 entries (N known from the shape) are taken in
-    descending order, which hold both order statistics around q·(count − 1) for
-    any count ≤ N, and those are gathered at tensor-valued positions.
+    The largest ⌊(1 − q)(N − 1)⌋ + 2 entries (N known from the shape) are taken in
+    descending order, which hold both order statistics around q·(count − 1) for any
+    count ≤ N, and those are gathered at tensor-valued positions.
     """
-    values = torch.where(valid, values, -math.inf).flatten(-2)
     size = values.shape[-1]
     top = values.topk(min(size, math.floor((1 - q) * (size - 1)) + 2), dim=-1).values
     pos = (q * (count - 1)).clamp_min(0)

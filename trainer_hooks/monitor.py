@@ -15,6 +15,12 @@ spool to the server (`sender.py`). On CPU, `log_batch` also leaves the stability
 themselves to that thread. A frame leaves the spool only when the server has
 acked it, so a server outage, a reconnect or a dead trainer (`keel sync`) lose nothing.
 
+One step may be logged in several calls (docs/integrate.md, "One step, several calls"):
+the background thread holds a step that has `log_batch` calls open until it is complete (a
+`log_batch` for another step or a `log` for a later one, finish(), or `step_timeout` s
+without a call for it) and merges its calls as one batch. Each (key, step) keeps its first value, as on the server; every
+value that is not stored is counted in `Monitor.dropped` and warned about once per kind.
+
 torch is optional: it is only touched when a value is a tensor (then torch is already
 imported by the caller).
 """
@@ -33,11 +39,13 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
 
-from trainer_hooks.capture import Capture, Captured
+from trainer_hooks.capture import Capture, Captured, HostCopy, to_host
 from trainer_hooks.protocol import (
     FINISH_STATUSES,
     Limits,
@@ -50,8 +58,9 @@ from trainer_hooks.protocol import (
 from trainer_hooks.sender import ConnState, Sender, SenderConfig, ingest_url
 from trainer_hooks.spool import Spool, default_spool_root
 
-if TYPE_CHECKING:  # batched imports torch, which a floats-only Monitor does without
+if TYPE_CHECKING:  # batched and metrics import torch, which a floats-only Monitor does without
     from trainer_hooks.batched import BatchInputs
+    from trainer_hooks.metrics import Partials
 
 __all__ = ["Monitor"]
 
@@ -66,6 +75,49 @@ _KILLED_FINISH_TIMEOUT_S = 10.0
 # log_batch() steps whose metrics the background thread has yet to compute; beyond this the
 # training thread computes them itself, so a slow background thread bounds memory, not steps.
 _MAX_DEFERRED = 64
+# Steps whose sent keys the background thread remembers, to count a value logged again for
+# a step already sent (the server would keep the first one without a word).
+_SENT_STEPS = 1024
+# Distinct key sets shared between those steps (most steps log the same keys).
+_KEY_SETS = 256
+DROP_KINDS = (
+    "string",
+    "none",
+    "not_a_number",
+    "key",
+    "too_many_keys",
+    "step",
+    "repeated",
+    "queue_full",
+    "error",
+)
+"""What `Monitor.dropped` counts (docs/integrate.md, "What is not stored")."""
+
+
+@dataclass
+class _OpenStep:
+    """A step whose log_batch() metrics are still being gathered (background thread)."""
+
+    step: int
+    time: float
+    """Wall time of its first call: the row's time."""
+    last_call: float
+    values: dict[str, float] = field(default_factory=dict)
+    """The callers' own metrics, the first value of each key."""
+    inputs: list[BatchInputs] = field(default_factory=list)
+    """log_batch() on CPU: copies of the inputs, computed when the step closes."""
+    partials: list[Partials] = field(default_factory=list)
+    """log_batch() computed in the training thread (GPU, data parallel, backlog)."""
+
+
+def dashboard_url(server_url: str, run_id: str) -> str:
+    """The dashboard's page of a run (dashboard/app.py PAGE_PATHS: /runs/{run_id})."""
+    parts = urlsplit(server_url.strip())
+    scheme = parts.scheme.lower()
+    scheme = {"ws": "http", "wss": "https"}.get(scheme, scheme)
+    path = parts.path.rstrip("/")
+    path = path.removesuffix("/api/v1/ingest")
+    return urlunsplit((scheme, parts.netloc, f"{path}/runs/{run_id}", "", ""))
 
 
 def _is_rank_zero() -> bool:
@@ -91,10 +143,16 @@ class Monitor:
         spool_dir: root of the disk spool; this run's frames go to `<spool_dir>/<run_id>`.
             Defaults to $KEEL_SPOOL_DIR or ~/.keel/spool.
         sender_config: batching, window and backoff knobs (`SenderConfig`).
+        step_timeout: seconds without a call for a step after which a step with
+            `log_batch` calls is complete and sent (another step's log_batch, a later
+            step's log, or finish() completes it at once). Raise it above the time
+            between two micro-batches of one step.
 
     Under torch.distributed (or a launcher that sets RANK) only rank 0 sends; on every
     other rank the Monitor does nothing. Used as a context manager, an exception marks
     the run "failed" and Ctrl-C or SIGTERM marks it "killed".
+
+    `dropped` counts what was not stored, by kind (`DROP_KINDS`); finish() logs it.
     """
 
     def __init__(
@@ -110,16 +168,20 @@ class Monitor:
         run_id: str | None = None,
         spool_dir: str | os.PathLike[str] | None = None,
         sender_config: SenderConfig | None = None,
+        step_timeout: float = 30.0,
     ) -> None:
         self.run_id = run_id or str(uuid.uuid4())
         self.server_url = server_url
         self.enabled = _is_rank_zero()
         self.spool_path: Path | None = None
+        self.step_timeout = step_timeout
         self._config = sender_config or SenderConfig()
         self._queue: deque[Captured] = deque()
-        self._dropped_rows = 0
+        self._dropped: dict[str, int] = {}
+        self._first_drop: dict[str, str] = {}  # kind -> the first one, for finish()'s summary
+        self._drop_lock = threading.Lock()  # counted from both threads
         self._warned: set[str] = set()
-        self._capture = Capture(self._warn_once, _LIMITS)
+        self._capture = Capture(self._drop, _LIMITS)
         self._deferred_slots = threading.BoundedSemaphore(_MAX_DEFERRED)
         self._closed = False  # finish() started: log() is a no-op from here on
         self._delivered: bool | None = None  # what finish() returned
@@ -150,6 +212,10 @@ class Monitor:
         )
         self._rows: list[Row] = []  # rows not yet cut into a frame (background thread only)
         self._rows_values = 0
+        self._open: dict[int, _OpenStep] = {}  # steps with log_batch() calls, not yet complete
+        self._complete: list[_OpenStep] = []  # completed by a later step, not yet computed
+        self._sent: dict[int, frozenset[str]] = {}  # step -> keys sent, the last _SENT_STEPS
+        self._key_sets: dict[frozenset[str], frozenset[str]] = {}
         self._finish_status: str | None = None
         self._finish_requested = threading.Event()
         self._stop = threading.Event()
@@ -157,6 +223,28 @@ class Monitor:
         self._thread = threading.Thread(target=self._pump, name=f"keel-{run_name}", daemon=True)
         self._thread.start()
         self._install_exit_hooks()
+        self._announce(run_name)
+
+    @property
+    def dropped(self) -> dict[str, int]:
+        """Values not stored so far, by kind (`DROP_KINDS`); `error` and `queue_full`
+        count calls. A kind appears once something of it was dropped."""
+        with self._drop_lock:
+            return dict(self._dropped)
+
+    @property
+    def url(self) -> str:
+        """The run's page on the dashboard."""
+        return dashboard_url(self.server_url, self.run_id)
+
+    def _announce(self, run_name: str) -> None:
+        """Say once where the run can be watched: through the "keel" logger when it shows
+        INFO, else on stderr (an unconfigured logger would swallow it)."""
+        message = f"keel: run {run_name!r} ({self.run_id}) is live at {self.url}"
+        if logger.isEnabledFor(logging.INFO) and logger.hasHandlers():
+            logger.info("%s", message)
+        else:
+            print(message, file=sys.stderr, flush=True)
 
     # -- the training thread -----------------------------------------------------------
 
@@ -165,13 +253,16 @@ class Monitor:
 
         Never raises and never waits for the network or the GPU: values are snapshotted
         with one asynchronous device-to-host copy and handed to the background thread.
+        Several calls for one step add up to one row; a key given again for a step keeps
+        its first value (the later one is counted in `dropped`). Strings (even "0.5"),
+        None and other non-numbers are dropped and counted, never coerced.
         """
         if self._closed or not self.enabled:
             return
         try:
             self._enqueue(step, metrics)
         except Exception as exc:  # a bad metric must never stop training
-            self._warn_once(f"log:{type(exc).__name__}", f"log({step!r}) dropped: {exc!r}")
+            self._drop("error", 1, f"log({step!r}) dropped: {exc!r}")
 
     def log_batch(
         self,
@@ -193,14 +284,19 @@ class Monitor:
         The arguments are those of `trainer_hooks.metrics.stability_metrics`. On CPU the
         tensors are copied (one copy each, so the loop may reuse its buffers) and the
         background thread computes the metrics, several steps per call (`batched.py`): the
-        training thread spends the copies, not the ~100 small tensor ops. On a GPU they
-        are computed here, which only queues asynchronous kernels. Under torch.distributed
-        they are computed here on every rank, because each rank takes part in their
-        all-reduces. Never raises.
+        training thread spends the copies, not the ~100 small tensor ops. On a GPU their
+        mergeable partial sums are computed here, which only queues asynchronous kernels,
+        and copied to the host. Under torch.distributed they are computed here on every
+        rank, because each rank takes part in their all-reduces. Never raises.
+
+        Calls for the same step (micro-batches) are merged: the step's metrics are those
+        of its batches concatenated along the batch dim, sent once the step is complete.
         """
         if self._closed:
             return
         try:
+            import torch
+
             from trainer_hooks.batched import BatchInputs
             from trainer_hooks.metrics import data_parallel
 
@@ -227,27 +323,42 @@ class Monitor:
                     if not queued:
                         self._deferred_slots.release()
                 return
-            self.log(step, {**inputs.compute(), **(metrics or {})})
+            partials = inputs.partials()  # queued kernels on a GPU; all-reduced on every rank
+            if self.enabled:
+                packed, layout = partials.pack()
+                self._enqueue(step, metrics or {}, partials=(layout, to_host(torch, packed)))
         except Exception as exc:  # a bad input must never stop training
-            self._warn_once(
-                f"log_batch:{type(exc).__name__}", f"log_batch({step!r}) dropped: {exc!r}"
-            )
+            self._drop("error", 1, f"log_batch({step!r}) dropped: {exc!r}")
 
     def _enqueue(
-        self, step: int, metrics: Mapping[str, Any], deferred: BatchInputs | None = None
+        self,
+        step: int,
+        metrics: Mapping[str, Any],
+        deferred: BatchInputs | None = None,
+        partials: tuple[tuple[Any, ...], HostCopy] | None = None,
     ) -> bool:
         if not self.enabled:
             return False
         if len(self._queue) >= self._config.max_queued_rows:
-            self._dropped_rows += 1
-            self._warn_once("queue", "the send queue is full; dropping rows (is the disk stalled?)")
+            self._drop("queue_full", 1, "the send queue is full (is the disk stalled?)")
             return False
         queued = self._capture(step, metrics)
         if queued is None:
             return False
         queued.deferred = deferred
+        queued.partials = partials
         self._queue.append(queued)  # deque.append is atomic; no lock on the hot path
         return True
+
+    def _drop(self, kind: str, count: int, detail: str) -> None:
+        """Count `count` values (calls, for error and queue_full) not stored; warn once per kind."""
+        with self._drop_lock:
+            self._dropped[kind] = self._dropped.get(kind, 0) + count
+            first = kind not in self._first_drop
+            if first:
+                self._first_drop[kind] = detail
+        if first:
+            logger.warning("keel: %s; dropped (%s). Counted in Monitor.dropped", detail, kind)
 
     def _warn_once(self, what: str, message: str) -> None:
         if what not in self._warned:
@@ -275,9 +386,16 @@ class Monitor:
         self._thread.join(self._config.connect_timeout + 5.0)
         self._uninstall_exit_hooks()
         delivered = self._sender.state is ConnState.DONE
-        if self._dropped_rows:
+        dropped = self.dropped
+        if dropped:
             logger.warning(
-                "keel: %d rows were dropped because the queue was full", self._dropped_rows
+                "keel: not stored in run %r (%s): %s",
+                self._spool.run.name,
+                self.run_id,
+                "; ".join(
+                    f"{kind} {count} (first: {self._first_drop[kind]})"
+                    for kind, count in dropped.items()
+                ),
             )
         if not delivered:
             rejected = self._sender.state is ConnState.REJECTED
@@ -383,8 +501,10 @@ class Monitor:
     def _pump_once(self) -> None:
         finishing = self._finish_requested.is_set()
         self._drain(force=finishing)
+        self._close_steps(everything=finishing)
         self._cut_frame(force=finishing)
-        if finishing and not self._queue and not self._rows and self._finish_status is not None:
+        idle = not (self._queue or self._open or self._complete or self._rows)
+        if finishing and idle and self._finish_status is not None:
             if self._spool.status != self._finish_status:
                 self._spool.record_status(self._finish_status)  # so `keel sync` knows
             self._sender.request_finish(self._finish_status)
@@ -392,41 +512,174 @@ class Monitor:
         self._spool.fsync_if_due(self._config.fsync_interval)
 
     def _drain(self, *, force: bool = True) -> None:
-        """Queue -> rows. Unless `force`d, waits (like the frame window) until the oldest entry
-        is `flush_interval` old, so that log_batch() metrics are computed several steps at once."""
+        """Queue -> rows and open steps. Unless `force`d, waits (like the frame window) until
+        the oldest entry is `flush_interval` old, so that log_batch() metrics are computed
+        several steps at once."""
         limit = self._config.max_rows_per_frame
         if not self._queue:
             return
         if not force and len(self._queue) < limit:
             if time.time() - self._queue[0].time < self._config.flush_interval:
                 return
-        drained: list[tuple[Captured, Row | None]] = []
-        while self._queue and len(self._rows) + len(drained) < limit:
+        taken = 0
+        while self._queue and len(self._rows) + taken < limit:
             captured = self._queue.popleft()
+            taken += 1
             try:
-                drained.append((captured, captured.row()))
+                row = captured.row()
+                partials = self._read_partials(captured)
             except Exception as exc:  # e.g. a CUDA error surfacing at the event
-                self._warn_once("device", f"tensors of step {captured.step} lost: {exc!r}")
-                drained.append((captured, None))
-        deferred = [captured.deferred for captured, _ in drained if captured.deferred is not None]
-        computed = iter(self._compute(deferred) if deferred else [])
-        for captured, row in drained:
-            values = next(computed) if captured.deferred is not None else {}
-            if row is None or not (row.values or values):
+                self._drop("error", 1, f"tensors of step {captured.step} lost: {exc!r}")
+                if captured.deferred is not None:
+                    self._deferred_slots.release()
                 continue
-            row.values = {**values, **row.values}  # the caller's own metrics win
-            self._rows.append(row)
-            self._rows_values += len(row.values)
+            self._take(captured, row.values, partials)
 
-    def _compute(self, batches: list[BatchInputs]) -> list[dict[str, float]]:
-        """The stability metrics that log_batch() left to this thread, several steps per call."""
-        from trainer_hooks.batched import compute
+    @staticmethod
+    def _read_partials(captured: Captured) -> Partials | None:
+        if captured.partials is None:
+            return None
+        from trainer_hooks.metrics import Partials
+
+        layout, copy = captured.partials
+        return Partials.unpack(copy.wait(), layout)
+
+    def _take(
+        self, captured: Captured, values: dict[str, float], partials: Partials | None
+    ) -> None:
+        """One call, in call order: a log_batch() call completes the open steps of other
+        steps (micro-batches of a step come one after another) and opens its own; a log()
+        call completes the open steps before its step (a late log() for an earlier step
+        leaves the current one open); a call for an open step joins it; any other log()
+        call is a row at once."""
+        step = captured.step
+        batch = captured.deferred is not None or partials is not None
+        if self._open:
+            for other in sorted(self._open):
+                if other < step or (batch and other != step):
+                    self._complete.append(self._open.pop(other))
+        open_step = self._open.get(step)
+        if open_step is None and not batch:
+            if any(done.step == step for done in self._complete):
+                self._close_steps(everything=False)  # its first values go first
+            self._emit(step, captured.time, values)
+            return
+        if open_step is None:
+            open_step = self._open[step] = _OpenStep(step, captured.time, captured.time)
+        open_step.last_call = captured.time
+        for key, value in values.items():
+            if key in open_step.values:
+                self._drop("repeated", 1, f"step {step}: {key!r} was given twice; the first kept")
+            else:
+                open_step.values[key] = value
+        if captured.deferred is not None:
+            open_step.inputs.append(captured.deferred)
+        if partials is not None:
+            open_step.partials.append(partials)
+
+    def _close_steps(self, *, everything: bool) -> None:
+        """Send the complete steps: those a later step completed, those without a call for
+        `step_timeout` s, and all of them when finishing. Their CPU metrics are computed
+        together, several steps per call."""
+        if self._open:
+            now = time.time()
+            for step, open_step in list(self._open.items()):
+                if everything or now - open_step.last_call >= self.step_timeout:
+                    self._complete.append(self._open.pop(step))
+        if not self._complete:
+            return
+        steps, self._complete = self._complete, []
+        try:
+            computed = self._metrics_of(steps)
+        finally:
+            for open_step in steps:
+                for _ in open_step.inputs:
+                    self._deferred_slots.release()
+        for open_step, values in zip(steps, computed, strict=True):
+            # The callers' own metrics win over computed ones of the same name.
+            values = {**values, **open_step.values}
+            self._emit(open_step.step, open_step.time, values, merged=True)
+
+    def _metrics_of(self, steps: list[_OpenStep]) -> list[dict[str, float]]:
+        """The stability metrics of each complete step: the CPU inputs of a step joined
+        into one batch (`batched.concat`) and computed with the other steps' in one call;
+        partials from the training thread (or inputs that do not join) merged."""
+        from trainer_hooks.batched import compute, concat
+
+        computed: list[dict[str, float]] = [{} for _ in steps]
+        joined: list[tuple[int, BatchInputs]] = []
+        for index, open_step in enumerate(steps):
+            if not open_step.partials:
+                try:
+                    joined.append((index, concat(open_step.inputs)))
+                    continue
+                except Exception:
+                    pass  # other kinds of inputs across calls: merged from partials below
+            computed[index] = self._merged(open_step)
+        results = compute([batch for _, batch in joined], warn=self._lost) if joined else []
+        for (index, _), values in zip(joined, results, strict=True):
+            computed[index] = values
+        return computed
+
+    def _merged(self, open_step: _OpenStep) -> dict[str, float]:
+        """The metrics of a step from its calls' partials (computed here for CPU inputs)."""
+        from trainer_hooks.metrics import finalize, merge_partials
 
         try:
-            return compute(batches, warn=self._warn_once)
-        finally:
-            for _ in batches:
-                self._deferred_slots.release()
+            parts = list(open_step.partials)
+            parts.extend(inputs.partials() for inputs in open_step.inputs)
+            if len({(tuple(p.sums), tuple(p.maxes)) for p in parts}) > 1:
+                self._warn_once(
+                    "mixed_inputs",
+                    f"the log_batch calls of step {open_step.step} give different optional "
+                    "inputs (rewards, gate_mask, logits, versions); a metric that needs one "
+                    "is left out of a step where some calls lack it",
+                )
+            merged = finalize(merge_partials(parts))
+            return {name: float(value) for name, value in merged.items()}
+        except Exception as exc:
+            self._lost("", f"step {open_step.step}: {exc!r}")
+            return {}
+
+    def _lost(self, what: str, message: str) -> None:
+        """batched.compute's report of a batch whose metrics it could not compute."""
+        self._drop("error", 1, f"stability metrics lost: {message}")
+
+    def _emit(
+        self, step: int, wall_time: float, values: dict[str, float], *, merged: bool = False
+    ) -> None:
+        """A row for the spool, without the keys this Monitor already sent for the step (the
+        server would keep their first values and ignore these). `merged`: a step whose
+        log_batch() calls were merged."""
+        sent = self._sent.get(step)
+        if sent is not None:
+            repeated = [key for key in values if key in sent]
+            if repeated:
+                self._drop(
+                    "repeated",
+                    len(repeated),
+                    f"step {step}: {repeated[0]!r} was logged again after the Monitor sent "
+                    "it; the server keeps the first value",
+                )
+                if merged:
+                    self._warn_once(
+                        "late_batch",
+                        f"log_batch() for step {step} came after the step was sent: a step is "
+                        "complete once another step is logged, or step_timeout="
+                        f"{self.step_timeout:g} s after its last call (log the micro-batches "
+                        "of a step one after another; raise step_timeout for slow ones)",
+                    )
+                values = {key: value for key, value in values.items() if key not in sent}
+        if not values:
+            return
+        keys = frozenset(values) if sent is None else sent.union(values)
+        if len(self._key_sets) >= _KEY_SETS:
+            self._key_sets.clear()
+        self._sent[step] = self._key_sets.setdefault(keys, keys)
+        if len(self._sent) > _SENT_STEPS:
+            del self._sent[next(iter(self._sent))]
+        self._rows.append(Row(step=step, time=wall_time, values=values))
+        self._rows_values += len(values)
 
     def _cut_frame(self, *, force: bool) -> None:
         if not self._rows:
@@ -448,9 +701,11 @@ class Monitor:
         try:
             if self._sender.state is not ConnState.DONE:
                 self._drain()
+                self._close_steps(everything=True)
                 while self._rows:
                     self._cut_frame(force=True)
                     self._drain()
+                    self._close_steps(everything=True)
                 if self._finish_status is not None and self._spool.status != self._finish_status:
                     self._spool.record_status(self._finish_status)
         except Exception:

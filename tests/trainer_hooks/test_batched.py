@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from trainer_hooks.batched import BatchInputs, compute
+from trainer_hooks.batched import BatchInputs, compute, concat
 from trainer_hooks.metrics import stability_metrics
 
 
@@ -74,3 +74,70 @@ def test_copies_do_not_follow_the_callers_buffers() -> None:
     copied = BatchInputs(**inputs).copy()  # type: ignore[arg-type]
     inputs["learner_logprobs"].fill_(math.nan)  # type: ignore[union-attr]
     assert math.isfinite(compute([copied])[0]["mismatch/kl"])
+
+
+def padded_concat(inputs: list[dict[str, object]]) -> dict[str, object]:
+    """The batches concatenated along the batch dim, padded to the longest with mask 0."""
+    length = max(b["learner_logprobs"].shape[1] for b in inputs)  # type: ignore[attr-defined]
+    out: dict[str, object] = {}
+    for key, first in inputs[0].items():
+        if not isinstance(first, torch.Tensor):
+            out[key] = first
+            continue
+        parts = []
+        for b in inputs:
+            value = b[key]
+            assert isinstance(value, torch.Tensor)
+            if value.dim() >= 2:
+                value = torch.nn.functional.pad(
+                    value, (0, 0) * (value.dim() - 2) + (0, length - value.shape[1])
+                )
+            parts.append(value)
+        out[key] = torch.cat(parts)
+    return out
+
+
+def test_concat_of_micro_batches_has_the_metrics_of_the_whole_step() -> None:
+    micro = [
+        batch(0, 3, 5, token_gate=True),
+        batch(0, 2, 11, token_gate=True),
+        batch(0, 1, 2, token_gate=True),
+    ]
+    for b in micro:
+        b["learner_version"] = 9
+    joined = concat([BatchInputs(**b) for b in micro])  # type: ignore[arg-type]
+    assert joined.learner_logprobs.shape == (6, 11)
+    got = {k: v.item() for k, v in joined.compute().items()}
+    expected = alone(padded_concat(micro))
+    assert got.keys() == expected.keys()
+    for key, value in expected.items():
+        assert got[key] == pytest.approx(value, rel=1e-6, abs=1e-7), key
+    assert got["batch/seqs"] == 6.0 and joined.learner_version == 9
+
+
+def test_concat_keeps_each_micro_batch_learner_version_and_still_stacks() -> None:
+    """Micro-batches trained at other versions: the lag is per sequence, and the joined
+    batch stacks with other steps' batches in one compute() call."""
+    micro = [batch(1, 2, 4), batch(2, 3, 6)]  # learner versions 6 and 7
+    joined = concat([BatchInputs(**b) for b in micro])  # type: ignore[arg-type]
+    assert isinstance(joined.learner_version, torch.Tensor)
+    assert joined.learner_version.tolist() == [6, 6, 7, 7, 7]
+    other = concat([BatchInputs(**b) for b in (batch(3, 4, 5), batch(4, 1, 5))])  # type: ignore[arg-type]
+    results = compute([joined, other])
+    whole = padded_concat(micro)
+    sampler_version = whole["sampler_version"]
+    assert isinstance(sampler_version, torch.Tensor)
+    lag = torch.tensor([6, 6, 7, 7, 7]) - sampler_version
+    assert results[0]["staleness/lag_max"] == lag.max().item()
+    assert results[0]["staleness/lag_mean"] == pytest.approx(lag.double().mean().item())
+    expected_other = alone(padded_concat([batch(3, 4, 5), batch(4, 1, 5)]))
+    for key in ("mismatch/kl", "batch/seqs"):
+        assert results[0][key] == pytest.approx(
+            alone({**whole, "learner_version": 7})[key], rel=1e-6
+        )
+        assert results[1][key] == pytest.approx(expected_other[key], rel=1e-6)
+
+
+def test_concat_refuses_micro_batches_of_other_kinds() -> None:
+    with pytest.raises(ValueError, match="different kinds"):
+        concat([BatchInputs(**batch(0, 2, 3)), BatchInputs(**batch(1, 2, 3, logits=True))])  # type: ignore[arg-type]

@@ -11,7 +11,16 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from trainer_hooks.metrics import bernoulli_kl, grad_norm, nonfinite_count, stability_metrics
+from trainer_hooks.metrics import (
+    Partials,
+    bernoulli_kl,
+    finalize,
+    grad_norm,
+    merge_partials,
+    nonfinite_count,
+    stability_metrics,
+    stability_partials,
+)
 
 LN2, LN5 = math.log(2.0), math.log(5.0)
 NAN = math.nan
@@ -259,3 +268,47 @@ def test_two_gloo_ranks_match_the_concatenated_batch() -> None:
     # p99 from merged histograms: within one log-spaced bin (~1 %) of the exact value.
     ratio = merged["mismatch/log_ratio_p99"] / single["mismatch/log_ratio_p99"]
     assert abs(math.log10(ratio.item())) <= (math.log10(30.0) + 7) / 2048
+
+
+def test_merged_partials_are_the_metrics_of_the_concatenated_batches() -> None:
+    """Micro-batches of other lengths: merged partials (also packed into one vector and
+    back, as the Monitor copies them to the host) give stability_metrics of the batches
+    concatenated along the batch dim, padded with mask 0 — p99 included, exactly."""
+    generator = torch.Generator().manual_seed(7)
+    shapes = [(3, 4), (1, 10), (4, 7)]
+    micro = []
+    for seqs, length in shapes:
+        sampler = -torch.rand(seqs, length, generator=generator) * 3
+        micro.append(
+            {
+                "sampler": sampler,
+                "learner": sampler + 0.5 * torch.randn(seqs, length, generator=generator),
+                "mask": torch.rand(seqs, length, generator=generator) > 0.3,
+                "rewards": torch.rand(seqs, generator=generator),
+                "gate_mask": torch.rand(seqs, generator=generator) > 0.5,  # per sequence
+                "logits": torch.randn(seqs, length, 5, generator=generator),
+            }
+        )
+    length = max(length for _, length in shapes)
+
+    def pad(t: torch.Tensor) -> torch.Tensor:
+        if t.dim() < 2:
+            return t
+        return torch.nn.functional.pad(t, (0, 0) * (t.dim() - 2) + (0, length - t.shape[1]))
+
+    whole = {key: torch.cat([pad(m[key]) for m in micro]) for key in micro[0]}
+
+    def metrics_of(b: dict[str, torch.Tensor], fn):  # type: ignore[no-untyped-def]
+        return fn(
+            b["sampler"], b["learner"], b["mask"],
+            rewards=b["rewards"], gate_mask=b["gate_mask"], logits=b["logits"],
+        )  # fmt: skip
+
+    parts = [metrics_of(m, stability_partials) for m in micro]
+    round_trip = [Partials.unpack(*p.pack()) for p in parts]
+    expected = metrics_of(whole, stability_metrics)
+    for merged in (finalize(merge_partials(parts)), finalize(merge_partials(round_trip))):
+        assert set(merged) == set(expected)
+        for key, value in expected.items():
+            torch.testing.assert_close(merged[key], value, rtol=1e-6, atol=1e-7, msg=key)
+    assert finalize(merge_partials(parts))["batch/seqs"].item() == 8.0

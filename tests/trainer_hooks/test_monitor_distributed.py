@@ -28,6 +28,8 @@ RANK = """
     logprobs = torch.full((2, 3), -1.0)
     mask = torch.ones(2, 3) if {rank} == 0 else torch.tensor([[1.0, 0, 0], [0, 0, 0]])
     monitor.log_batch(20, logprobs, logprobs + 0.1, mask)
+    # A second micro-batch of step 20, of another length: 2 more tokens on each rank.
+    monitor.log_batch(20, torch.full((2, 1), -1.0), torch.full((2, 1), -0.8), None)
     delivered = monitor.finish()
     dist.barrier()
     dist.destroy_process_group()
@@ -56,8 +58,10 @@ def test_only_rank_zero_sends(make_server, sqlite_url, tmp_path) -> None:
     keys = server.keys(run_id)
     assert (keys["rank"], keys["step"], keys["batch/tokens"]) == (20, 20, 1)
     assert server.series(run_id, "rank") == (list(range(20)), [0.0] * 20)
-    assert server.series(run_id, "batch/tokens") == ([20], [7.0])
-    assert server.series(run_id, "batch/seqs") == ([20], [3.0])
+    assert server.series(run_id, "batch/tokens") == ([20], [11.0])
+    assert server.series(run_id, "batch/seqs") == ([20], [7.0])
+    # k1 = token-mean of −ℓ: 7 tokens at ℓ = 0.1 and 4 at ℓ = 0.2, over both ranks.
+    assert server.series(run_id, "mismatch/kl_k1")[1] == pytest.approx([-(0.7 + 0.8) / 11])
     assert server.run(run_id)["status"] == "finished"
     assert not (tmp_path / "rank1").exists()
 

@@ -191,7 +191,7 @@ def register() -> None:
 
     Tracking.__init__ = __init__  # type: ignore[method-assign]
     Tracking.finish = finish  # type: ignore[method-assign]
-    Tracking._keel_registered = True
+    Tracking._keel_registered = True  # type: ignore[attr-defined]
 
 
 # verl's plugin convention: `import verl` imports its plugins, and a plugin registers
