@@ -59,7 +59,8 @@ def test_non_finite_fires_critical_then_resolves_and_webhooks_arrive_signed(serv
     series = [{"reward/mean": 0.5, "grad/norm": 1.0}] * 20 + [{"reward/mean": 0.5, "grad/norm": "nan"}] + [{"reward/mean": 0.5, "grad/norm": 1.0}] * 29
     _stream(server, run, series)
 
-    alert = _wait(lambda: [a for a in _alerts(server, run_id=run["id"]) if a["rule"] == "non-finite value"])[0]
+    # Evaluation follows each frame's ack: wait for the last frame's, which resolves it.
+    alert = _wait(lambda: [a for a in _alerts(server, run_id=run["id"]) if a["rule"] == "non-finite value" and a["state"] == "resolved"])[0]
     assert alert["severity"] == "critical" and alert["started_step"] == 20 and alert["metric"] == "grad/norm" and alert["keys"] == ["grad/norm"]
     assert alert["state"] == "resolved" and alert["resolved_step"] == 40  # keep_firing_for = 20 clear steps
     receiver.wait_for(lambda: len(receiver.delivered()) == 2)
