@@ -1,4 +1,4 @@
-"""`keel demo` and `keel eval-alerts`: commands that run the server and the learners together.
+"""`keel demo`, `keel eval-alerts` and `keel backtest`: commands that join the server and the learners.
 
 Standard library only at module level (see keel/cli.py).
 """
@@ -10,6 +10,9 @@ import sys
 import threading
 from collections.abc import Callable
 from typing import Any
+
+from keel.backtest import add_arguments as _add_backtest
+from keel.backtest import run as _backtest
 
 # A child started as `python -m keel` or `-c "import keel…"` would resolve against its
 # working directory first (sys.path[0]); started from a training repository with its own
@@ -136,37 +139,80 @@ def _csv(kind: Callable[[str], Any]) -> Callable[[str], list[Any]]:
 
 
 def _add_eval_alerts(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--corpus", action="append", default=None, metavar="PATH",
+                        help="score this corpus file (--save-corpus, or `keel lm-grid --json`); repeat; "
+                        "default: build the toy grid below")  # fmt: skip
     parser.add_argument("--losses", type=_csv(str), default=None, help="default: the toy grid's 8 losses")
     parser.add_argument("--lags", type=_csv(int), default=[0, 2, 8, 32])
-    parser.add_argument("--mismatch", type=_csv(str), default=["none", "mild", "severe"])
+    parser.add_argument("--mismatch", type=_csv(str), default=["none", "mild", "severe"],
+                        help="levels of learners.toy, or SIGMA/FRACTION (e.g. 0.15/0.01)")  # fmt: skip
     parser.add_argument("--seeds", type=_csv(int), default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--database-url", default=None, help="default: a temporary SQLite file")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the idle cores)")
+    parser.add_argument("--save-corpus", default=None, metavar="PATH", help="write the toy corpus built here to this file")
+    parser.add_argument("--rules", default=None, metavar="FILE", help="a rule file to score instead of the default rules")
+    parser.add_argument("--details", action="store_true", help="list every false alarm, early false alarm and miss")
+    parser.add_argument("--no-rlwatch", action="store_true", help="skip rlwatch's detectors")
     parser.add_argument("--json", default=None, help="also write the scores to this file")
 
 
 def _eval_alerts(args: argparse.Namespace) -> int:
     import json
+    import time
 
-    from keel.eval_alerts import evaluate
-    from learners.toy import DEFAULT_LOSSES
+    from keel.eval_alerts import (
+        MIN_HISTORY,
+        WINDOW,
+        build_corpus,
+        evaluate,
+        load_corpus,
+        save_corpus,
+    )
+    from server.alerts.backtest import DEFAULT_RULES, parse_rules
 
-    result = evaluate(args.losses or list(DEFAULT_LOSSES), args.lags, args.mismatch, args.seeds, args.steps, args.device, args.database_url)
-    print(f"corpus: {result['runs']} toy runs, {result['collapsing']} collapsing "
-          "(reward reached >= 0.5, then fell >= 0.2 below its running peak)")
-    print(result["text"])
-    if not result["rlwatch_available"]:
-        print("(rlwatch is not installed: pip install rlwatch to compare)")
-    timings = result["timings_s"]
-    print(f"time: corpus {timings['corpus']:.0f} s, replay through ingest + alert engine {timings['keel_replay']:.0f} s")
+    rules = list(DEFAULT_RULES)
+    if args.rules:
+        with open(args.rules, encoding="utf-8") as handle:
+            rules = parse_rules(handle.read())
+    corpora = []
+    if args.corpus:
+        corpora = [(path, load_corpus(path)) for path in args.corpus]
+    else:
+        import torch
+
+        from learners.toy import DEFAULT_LOSSES
+        from learners.toy_cli import idle_cores, keep_freed_memory
+
+        torch.set_num_threads(args.threads or idle_cores())
+        keep_freed_memory()
+        started = time.perf_counter()
+        corpus = build_corpus(args.losses or list(DEFAULT_LOSSES), args.lags, args.mismatch, args.seeds, args.steps, args.device)
+        print(f"toy corpus built in {time.perf_counter() - started:.0f} s")
+        if args.save_corpus:
+            save_corpus(corpus, args.save_corpus)
+        corpora = [("toy grid", corpus)]
+    print(f"scoring: a hit is a firing in the {WINDOW} steps before the collapse; collapses before step "
+          f"{MIN_HISTORY} are scored apart (no hist.); FA = runs that never collapsed but fired")  # fmt: skip
+    results = []
+    for name, corpus in corpora:
+        result = evaluate(corpus, rules, details=args.details, rlwatch=not args.no_rlwatch)
+        print(f"\n== {name}: {result['runs']} runs, {result['collapsing']} collapsing "
+              "(reward reached >= 0.5, then fell >= 0.2 below its running peak)")  # fmt: skip
+        print(result["text"])
+        for line in result.get("details", []):
+            print(line)
+        if not result["rlwatch_available"] and not args.no_rlwatch:
+            print("(rlwatch is not installed: pip install rlwatch to compare)")
+        results.append({"corpus": name, **{k: v for k, v in result.items() if k != "text"}})
     if args.json:
         with open(args.json, "w") as handle:
-            json.dump({k: v for k, v in result.items() if k != "text"}, handle, indent=2)
+            json.dump(results, handle, indent=2)
     return 0
 
 
 COMMANDS = {
-    "eval-alerts": ("Score critical alerts on a labelled corpus of toy runs, beside rlwatch.", _add_eval_alerts, _eval_alerts),
+    "eval-alerts": ("Score the alert rules on a labelled corpus (toy grid or a corpus file), beside rlwatch.", _add_eval_alerts, _eval_alerts),
+    "backtest": ("Replay stored runs through rules: where would each have fired?", _add_backtest, _backtest),
     "demo": ("Serve on the embedded database and stream a live A/B experiment of toy runs.", _add_demo, _demo),
 }

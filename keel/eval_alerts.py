@@ -1,32 +1,67 @@
-"""`keel eval-alerts`: score critical alerts on a labelled corpus of toy runs.
+"""`keel eval-alerts`: score the alert rules on a labelled corpus: a backtest plus labels.
 
-The corpus is the toy grid (learners.toy). A run *collapses* when its
-reward reached >= 0.5 and later fell >= 0.2 below its running peak; the
-collapse step is the first such step. Every run is replayed through the real
-ingest websocket of an in-process server (so the real alert engine with the
-default rules evaluates it), and the first critical alert of each run is
-compared with the label:
+A corpus is a list of runs, each with its config, its per-step series and a
+collapse label: the toy grid (learners.toy) built on the spot, or a JSON file
+(`--corpus`: one saved with `--save-corpus`, or the real-learner corpus of
+`keel lm-grid --json`). A run *collapses* when its reward reached >= 0.5 and
+later fell >= 0.2 below its running peak; the collapse step is the first such
+step (lm-grid labels the 10-step trailing mean of the reward the same way).
 
-- recall: collapsing runs with a critical alert fired before the collapse step;
-- lead: collapse step minus that alert's step (median over the recalled runs);
-- false alarms: runs that never collapse but got a critical alert.
+Every run goes through `server.alerts.backtest` (the engine's own detectors and
+lifecycle, in-process), and each rule's firing steps are scored (docs/alerts.md,
+"How good are the critical alerts?"):
 
-rlwatch's default detectors are fed the same series in the same invocation.
+- a collapse at step c >= MIN_HISTORY is a *hit* when the rule fired in
+  [c - WINDOW, c); lead = c - the first such firing; recall and the median lead
+  are over these collapses only;
+- a firing before c - WINDOW on a collapsing run is an *early false alarm* (the
+  run was healthy then);
+- a stable run with any firing is a *false alarm*, counted apart for losses
+  that bound their coefficient and for those that do not (UNBOUNDED_LOSSES),
+  and as firings per 1,000 stable run-steps;
+- a collapse before MIN_HISTORY has no history to learn a baseline from: it is
+  reported apart ("no history") and left out of recall and lead.
+
+The scoring of earlier versions (a hit is any firing before the collapse, a
+false alarm any firing on a stable run) is printed beside it. rlwatch's default
+detectors are fed the same series in the same invocation.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import statistics
-import tempfile
 import time
-import uuid
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from server.alerts.backtest import backtest
+from server.alerts.rules import DEFAULT_RULES, RuleSpec
+from trainer_hooks.protocol import Row
+
+__all__ = [
+    "CorpusRun",
+    "Score",
+    "build_corpus",
+    "collapse_step",
+    "evaluate",
+    "format_scores",
+    "load_corpus",
+    "rule_firings",
+    "save_corpus",
+    "score",
+]
+
+WINDOW = 150
+"""A firing counts for a collapse when it comes at most this many steps before it."""
+MIN_HISTORY = 50
+"""A collapse before this step is scored apart: no detector can have a baseline by then."""
+UNBOUNDED_LOSSES = frozenset({"importance_sampling", "ppo", "dro", "gspo", "flash_reinforce"})
+"""Losses whose per-token coefficient is not bounded (docs/losses.md): the ratio itself
+(IS), PPO's and GSPO's negative-advantage hole, DRO's −β·ℓ, FlashREINFORCE's sg(r)."""
+WARNING_RULE = "mismatch climbing"
 REPLAYED_KEYS = (
     "reward/mean", "reward/std", "mismatch/kl", "mismatch/ratio_max", "mismatch/ess_frac",
     "gate/frac", "grad/norm", "loss/total", "policy/entropy",
@@ -40,17 +75,56 @@ class CorpusRun:
     series: dict[str, list[float]]
     collapse_step: int | None
 
+    @property
+    def steps(self) -> int:
+        return len(self.series.get("reward/mean", []))
+
+    @property
+    def unbounded(self) -> bool:
+        return str(self.config.get("loss")) in UNBOUNDED_LOSSES
+
+    def rows(self) -> list[Row]:
+        length = max((len(values) for values in self.series.values()), default=0)
+        return [
+            Row(step=step, time=None, values={key: values[step] for key, values in self.series.items() if step < len(values)})
+            for step in range(length)
+        ]
+
 
 @dataclass
 class Score:
     detector: str
-    recall: float
-    recalled: int
     collapsing: int
+    """Collapses with history (at step >= MIN_HISTORY)."""
+    hits: int
+    recall: float
     median_lead: float | None
-    false_alarm_rate: float
-    false_alarms: int
-    stable: int
+    early_false_alarms: int
+    """Collapsing runs with a firing before their window."""
+    no_history: int
+    no_history_fired: int
+    """Collapses before MIN_HISTORY, and how many of them had a firing before the collapse."""
+    stable_bounded: int
+    false_alarms_bounded: int
+    stable_unbounded: int
+    false_alarms_unbounded: int
+    unbounded_rate_with_early: float
+    """(stable unbounded runs with a firing + unbounded collapsing runs with an early one) /
+    (stable unbounded runs + unbounded collapsing runs)."""
+    firings_per_1k_stable_steps: float
+    firings_before_history: int
+    """Firings at a step < MIN_HISTORY on any run (a detector without a baseline)."""
+    leads: list[int] = field(default_factory=list)
+    old: dict[str, Any] = field(default_factory=dict)
+    """The scoring of earlier versions: recall (any firing before the collapse), lead, false alarms."""
+
+    @property
+    def fa_bounded_rate(self) -> float:
+        return self.false_alarms_bounded / self.stable_bounded if self.stable_bounded else math.nan
+
+    @property
+    def fa_unbounded_rate(self) -> float:
+        return self.false_alarms_unbounded / self.stable_unbounded if self.stable_unbounded else math.nan
 
 
 def collapse_step(rewards: Sequence[float], reach: float = 0.5, drop: float = 0.2) -> int | None:
@@ -62,159 +136,235 @@ def collapse_step(rewards: Sequence[float], reach: float = 0.5, drop: float = 0.
     return None
 
 
-def build_corpus(losses: Sequence[str], lags: Sequence[int], mismatches: Sequence[str], seeds: Sequence[int], steps: int, device: str) -> list[CorpusRun]:
-    from trainer_hooks.toy import ToyConfig, grid_specs, simulate
+def _mismatch_level(name: str) -> str:
+    """A level of learners.toy, or "SIGMA/FRACTION" (e.g. 0.15/0.01), registered under that name."""
+    from learners.toy import MISMATCH_LEVELS, MismatchLevel
 
-    specs = grid_specs(losses=losses, lags=lags, mismatches=mismatches, seeds=seeds)
+    if name not in MISMATCH_LEVELS:
+        try:
+            sigma, fraction = (float(part) for part in name.split("/"))
+        except ValueError:
+            raise ValueError(f"mismatch {name!r}: one of {sorted(MISMATCH_LEVELS)} or SIGMA/FRACTION") from None
+        MISMATCH_LEVELS[name] = MismatchLevel(sigma, fraction)
+    return name
+
+
+def build_corpus(losses: Sequence[str], lags: Sequence[int], mismatches: Sequence[str], seeds: Sequence[int], steps: int, device: str) -> list[CorpusRun]:
+    from learners.toy import ToyConfig, grid_specs, simulate
+
+    levels = [_mismatch_level(name) for name in mismatches]
+    specs = grid_specs(losses=losses, lags=lags, mismatches=levels, seeds=seeds)
     result = simulate(specs, ToyConfig(steps=steps), device=device, keep_history=True)
     assert result.history is not None
     history = {key: result.history[key].cpu().tolist() for key in REPLAYED_KEYS if key in result.history}
     corpus = []
     for index, spec in enumerate(specs):
         series = {key: values[index] for key, values in history.items()}
-        corpus.append(
-            CorpusRun(
-                name=spec.name,
-                config={"loss": spec.loss, "lag": spec.lag, "mismatch": spec.mismatch, "seed": spec.seed},
-                series=series,
-                collapse_step=collapse_step(series["reward/mean"]),
-            )
-        )
+        config = {"loss": spec.loss, "lag": spec.lag, "mismatch": spec.mismatch, "seed": spec.seed}
+        corpus.append(CorpusRun(spec.name, config, series, collapse_step(series["reward/mean"])))
     return corpus
 
 
-def score(detector: str, corpus: Sequence[CorpusRun], first_alerts: Sequence[int | None]) -> Score:
-    leads, recalled, false_alarms = [], 0, 0
-    collapsing = sum(run.collapse_step is not None for run in corpus)
-    for run, fired in zip(corpus, first_alerts, strict=True):
-        if run.collapse_step is None:
-            false_alarms += fired is not None
-        elif fired is not None and fired < run.collapse_step:
-            recalled += 1
-            leads.append(run.collapse_step - fired)
-    stable = len(corpus) - collapsing
-    return Score(
-        detector=detector,
-        recall=recalled / collapsing if collapsing else math.nan,
-        recalled=recalled,
-        collapsing=collapsing,
-        median_lead=statistics.median(leads) if leads else None,
-        false_alarm_rate=false_alarms / stable if stable else math.nan,
-        false_alarms=false_alarms,
-        stable=stable,
-    )
+def load_corpus(path: str) -> list[CorpusRun]:
+    """A corpus file: {"runs": [{name, config (or lm-grid's spec), series, collapse_step}]}."""
+    with open(path, encoding="utf-8") as handle:
+        data = json.load(handle)
+    runs = data["runs"] if isinstance(data, dict) else data
+    corpus = []
+    for run in runs:
+        series = {key: [math.nan if v is None else float(v) for v in values] for key, values in run["series"].items()}
+        label = run["collapse_step"] if "collapse_step" in run else collapse_step(series["reward/mean"])
+        corpus.append(CorpusRun(run["name"], dict(run.get("config") or run.get("spec") or {}), series, label))
+    return corpus
 
 
-# -- Keel: replay through the real ingest path ---------------------------------------
+def save_corpus(corpus: Sequence[CorpusRun], path: str) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump({"runs": [asdict(run) for run in corpus]}, handle)
 
 
-async def _stream(ws_url: str, run: CorpusRun, run_id: str, rows_per_frame: int) -> None:
-    from websockets.asyncio.client import connect
-
-    from trainer_hooks.protocol import Row, RunInfo, finish_message, hello_message, points_message
-
-    steps = len(run.series["reward/mean"])
-    info = RunInfo(id=run_id, name=run.name, project="eval-alerts", group=run.config["loss"], config=run.config, tags=["eval"])
-    async with connect(f"{ws_url}/api/v1/ingest", max_size=None) as ws:
-        await ws.send(json.dumps(hello_message(info)))
-        json.loads(await ws.recv())
-        frames = 0
-        for seq, start in enumerate(range(0, steps, rows_per_frame)):
-            rows = [
-                Row(step=step, time=None, values={key: values[step] for key, values in run.series.items()})
-                for step in range(start, min(steps, start + rows_per_frame))
-            ]
-            await ws.send(json.dumps(points_message(seq, rows)))
-            frames += 1
-        for _ in range(frames):
-            assert json.loads(await ws.recv())["type"] == "ack"
-        await ws.send(json.dumps(finish_message("finished")))
-        assert json.loads(await ws.recv())["type"] == "bye"  # every frame evaluated by now
+# -- firings ---------------------------------------------------------------------------
 
 
-async def _replay_all(ws_url: str, corpus: Sequence[CorpusRun], run_ids: Sequence[str], concurrency: int) -> None:
-    gate = asyncio.Semaphore(concurrency)
-
-    async def one(run: CorpusRun, run_id: str) -> None:
-        async with gate:
-            await _stream(ws_url, run, run_id, rows_per_frame=50)
-
-    await asyncio.gather(*(one(run, run_id) for run, run_id in zip(corpus, run_ids, strict=True)))
-
-
-def keel_first_alerts(corpus: Sequence[CorpusRun], database_url: str | None = None, concurrency: int = 8) -> list[int | None]:
-    import httpx
-
-    from keel.local import LocalServer
-
-    with tempfile.TemporaryDirectory(prefix="keel-eval-") as tmp:
-        with LocalServer(database_url or f"sqlite:///{tmp}/eval.db", silence_check_s=3600) as server:
-            run_ids = [str(uuid.uuid4()) for _ in corpus]
-            asyncio.run(_replay_all(server.ws_url, corpus, run_ids, concurrency))
-            alerts = httpx.get(f"{server.url}/api/v1/alerts", params={"severity": "critical", "limit": 10_000}, timeout=60).json()
-    first: dict[str, int] = {}
-    for alert in alerts:
-        if alert["fired_step"] is not None:
-            first[alert["run_id"]] = min(first.get(alert["run_id"], alert["fired_step"]), alert["fired_step"])
-    return [first.get(run_id) for run_id in run_ids]
+def rule_firings(corpus: Sequence[CorpusRun], rules: Sequence[RuleSpec]) -> dict[str, list[list[int]]]:
+    """Per rule name, per run: the steps where the rule fired (the backtest of every run)."""
+    out: dict[str, list[list[int]]] = {rule.name: [] for rule in rules}
+    for run in corpus:
+        for result in backtest(rules, run.rows()):
+            out[result.rule.name].append(result.fired_steps)
+    return out
 
 
-# -- rlwatch: the peer's default detectors on the same series ---------------------------
+def critical_firings(corpus: Sequence[CorpusRun], rules: Sequence[RuleSpec]) -> tuple[list[list[int]], dict[str, list[list[int]]]]:
+    """The union of the critical rules' firing steps per run, and every rule's own."""
+    per_rule = rule_firings(corpus, rules)
+    critical = [rule.name for rule in rules if rule.severity == "critical"]
+    union = [sorted({step for name in critical for step in per_rule[name][index]}) for index in range(len(corpus))]
+    return union, per_rule
 
 
-def rlwatch_first_alerts(corpus: Sequence[CorpusRun]) -> list[int | None] | None:
+def rlwatch_firings(corpus: Sequence[CorpusRun]) -> list[list[int]] | None:
+    """Steps where rlwatch's default detectors raised a critical alert, per run (None: not installed)."""
     try:
         from rlwatch.config import RLWatchConfig
         from rlwatch.detectors import DetectorSuite
     except ImportError:
         return None
-    out: list[int | None] = []
+    out: list[list[int]] = []
     for run in corpus:
         suite = DetectorSuite(RLWatchConfig())
-        fired = None
         s = run.series
-        for step in range(len(s["reward/mean"])):
+        fired = []
+        for step in range(run.steps):
             alerts = suite.check_step(
                 step,
                 entropy=s["policy/entropy"][step] if "policy/entropy" in s else None,
                 kl_divergence=s["mismatch/kl"][step],
                 reward_mean=s["reward/mean"][step],
                 reward_std=s["reward/std"][step],
-                loss=s["loss/total"][step],
+                loss=s["loss/total"][step] if "loss/total" in s else None,
                 grad_norm=s["grad/norm"][step],
             )
             if any(alert.severity == "critical" for alert in alerts):
-                fired = step
-                break
+                fired.append(step)
         out.append(fired)
     return out
 
 
+# -- scoring ---------------------------------------------------------------------------
+
+
+def score(detector: str, corpus: Sequence[CorpusRun], firings: Sequence[Sequence[int]]) -> Score:
+    leads: list[int] = []
+    hits = early = no_history = no_history_fired = before_history = 0
+    stable = {True: 0, False: 0}
+    false_alarms = {True: 0, False: 0}
+    unbounded_collapsing = unbounded_early = 0
+    stable_steps = stable_firings = 0
+    old_leads: list[int] = []
+    old_fired_stable = 0
+    for run, fired in zip(corpus, firings, strict=True):
+        before_history += sum(step < MIN_HISTORY for step in fired)
+        c = run.collapse_step
+        if c is None:
+            stable[run.unbounded] += 1
+            false_alarms[run.unbounded] += bool(fired)
+            stable_steps += run.steps
+            stable_firings += len(fired)
+            old_fired_stable += bool(fired)
+            continue
+        if fired and fired[0] < c:
+            old_leads.append(c - fired[0])
+        if c < MIN_HISTORY:
+            no_history += 1
+            no_history_fired += any(step < c for step in fired)
+            continue
+        in_window = [step for step in fired if c - WINDOW <= step < c]
+        if in_window:
+            hits += 1
+            leads.append(c - in_window[0])
+        was_early = any(step < c - WINDOW for step in fired)
+        early += was_early
+        if run.unbounded:
+            unbounded_collapsing += 1
+            unbounded_early += was_early
+    collapsing = sum(run.collapse_step is not None and run.collapse_step >= MIN_HISTORY for run in corpus)
+    all_collapsing = sum(run.collapse_step is not None for run in corpus)
+    all_stable = stable[True] + stable[False]
+    unbounded_base = stable[True] + unbounded_collapsing
+    return Score(
+        detector=detector,
+        collapsing=collapsing,
+        hits=hits,
+        recall=hits / collapsing if collapsing else math.nan,
+        median_lead=statistics.median(leads) if leads else None,
+        early_false_alarms=early,
+        no_history=no_history,
+        no_history_fired=no_history_fired,
+        stable_bounded=stable[False],
+        false_alarms_bounded=false_alarms[False],
+        stable_unbounded=stable[True],
+        false_alarms_unbounded=false_alarms[True],
+        unbounded_rate_with_early=(false_alarms[True] + unbounded_early) / unbounded_base if unbounded_base else math.nan,
+        firings_per_1k_stable_steps=1000 * stable_firings / stable_steps if stable_steps else math.nan,
+        firings_before_history=before_history,
+        leads=sorted(leads),
+        old={
+            "recall": len(old_leads) / all_collapsing if all_collapsing else math.nan,
+            "recalled": len(old_leads),
+            "collapsing": all_collapsing,
+            "median_lead": statistics.median(old_leads) if old_leads else None,
+            "false_alarm_rate": old_fired_stable / all_stable if all_stable else math.nan,
+            "false_alarms": old_fired_stable,
+            "stable": all_stable,
+        },
+    )
+
+
+def _ratio(count: int, total: int) -> str:
+    return f"{count}/{total} ({count / total:.0%})" if total else "-"
+
+
 def format_scores(scores: Sequence[Score]) -> str:
-    lines = [f"{'detector':28s} {'recall':>14s} {'median lead':>12s} {'false alarms':>18s}"]
+    header = (
+        f"{'detector':30s} {'recall':>14s} {'med. lead':>9s} {'early FA':>8s} {'FA bounded':>14s} "
+        f"{'FA unbounded':>14s} {'+early':>6s} {'/1k st.':>7s} {'<50':>4s} {'no hist.':>8s}"
+    )
+    lines = [header]
     for s in scores:
-        lead = "-" if s.median_lead is None else f"{s.median_lead:g} steps"
+        lead = "-" if s.median_lead is None else f"{s.median_lead:g}"
         lines.append(
-            f"{s.detector:28s} {s.recall:>7.0%} ({s.recalled:>2d}/{s.collapsing:<2d}) {lead:>12s} "
-            f"{s.false_alarm_rate:>8.1%} ({s.false_alarms:>3d}/{s.stable:<3d})"
+            f"{s.detector:30s} {_ratio(s.hits, s.collapsing):>14s} {lead:>9s} {s.early_false_alarms:>8d} "
+            f"{_ratio(s.false_alarms_bounded, s.stable_bounded):>14s} {_ratio(s.false_alarms_unbounded, s.stable_unbounded):>14s} "
+            f"{s.unbounded_rate_with_early:>6.0%} {s.firings_per_1k_stable_steps:>7.2f} {s.firings_before_history:>4d} "
+            f"{s.no_history_fired:>3d}/{s.no_history:<4d}"
+        )
+    lines.append("")
+    lines.append("old scoring (hit: any firing before the collapse; false alarm: any firing on a stable run):")
+    for s in scores:
+        o = s.old
+        lead = "-" if o["median_lead"] is None else f"{o['median_lead']:g} steps"
+        lines.append(
+            f"{s.detector:30s} recall {_ratio(o['recalled'], o['collapsing']):>14s}  lead {lead:>10s}  "
+            f"false alarms {_ratio(o['false_alarms'], o['stable'])}"
         )
     return "\n".join(lines)
 
 
-def evaluate(losses: Sequence[str], lags: Sequence[int], mismatches: Sequence[str], seeds: Sequence[int], steps: int, device: str, database_url: str | None) -> dict[str, Any]:
+def false_alarm_runs(corpus: Sequence[CorpusRun], firings: Sequence[Sequence[int]]) -> list[str]:
+    """One line per stable run that fired and per collapsing run that fired early or missed."""
+    lines = []
+    for run, fired in zip(corpus, firings, strict=True):
+        c = run.collapse_step
+        if c is None and fired:
+            lines.append(f"false alarm  {run.name}: fired at {fired[:5]}")
+        elif c is not None and c >= MIN_HISTORY:
+            early = [step for step in fired if step < c - WINDOW]
+            hit = any(c - WINDOW <= step < c for step in fired)
+            if early or not hit:
+                lines.append(f"{'early FA' if early else 'miss':12s} {run.name}: collapse {c}, fired at {fired[:5]}")
+    return lines
+
+
+def evaluate(corpus: Sequence[CorpusRun], rules: Sequence[RuleSpec] = DEFAULT_RULES, *, details: bool = False, rlwatch: bool = True) -> dict[str, Any]:
+    """Score the critical rules, the "mismatch climbing" warning and rlwatch on `corpus`."""
     started = time.perf_counter()
-    corpus = build_corpus(losses, lags, mismatches, seeds, steps, device)
-    built = time.perf_counter()
-    scores = [score("keel (critical alerts)", corpus, keel_first_alerts(corpus, database_url))]
+    critical, per_rule = critical_firings(corpus, rules)
+    scores = [score("keel critical", corpus, critical)]
+    if WARNING_RULE in per_rule:
+        scores.append(score(f"keel warning ({WARNING_RULE})", corpus, per_rule[WARNING_RULE]))
     replayed = time.perf_counter()
-    peer = rlwatch_first_alerts(corpus)
+    peer = rlwatch_firings(corpus) if rlwatch else None
     if peer is not None:
         scores.append(score("rlwatch 0.5 defaults (crit.)", corpus, peer))
-    return {
+    result: dict[str, Any] = {
         "runs": len(corpus),
         "collapsing": sum(run.collapse_step is not None for run in corpus),
         "scores": [asdict(s) for s in scores],
         "text": format_scores(scores),
         "rlwatch_available": peer is not None,
-        "timings_s": {"corpus": built - started, "keel_replay": replayed - built, "rlwatch": time.perf_counter() - replayed},
+        "timings_s": {"backtest": replayed - started, "rlwatch": time.perf_counter() - replayed},
     }
+    if details:
+        result["details"] = false_alarm_runs(corpus, critical)
+    return result

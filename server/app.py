@@ -16,6 +16,7 @@ from server.config import Settings
 from server.deps import get_services
 from server.ratelimit import client_key
 from server.routes import alerts as alert_routes
+from server.routes import backtest as backtest_routes
 from server.routes import health, login, runs, streams
 from server.services import running
 from server.serving import BodyDeadline
@@ -71,6 +72,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     api.include_router(runs.router)
     api.include_router(streams.router)
     api.include_router(alert_routes.router)
+    api.include_router(backtest_routes.router)
     app.include_router(api)
     app.include_router(health.router)
 

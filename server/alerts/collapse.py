@@ -1,45 +1,42 @@
-"""Collapse risk: is this run collapsing, or about to?
+"""Collapse risk: did an update just knock the policy somewhere it may not recover from?
 
-In off-policy RL the collapse mechanism is a gradient step far larger than the
-run's recent ones: a token the learner likes much more than the sampler did
-gets a huge, unbounded coefficient (importance sampling, PPO's negative-
-advantage hole) and knocks the shared weights somewhere they do not recover
-from. Losses that bound their coefficient (CISPO, TIS, MIS, REINFORCE) do not
-produce such steps, however heavy the ratio tail; losses that do, produce
-smaller ones first. So the detector watches the gradient norm against the
-run's own recent history, in log units:
+In off-policy RL a run collapses through one (or a few) gradient steps far larger than
+its recent ones: a token the learner likes much more than the sampler did gets an
+unbounded coefficient (importance sampling, PPO's negative-advantage hole) and the step
+moves the shared weights a long way. But healthy runs of the same losses take such steps
+too, and most of them do no harm: measured on the toy grid (docs/alerts.md), a spike's
+size alone does not tell the update that will cost 0.3 of reward from the one that costs
+0.05 and is recovered; a detector that pages on spikes pages on half the healthy
+importance-sampling and PPO runs.
 
-    excess_t =  log g_t - m_{t-1}
-    m_t      =  (1 - alpha) m_{t-1} + alpha log g_t            (EWMA level)
-    d_t      =  (1 - alpha) d_{t-1} + alpha |log g_t - m_{t-1}|  (EWMA spread)
+What does tell them apart is what the update did to the policy. When the sampler runs
+`lag` versions behind, the batches that follow a damaging update are still drawn from the
+healthy sampler, while the learner's log-probabilities are those of the damaged policy: the
+sampler–learner KL (`mismatch/kl`) jumps at once, by about how far the update moved the
+policy, and the reward (measured on the sampler's samples) only falls `lag` steps later.
+So the detector has two stages:
 
-and calls a step a spike when
+1. spike: log g_t - m_{t-1} > log(spike_factor) + dev_mult * d_{t-1}, with m and d EWMAs
+   (`alpha`) of the level and spread of log grad-norm over non-spike steps. A spike opens a
+   confirmation window of `confirm_steps` steps and freezes the KL level seen before it, k0.
+2. confirmation: within the window, KL_t - k0 > max(kl_jump, (kl_factor - 1) * k0): the
+   learner moved `kl_jump` nats (and `kl_factor` times its usual mismatch) away from the
+   policy that sampled the batch. Then it fires.
 
-    excess_t > log(spike_factor) + dev_mult * d_{t-1}            (any spike), or
-    excess_t > log(coupled_factor) + dev_mult * d_{t-1}          (coupled spike)
-               and log r_t - q_{t-1} > log(ratio_jump)
+The lead this gives is about `lag - 1` steps for a collapse caused by one update (the
+reward shows the damage `lag` steps after it), more when smaller damaging updates come
+first; with a synchronous sampler (lag 0) the damaged policy samples the very next batch,
+so there is nothing to see before the reward drops. A rule that pages on spikes alone
+would give more lead on some runs and page on most healthy ones; this one does not.
 
-where r_t is the largest importance ratio of the step (`mismatch/ratio_max`)
-and q its EWMA level in log units. A coupled spike is the gradient answering a
-jump in the ratio tail: direct evidence that the loss does not bound its
-coefficient, i.e. of the mechanism itself, so it counts at a lower bar than a
-spike with no ratio jump behind it (which may be the optimiser, a gated step
-or noise). A loss that bounds its coefficient shows no gradient response to
-ratio jumps, so the lower bar costs it nothing.
-
-None of the levels is updated on a spike (resp. a ratio jump), so a spike does
-not raise the bar for the next; the spread term keeps a run whose gradient norm
-is merely erratic (gated steps, oscillation) from looking like one that spikes.
-Zero gradients (every sample gated out) carry no information and are skipped.
-A collapse needs something to lose: while the smoothed reward has not risen
-`min_gain` times its initial per-sample spread above its initial level, spikes
-are reported as divergence, not collapse risk. A spike (or a non-finite
-gradient) is a firing step; the rule's keep_firing_for holds the alert while
-spikes keep coming. The ratio tail and ESS at the spike are reported with it.
-
-What it cannot see: a collapse caused by one catastrophic update with no
-smaller spike before it fires on that update, one step ahead of the reward
-drop. Validated with `keel eval-alerts` (docs/alerts.md).
+Baseline: nothing fires until `warmup` gradient steps have built m and d (a non-finite
+gradient fires at once). A collapse needs something to lose: until `reward/mean`
+(EWMA, `reward_alpha`) has risen `min_gain` times its initial per-sample spread
+(`reward/std`) above its starting level, spikes are reported as divergence. Zero
+gradients (every sample gated out) are skipped; spikes do not move m or d, and the KL
+level is not updated inside a window. Without `mismatch/kl` there is no confirmation, and
+only a spike of `spike_only_factor` times the level fires. The ratio tail and ESS at the
+spike are reported with the alert.
 """
 
 from __future__ import annotations
@@ -54,31 +51,37 @@ from server.alerts.detectors import Detector, Signal, _positive
 class CollapseRisk(Detector):
     kind = "collapse_risk"
     defaults: ClassVar[dict[str, Any]] = {
-        "spike_factor": 2.5,
-        "coupled_factor": 1.5,
-        "ratio_jump": 10.0,
-        "dev_mult": 2.0,
-        "alpha": 0.1,
-        "warmup": 5,
+        "spike_factor": 4.0,
+        "dev_mult": 1.0,
+        "alpha": 0.05,
+        "warmup": 30,
+        "confirm_steps": 3,
+        "kl_jump": 1.5,
+        "kl_factor": 5.0,
+        "spike_only_factor": 100.0,
         "min_gain": 1.0,
         "reward_alpha": 0.3,
         "reward_key": "reward/mean",
         "reward_std_key": "reward/std",
+        "kl_key": "mismatch/kl",
         "ratio_key": "mismatch/ratio_max",
         "ess_key": "mismatch/ess_frac",
     }
 
     def validate(self) -> None:
-        _positive(self.params, "spike_factor", "coupled_factor", "ratio_jump", "alpha", "warmup", "reward_alpha")
-        if not 0 < self.params["alpha"] < 1 or self.params["spike_factor"] <= 1:
-            raise ValueError("alpha must be in (0, 1) and spike_factor > 1")
-        coupled, spike = self.params["coupled_factor"], self.params["spike_factor"]
-        if not 1 < coupled <= spike or self.params["ratio_jump"] <= 1:
-            raise ValueError("coupled_factor must be in (1, spike_factor] and ratio_jump > 1")
+        p = self.params
+        _positive(p, "spike_factor", "alpha", "warmup", "confirm_steps", "kl_jump", "kl_factor", "spike_only_factor", "reward_alpha")
+        if not 0 < p["alpha"] < 1 or not 0 < p["reward_alpha"] <= 1:
+            raise ValueError("alpha must be in (0, 1) and reward_alpha in (0, 1]")
+        if p["spike_factor"] <= 1 or p["kl_factor"] < 1 or p["spike_only_factor"] < p["spike_factor"]:
+            raise ValueError("spike_factor must be > 1, kl_factor >= 1 and spike_only_factor >= spike_factor")
         for name in ("dev_mult", "min_gain"):
-            value = self.params[name]
+            value = p[name]
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"parameter {name!r} must be a number >= 0")
+        for name in ("reward_key", "reward_std_key", "kl_key", "ratio_key", "ess_key"):
+            if not isinstance(p[name], str):
+                raise ValueError(f"parameter {name!r} must be a metric name")
 
     def _progressed(self, state: dict[str, Any], values: Mapping[str, float]) -> bool:
         """Has the run learned something it could lose? (Always true when no reward is logged.)"""
@@ -90,7 +93,7 @@ class CollapseRisk(Detector):
             smooth = (1 - p["reward_alpha"]) * smooth + p["reward_alpha"] * reward
             state["reward_smooth"] = smooth
             state["reward_peak"] = max(state.get("reward_peak", smooth), smooth)
-            if state.get("n", 0) <= p["warmup"]:
+            if state.get("start_count", 0) < 5:
                 spread = values.get(p["reward_std_key"])
                 state["start_sum"] = state.get("start_sum", 0.0) + reward
                 state["start_spread"] = state.get("start_spread", 0.0) + (spread if spread is not None and math.isfinite(spread) else 0.0)
@@ -101,21 +104,26 @@ class CollapseRisk(Detector):
         start, spread = state.get("start_sum", 0.0) / count, state.get("start_spread", 0.0) / count
         return bool(state["reward_peak"] - start >= p["min_gain"] * spread and state["reward_peak"] > start)
 
-    def _ratio_jump(self, state: dict[str, Any], values: Mapping[str, float]) -> bool:
-        """Is the ratio tail `ratio_jump` times above its recent level? (False when not logged.)"""
+    def _confirmed(self, state: dict[str, Any], step: int, kl: float | None) -> str | None:
+        """Within a spike's window: has the KL jumped away from its level before the spike?"""
         p = self.params
-        ratio = values.get(p["ratio_key"])
-        if ratio is None or not math.isfinite(ratio) or ratio <= 0.0:
-            return False
-        x = math.log(ratio)
-        level = state.get("ratio_level")
-        if level is None:
-            state["ratio_level"] = x
-            return False
-        if x - level > math.log(p["ratio_jump"]):
-            return True
-        state["ratio_level"] = (1 - p["alpha"]) * level + p["alpha"] * x
-        return False
+        if kl is None or step > state.get("window_until", -1):
+            return None
+        before = state["window_kl"]
+        if kl - before > max(p["kl_jump"], (p["kl_factor"] - 1) * before):
+            return (
+                f"{self.metric} spiked to {state['spike_value']:.4g} ({state['spike_factor']:.0f}x its recent level) "
+                f"at step {state['spike_step']}, and the learner has moved away from the sampler: "
+                f"{p['kl_key']} {kl:.3g} against {before:.3g} before the spike"
+            )
+        return None
+
+    def _track_kl(self, state: dict[str, Any], step: int, kl: float | None) -> None:
+        if kl is None or kl <= 0.0 or step <= state.get("window_until", -1):
+            return
+        x = math.log(kl)
+        level = state.get("kl_level")
+        state["kl_level"] = x if level is None else (1 - self.params["alpha"]) * level + self.params["alpha"] * x
 
     def update(self, state: dict[str, Any], step: int, values: Mapping[str, float]) -> Signal | None:
         grad = values.get(self.metric)
@@ -125,30 +133,40 @@ class CollapseRisk(Detector):
             return Signal(True, grad, f"{self.metric} is {grad} at step {step}")
         p = self.params
         progressed = self._progressed(state, values)
-        ratio_jump = self._ratio_jump(state, values)
-        if grad <= 0.0:
-            # No update this step (every sample gated out): nothing to compare.
-            return Signal(False, grad, "no gradient")
-        x = math.log(grad)
-        seen = state.get("n", 0)
-        state["n"] = seen + 1
-        mean = state.get("mean")
-        if mean is None:
-            state["mean"], state["dev"] = x, 0.0
-            return Signal(False, grad, "warming up")
-        dev = state["dev"]
-        excess, slack = x - mean, p["dev_mult"] * dev
-        spike = excess > math.log(p["spike_factor"]) + slack
-        coupled = ratio_jump and excess > math.log(p["coupled_factor"]) + slack
-        if seen >= p["warmup"] and (spike or coupled):
-            if not progressed:
-                return Signal(False, grad, "gradient spiking before the reward has moved (diverging, not collapsing)")
-            factor = math.exp(excess)
+        raw_kl = values.get(p["kl_key"])
+        kl = raw_kl if raw_kl is not None and math.isfinite(raw_kl) else None
+        if kl is not None:
+            state["kl_seen"] = True
+        confirmed = self._confirmed(state, step, kl)
+        message = confirmed or "stable"
+        spike_only = False
+        if grad > 0.0:  # zero: no update this step (every sample gated out), nothing to compare
+            x = math.log(grad)
+            seen = state.get("n", 0)
+            state["n"] = seen + 1
+            mean = state.get("mean")
+            if mean is None:
+                state["mean"], state["dev"] = x, 0.0
+            else:
+                excess = x - mean - p["dev_mult"] * state["dev"]
+                spike = excess > math.log(p["spike_factor"])
+                if spike and seen >= p["warmup"]:
+                    if step > state.get("window_until", -1):
+                        level = state.get("kl_level")
+                        state["window_kl"] = math.exp(level) if level is not None else (kl or 0.0)
+                    state["window_until"] = step + p["confirm_steps"]
+                    state["spike_step"], state["spike_value"], state["spike_factor"] = step, grad, math.exp(x - mean)
+                    spike_only = not state.get("kl_seen") and excess > math.log(p["spike_only_factor"])
+                    if spike_only:
+                        message = f"{self.metric} {grad:.4g} is {math.exp(x - mean):.0f}x its recent level ({p['kl_key']} not logged)"
+                if not spike:
+                    state["dev"] = (1 - p["alpha"]) * state["dev"] + p["alpha"] * abs(x - mean)
+                    state["mean"] = (1 - p["alpha"]) * mean + p["alpha"] * x
+        self._track_kl(state, step, kl)
+        active = (confirmed is not None or spike_only) and state.get("n", 0) > p["warmup"]
+        if active and not progressed:
+            return Signal(False, grad, "the policy jumped before the reward has moved (diverging, not collapsing)")
+        if active:
             context = [f"{key} {values[key]:.3g}" for key in (p["ratio_key"], p["ess_key"]) if key in values]
-            what = "its recent level" + ("" if spike else ", answering a jump in the ratio tail")
-            message = f"{self.metric} {grad:.4g} is {factor:.1f}x {what}"
             message += f" ({', '.join(context)})" if context else ""
-            return Signal(True, grad, message)
-        state["dev"] = (1 - p["alpha"]) * dev + p["alpha"] * abs(excess)
-        state["mean"] = (1 - p["alpha"]) * mean + p["alpha"] * x
-        return Signal(False, grad, "stable")
+        return Signal(active, grad, message if active else ("warming up" if state.get("n", 0) <= p["warmup"] else "stable"))

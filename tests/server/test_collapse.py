@@ -1,0 +1,128 @@
+"""The collapse-risk detector (server/alerts/collapse.py), step by step."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from server.alerts.collapse import CollapseRisk
+
+
+def _calm(n: int, seed: int = 0) -> list[dict[str, float]]:
+    """A learning run: reward up from 0.1, noisy slowly shrinking gradient, KL ~0.02."""
+    rng = random.Random(seed)
+    return [
+        {
+            "grad/norm": 0.9 * math.exp(-i / 150) * math.exp(rng.gauss(0, 0.15)),
+            "mismatch/kl": 0.02 * math.exp(rng.gauss(0, 0.2)),
+            "reward/mean": min(0.9, 0.1 + i / 50),
+            "reward/std": 0.1,
+        }
+        for i in range(n)
+    ]
+
+
+def _feed(det: CollapseRisk, state: dict, rows: list[dict[str, float]], start: int = 0) -> list[int]:
+    fired = []
+    for offset, row in enumerate(rows):
+        signal = det.update(state, start + offset, row)
+        if signal is not None and signal.active:
+            fired.append(start + offset)
+    return fired
+
+
+def test_a_spike_that_moved_the_policy_fires_one_that_did_not_stays_quiet() -> None:
+    det = CollapseRisk("grad/norm")
+    state = det.initial_state()
+    calm = _calm(300)
+    assert _feed(det, state, calm) == []
+    last = calm[-1]
+    # A 10x gradient step, and the KL of the next batches stays at its level: no page.
+    assert _feed(det, state, [{**last, "grad/norm": 10 * last["grad/norm"]}] + [last] * 5, start=300) == []
+    # A 10x step after which the learner is 3 nats from the sampler: fires on that KL.
+    spike = {**last, "grad/norm": 10 * last["grad/norm"], "mismatch/ratio_max": 400.0, "mismatch/ess_frac": 0.03}
+    moved = {**last, "mismatch/kl": 3.0, "mismatch/ratio_max": 400.0, "mismatch/ess_frac": 0.03}
+    assert det.update(state, 310, spike).active is False  # the step's own KL predates the update
+    signal = det.update(state, 311, moved)
+    assert signal.active
+    assert "spiked to" in signal.message and "at step 310" in signal.message and "ratio_max 400" in signal.message
+    # The spike did not move the gradient baseline, nor the KL level.
+    assert math.exp(state["kl_level"]) == pytest.approx(0.02, rel=0.3)
+    assert not det.update(state, 320, last).active
+
+
+def test_a_kl_jump_long_after_the_spike_or_without_one_does_not_fire() -> None:
+    det = CollapseRisk("grad/norm")
+    state = det.initial_state()
+    calm = _calm(200, seed=1)
+    _feed(det, state, calm)
+    last = calm[-1]
+    det.update(state, 200, {**last, "grad/norm": 10 * last["grad/norm"]})
+    # confirm_steps (3) later the window has closed.
+    assert _feed(det, state, [last] * 3, start=201) == []
+    assert not det.update(state, 204, {**last, "mismatch/kl": 3.0}).active
+    # A stale sampler's KL climbing on its own is the warning's business, not a page.
+    assert _feed(det, state, [{**last, "mismatch/kl": 5.0}] * 10, start=210) == []
+
+
+def test_kl_must_rise_relative_to_its_own_level_too() -> None:
+    det = CollapseRisk("grad/norm")
+    state = det.initial_state()
+    rows = [{**row, "mismatch/kl": 2.0} for row in _calm(200, seed=2)]  # a very stale sampler
+    _feed(det, state, rows)
+    last = rows[-1]
+    det.update(state, 200, {**last, "grad/norm": 10 * last["grad/norm"]})
+    assert not det.update(state, 201, {**last, "mismatch/kl": 4.0}).active  # +2 nats, but only 2x
+    assert det.update(state, 202, {**last, "mismatch/kl": 11.0}).active  # 5.5x
+
+
+def test_nothing_but_a_non_finite_gradient_fires_before_the_baseline() -> None:
+    det = CollapseRisk("grad/norm")
+    state = det.initial_state()
+
+    def pattern(rows: list[dict[str, float]], start: int) -> list[int]:
+        """Every other step a 50x gradient, and the step after it 5 nats of KL."""
+        fired = []
+        for i, row in enumerate(rows):
+            for step, values in ((start + 2 * i, {**row, "grad/norm": 50.0}), (start + 2 * i + 1, {**row, "mismatch/kl": 5.0})):
+                if det.update(state, step, values).active:
+                    fired.append(step)
+        return fired
+
+    rows = _calm(40, seed=3)
+    assert _feed(det, state, rows[:10]) == []
+    assert pattern(rows[10:20], 10) == [] and state["n"] == det.params["warmup"]  # 30 gradient steps: the baseline
+    assert pattern(rows[20:22], 30) == [31, 33]  # the same pattern, once there is a baseline
+    assert det.update(det.initial_state(), 0, {"grad/norm": math.inf}).active
+
+
+def test_without_mismatch_kl_only_a_huge_spike_fires() -> None:
+    det = CollapseRisk("grad/norm")
+    state = det.initial_state()
+    rows = [{k: v for k, v in row.items() if k != "mismatch/kl"} for row in _calm(200, seed=4)]
+    _feed(det, state, rows)
+    g = rows[-1]["grad/norm"]
+    assert not det.update(state, 200, {**rows[-1], "grad/norm": 20 * g}).active
+    assert det.update(state, 201, {**rows[-1], "grad/norm": 500 * g}).active
+
+
+def test_does_not_fire_before_the_reward_has_moved() -> None:
+    det = CollapseRisk("grad/norm")
+    state = det.initial_state()
+    flat = [{**row, "reward/mean": 0.1} for row in _calm(100, seed=5)]
+    _feed(det, state, flat)
+    last = flat[-1]
+    det.update(state, 100, {**last, "grad/norm": 10 * last["grad/norm"]})
+    signal = det.update(state, 101, {**last, "mismatch/kl": 3.0})
+    assert not signal.active and "diverging" in signal.message
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{"spike_factor": 1.0}, {"alpha": 1.0}, {"kl_factor": 0.5}, {"spike_only_factor": 2.0}, {"min_gain": -1}, {"kl_key": 3}],
+)
+def test_invalid_parameters_are_refused(params: dict) -> None:
+    with pytest.raises(ValueError):
+        CollapseRisk("grad/norm", params)
