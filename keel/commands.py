@@ -26,11 +26,15 @@ def keel_command(*args: str) -> list[str]:
 
 
 DEMO_ARMS = ("importance_sampling", "cispo")
+"""The toy A/B: an unbounded loss against a bounded one (lag 8, severe mismatch)."""
+LM_ARMS = ("ppo", "cispo")
+"""The real-network A/B (`keel lm`, docs/lm.md): PPO collapses at these settings, CISPO does not."""
+LM_SETTINGS = ("--lag", "8", "--sampler-dtype", "bf16", "--lr", "2e-3", "--clip", "0", "--digits", "4", "--steps", "500")
 
 
 def _add_demo(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8750)
-    parser.add_argument("--step-delay", type=float, default=0.15, help="seconds between toy steps")
+    parser.add_argument("--step-delay", type=float, default=0.15, help="seconds between toy and transformer steps")
     parser.add_argument("--database-url", default=None, help="default: a fresh ~/.keel/demo.db")
 
 
@@ -66,8 +70,28 @@ def _wait_for_runs(base: str, names: set[str], stop: threading.Event, timeout_s:
     return []
 
 
+def _demo_runs(base: str, round_index: int, step_delay: float) -> dict[str, list[str]]:
+    """The `keel` commands of one demo round, by run name: the toy A/B over three seeds and
+    the transformer A/B over two."""
+    seeds = [3 * round_index + s for s in range(3)]
+    runs: dict[str, list[str]] = {}
+    for loss in DEMO_ARMS:
+        for seed in seeds:
+            name = f"{loss}-lag8-severe-s{seed}"
+            runs[name] = ["sim", "--loss", loss, "--lag", "8", "--mismatch", "severe", "--seed", str(seed),
+                          "--steps", "600", "--step-delay", str(step_delay), "--server", base, "--name", name]
+    for loss in LM_ARMS:
+        for seed in seeds[:2]:
+            name = f"lm-{loss}-lag8-bf16-s{seed}"
+            runs[name] = ["lm", "--loss", loss, *LM_SETTINGS, "--seed", str(seed), "--step-delay", str(step_delay),
+                          "--group", f"lm-{loss}", "--server", base, "--name", name]
+    return runs
+
+
 def _demo(args: argparse.Namespace) -> int:
-    """Serve on the embedded database and stream an A/B experiment of toy runs, round after round."""
+    """Serve on the embedded database and stream A/B experiments, round after round: toy runs
+    (IS vs CISPO) and small transformers trained asynchronously on a stale bf16 sampler
+    (PPO vs CISPO)."""
     import subprocess
     from pathlib import Path
 
@@ -75,6 +99,7 @@ def _demo(args: argparse.Namespace) -> int:
 
     from server.app import create_app
     from server.config import Settings
+    from server.serving import uvicorn_config
 
     database_url = args.database_url
     if database_url is None:
@@ -83,7 +108,7 @@ def _demo(args: argparse.Namespace) -> int:
             leftover.unlink()
         database_url = f"sqlite:///{demo_db}"
     settings = Settings(database_url=database_url, port=args.port, stale_after_s=30)
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), host=settings.host, port=settings.port, log_level="warning"))
+    server = uvicorn.Server(uvicorn_config(create_app(settings), settings, log_level="warning"))
     children: list[subprocess.Popen[bytes]] = []
     stop = threading.Event()
 
@@ -94,26 +119,21 @@ def _demo(args: argparse.Namespace) -> int:
         base = settings.base_url
         round_index = 0
         while not stop.is_set():
-            seeds = [3 * round_index + s for s in range(3)]
+            runs = _demo_runs(base, round_index, args.step_delay)
             print(
-                f"keel demo: round {round_index + 1}: {' vs '.join(DEMO_ARMS)} at lag 8, severe mismatch, seeds {seeds}",
+                f"keel demo: round {round_index + 1}: toy {' vs '.join(DEMO_ARMS)} (lag 8, severe mismatch) and "
+                f"transformer {' vs '.join(LM_ARMS)} (lag 8, bf16 sampler), {len(runs)} runs",
                 flush=True,
             )
             children[:] = [
-                subprocess.Popen(
-                    keel_command("sim", "--loss", loss, "--lag", "8", "--mismatch", "severe",
-                     "--seed", str(seed), "--steps", "600", "--step-delay", str(args.step_delay), "--server", base,
-                     "--name", f"{loss}-lag8-severe-s{seed}"),
-                    stdout=subprocess.DEVNULL,
-                    preexec_fn=_die_with_parent,
-                )
-                for loss in DEMO_ARMS
-                for seed in seeds
+                subprocess.Popen(keel_command(*command), stdout=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+                for command in runs.values()
             ]
-            names = {f"{loss}-lag8-severe-s{seed}" for loss in DEMO_ARMS for seed in seeds}
-            run_ids = _wait_for_runs(base, names, stop)
-            if run_ids:
-                print(f"keel demo: compare live at {base}/compare?runs={','.join(run_ids)}", flush=True)
+            toy = {name for name in runs if not name.startswith("lm-")}
+            for label, names in (("toy", toy), ("transformer", set(runs) - toy)):
+                run_ids = _wait_for_runs(base, names, stop)
+                if run_ids:
+                    print(f"keel demo: {label} runs live at {base}/compare?runs={','.join(run_ids)}", flush=True)
             for child in children:
                 while child.poll() is None:
                     if stop.wait(0.5):

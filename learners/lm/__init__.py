@@ -1,0 +1,11 @@
+"""A small transformer policy trained asynchronously, streaming to Keel (`keel lm`, docs/lm.md).
+
+- `model`: the nanoGPT-style causal transformer (with a KV cache for the sampler).
+- `task`: sort digits, partial-credit reward in [0, 1].
+- `sampler`: the sampler thread on stale low-precision weights, recording log μ,
+  sequence ids and policy versions; `WeightBoard`, where the learner publishes.
+- `learner`: `LMConfig`, `learner_step` and `train`, the loop with the Keel lines.
+- `grid`: `keel lm-grid`, its table, lead times and labelled corpus.
+
+Nothing is imported here, so `import learners.lm.task` stays light.
+"""

@@ -1,0 +1,365 @@
+"""The learner: fp32 training on the sampler's batches, streaming to Keel.
+
+    board.publish(0, model); sampler.start()
+    for step in range(steps):
+        rollout = batches.get()                                # sampled by weights `rollout.version`
+        learner_logp_B_T = log π(rollout.tokens) in fp32       # the weights of version `step`
+        loss, gate = policy_loss(loss, learner_logp_B_T, rollout.sampler_logp_B_T, adv_B, mask_B_T)
+        backward, clip, AdamW step; board.publish(step + 1, model)
+        monitor.log_batch(step, rollout.sampler_logp_B_T, learner_logp_B_T, ...)   # keel
+
+The learner never recomputes log μ: the ratio it trains on and the mismatch Keel
+reports both come from the log-probabilities the sampler recorded. The lines
+marked `# keel:` are all a learner needs to add (docs/lm.md).
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from learners.lm.model import GPT, SIZES, GPTConfig
+from learners.lm.sampler import DTYPES, Rollout, Sampler, WeightBoard
+from learners.lm.task import VOCAB, SortTask
+from trainer_hooks.losses import (
+    LOSSES,
+    aggregation_weights,
+    compute_advantages,
+    loss_terms,
+    policy_loss,
+)
+from trainer_hooks.metrics import stability_metrics
+
+__all__ = [
+    "LMConfig",
+    "LMResult",
+    "MetricSink",
+    "Recorder",
+    "StepOutput",
+    "Tee",
+    "learner_step",
+    "run_config",
+    "train",
+]
+
+
+@dataclass(frozen=True)
+class LMConfig:
+    loss: str = "cispo"
+    """A key of trainer_hooks.losses.LOSSES."""
+    lag: int = 0
+    """How many versions the sampler may run behind the weights being trained."""
+    sampler_dtype: str = "bf16"
+    """bf16, fp16 or fp32: the dtype the sampler holds its weights in and computes with."""
+    device: str = "cpu"
+    """Sampler and learner both live here (cpu, cuda, cuda:N)."""
+    size: str = "tiny"
+    """A key of model.SIZES."""
+    steps: int = 600
+    """Learner steps (optimizer updates)."""
+    seed: int = 0
+    """Seeds the initial weights and the sampler's prompts and draws."""
+    lr: float = 1e-3
+    """AdamW learning rate."""
+    digits: int = 6
+    """Task difficulty: digits to sort."""
+    prompts: int = 16
+    """Prompts per batch."""
+    group: int = 8
+    """Samples per prompt; the advantage is the reward minus its group's mean (GRPO)."""
+    clip: float = 1.0
+    """Max gradient norm (0: no clipping). grad/norm is logged before clipping."""
+    step_delay: float = 0.0
+    """Sleep after each step, to watch a run live on a fast machine."""
+
+    @property
+    def name(self) -> str:
+        return f"{self.loss}-lag{self.lag}-{self.sampler_dtype}-s{self.seed}"
+
+    def check(self) -> None:
+        """Raise ValueError on a setting the loop cannot run."""
+        problems = []
+        if self.loss not in LOSSES:
+            problems.append(f"unknown loss {self.loss!r}; one of {', '.join(sorted(LOSSES))}")
+        if self.sampler_dtype not in DTYPES:
+            problems.append(f"sampler dtype must be one of {', '.join(DTYPES)}")
+        if self.size not in SIZES:
+            problems.append(f"size must be one of {', '.join(SIZES)}")
+        if self.lag < 0 or self.steps < 1 or self.prompts < 1 or self.group < 2:
+            problems.append("need lag >= 0, steps >= 1, prompts >= 1, group >= 2")
+        if not (1 <= self.digits <= 7):
+            problems.append("digits must be 1..7 (the model's context is 16 tokens)")
+        if not (self.lr > 0 and self.clip >= 0):
+            problems.append("need lr > 0 and clip >= 0")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
+class MetricSink(Protocol):
+    """What the loop logs to: a `trainer_hooks.Monitor`, a `Recorder`, or both (`Tee`)."""
+
+    def log_batch(
+        self,
+        step: int,
+        sampler_logprobs: Any,
+        learner_logprobs: Any,
+        mask: Any,
+        *,
+        metrics: Mapping[str, Any] | None = None,
+        rewards: Any = None,
+        advantages: Any = None,
+        gate_mask: Any = None,
+        logits: Any = None,
+        sampler_version: Any = None,
+        learner_version: Any = None,
+    ) -> None: ...
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None: ...
+
+
+class Recorder:
+    """Keeps every logged metric in memory, per step (the grid's corpus); computes on the spot."""
+
+    def __init__(self) -> None:
+        self.series: dict[str, list[float]] = {}
+
+    def log_batch(
+        self,
+        step: int,
+        sampler_logprobs: Any,
+        learner_logprobs: Any,
+        mask: Any,
+        *,
+        metrics: Mapping[str, Any] | None = None,
+        rewards: Any = None,
+        advantages: Any = None,
+        gate_mask: Any = None,
+        logits: Any = None,
+        sampler_version: Any = None,
+        learner_version: Any = None,
+    ) -> None:
+        values = stability_metrics(
+            sampler_logprobs, learner_logprobs, mask, rewards=rewards, advantages=advantages,
+            gate_mask=gate_mask, logits=logits, sampler_version=sampler_version,
+            learner_version=learner_version,
+        )  # fmt: skip
+        self.log(step, {**values, **(metrics or {})})
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        keys = list(metrics)
+        # One host copy per step for all the tensors, as the Monitor does.
+        floats = torch.stack([torch.as_tensor(metrics[k], dtype=torch.float64).cpu() for k in keys])
+        for key, value in zip(keys, floats.tolist(), strict=True):
+            column = self.series.setdefault(key, [])
+            column.extend([math.nan] * (step - len(column)))
+            column.append(value)
+
+
+class Tee:
+    """Log to several sinks."""
+
+    def __init__(self, *sinks: MetricSink) -> None:
+        self.sinks = sinks
+
+    def log_batch(
+        self,
+        step: int,
+        sampler_logprobs: Any,
+        learner_logprobs: Any,
+        mask: Any,
+        *,
+        metrics: Mapping[str, Any] | None = None,
+        rewards: Any = None,
+        advantages: Any = None,
+        gate_mask: Any = None,
+        logits: Any = None,
+        sampler_version: Any = None,
+        learner_version: Any = None,
+    ) -> None:
+        for sink in self.sinks:
+            sink.log_batch(
+                step, sampler_logprobs, learner_logprobs, mask, metrics=metrics, rewards=rewards,
+                advantages=advantages, gate_mask=gate_mask, logits=logits,
+                sampler_version=sampler_version, learner_version=learner_version,
+            )  # fmt: skip
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        for sink in self.sinks:
+            sink.log(step, metrics)
+
+
+@dataclass
+class LMResult:
+    rewards: list[float]
+    """reward/mean per step."""
+    wall_s: float
+    learner_tokens_per_s: float
+    """Answer tokens trained on per second of learner step (median step)."""
+    sampler_tokens_per_s: float
+    """Answer tokens generated per second of sampler batch (median batch)."""
+
+
+def run_config(config: LMConfig) -> dict[str, Any]:
+    """The run's config as Keel stores it."""
+    return {**asdict(config), "gate/unit": LOSSES[config.loss].unit, "task": "sort"}
+
+
+def train(
+    config: LMConfig,
+    monitor: MetricSink | None = None,
+    progress: Callable[[int, float], None] | None = None,
+) -> LMResult:
+    """Run `config` to the end, the sampler on its own thread; log every step to `monitor`.
+
+    `progress(step, reward)` is called every 100 steps (a host sync, only then).
+
+    Per-step keys (besides stability_metrics'): `grad/norm`, `loss/total`,
+    `loss/pg`, `loss/kl`, `perf/step_s`, `perf/tokens_per_s`,
+    `perf/sampler_tokens_per_s`, `perf/wait_s`, `provenance/seq_id_first`,
+    `provenance/seq_id_last`, `provenance/sampler_version`.
+    """
+    config.check()
+    device = torch.device(config.device)
+    task = SortTask(config.digits)
+    model_config = GPTConfig(**{**asdict(SIZES[config.size]), "vocab": VOCAB})
+    torch.manual_seed(config.seed)
+    model = GPT(model_config).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.0)
+
+    board = WeightBoard(DTYPES[config.sampler_dtype])
+    batches: queue.Queue[Rollout | BaseException] = queue.Queue()
+    sampler = Sampler(
+        model_config, task, board, batches,
+        lag=config.lag, prompts=config.prompts, group=config.group, device=device,
+        seed=config.seed + 1,
+    )  # fmt: skip
+    board.publish(0, model)
+    sampler.start()
+    rewards, step_s, sample_s = [], [], []
+    started = time.perf_counter()
+    try:
+        for step in range(config.steps):
+            waited = time.perf_counter()
+            rollout = _take(batches, device)
+            step_started = time.perf_counter()
+            out = learner_step(model, optimizer, rollout, config)
+            board.publish(step + 1, model)
+            elapsed = time.perf_counter() - step_started
+            tokens = out.learner_logp_B_T.numel()
+            if monitor is not None:
+                loss_pg, loss_kl = _loss_parts(config.loss, rollout, out)
+                monitor.log_batch(  # keel: the stability metrics of this batch
+                    step,
+                    rollout.sampler_logp_B_T,  # keel: recorded by the sampler, never recomputed
+                    out.learner_logp_B_T,  # keel: log π of the same tokens, fp32
+                    out.mask_B_T,
+                    rewards=rollout.rewards_B,
+                    advantages=out.adv_B,
+                    gate_mask=out.gate_mask,  # keel: gate/frac
+                    logits=out.logits_B_T_V,  # keel: exact policy/entropy
+                    sampler_version=rollout.version_B,  # keel: staleness/* from provenance
+                    learner_version=step,
+                    metrics={
+                        "grad/norm": out.grad_norm,
+                        "loss/total": out.loss,
+                        "loss/pg": loss_pg,
+                        "loss/kl": loss_kl,
+                        "perf/step_s": elapsed,
+                        "perf/tokens_per_s": tokens / elapsed,
+                        "perf/sampler_tokens_per_s": tokens / rollout.sample_s,
+                        "perf/wait_s": step_started - waited,
+                        "provenance/seq_id_first": rollout.seq_id_B[0],
+                        "provenance/seq_id_last": rollout.seq_id_B[-1],
+                        "provenance/sampler_version": rollout.version,
+                    },
+                )
+            rewards.append(rollout.rewards_B.mean())
+            step_s.append(elapsed)
+            sample_s.append(rollout.sample_s)
+            if progress is not None and (step + 1) % 100 == 0:
+                progress(step, float(rewards[-1]))
+            if config.step_delay > 0:
+                time.sleep(config.step_delay)
+    finally:
+        sampler.stop.set()
+        sampler.join(timeout=30)
+    batch_tokens = config.prompts * config.group * config.digits
+    return LMResult(
+        rewards=torch.stack(rewards).tolist(),  # one host sync, at the end
+        wall_s=time.perf_counter() - started,
+        learner_tokens_per_s=batch_tokens / _median(step_s),
+        sampler_tokens_per_s=batch_tokens / _median(sample_s),
+    )
+
+
+def _take(batches: queue.Queue[Rollout | BaseException], device: torch.device) -> Rollout:
+    item = batches.get()
+    if isinstance(item, BaseException):
+        raise RuntimeError("the sampler thread failed") from item
+    if device.type == "cuda":
+        stream = torch.cuda.current_stream(device)
+        for tensor in (item.seq_id_B, item.version_B, item.tokens_B_L, item.sampler_logp_B_T, item.rewards_B):
+            tensor.record_stream(stream)  # made on the sampler's stream, freed after use here
+    return item
+
+
+@dataclass
+class StepOutput:
+    """What one learner step computed; all detached."""
+
+    learner_logp_B_T: Tensor
+    """log π of the sampled answer tokens under the weights before the update, fp32."""
+    logits_B_T_V: Tensor
+    mask_B_T: Tensor
+    adv_B: Tensor
+    loss: Tensor
+    gate_mask: Tensor
+    grad_norm: Tensor
+    """Global L2 norm before clipping (non-finite kept)."""
+
+
+def learner_step(
+    model: GPT, optimizer: torch.optim.Optimizer, rollout: Rollout, config: LMConfig
+) -> StepOutput:
+    """One update on `rollout`: its recorded log μ go straight into the loss."""
+    digits = config.digits
+    tokens_B_L = rollout.tokens_B_L
+    logits_B_T_V = model(tokens_B_L[:, :-1])[:, digits:]  # position t predicts answer token t
+    learner_logp_B_T = (
+        logits_B_T_V.log_softmax(-1).gather(-1, tokens_B_L[:, digits + 1 :, None]).squeeze(-1)
+    )
+    mask_B_T = torch.ones_like(learner_logp_B_T, dtype=torch.bool)  # fixed-length answers
+    # FlashREINFORCE is defined with the batch baseline; the others use GRPO's group baseline.
+    mode = "batch" if config.loss == "flash_reinforce" else "group"
+    adv_B = compute_advantages(rollout.rewards_B, mode, config.group)
+    loss, gate_mask = policy_loss(
+        config.loss, learner_logp_B_T, rollout.sampler_logp_B_T, adv_B, mask_B_T
+    )
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    max_norm = config.clip if config.clip > 0 else math.inf
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)  # before clipping
+    optimizer.step()
+    return StepOutput(
+        learner_logp_B_T.detach(), logits_B_T_V.detach(), mask_B_T, adv_B, loss.detach(),
+        gate_mask, grad_norm,
+    )  # fmt: skip
+
+
+def _loss_parts(loss: str, rollout: Rollout, out: StepOutput) -> tuple[Tensor, Tensor]:
+    """loss/pg and loss/kl: the policy-gradient term and the penalty (zero for most losses)."""
+    terms = loss_terms(loss, out.learner_logp_B_T, rollout.sampler_logp_B_T, out.adv_B, out.mask_B_T)
+    weight_B_T = aggregation_weights(out.mask_B_T, LOSSES[loss].agg)
+    return -(weight_B_T * terms.pg_B_T).sum(), (weight_B_T * terms.penalty_B_T).sum()
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2] if ordered else math.nan

@@ -1,0 +1,219 @@
+"""`keel lm` (one asynchronous transformer learner, streamed live) and `keel lm-grid`.
+
+Standard library only at module level (keel/cli.py imports every command module
+to build the parser); torch is imported when a command runs. See docs/lm.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+_DEFAULT_LOSSES = "importance_sampling,ppo,cispo,tis,mis,stable_proxy,flash_reinforce,reinforce"
+_CLIMBERS = ("mismatch/kl", "mismatch/ratio_max", "mismatch/log_ratio_p99", "grad/norm")
+_HEADLINE = (
+    "mismatch/kl",
+    "mismatch/ratio_max",
+    "mismatch/log_ratio_p99",
+    "mismatch/ess_frac",
+    "grad/norm",
+    "gate/frac",
+)
+
+
+def _str_list(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(item) for item in _str_list(text)]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from exc
+
+
+def _idle_cores() -> int:
+    """Cores the 1-minute load average leaves idle, at least 1 (as `keel grid`)."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return os.cpu_count() or 1
+    return max(1, (os.cpu_count() or 1) - round(load))
+
+
+def _add_training(parser: argparse.ArgumentParser) -> None:
+    """The options `keel lm` and `keel lm-grid` share (defaults: learners.lm.LMConfig's)."""
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (sampler and learner)")
+    parser.add_argument("--size", choices=("tiny", "small"), default=None,
+                        help="model size (default: tiny on cpu, small on cuda)")  # fmt: skip
+    parser.add_argument("--steps", type=int, default=600, help="learner steps (default 600)")
+    parser.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
+    parser.add_argument("--digits", type=int, default=6, help="task: digits to sort (default 6)")
+    parser.add_argument("--prompts", type=int, default=16, help="prompts per batch (default 16)")
+    parser.add_argument("--samples", type=int, default=8, help="samples per prompt (default 8)")
+    parser.add_argument("--clip", type=float, default=1.0, help="max grad norm, 0: off (default 1)")
+    parser.add_argument("--project", default="default", help="Keel project of the runs")
+    parser.add_argument("--token", default=None, help="API token (default: $KEEL_TOKEN)")
+
+
+def _config(args: argparse.Namespace, **fields: Any) -> Any:
+    from learners.lm.learner import LMConfig
+
+    size = args.size or ("small" if args.device.startswith("cuda") else "tiny")
+    return LMConfig(
+        device=args.device, size=size, steps=args.steps, lr=args.lr, digits=args.digits,
+        prompts=args.prompts, group=args.samples, clip=args.clip, **fields,
+    )  # fmt: skip
+
+
+def _check_device(command: str, device: str) -> bool:
+    import torch
+
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        print(f"keel {command}: {device} requested but CUDA is not available", file=sys.stderr)
+        return False
+    return True
+
+
+# -- keel lm ---------------------------------------------------------------------------
+
+
+def _add_lm(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--loss", required=True, help="a loss of trainer_hooks.losses, e.g. cispo")
+    parser.add_argument("--lag", type=int, default=0, help="versions the sampler may run behind")
+    parser.add_argument("--sampler-dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
+    parser.add_argument("--seed", type=int, default=0)
+    _add_training(parser)
+    parser.add_argument("--step-delay", type=float, default=0.0, metavar="SECONDS",
+                        help="sleep after each step, to watch a fast run live")  # fmt: skip
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads per thread of the loop (default 1)")  # fmt: skip
+    parser.add_argument("--server", required=True, help="server URL, e.g. http://127.0.0.1:8750")
+    parser.add_argument("--name", default=None, help="run name (default {loss}-lag{lag}-{dtype}-s{seed})")
+    parser.add_argument("--group", default=None, help="run group (default: the loss)")
+
+
+def _lm(args: argparse.Namespace) -> int:
+    import torch
+
+    from learners.lm.learner import run_config, train
+    from trainer_hooks.monitor import Monitor
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    config = _config(
+        args, loss=args.loss, lag=args.lag, sampler_dtype=args.sampler_dtype, seed=args.seed,
+        step_delay=args.step_delay,
+    )  # fmt: skip
+    try:
+        config.check()
+    except ValueError as exc:
+        print(f"keel lm: {exc}", file=sys.stderr)
+        return 2
+    if not _check_device("lm", args.device):
+        return 2
+    torch.set_num_threads(max(1, args.threads))
+
+    def progress(step: int, reward: float) -> None:
+        print(f"step {step + 1:>5}  reward/mean {reward:.3f}", file=sys.stderr, flush=True)
+
+    name = args.name or config.name
+    with Monitor(
+        args.server, run_name=name, project=args.project, group=args.group or config.loss,
+        config=run_config(config), tags=("lm",), token=args.token,
+    ) as monitor:  # fmt: skip
+        result = train(config, monitor, progress=progress)
+    window = min(50, len(result.rewards))
+    start = statistics.fmean(result.rewards[:window])
+    end = statistics.fmean(result.rewards[-window:])
+    print(
+        f"keel lm: run {monitor.run_id} ({name}): reward/mean {start:.3f} -> {end:.3f} "
+        f"(first/last {window} steps) in {result.wall_s:.1f} s; learner "
+        f"{result.learner_tokens_per_s:,.0f} tokens/s, sampler {result.sampler_tokens_per_s:,.0f} tokens/s"
+    )
+    return 0 if monitor.finish() else 1
+
+
+# -- keel lm-grid ----------------------------------------------------------------------
+
+
+def _add_grid(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--losses", type=_str_list, default=_str_list(_DEFAULT_LOSSES),
+                        help=f"comma-separated (default: {_DEFAULT_LOSSES})")  # fmt: skip
+    parser.add_argument("--lags", type=_int_list, default=[0, 8], help="default: 0,8")
+    parser.add_argument("--dtypes", type=_str_list, default=["bf16", "fp32"],
+                        help="sampler dtypes (default: bf16,fp32)")  # fmt: skip
+    parser.add_argument("--seeds", type=_int_list, default=[0, 1, 2], help="default: 0,1,2")
+    _add_training(parser)
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="runs in parallel, one process each (default: idle cores / 2, >= 1)")  # fmt: skip
+    parser.add_argument("--json", metavar="PATH",
+                        help="write the corpus: every run's spec, per-step series and collapse label")  # fmt: skip
+    parser.add_argument("--server", default=None, help="also stream every run live to this server")
+
+
+def _grid(args: argparse.Namespace) -> int:
+    from learners.lm.grid import (
+        format_collapses,
+        format_leads,
+        format_table,
+        grid_configs,
+        mismatch_medians,
+        run_grid,
+    )
+
+    base = _config(args)
+    configs = grid_configs(base, args.losses, args.lags, args.dtypes, args.seeds)
+    try:
+        for config in configs:
+            config.check()
+    except ValueError as exc:
+        print(f"keel lm-grid: {exc}", file=sys.stderr)
+        return 2
+    if not configs or not _check_device("lm-grid", args.device):
+        return 2
+    # Each run is two busy threads (learner, sampler).
+    jobs = args.jobs or max(1, _idle_cores() // 2)
+    started = time.perf_counter()
+
+    def done(run: dict[str, Any]) -> None:
+        label = "stable" if run["collapse_step"] is None else f"collapsed at {run['collapse_step']}"
+        print(f"{run['name']:<36} final reward {run['final_reward']:.3f}  {label}  "
+              f"({run['wall_s']:.0f} s)", file=sys.stderr, flush=True)  # fmt: skip
+
+    runs = run_grid(configs, jobs=jobs, server=args.server, project=args.project,
+                    token=args.token, on_done=done)  # fmt: skip
+    wall_s = time.perf_counter() - started
+    print(format_table(runs), end="")
+    print(format_collapses(runs, _CLIMBERS), end="")
+    print(format_leads(runs, _CLIMBERS), end="")
+    medians = mismatch_medians(runs)
+    if "bf16" in medians and "fp32" in medians:
+        ratio = medians["bf16"] / medians["fp32"] if medians["fp32"] > 0 else math.inf
+        print(f"mismatch/kl at lag 0, median over steps >= 50: bf16 {medians['bf16']:.3g}, "
+              f"fp32 {medians['fp32']:.3g}, ratio {ratio:.3g}")  # fmt: skip
+    print(f"{len(runs)} runs x {args.steps} steps in {wall_s:.0f} s, {jobs} at a time")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump({"wall_s": wall_s, "keys_headline": list(_HEADLINE), "runs": runs}, handle)
+    return 0
+
+
+COMMANDS = {
+    "lm": (
+        "Train a small transformer policy asynchronously (stale bf16 sampler, fp32 learner), live.",
+        _add_lm,
+        _lm,
+    ),
+    "lm-grid": (
+        "Run keel lm over losses x lags x sampler dtypes x seeds; table, lead times, corpus.",
+        _add_grid,
+        _grid,
+    ),
+}
