@@ -113,7 +113,46 @@ def _token(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_prune(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--older-than", type=float, required=True, metavar="DAYS", help="runs that ended and sent nothing for this many days")
+    parser.add_argument("--project", default=None, help="only this project's runs")
+    parser.add_argument("--dry-run", action="store_true", help="list the runs, delete nothing")
+    _add_database_url(parser)
+
+
+def _prune(args: argparse.Namespace) -> int:
+    """Retention: delete ended runs older than --older-than, in batches that never stall ingest."""
+    import asyncio
+
+    from server import db
+    from server.retention import delete_run, prunable_runs
+    from server.storage import Store
+
+    if args.older_than < 0:
+        print("keel prune: --older-than must be >= 0 days")
+        return 2
+    settings = _settings(args)
+    db.upgrade(settings.database_url)
+
+    async def prune() -> int:
+        store = Store(db.create_engine(settings.database_url))
+        try:
+            runs = await prunable_runs(store, older_than_s=args.older_than * 86400, project=args.project)
+            for run in runs:
+                points = 0 if args.dry_run else await delete_run(store, run.id)
+                verb = "would delete" if args.dry_run else f"deleted ({points} points)"
+                print(f"keel prune: {verb} run {run.name!r} ({run.id}, {run.project}, {run.status})", flush=True)
+            return len(runs)
+        finally:
+            await store.engine.dispose()
+
+    count = asyncio.run(prune())
+    print(f"keel prune: {count} run(s) {'found' if args.dry_run else 'deleted'}")
+    return 0
+
+
 COMMANDS = {
+    "prune": ("Delete runs that ended long ago (retention), without stalling ingest.", _add_prune, _prune),
     "token": ("Create an API token (printed once).", _add_token, _token),
     "serve": ("Run the Keel server (ingest, API, dashboard).", _add_serve, _serve),
     "db": ("Database maintenance (migrations).", _add_db, _db),

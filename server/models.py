@@ -12,6 +12,7 @@ from sqlalchemy import (
     ForeignKey,
     Integer,
     MetaData,
+    SmallInteger,
     String,
     UniqueConstraint,
 )
@@ -89,6 +90,33 @@ class Point(Base):
     step: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     value: Mapped[float | None] = mapped_column(Double)
     wall_time: Mapped[float] = mapped_column(Double)
+
+
+class PointRollup(Base):
+    """The points of one series in one aligned block of steps, summarised: what a bucketed read
+    needs (min, max, NaNs, last step) without visiting the points.
+
+    A block of `level` L holds steps [block * 16**L, (block + 1) * 16**L); its summary is that
+    of its 16 children (level L-1 blocks, level 0 being the points themselves), recomputed from
+    them whenever one of them gains a point, so it always agrees with the stored points.
+    """
+
+    __tablename__ = "point_rollups"
+    __table_args__ = {"sqlite_with_rowid": False}
+
+    series_id: Mapped[int] = mapped_column(
+        ForeignKey("series.id", ondelete="CASCADE"), primary_key=True
+    )
+    level: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
+    block: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    """step >> (4 * level): the block's first step is block << (4 * level)."""
+    min_value: Mapped[float | None] = mapped_column(Double)
+    """Least value that is not NaN (NULL when every point of the block is NaN)."""
+    max_value: Mapped[float | None] = mapped_column(Double)
+    nan_count: Mapped[int] = mapped_column(Integer)
+    point_count: Mapped[int] = mapped_column(Integer)
+    last_step: Mapped[int] = mapped_column(BigInteger)
+    """The block's highest stored step."""
 
 
 class Project(Base):

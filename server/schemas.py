@@ -57,6 +57,7 @@ _ERROR_DESCRIPTIONS = {
     401: "No token, or a token without the route's scope (when auth is on)",
     404: "No such run, rule, alert, silence or webhook",
     413: "The body exceeds the server's limits",
+    409: "Conflicts with what the server holds (a running run deleted without force)",
     429: "Too many writes from this client: retry after the Retry-After header's seconds",
 }
 

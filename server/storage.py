@@ -10,6 +10,14 @@ Frames are numbered per writer (`run_writers`): a writer's next frame must carry
 `acked_seq + 1` (a later one is a gap: refused, never acked), a seq at or below
 `acked_seq` is a resend (acked again, nothing written), and only the connection that
 said hello last for a writer may write as it (an older one is superseded).
+
+Bucketed reads do not visit every point: `point_rollups` summarises each series per aligned
+block of 16**L steps (L = 1..ROLLUP_LEVELS; min, max, NaN count, point count, last step). A
+block's summary is recomputed from its 16 children in the transaction that gives any of them
+a point, so it is a function of the stored points alone: a resent point (not inserted) changes
+nothing, and nothing is ever counted twice. A read covers each bucket exactly by the largest
+blocks that fit in it, descending to finer levels, and to points, only where a bucket edge
+cuts a block (docs/operations.md, "Reads").
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 from sqlalchemy import func, select, text, update
@@ -30,13 +39,24 @@ from sqlalchemy.orm import aliased
 
 from server.db import is_sqlite, session_factory
 from server.errors import RunConflict, SeqGap, Superseded, UnknownRun
-from server.models import Point, Run, RunWriter, Series
+from server.models import Point, PointRollup, Run, RunWriter, Series
 from trainer_hooks.protocol import Row, RunInfo
 
-__all__ = ["FrameRef", "Store", "WriteResult", "SeriesData", "KeyInfo", "POINTS_PER_TRANSACTION"]
+__all__ = [
+    "FrameRef", "Store", "WriteResult", "SeriesData", "KeyInfo",
+    "POINTS_PER_TRANSACTION", "ROLLUP_BITS", "ROLLUP_LEVELS",
+]
 
 POINTS_PER_TRANSACTION = 20_000
 """Points written per transaction of one frame (a few tens of ms on SQLite)."""
+ROLLUP_BITS = 4
+"""A rollup block of level L spans 2**(ROLLUP_BITS * L) steps: 16 children per block. Fewer
+children would make a read visit fewer rows at each bucket edge, but a write refresh more
+blocks (bench/README.md). Changing it needs a migration that rebuilds point_rollups."""
+ROLLUP_LEVELS = 5
+"""Blocks of 16 .. 2**20 steps. A 1,000-bucket read visits at most ~16,000 top-level blocks
+plus ~32 rows per bucket edge while buckets are under 2**24 steps wide, i.e. for series of up
+to ~1.6e10 steps; beyond that its cost grows with length again."""
 
 
 @dataclass(frozen=True)
@@ -83,22 +103,194 @@ _PG_INSERT_POINTS = text(
 _SQLITE_INSERT_POINT = text(
     "INSERT OR IGNORE INTO points (series_id, step, value, wall_time) VALUES (:s, :t, :v, :w)"
 )
-# Bucketed downsampling in SQL: per bucket keep the last step and its value,
-# plus min, max and the number of NaNs (stored as NULL), so a single spike or
-# a single NaN in a million points survives a 100-point read.
-_BUCKETS = text(
-    "WITH b AS ("
-    # (step - lo) / width, not (step - lo) * n / span: steps reach 2**62, and the product overflows.
-    "  SELECT step, value, (step - CAST(:lo AS BIGINT)) / CAST(:width AS BIGINT) AS bucket"
-    "  FROM points WHERE series_id = :sid AND step >= :lo AND step <= :hi),"
-    " agg AS ("
-    "  SELECT bucket, MAX(step) AS last_step, MIN(value) AS vmin, MAX(value) AS vmax,"
-    "         SUM(CASE WHEN value IS NULL THEN 1 ELSE 0 END) AS nans"
-    "  FROM b GROUP BY bucket)"
-    " SELECT agg.last_step, p.value, agg.vmin, agg.vmax, agg.nans"
-    " FROM agg JOIN points p ON p.series_id = :sid AND p.step = agg.last_step"
-    " ORDER BY agg.last_step"
+
+
+@dataclass(frozen=True)
+class _Level:
+    """What a summary is made from, at one level: the points (0) or the rollup blocks (1..)."""
+
+    level: int
+
+    @property
+    def source(self) -> str:
+        return "points c" if self.level == 0 else "point_rollups c"
+
+    def key_in(self, lo: str, hi: str) -> str:
+        """The condition "a row of this level of series c.series_id, keyed within [lo, hi]"."""
+        if self.level == 0:
+            return f"c.step BETWEEN {lo} AND {hi}"
+        return f"c.level = {self.level} AND c.block BETWEEN {lo} AND {hi}"
+
+    def children_of(self, parent_block: str) -> str:
+        """The condition "a row of this level inside the level + 1 block `parent_block`"."""
+        first = f"({parent_block} << {ROLLUP_BITS})"
+        return self.key_in(first, f"{first} + {(1 << ROLLUP_BITS) - 1}")
+
+    @property
+    def first_step(self) -> str:
+        return "c.step" if self.level == 0 else f"(c.block << {ROLLUP_BITS * self.level})"
+
+    @property
+    def last_covered(self) -> str:
+        """The last step the row's block spans (not the last it holds)."""
+        if self.level == 0:
+            return "c.step"
+        return f"((c.block << {ROLLUP_BITS * self.level}) + {(1 << ROLLUP_BITS * self.level) - 1})"
+
+    @property
+    def row(self) -> str:
+        """min, max, NaN count, point count and last step of one row of this level."""
+        if self.level == 0:
+            return (
+                "c.value AS min_value, c.value AS max_value, CASE WHEN c.value IS NULL THEN 1 ELSE 0 END"
+                " AS nan_count, 1 AS point_count, c.step AS last_step"
+            )
+        return "c.min_value, c.max_value, c.nan_count, c.point_count, c.last_step"
+
+    @property
+    def summary(self) -> str:
+        """min, max, NaN count, point count and last step of the rows selected, as one row."""
+        if self.level == 0:
+            return (
+                "MIN(c.value) AS min_value, MAX(c.value) AS max_value,"
+                " SUM(CASE WHEN c.value IS NULL THEN 1 ELSE 0 END) AS nan_count,"
+                " COUNT(*) AS point_count, MAX(c.step) AS last_step"
+            )
+        return (
+            "MIN(c.min_value) AS min_value, MAX(c.max_value) AS max_value, SUM(c.nan_count) AS nan_count,"
+            " SUM(c.point_count) AS point_count, MAX(c.last_step) AS last_step"
+        )
+
+
+# Refreshing the rollup blocks a write touched, one level at a time (each from the level below,
+# level 1 from the points): every summary is recomputed from its children, never merged with
+# what the write sent, so points the write did not insert (already stored) cannot count twice.
+_ROLLUP_INSERT = (
+    "INSERT INTO point_rollups"
+    " (series_id, level, block, min_value, max_value, nan_count, point_count, last_step) "
 )
+_ROLLUP_UPSERT = (
+    " ON CONFLICT (series_id, level, block) DO UPDATE SET min_value = excluded.min_value,"
+    " max_value = excluded.max_value, nan_count = excluded.nan_count,"
+    " point_count = excluded.point_count, last_step = excluded.last_step"
+)
+
+
+@cache
+def _refresh_rollups_sql(level: int, sqlite: bool) -> Any:
+    """Recompute the level-`level` blocks named by the parameters from their children: one
+    (:s, :b) per execution on SQLite (executemany), arrays :sids, :blocks on PostgreSQL."""
+    children = _Level(level - 1)
+    if sqlite:
+        return text(
+            f"{_ROLLUP_INSERT}SELECT c.series_id, {level}, :b, {children.summary} FROM {children.source}"
+            f" WHERE c.series_id = :s AND {children.children_of(':b')} GROUP BY c.series_id{_ROLLUP_UPSERT}"
+        )
+    # LATERAL: one index range scan per block. As a join, the planner (which guesses 10 rows
+    # for unnest) may hash-join the blocks against every point of the table instead. The
+    # LIMIT (a block has at most that many children) keeps its guess of each scan's rows
+    # from the default 0.5 % of the table, which would cost the plan a JIT compile (~300 ms).
+    return text(
+        f"{_ROLLUP_INSERT}SELECT t.series_id, {level}, t.block, a.min_value, a.max_value, a.nan_count,"
+        " a.point_count, a.last_step"
+        " FROM unnest(CAST(:sids AS integer[]), CAST(:blocks AS bigint[])) AS t(series_id, block)"
+        f" CROSS JOIN LATERAL (SELECT {children.summary} FROM (SELECT * FROM {children.source}"
+        f" WHERE c.series_id = t.series_id AND {children.children_of('t.block')} LIMIT {1 << ROLLUP_BITS}) AS c) AS a"
+        f" WHERE a.point_count > 0{_ROLLUP_UPSERT}"
+    )
+
+
+def _read_level(width: int) -> int:
+    """The coarsest rollup level whose blocks fit in a bucket `width` steps wide (0: points)."""
+    return min(ROLLUP_LEVELS, (width.bit_length() - 1) // ROLLUP_BITS)
+
+
+_LO, _HI, _WIDTH = "CAST(:lo AS BIGINT)", "CAST(:hi AS BIGINT)", "CAST(:width AS BIGINT)"
+
+
+@cache
+def _cover_sql(level: int, sqlite: bool) -> str:
+    """CTEs ending in `piece(bucket, min_value, max_value, nan_count, point_count, last_step)`:
+    an exact cover of the steps [:lo, :hi] of series :sid, cut in buckets of :width steps
+    (:last_bucket + 1 of them), by disjoint pieces each inside one bucket: level-`level`
+    blocks, and where a bucket edge (or an end of the range) cuts a block, its children that
+    fit, and so on down to points.
+
+    Why it is exact: a block is cut by an edge iff it holds an edge step (a bucket's first
+    step, or :hi + 1) other than its own first step; those are the `parent` blocks of each
+    level. Every point lies in exactly one piece: the coarsest of its enclosing blocks (up to
+    `level`) that no edge cuts.
+    """
+    # (step - lo) / width, not (step - lo) * n / span: steps reach 2**62, and the product overflows.
+    def bucket_of(at: _Level) -> str:
+        return f"({at.first_step} - {_LO}) / {_WIDTH}"
+
+    def inside(at: _Level) -> str:
+        if at.level == 0:
+            return f"c.step BETWEEN {_LO} AND {_HI}"
+        return (
+            f"{at.first_step} >= {_LO} AND {at.last_covered} <= {_HI}"
+            f" AND {bucket_of(at)} = ({at.last_covered} - {_LO}) / {_WIDTH}"
+        )
+
+    top = _Level(level)
+    top_first = f"({_LO} >> {ROLLUP_BITS * level})" if level else _LO
+    top_last = f"({_HI} >> {ROLLUP_BITS * level})" if level else _HI
+    top_rows = f"SELECT {bucket_of(top)} AS bucket, {top.row}"
+    parts = [
+        f"{top_rows} FROM {top.source} WHERE c.series_id = :sid AND {top.key_in(top_first, top_last)} AND {inside(top)}"
+    ]
+    ctes: list[str] = []
+    if level:
+        ctes.append(
+            "bucket(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM bucket WHERE i < CAST(:last_bucket AS BIGINT))"
+        )
+        ctes.append(f"edge(x) AS (SELECT {_LO} + i * {_WIDTH} FROM bucket UNION SELECT {_HI} + 1)")
+    for parent in range(level, 0, -1):
+        bits = ROLLUP_BITS * parent
+        ctes.append(
+            f"parent{parent}(block) AS (SELECT DISTINCT x >> {bits} FROM edge WHERE (x & {(1 << bits) - 1}) <> 0)"
+        )
+        at = _Level(parent - 1)
+        if at.level == 0:
+            # One range, clipped to [lo, hi]: given two ranges on step, SQLite would search the
+            # index by the wide one and scan the whole series once per cut block.
+            first, last = f"(p.block << {ROLLUP_BITS})", f"((p.block << {ROLLUP_BITS}) + {(1 << ROLLUP_BITS) - 1})"
+            where = (
+                f"c.series_id = :sid AND c.step BETWEEN CASE WHEN {first} > {_LO} THEN {first} ELSE {_LO} END"
+                f" AND CASE WHEN {last} < {_HI} THEN {last} ELSE {_HI} END"
+            )
+        else:
+            where = f"c.series_id = :sid AND {at.children_of('p.block')} AND {inside(at)}"
+        if sqlite:  # CROSS JOIN: SQLite keeps this order, one index range scan per cut block
+            parts.append(f"SELECT {bucket_of(at)} AS bucket, {at.row} FROM parent{parent} p CROSS JOIN {at.source} WHERE {where}")
+        else:  # LATERAL and LIMIT: one index range scan per cut block (see _refresh_rollups_sql)
+            parts.append(
+                f"SELECT a.* FROM parent{parent} p CROSS JOIN LATERAL (SELECT {bucket_of(at)} AS bucket,"
+                f" {at.row} FROM {at.source} WHERE {where} LIMIT {1 << ROLLUP_BITS}) AS a"
+            )
+    ctes.append("piece AS (" + " UNION ALL ".join(parts) + ")")
+    return ("WITH RECURSIVE " if level else "WITH ") + ", ".join(ctes)
+
+
+@cache
+def _buckets_sql(level: int, sqlite: bool) -> Any:
+    """Per bucket of the cover: last step and its value, min, max and the number of NaNs (stored
+    as NULL), so a single spike or a single NaN in a million points survives a 100-point read."""
+    return text(
+        f"{_cover_sql(level, sqlite)}, agg AS ("
+        " SELECT bucket, MAX(last_step) AS last_step, MIN(min_value) AS vmin, MAX(max_value) AS vmax,"
+        " SUM(nan_count) AS nans FROM piece GROUP BY bucket)"
+        # One index seek per bucket. Carrying each block's last value instead measured no faster
+        # on PostgreSQL (finding the bucket's last piece costs a sort) and costs every write.
+        " SELECT agg.last_step, p.value, agg.vmin, agg.vmax, agg.nans"
+        " FROM agg JOIN points p ON p.series_id = :sid AND p.step = agg.last_step ORDER BY agg.last_step"
+    )
+
+
+@cache
+def _count_sql(level: int, sqlite: bool) -> Any:
+    return text(f"{_cover_sql(level, sqlite)} SELECT COALESCE(SUM(point_count), 0) FROM piece")
 
 
 def _stored(value: float) -> float | None:
@@ -117,6 +309,11 @@ class Store:
         # SQLite has a single writer; serialising here avoids lock-timeout errors.
         self._write_lock = asyncio.Lock()
         self._series_ids: dict[tuple[str, str], int] = {}
+
+    def forget_run(self, run_id: str) -> None:
+        """Drop what this process caches about a run (it was deleted)."""
+        for key in [key for key in self._series_ids if key[0] == run_id]:
+            del self._series_ids[key]
 
     @asynccontextmanager
     async def writing(self) -> AsyncIterator[AsyncSession]:
@@ -296,28 +493,49 @@ class Store:
     ) -> None:
         if not any(row.values for row in rows):
             return
+        # (series, level-1 block) of every point sent: the blocks whose summaries may change.
+        touched: set[tuple[int, int]] = set()
         if self.sqlite:
-            params = [
-                {"s": series_ids[key], "t": row.step, "v": _stored(value), "w": row.time or now}
-                for row in rows
-                for key, value in row.values.items()
-            ]
+            params = []
+            for row in rows:
+                wall_time, block = row.time or now, row.step >> ROLLUP_BITS
+                for key, value in row.values.items():
+                    series_id = series_ids[key]
+                    params.append({"s": series_id, "t": row.step, "v": _stored(value), "w": wall_time})
+                    touched.add((series_id, block))
             await session.execute(_SQLITE_INSERT_POINT, params)
-            return
-        sids: list[int] = []
-        steps: list[int] = []
-        vals: list[float | None] = []
-        times: list[float] = []
-        for row in rows:
-            wall_time = row.time or now
-            for key, value in row.values.items():
-                sids.append(series_ids[key])
-                steps.append(row.step)
-                vals.append(_stored(value))
-                times.append(wall_time)
-        await session.execute(
-            _PG_INSERT_POINTS, {"series_ids": sids, "steps": steps, "vals": vals, "times": times}
-        )
+        else:
+            sids: list[int] = []
+            steps: list[int] = []
+            vals: list[float | None] = []
+            times: list[float] = []
+            for row in rows:
+                wall_time, block = row.time or now, row.step >> ROLLUP_BITS
+                for key, value in row.values.items():
+                    series_id = series_ids[key]
+                    sids.append(series_id)
+                    steps.append(row.step)
+                    vals.append(_stored(value))
+                    times.append(wall_time)
+                    touched.add((series_id, block))
+            await session.execute(
+                _PG_INSERT_POINTS, {"series_ids": sids, "steps": steps, "vals": vals, "times": times}
+            )
+        await self._refresh_rollups(session, touched)
+
+    async def _refresh_rollups(self, session: AsyncSession, blocks: set[tuple[int, int]]) -> None:
+        """Recompute the summaries of these level-1 blocks and of every block above them."""
+        for level in range(1, ROLLUP_LEVELS + 1):
+            statement = _refresh_rollups_sql(level, self.sqlite)
+            if self.sqlite:
+                await session.execute(statement, [{"s": series_id, "b": block} for series_id, block in blocks])
+            else:
+                pairs = sorted(blocks)  # in index order
+                await session.execute(
+                    statement,
+                    {"sids": [series_id for series_id, _ in pairs], "blocks": [block for _, block in pairs]},
+                )
+            blocks = {(series_id, block >> ROLLUP_BITS) for series_id, block in blocks}
 
     # -- reads ------------------------------------------------------------------
 
@@ -346,14 +564,15 @@ class Store:
         return run
 
     async def keys(self, run_id: str) -> list[KeyInfo]:
-        query = (
-            select(Series.key, func.count(Point.step), func.max(Point.step))
-            .select_from(Series)
-            .outerjoin(Point, Point.series_id == Series.id)
-            .where(Series.run_id == run_id)
-            .group_by(Series.key)
-            .order_by(Series.key)
+        # Each point lies in exactly one top-level rollup block: their counts add up to the series'.
+        count = (
+            select(func.coalesce(func.sum(PointRollup.point_count), 0))
+            .where(PointRollup.series_id == Series.id, PointRollup.level == ROLLUP_LEVELS)
+            .correlate(Series)
+            .scalar_subquery()
         )
+        last_step = select(func.max(Point.step)).where(Point.series_id == Series.id).correlate(Series).scalar_subquery()
+        query = select(Series.key, count, last_step).where(Series.run_id == run_id).order_by(Series.key)
         async with self.sessions() as session:
             if await session.get(Run, run_id) is None:
                 raise UnknownRun(run_id)
@@ -426,11 +645,19 @@ class Store:
                 where.append(Point.step >= start)
             if end is not None:
                 where.append(Point.step <= end)
-            count, lo, hi = (
+            # Two index seeks (one query with both MIN and MAX would scan the range on SQLite).
+            lo, hi = (
                 await session.execute(
-                    select(func.count(), func.min(Point.step), func.max(Point.step)).where(*where)
+                    select(
+                        select(func.min(Point.step)).where(*where).scalar_subquery(),
+                        select(func.max(Point.step)).where(*where).scalar_subquery(),
+                    )
                 )
             ).one()
+            if lo is None:
+                return SeriesData(key=key, downsampled=False, steps=[], values=[])
+            span = {"sid": series_id, "lo": lo, "hi": hi, "width": hi - lo + 1, "last_bucket": 0}
+            count = await session.scalar(_count_sql(_read_level(hi - lo + 1), self.sqlite), span)
             if count <= max_points:
                 result = await session.execute(
                     select(Point.step, Point.value).where(*where).order_by(Point.step)
@@ -440,9 +667,10 @@ class Store:
                     steps.append(step)
                     values.append(_loaded(value))
                 return SeriesData(key=key, downsampled=False, steps=steps, values=values)
+            width = -(-(hi - lo + 1) // max_points)
             result = await session.execute(
-                _BUCKETS,
-                {"sid": series_id, "lo": lo, "hi": hi, "width": -(-(hi - lo + 1) // max_points)},
+                _buckets_sql(_read_level(width), self.sqlite),
+                {"sid": series_id, "lo": lo, "hi": hi, "width": width, "last_bucket": (hi - lo) // width},
             )
             return _buckets(key, result)
 

@@ -8,9 +8,10 @@ from typing import Annotated, Literal
 import orjson
 from fastapi import APIRouter, HTTPException, Path, Query, Request
 
-from server.auth import INGEST, READ
+from server.auth import ADMIN, INGEST, READ
 from server.deps import CommittedDep, SettingsDep, StoreDep
-from server.errors import UnknownRun
+from server.errors import Conflict, UnknownRun
+from server.retention import delete_run
 from server.schemas import (
     MAX_STEP,
     POINTS_BODY,
@@ -131,3 +132,15 @@ async def post_points(
         raise _not_found(run_id) from None
     await committed.points(run_id, rows)
     return PointsWritten(stored_rows=len(rows), last_step=result.last_step)
+
+
+@router.delete("/runs/{run_id}", status_code=204, dependencies=[ADMIN], responses=errors(404, 409, 429))
+async def remove_run(run_id: RunId, store: StoreDep, force: bool = False) -> None:
+    """Delete a run and everything stored with it, in short batches that never stall ingest.
+    A running run is refused (409) unless `force`."""
+    try:
+        await delete_run(store, run_id, force=force)
+    except UnknownRun:
+        raise _not_found(run_id) from None
+    except Conflict as exc:
+        raise HTTPException(409, str(exc)) from None

@@ -1,0 +1,61 @@
+"""Deleting runs without stalling ingest.
+
+A run's points go in batches of `DELETE_BATCH`, each its own short transaction (on SQLite
+the single writer lock is released between batches, so trainers' frames go in between),
+then the run row itself, which takes its series, summaries, writers, alerts and rule
+states with it (ON DELETE CASCADE).
+"""
+
+from __future__ import annotations
+
+import time
+
+from sqlalchemy import delete, select
+
+from server.errors import Conflict, UnknownRun
+from server.models import Point, Run, Series
+from server.storage import Store
+
+__all__ = ["DELETE_BATCH", "delete_run", "prunable_runs"]
+
+DELETE_BATCH = 20_000
+"""Points deleted per transaction: tens of milliseconds of write lock at most."""
+
+
+async def delete_run(store: Store, run_id: str, *, force: bool = False) -> int:
+    """Delete one run and everything stored with it; the number of points deleted.
+
+    A running run is refused (Conflict) unless `force`: its trainer would go on writing.
+    """
+    async with store.sessions() as session:
+        run = await session.get(Run, run_id)
+        if run is None:
+            raise UnknownRun(run_id)
+        if run.status == "running" and not force:
+            raise Conflict(f"run {run_id!r} is running; finish it first, or force the deletion", code="run_running")
+        series_ids = list((await session.scalars(select(Series.id).where(Series.run_id == run_id))).all())
+    deleted = 0
+    for series_id in series_ids:
+        while True:
+            batch = select(Point.step).where(Point.series_id == series_id).order_by(Point.step).limit(DELETE_BATCH)
+            async with store.writing() as session:
+                result = await session.execute(
+                    delete(Point).where(Point.series_id == series_id, Point.step.in_(batch.scalar_subquery()))
+                )
+            count = int(getattr(result, "rowcount", 0) or 0)
+            deleted += count
+            if count < DELETE_BATCH:
+                break
+    async with store.writing() as session:
+        await session.execute(delete(Run).where(Run.id == run_id))
+    store.forget_run(run_id)
+    return deleted
+
+
+async def prunable_runs(store: Store, *, older_than_s: float, project: str | None = None) -> list[Run]:
+    """Runs that ended (finished, failed or killed) and sent nothing for `older_than_s`."""
+    query = select(Run).where(Run.status != "running", Run.last_seen_at < time.time() - older_than_s)
+    if project is not None:
+        query = query.where(Run.project == project)
+    async with store.sessions() as session:
+        return list((await session.scalars(query.order_by(Run.last_seen_at))).all())

@@ -1,0 +1,73 @@
+"""Retention: deleting runs (REST and `keel prune`) in short batches, on both databases."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from server import retention
+from tests.server.wire import hello, new_run, open_ingest, points, recv, series
+
+
+def _stream(server, run: dict, steps: int, *, finish: bool = True) -> None:  # type: ignore[no-untyped-def]
+    with open_ingest(server) as ws:
+        hello(ws, run)
+        for seq, start in enumerate(range(0, steps, 500)):
+            ws.send(points(seq, [{"step": s, "values": {"a": s, "b": -s}} for s in range(start, min(steps, start + 500))]))
+            assert recv(ws)["type"] == "ack"
+        if finish:
+            ws.send(json.dumps({"type": "finish", "status": "finished"}))
+            assert recv(ws) == {"type": "bye"}
+
+
+def test_deleting_a_run_takes_everything_stored_with_it_and_nothing_else(
+    server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(retention, "DELETE_BATCH", 700)  # several batches per series
+    doomed, kept = new_run("doomed"), new_run("kept")
+    _stream(server, doomed, 2_000)
+    _stream(server, kept, 1_000)
+    url = f"{server.url}/api/v1/runs"
+    assert httpx.delete(f"{url}/{doomed['id']}").status_code == 204
+    assert httpx.get(f"{url}/{doomed['id']}").status_code == 404
+    assert httpx.get(f"{url}/{doomed['id']}/keys").status_code == 404
+    assert httpx.delete(f"{url}/{doomed['id']}").status_code == 404
+    assert [r["id"] for r in httpx.get(url).json()] == [kept["id"]]
+    assert series(server, kept["id"], "b")["values"] == [-float(s) for s in range(1_000)]
+    # The id can be used again from scratch: nothing of the old run is left behind.
+    _stream(server, doomed, 10)
+    assert series(server, doomed["id"], "a")["steps"] == list(range(10))
+
+
+def test_a_running_run_is_deleted_only_when_forced(server) -> None:
+    run = new_run()
+    _stream(server, run, 100, finish=False)
+    url = f"{server.url}/api/v1/runs/{run['id']}"
+    refused = httpx.delete(url)
+    assert refused.status_code == 409 and "running" in refused.json()["detail"]
+    assert httpx.get(url).status_code == 200
+    assert httpx.delete(url, params={"force": "true"}).status_code == 204
+    assert httpx.get(url).status_code == 404
+
+
+def test_keel_prune_deletes_ended_runs_and_keeps_running_ones(server) -> None:
+    ended, running = new_run("ended"), new_run("running")
+    _stream(server, ended, 50)
+    _stream(server, running, 50, finish=False)
+
+    def prune(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "keel", "prune", "--older-than", "0", "--database-url", server.database_url, *extra],
+            capture_output=True, text=True, timeout=120,
+        )
+
+    dry = prune("--dry-run")
+    assert dry.returncode == 0 and "would delete run 'ended'" in dry.stdout and "'running'" not in dry.stdout
+    assert httpx.get(f"{server.url}/api/v1/runs/{ended['id']}").status_code == 200
+    done = prune()
+    assert done.returncode == 0 and "1 run(s) deleted" in done.stdout, done.stdout + done.stderr
+    assert [r["name"] for r in httpx.get(f"{server.url}/api/v1/runs").json()] == ["running"]
