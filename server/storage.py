@@ -34,6 +34,7 @@ from typing import Any
 from sqlalchemy import func, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import aliased
 
@@ -394,27 +395,44 @@ class Store:
         writer's next one over this connection.
         """
         chunks = _chunks(rows, POINTS_PER_TRANSACTION)
+        result = WriteResult(stored=True, acked_seq=-1, last_step=None)
         for index, chunk in enumerate(chunks):
-            async with self.writing() as session:
-                acked_seq, last_step = await self._admit(session, run_id, frame)
-                if frame is not None and frame.seq <= acked_seq:
-                    return WriteResult(stored=False, acked_seq=acked_seq, last_step=last_step)
-                keys = {key for row in chunk for key in row.values}
-                series_ids = await self._ensure_series(session, run_id, keys)
-                await self._insert_points(session, chunk, series_ids, now)
-                if index == len(chunks) - 1:
-                    steps = [row.step for row in rows]
-                    if steps:
-                        last_step = max(steps) if last_step is None else max(last_step, *steps)
-                    values: dict[str, Any] = {"last_step": last_step, "last_seen_at": now}
-                    if frame is not None:
-                        acked_seq = await self._advance(session, run_id, frame)
-                        # A trainer streaming again resumes its run (a REST backfill does not).
-                        values.update(status="running", finished_at=None)
-                    await session.execute(update(Run).where(Run.id == run_id).values(**values))
-            # Only cache ids once their transaction has committed.
-            for key, series_id in series_ids.items():
-                self._series_ids[(run_id, key)] = series_id
+            last = index == len(chunks) - 1
+            try:
+                result = await self._write_chunk(run_id, rows, chunk, last, now, frame)
+            except IntegrityError:
+                # A cached series id of a run deleted (and created again) meanwhile, maybe
+                # by another replica: forget what this process knows of the run, once.
+                self.forget_run(run_id)
+                result = await self._write_chunk(run_id, rows, chunk, last, now, frame)
+            if not result.stored:
+                return result
+        return result
+
+    async def _write_chunk(
+        self, run_id: str, rows: list[Row], chunk: list[Row], last: bool, now: float, frame: FrameRef | None
+    ) -> WriteResult:
+        """One transaction of `write_points`; the last one also moves the writer's acked seq."""
+        async with self.writing() as session:
+            acked_seq, last_step = await self._admit(session, run_id, frame)
+            if frame is not None and frame.seq <= acked_seq:
+                return WriteResult(stored=False, acked_seq=acked_seq, last_step=last_step)
+            keys = {key for row in chunk for key in row.values}
+            series_ids = await self._ensure_series(session, run_id, keys)
+            await self._insert_points(session, chunk, series_ids, now)
+            if last:
+                steps = [row.step for row in rows]
+                if steps:
+                    last_step = max(steps) if last_step is None else max(last_step, *steps)
+                values: dict[str, Any] = {"last_step": last_step, "last_seen_at": now}
+                if frame is not None:
+                    acked_seq = await self._advance(session, run_id, frame)
+                    # A trainer streaming again resumes its run (a REST backfill does not).
+                    values.update(status="running", finished_at=None)
+                await session.execute(update(Run).where(Run.id == run_id).values(**values))
+        # Only cache ids once their transaction has committed.
+        for key, series_id in series_ids.items():
+            self._series_ids[(run_id, key)] = series_id
         return WriteResult(stored=True, acked_seq=acked_seq, last_step=last_step)
 
     async def reject_frame(self, run_id: str, frame: FrameRef, now: float) -> None:

@@ -71,3 +71,19 @@ def test_keel_prune_deletes_ended_runs_and_keeps_running_ones(server) -> None:
     done = prune()
     assert done.returncode == 0 and "1 run(s) deleted" in done.stdout, done.stdout + done.stderr
     assert [r["name"] for r in httpx.get(f"{server.url}/api/v1/runs").json()] == ["running"]
+
+
+@pytest.mark.postgres
+def test_a_replica_writes_to_a_run_deleted_and_created_again_on_another(server_factory, postgres_url) -> None:
+    """Replica B cached the run's series ids; A deleted the run and it came back: B forgets
+    its stale ids on the foreign-key error and writes the frame (it used to fail forever)."""
+    a, b = server_factory(postgres_url), server_factory(postgres_url)
+    run = new_run()
+    _stream(b, run, 10)
+    assert httpx.delete(f"{a.url}/api/v1/runs/{run['id']}").status_code == 204
+    _stream(a, run, 5)
+    with open_ingest(b) as ws:
+        hello(ws, run)
+        ws.send(points(1, [{"step": 100, "values": {"a": 1.0, "b": 2.0}}]))
+        assert recv(ws) == {"type": "ack", "seq": 1}
+    assert series(a, run["id"], "b")["steps"] == [0, 1, 2, 3, 4, 100]
