@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from learners.labels import collapse_step
 from server.alerts.backtest import backtest
 from server.alerts.rules import DEFAULT_RULES, RuleSpec
 from trainer_hooks.protocol import Row
@@ -125,15 +126,6 @@ class Score:
     @property
     def fa_unbounded_rate(self) -> float:
         return self.false_alarms_unbounded / self.stable_unbounded if self.stable_unbounded else math.nan
-
-
-def collapse_step(rewards: Sequence[float], reach: float = 0.5, drop: float = 0.2) -> int | None:
-    peak = -math.inf
-    for step, reward in enumerate(rewards):
-        peak = max(peak, reward)
-        if peak >= reach and reward <= peak - drop:
-            return step
-    return None
 
 
 def _mismatch_level(name: str) -> str:

@@ -22,6 +22,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, replace
 from typing import Any
 
+from learners.labels import collapse_step
 from learners.lm.learner import LMConfig
 
 __all__ = [
@@ -72,16 +73,6 @@ def grid_configs(
         replace(base, loss=loss, lag=lag, sampler_dtype=dtype, seed=seed)
         for loss, lag, dtype, seed in itertools.product(losses, lags, dtypes, seeds)
     ]
-
-
-def collapse_step(rewards: Sequence[float], reach: float = 0.5, drop: float = 0.2) -> int | None:
-    """First step where the reward is >= `drop` below a running peak that reached `reach`."""
-    peak = -math.inf
-    for step, reward in enumerate(rewards):
-        peak = max(peak, reward)
-        if peak >= reach and reward <= peak - drop:
-            return step
-    return None
 
 
 def smoothed(values: Sequence[float], window: int = SMOOTH_WINDOW) -> list[float]:
