@@ -26,6 +26,23 @@ __all__ = ["layout", "register", "order_keys"]
 CHART_HEIGHT = 260
 
 
+MISMATCH_SOURCE = "keel/mismatch_source"
+"""Run config key an integration sets to say what the run's "sampler" logprobs really are."""
+
+
+def mismatch_note(config: dict[str, Any]) -> html.Div | None:
+    """A note over the charts when the mismatch metrics do not compare a real sampler with
+    the learner (e.g. TRL without vLLM: staleness only, or nothing at all)."""
+    source = str(config.get(MISMATCH_SOURCE) or "")
+    if not source or source.startswith("sampler:"):
+        return None
+    return html.Div(
+        f"mismatch/* metrics of this run are not sampler–learner numerics: {source}",
+        id="mismatch-source",
+        className="note warn",
+    )
+
+
 def order_keys(keys: list[str]) -> list[tuple[str, list[str]]]:
     """Headline metrics first, then the rest by namespace (`mismatch/…`, `perf/…`), sorted."""
     headline = [k for k in HEADLINE_KEYS if k in keys]
@@ -157,6 +174,8 @@ def register(dash_app: Dash, api: KeelApi) -> None:
             ("Finished", _when(run.get("finished_at")) if run.get("finished_at") else "—"),
             ("Tags", ", ".join(run.get("tags") or []) or "—"),
         ]
+        if (run.get("config") or {}).get(MISMATCH_SOURCE):
+            facts.append(("Mismatch measured from", str(run["config"][MISMATCH_SOURCE])))
         overview = html.Dl(
             [part for k, v in facts for part in (html.Dt(k), html.Dd(v))], className="meta-grid"
         )
@@ -186,7 +205,9 @@ def register(dash_app: Dash, api: KeelApi) -> None:
             return empty_state(
                 "No metrics yet", "Charts appear as soon as the run logs its first step."
             ), keys
-        sections = []
+        run = await api.run(state["runs"][0])
+        note = mismatch_note((run or {}).get("config") or {})
+        sections: list[Any] = [note] if note is not None else []
         for name, section_keys in order_keys(keys):
             sections.append(html.Div(name, className="namespace"))
             sections.append(

@@ -32,9 +32,8 @@ class LiveRun:
     """One run held open on the ingest websocket, so a test can push more points later."""
 
     def __init__(self, server: Any, name: str, group: str | None, seed: int = 0, **run: Any):
-        self.run = new_run(
-            name, group=group, config={"seed": seed, "loss": group or "none"}, tags=["toy"], **run
-        )
+        config = {"seed": seed, "loss": group or "none", **run.pop("config", {})}
+        self.run = new_run(name, group=group, config=config, tags=["toy"], **run)
         self.id: str = self.run["id"]
         self.seed = seed
         self.seq = 0

@@ -296,3 +296,23 @@ def test_any_other_metric_can_be_added(server, browser) -> None:
     assert console_errors(browser) == []
     for run in runs:
         run.close()
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_run_without_sampler_logprobs_says_what_its_mismatch_metrics_measure(server, browser) -> None:
+    """TRL without vLLM: the "sampler" logprobs are the learner's own; the page says so."""
+    source = "staleness-only: sampler logprobs are the learner's recomputation"
+    honest = LiveRun(server, "trl-no-vllm", "grpo", config={"keel/mismatch_source": source})
+    honest.history(20)
+    browser.get(f"{server.url}/runs/{honest.id}")
+    drawn_charts(browser, 6)
+    note = wait_until(lambda: text_of(browser, "mismatch-source"), message="mismatch note")
+    assert source in note and "not sampler–learner numerics" in note
+    assert "Mismatch measured from" in text_of(browser, "run-overview")
+    real = LiveRun(server, "with-vllm", "grpo", config={"keel/mismatch_source": "sampler: vLLM logprobs"})
+    real.history(20)
+    browser.get(f"{server.url}/runs/{real.id}")
+    drawn_charts(browser, 6)
+    assert browser.find_elements("id", "mismatch-source") == []
+    honest.close()
+    real.close()
