@@ -67,6 +67,10 @@ class Settings(BaseSettings):
     closed with 4408. Until its hello it holds no ingest slot."""
     ingest_idle_timeout_s: float = 300.0
     """An ingest socket that sends no frame for this long is closed with 4408."""
+    ingest_buffer_bytes: int = 32 * 1024 * 1024
+    """Bytes of ingest frames decoded and being written at once, over all sockets (a decoded
+    frame takes about ten times its size): beyond it, sockets wait their turn unread, so a
+    slow database cannot grow the server's memory."""
     ws_ping_interval_s: float = 20.0
     """Websocket keepalive pings (both sockets)."""
     ws_ping_timeout_s: float = 60.0

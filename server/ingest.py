@@ -15,10 +15,12 @@ import asyncio
 import enum
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 import orjson
+from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeout
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from server.errors import Conflict
@@ -101,6 +103,38 @@ class IngestSlots:
         self.open -= 1
 
 
+class FrameBudget:
+    """Bytes of frames being decoded and written at once, over every ingest socket.
+
+    A decoded frame holds about ten times its JSON in memory until its rows are written; a
+    slow database would otherwise let every blocked socket keep one. A socket whose next
+    frame does not fit waits (it is not read further: the client's window stalls), so
+    server memory stays bounded however slow the database is.
+    """
+
+    def __init__(self, limit_bytes: int):
+        self.limit = limit_bytes
+        self.used = 0
+        self._freed = asyncio.Condition()
+
+    @asynccontextmanager
+    async def reserve(self, size: int) -> AsyncIterator[None]:
+        size = min(size, self.limit)  # a frame larger than the whole budget waits for all of it
+        async with self._freed:
+            await self._freed.wait_for(lambda: self.used + size <= self.limit)
+            self.used += size
+        try:
+            yield
+        finally:
+            async with self._freed:
+                self.used -= size
+                self._freed.notify_all()
+
+
+class _Silent(Exception):
+    """The client sent nothing within the connection's timeout."""
+
+
 class IngestSession:
     """The server side of one ingest websocket, as an explicit state machine."""
 
@@ -111,6 +145,7 @@ class IngestSession:
         committed: AfterCommit,
         limits: Limits,
         *,
+        budget: FrameBudget,
         hello_timeout_s: float = 10.0,
         idle_timeout_s: float = 300.0,
     ):
@@ -120,6 +155,7 @@ class IngestSession:
         self.limits = limits
         self.hello_timeout_s = hello_timeout_s
         self.idle_timeout_s = idle_timeout_s
+        self.budget = budget
         self.state = IngestState.AWAIT_HELLO
         self.run_id: str | None = None
         self.writer = ""
@@ -129,15 +165,23 @@ class IngestSession:
     async def serve(self) -> None:
         try:
             while self.state is not IngestState.FINISHED:
-                message = await self._receive()
-                if message is None:
+                raw = await self._receive()
+                if raw is None:
                     return
-                await self._dispatch(message)
+                async with self.budget.reserve(len(raw)):
+                    await self._dispatch(await self._decode(raw))
         except ProtocolError as exc:
             await self._fail(exc.to_message(), exc.close_code)
         except Conflict as exc:
             await self._fail({"type": "error", "code": exc.code, "message": str(exc)}, CLOSE_CONFLICT)
-        except TimeoutError:
+        except SQLAlchemyTimeout:
+            # Every database connection is busy (a slow or locked database): overloaded,
+            # not broken. Nothing of this frame was acked; the client resends it.
+            await self._fail(
+                {"type": "error", "code": "overloaded", "message": "the database is busy; retry later"},
+                CLOSE_OVERLOADED,
+            )
+        except _Silent:
             waited = "hello" if self.state is IngestState.AWAIT_HELLO else "frame"
             timeout = self.hello_timeout_s if self.state is IngestState.AWAIT_HELLO else self.idle_timeout_s
             await self._fail(
@@ -153,12 +197,16 @@ class IngestSession:
                 CLOSE_SERVER_FAULT,
             )
 
-    async def _receive(self) -> dict[str, Any] | None:
+    async def _receive(self) -> str | bytes | None:
+        """The next frame's text, or None once the client has gone."""
         timeout = self.hello_timeout_s if self.state is IngestState.AWAIT_HELLO else self.idle_timeout_s
-        event = await asyncio.wait_for(self.websocket.receive(), timeout)
+        try:
+            event = await asyncio.wait_for(self.websocket.receive(), timeout)
+        except TimeoutError:
+            raise _Silent() from None
         if event["type"] == "websocket.disconnect":
             return None
-        raw = event.get("text")
+        raw: str | bytes | None = event.get("text")
         if raw is None:
             raw = event.get("bytes") or b""
         if len(raw) > self.limits.max_frame_bytes:
@@ -167,6 +215,9 @@ class IngestSession:
                 code="too_large",
                 close_code=CLOSE_TOO_LARGE,
             )
+        return raw
+
+    async def _decode(self, raw: str | bytes) -> dict[str, Any]:
         self._large = len(raw) >= OFFLOAD_BYTES
         try:
             message = await asyncio.to_thread(orjson.loads, raw) if self._large else orjson.loads(raw)

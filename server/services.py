@@ -16,7 +16,7 @@ from server.alerts.notify import Notifier
 from server.alerts.rulebook import RuleBook
 from server.config import Settings
 from server.fanout import Fanout
-from server.ingest import AfterCommit, IngestSlots
+from server.ingest import AfterCommit, FrameBudget, IngestSlots
 from server.live import LiveHub
 from server.ratelimit import RateLimits
 from server.storage import Store
@@ -39,6 +39,7 @@ class Services:
     alerts: AlertEngine
     deliveries: DeliveryWorker
     ingest_slots: IngestSlots
+    frame_budget: FrameBudget
     rate_limits: RateLimits
     """Per-client token buckets for REST writes and ingest (server/ratelimit.py)."""
     internal_token: str
@@ -88,6 +89,7 @@ async def running(settings: Settings, internal_token: str) -> AsyncIterator[Serv
         alerts=alerts,
         deliveries=deliveries,
         ingest_slots=IngestSlots(settings.max_ingest_connections),
+        frame_budget=FrameBudget(settings.ingest_buffer_bytes),
         rate_limits=RateLimits.from_settings(settings),
         internal_token=internal_token,
         fanout=fanout,

@@ -81,6 +81,7 @@ async def ingest(
             store,
             committed,
             settings.limits,
+            budget=services.frame_budget,
             hello_timeout_s=settings.ingest_hello_timeout_s,
             idle_timeout_s=settings.ingest_idle_timeout_s,
         )
