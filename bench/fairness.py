@@ -31,8 +31,10 @@ from trainer_hooks.protocol import Row, RunInfo, hello_message, points_message  
 BIG_ROWS, BIG_KEYS = 10_000, 60  # 600k points, about 7 MiB of JSON
 
 
-async def _open(ws_url: str, name: str):  # type: ignore[no-untyped-def]
-    ws = await connect(f"{ws_url}/api/v1/ingest", max_size=None)
+async def _open(ws_url: str, name: str, local_host: str = "127.0.0.1"):  # type: ignore[no-untyped-def]
+    # Each client from its own loopback address: two hosts, two rate-limit buckets (the
+    # server limits per address when auth is off), as two trainers would be.
+    ws = await connect(f"{ws_url}/api/v1/ingest", max_size=None, local_addr=(local_host, 0))
     await ws.send(json.dumps(hello_message(RunInfo(id=str(uuid.uuid4()), name=name))))
     await ws.recv()
     return ws
@@ -55,7 +57,7 @@ async def small_trainer(ws_url: str, stop: asyncio.Event, latencies: list[float]
 
 
 async def big_client(ws_url: str, stop: asyncio.Event, sent: list[int]) -> None:
-    ws = await _open(ws_url, "big")
+    ws = await _open(ws_url, "big", local_host="127.0.0.2")
     seq = 0
     while not stop.is_set():
         rows = [

@@ -48,8 +48,9 @@ __all__ = [
     "POINTS_PER_TRANSACTION", "ROLLUP_BITS", "ROLLUP_LEVELS",
 ]
 
-POINTS_PER_TRANSACTION = 20_000
-"""Points written per transaction of one frame (a few tens of ms on SQLite)."""
+POINTS_PER_TRANSACTION = 5_000
+"""Points written per transaction of one frame: about 20 ms of SQLite's write lock, so other
+clients' frames go in between those of a huge one."""
 ROLLUP_BITS = 4
 """A rollup block of level L spans 2**(ROLLUP_BITS * L) steps: 16 children per block. Fewer
 children would make a read visit fewer rows at each bucket edge, but a write refresh more
