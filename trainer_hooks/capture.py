@@ -1,9 +1,11 @@
-"""The training-thread half of the Monitor: snapshot one log() call without waiting on anything.
+"""The training-thread half of the Monitor: snapshot one call without waiting on anything.
 
-`Capture` turns `(step, metrics)` into a `Captured` record: floats as they are, tensors
-stacked into one tensor per device whose copy to host memory is merely *started*.
-`Captured.row()` finishes the job on the background thread. Nothing here does I/O or
-blocks on a GPU: no `.item()`, no `.cpu()` on a device tensor, no synchronize.
+`Capture` turns `(step, metrics)` into a `Captured` record: floats as they are, CPU tensors
+read at once (a CPU tensor's value is there: no wait), device tensors stacked into one
+tensor per device whose copy to host memory is merely *started*. `ship_inputs` does the
+same for the tensors of a `log_batch` call. `Captured.row()` finishes the job once the
+copies have landed (`link.Feed` checks, or waits on its own thread). Nothing here does
+I/O or blocks on a GPU: no `.item()` or `.cpu()` on a device tensor, no synchronize.
 
 What cannot be stored is reported to `drop(kind, count, detail)`, never coerced: a string
 (even "0.5"), None, any other non-number, a non-scalar tensor, a bad key or step.
@@ -24,8 +26,9 @@ from trainer_hooks.protocol import Limits, Row
 
 if TYPE_CHECKING:  # batched imports torch; this module must not
     from trainer_hooks.batched import BatchInputs
+    from trainer_hooks.channel import Buffer, FieldSpec
 
-__all__ = ["Capture", "Captured", "HostCopy", "to_host"]
+__all__ = ["Capture", "Captured", "HostCopy", "Shipped", "ship_inputs", "to_host"]
 
 # Metric keys remembered as valid, so each key is checked once (bounded for odd callers).
 _KNOWN_KEYS_CACHE = 10_000
@@ -40,6 +43,13 @@ class HostCopy:
     event: Any = None
     """The CUDA event that marks the end of the copy, or None."""
 
+    def ready(self) -> bool:
+        """Has the copy landed (never blocks)? A tensor on another accelerator is only read
+        by `wait()`, on the Feed's own thread."""
+        if self.event is not None:
+            return bool(self.event.query())
+        return bool(self.tensor.device.type == "cpu")
+
     def wait(self) -> Any:
         """The tensor in host memory; blocks (this thread only) until the copy has landed."""
         if self.event is not None:
@@ -49,21 +59,21 @@ class HostCopy:
 
 @dataclass
 class Captured:
-    """One log() call on its way to the background thread."""
+    """One log() call on its way to the worker."""
 
     step: int
     time: float
     values: dict[str, float]
-    """The plain-number metrics."""
+    """The plain-number metrics (CPU tensors included)."""
     snapshots: list[tuple[list[str], HostCopy]]
-    """Per device: the keys and their values, stacked into one tensor."""
-    deferred: BatchInputs | None = None
-    """Inputs whose stability metrics the background thread adds (log_batch on CPU)."""
-    partials: tuple[tuple[Any, ...], HostCopy] | None = None
-    """Stability `Partials` packed on the device (log_batch on a GPU): layout, values."""
+    """Per accelerator: the keys and their values, stacked into one tensor."""
+
+    @property
+    def copies(self) -> list[HostCopy]:
+        return [copy for _, copy in self.snapshots]
 
     def row(self) -> Row:
-        """Read the tensors back; blocks (this thread only) until their copies have landed."""
+        """Read the device tensors back; blocks until their copies have landed."""
         values = self.values
         for keys, copy in self.snapshots:
             values.update(zip(keys, copy.wait().tolist(), strict=True))
@@ -111,6 +121,9 @@ class Capture:
                         self._drop("not_a_number", 1, f"{key!r} is a tensor of shape {value.shape}")
                         continue
                     value = value.reshape(())
+                if value.device.type == "cpu":
+                    floats[key] = value.item()  # no copy to wait for: read it now
+                    continue
                 if value.requires_grad:
                     value = value.detach()  # do not keep the autograd graph alive in the queue
                 tensor_keys.append(key)
@@ -173,3 +186,57 @@ def _snapshot(torch: Any, keys: list[str], tensors: list[Any]) -> list[tuple[lis
         (group_keys, to_host(torch, torch.stack(group_tensors)))
         for group_keys, group_tensors in groups.values()
     ]
+
+
+@dataclass(frozen=True)
+class Shipped:
+    """The tensors of a log_batch call on their way to the worker (`ship_inputs`)."""
+
+    fields: list[FieldSpec]
+    """Per BatchInputs field: None, an int, or (dtype name, shape, nbytes) of a tensor."""
+    buffers: list[Buffer]
+    """The tensors' bytes, in field order: the caller's own memory on CPU (written before
+    log_batch returns, or copied), pinned host memory on CUDA (valid once `copies` land)."""
+    copies: list[HostCopy]
+    """On CUDA: one HostCopy whose event marks the end of every copy; else empty."""
+
+
+def ship_inputs(torch: Any, inputs: BatchInputs) -> Shipped:
+    """Start moving a batch's tensors to host memory: CPU tensors as they are (contiguous),
+    CUDA tensors copied asynchronously into pinned memory, one event after the last copy.
+    Any other device raises ValueError (the caller computes partials on the device then)."""
+    fields: list[FieldSpec] = []
+    buffers: list[Buffer] = []
+    hosts: list[Any] = []
+    device = inputs.learner_logprobs.device
+    for name, value in inputs.arguments().items():
+        if not isinstance(value, torch.Tensor):
+            fields.append((name, value))
+            continue
+        kind = value.device.type
+        if kind == "cuda":
+            if value.device != device:
+                raise ValueError(f"{name} is on {value.device}, the batch on {device}")
+            host = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
+            host.copy_(value.detach(), non_blocking=True)
+        elif kind == "cpu":
+            host = value.detach()
+            if not host.is_contiguous():
+                host = host.contiguous()
+            if device.type != "cpu":  # written only once the GPU copies land
+                host = host.clone()
+        else:
+            raise ValueError(f"no asynchronous copy from {value.device}")
+        hosts.append(host)
+        dtype = str(host.dtype).removeprefix("torch.")
+        fields.append((name, (dtype, tuple(host.shape), host.nbytes)))
+        try:
+            buffers.append(host.numpy())  # a view of the tensor's memory, no copy
+        except TypeError:  # numpy has no bfloat16 (nor float8): the same bytes as uint8
+            buffers.append(host.reshape(-1).view(torch.uint8).numpy())
+    copies: list[HostCopy] = []
+    if device.type == "cuda":
+        event = torch.cuda.Event(blocking=True)
+        event.record(torch.cuda.current_stream(device))
+        copies.append(HostCopy(hosts[0], event))
+    return Shipped(fields, buffers, copies)

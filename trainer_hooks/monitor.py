@@ -8,18 +8,19 @@
         monitor.log(step, {"eval/score": score})  # tensors or floats; never blocks
     monitor.finish()
 
-The training thread only snapshots values (`capture.py`: one stack + one non-blocking
-device-to-host copy per device) and appends to an in-memory queue. A background thread turns the
-queue into frames, appends each frame to the disk spool (`spool.py`) and streams the
-spool to the server (`sender.py`). On CPU, `log_batch` also leaves the stability metrics
-themselves to that thread. A frame leaves the spool only when the server has
-acked it, so a server outage, a reconnect or a dead trainer (`keel sync`) lose nothing.
+The training thread only snapshots values (`capture.py`: CPU values read at once, one
+stack + one non-blocking device-to-host copy per device) and writes them to a pipe
+(`link.Feed`, never blocking). Everything else happens in a worker process of its own
+(`worker.py`, started by `link.Link`), so none of it competes with the training thread for
+the interpreter lock: merging the calls of a step (`steps.py`), the stability metrics of
+`log_batch`, several steps per call (`batched.py`), cutting frames, the disk spool
+(`spool.py`) and the server connection (`sender.py`). A frame leaves the spool only when
+the server has acked it, so a server outage, a reconnect, a dead worker (restarted on the
+same spool) or a dead trainer (`keel sync`) lose nothing that reached the spool.
 
 One step may be logged in several calls (docs/integrate.md, "One step, several calls"):
-the background thread holds a step that has `log_batch` calls open until it is complete (a
-`log_batch` for another step or a `log` for a later one, finish(), or `step_timeout` s
-without a call for it) and merges its calls as one batch. Each (key, step) keeps its first value, as on the server; every
-value that is not stored is counted in `Monitor.dropped` and warned about once per kind.
+see `steps.py`. Every value that is not stored is counted in `Monitor.dropped` and warned
+about once per kind, here in the trainer (the worker reports its drops and log records).
 
 torch is optional: it is only touched when a value is a tensor (then torch is already
 imported by the caller).
@@ -37,49 +38,42 @@ import sys
 import threading
 import time
 import uuid
-from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
-from trainer_hooks.capture import Capture, Captured, HostCopy, to_host
+from trainer_hooks.capture import Capture, Captured, HostCopy, ship_inputs, to_host
+from trainer_hooks.channel import Buffer, Settings, encode
+from trainer_hooks.link import Feed, Link, Pending
 from trainer_hooks.protocol import (
     FINISH_STATUSES,
     Limits,
-    Row,
     RunInfo,
-    encode_rows,
     hello_message,
     parse_hello,
 )
-from trainer_hooks.sender import ConnState, Sender, SenderConfig, ingest_url
+from trainer_hooks.sender import SenderConfig, ingest_url
 from trainer_hooks.spool import Spool, default_spool_root
 
-if TYPE_CHECKING:  # batched and metrics import torch, which a floats-only Monitor does without
+if TYPE_CHECKING:  # batched imports torch, which a floats-only Monitor does without
     from trainer_hooks.batched import BatchInputs
-    from trainer_hooks.metrics import Partials
 
 __all__ = ["Monitor"]
 
 logger = logging.getLogger("keel")
 
 _LIMITS = Limits()
-# How often the background thread wakes to drain the queue and poll for acks.
-_TICK_S = 0.05
 # A killed job has a grace period (SLURM and Kubernetes default to 30 s) that checkpointing
 # also needs; the spool keeps whatever is not acked by then for `keel sync`.
 _KILLED_FINISH_TIMEOUT_S = 10.0
-# log_batch() steps whose metrics the background thread has yet to compute; beyond this the
-# training thread computes them itself, so a slow background thread bounds memory, not steps.
-_MAX_DEFERRED = 64
-# Steps whose sent keys the background thread remembers, to count a value logged again for
-# a step already sent (the server would keep the first one without a word).
-_SENT_STEPS = 1024
-# Distinct key sets shared between those steps (most steps log the same keys).
-_KEY_SETS = 256
+# Bytes the training process holds for a worker that is behind (or still starting); past
+# half of it log_batch() computes partials here (small), so memory is bounded, not steps.
+_MAX_QUEUED_BYTES = 256 * 1024 * 1024
+# A GPU log_batch() larger than this (tokens) is reduced on the GPU: the worker's CPU
+# would not keep up with copies of it every step.
+_MAX_SHIPPED_TOKENS = 1 << 20
 DROP_KINDS = (
     "string",
     "none",
@@ -92,22 +86,6 @@ DROP_KINDS = (
     "error",
 )
 """What `Monitor.dropped` counts (docs/integrate.md, "What is not stored")."""
-
-
-@dataclass
-class _OpenStep:
-    """A step whose log_batch() metrics are still being gathered (background thread)."""
-
-    step: int
-    time: float
-    """Wall time of its first call: the row's time."""
-    last_call: float
-    values: dict[str, float] = field(default_factory=dict)
-    """The callers' own metrics, the first value of each key."""
-    inputs: list[BatchInputs] = field(default_factory=list)
-    """log_batch() on CPU: copies of the inputs, computed when the step closes."""
-    partials: list[Partials] = field(default_factory=list)
-    """log_batch() computed in the training thread (GPU, data parallel, backlog)."""
 
 
 def dashboard_url(server_url: str, run_id: str) -> str:
@@ -176,16 +154,21 @@ class Monitor:
         self.spool_path: Path | None = None
         self.step_timeout = step_timeout
         self._config = sender_config or SenderConfig()
-        self._queue: deque[Captured] = deque()
         self._dropped: dict[str, int] = {}
         self._first_drop: dict[str, str] = {}  # kind -> the first one, for finish()'s summary
-        self._drop_lock = threading.Lock()  # counted from both threads
-        self._warned: set[str] = set()
+        self._drop_lock = threading.Lock()  # counted from the training and replies threads
         self._capture = Capture(self._drop, _LIMITS)
-        self._deferred_slots = threading.BoundedSemaphore(_MAX_DEFERRED)
+        self._feed = Feed(
+            linger=self._config.flush_interval,
+            max_messages=self._config.max_queued_rows,
+            max_bytes=_MAX_QUEUED_BYTES,
+            on_error=self._feed_error,
+        )
         self._closed = False  # finish() started: log() is a no-op from here on
+        self._finish_status: str | None = None
         self._delivered: bool | None = None  # what finish() returned
         self._exit_status: str | None = None  # set by the SIGTERM handler
+        self._pid = os.getpid()
         if not self.enabled:
             return
 
@@ -200,28 +183,22 @@ class Monitor:
             tags=list(tags),
         )
         parse_hello(hello_message(run), _LIMITS)
+        self._run = run
 
         root = Path(spool_dir).expanduser() if spool_dir is not None else default_spool_root()
         self.spool_path = root / self.run_id
-        self._spool = Spool.open(self.spool_path, run=run, server_url=server_url)
-        self._sender = Sender(
-            self._spool,
-            server_url,
+        # Made (or checked: a resumed run's spool may be in use) here, so that a bad
+        # spool_dir fails the constructor; the worker opens it again as its owner.
+        Spool.open(self.spool_path, run=run, server_url=server_url).close()
+        settings = Settings(
+            spool_path=str(self.spool_path),
+            server_url=server_url,
             token=token if token is not None else os.environ.get("KEEL_TOKEN"),
-            config=self._config,
+            sender_config=self._config,
+            step_timeout=step_timeout,
         )
-        self._rows: list[Row] = []  # rows not yet cut into a frame (background thread only)
-        self._rows_values = 0
-        self._open: dict[int, _OpenStep] = {}  # steps with log_batch() calls, not yet complete
-        self._complete: list[_OpenStep] = []  # completed by a later step, not yet computed
-        self._sent: dict[int, frozenset[str]] = {}  # step -> keys sent, the last _SENT_STEPS
-        self._key_sets: dict[frozenset[str], frozenset[str]] = {}
-        self._finish_status: str | None = None
-        self._finish_requested = threading.Event()
-        self._stop = threading.Event()
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._pump, name=f"keel-{run_name}", daemon=True)
-        self._thread.start()
+        self._link = Link(settings, self._feed, on_drop=self._drop, name=run_name)
+        self._link.start()  # returns at once; calls wait in the pipe while it starts
         self._install_exit_hooks()
         self._announce(run_name)
 
@@ -252,15 +229,18 @@ class Monitor:
         """Record `metrics` (floats or single-element tensors on any device) for `step`.
 
         Never raises and never waits for the network or the GPU: values are snapshotted
-        with one asynchronous device-to-host copy and handed to the background thread.
+        at once on CPU, with one asynchronous device-to-host copy elsewhere, and written
+        to the worker's pipe.
         Several calls for one step add up to one row; a key given again for a step keeps
         its first value (the later one is counted in `dropped`). Strings (even "0.5"),
         None and other non-numbers are dropped and counted, never coerced.
         """
-        if self._closed or not self.enabled:
-            return
+        if self._closed or not self.enabled or os.getpid() != self._pid:
+            return  # (a fork of the trainer, say a data loader worker, is not the run)
         try:
-            self._enqueue(step, metrics)
+            captured = self._capture(step, metrics)
+            if captured is not None:
+                self._send_log(captured)
         except Exception as exc:  # a bad metric must never stop training
             self._drop("error", 1, f"log({step!r}) dropped: {exc!r}")
 
@@ -281,18 +261,19 @@ class Monitor:
     ) -> None:
         """`log(step, {**stability_metrics(sampler_logprobs, ...), **metrics})`, cheaper.
 
-        The arguments are those of `trainer_hooks.metrics.stability_metrics`. On CPU the
-        tensors are copied (one copy each, so the loop may reuse its buffers) and the
-        background thread computes the metrics, several steps per call (`batched.py`): the
-        training thread spends the copies, not the ~100 small tensor ops. On a GPU their
-        mergeable partial sums are computed here, which only queues asynchronous kernels,
-        and copied to the host. Under torch.distributed they are computed here on every
-        rank, because each rank takes part in their all-reduces. Never raises.
+        The arguments are those of `trainer_hooks.metrics.stability_metrics`. The tensors
+        go to the Monitor's worker process, which computes the metrics, several steps per
+        call (`batched.py`): on CPU they are written to its pipe before this returns (so
+        the loop may reuse its buffers), on a GPU copied asynchronously to pinned memory
+        and sent once the copies land. The training thread spends the copies, not the ~100
+        small tensor ops. Under torch.distributed, with `logits` on a GPU, or while the
+        worker is far behind, the mergeable partial sums are computed here instead (each
+        rank takes part in their all-reduces). Never raises.
 
         Calls for the same step (micro-batches) are merged: the step's metrics are those
         of its batches concatenated along the batch dim, sent once the step is complete.
         """
-        if self._closed:
+        if self._closed or os.getpid() != self._pid:
             return
         try:
             import torch
@@ -314,41 +295,94 @@ class Monitor:
             parallel = data_parallel()  # then every rank takes part in the all-reduces
             if not (self.enabled or parallel):
                 return
-            on_cpu = learner_logprobs.device.type == "cpu"
-            if not parallel and on_cpu and self._deferred_slots.acquire(blocking=False):
-                queued = False
-                try:
-                    queued = self._enqueue(step, metrics or {}, deferred=inputs.copy())
-                finally:
-                    if not queued:
-                        self._deferred_slots.release()
+            if not parallel and self._ships(inputs):
+                self._send_batch(torch, step, metrics or {}, inputs)
                 return
             partials = inputs.partials()  # queued kernels on a GPU; all-reduced on every rank
             if self.enabled:
                 packed, layout = partials.pack()
-                self._enqueue(step, metrics or {}, partials=(layout, to_host(torch, packed)))
+                self._send_partials(torch, step, metrics or {}, layout, to_host(torch, packed))
         except Exception as exc:  # a bad input must never stop training
             self._drop("error", 1, f"log_batch({step!r}) dropped: {exc!r}")
 
-    def _enqueue(
+    def _ships(self, inputs: BatchInputs) -> bool:
+        """Send the inputs themselves (the worker computes), not partials computed here?"""
+        device = inputs.learner_logprobs.device.type
+        if self._feed.queued_bytes > _MAX_QUEUED_BYTES // 2:
+            return False  # the worker is far behind: bound memory, not steps
+        if device == "cpu":
+            return True
+        return (
+            device == "cuda"
+            and inputs.logits is None  # [B, T, V] is too big to copy; reduced on the GPU
+            and inputs.learner_logprobs.numel() <= _MAX_SHIPPED_TOKENS
+        )
+
+    # -- to the worker -----------------------------------------------------------------
+
+    def _send_log(self, captured: Captured) -> None:
+        if not captured.snapshots:
+            message = encode(("log", captured.step, captured.time, captured.values))
+            queued = self._feed.put(message)
+        else:
+
+            def encode_log() -> list[Buffer]:
+                row = captured.row()
+                return encode(("log", row.step, row.time, row.values))
+
+            queued = self._feed.put_pending(Pending(captured.copies, encode_log, 0))
+        if not queued:
+            self._drop("queue_full", 1, "the send queue is full (is the worker stalled?)")
+
+    def _send_batch(
+        self, torch: Any, step: int, metrics: Mapping[str, Any], inputs: BatchInputs
+    ) -> None:
+        captured = self._capture(step, metrics)
+        if captured is None:
+            return
+        shipped = ship_inputs(torch, inputs)
+        copies = captured.copies + shipped.copies
+        if not copies:
+            header = ("batch", step, captured.time, captured.values, shipped.fields)
+            queued = self._feed.put(encode(header, shipped.buffers))
+        else:
+
+            def encode_batch() -> list[Buffer]:
+                row = captured.row()
+                return encode(("batch", step, row.time, row.values, shipped.fields), shipped.buffers)
+
+            nbytes = sum(memoryview(buffer).nbytes for buffer in shipped.buffers)
+            queued = self._feed.put_pending(Pending(copies, encode_batch, nbytes))
+        if not queued:
+            self._drop("queue_full", 1, "the send queue is full (is the worker stalled?)")
+
+    def _send_partials(
         self,
+        torch: Any,
         step: int,
         metrics: Mapping[str, Any],
-        deferred: BatchInputs | None = None,
-        partials: tuple[tuple[Any, ...], HostCopy] | None = None,
-    ) -> bool:
-        if not self.enabled:
-            return False
-        if len(self._queue) >= self._config.max_queued_rows:
-            self._drop("queue_full", 1, "the send queue is full (is the disk stalled?)")
-            return False
-        queued = self._capture(step, metrics)
-        if queued is None:
-            return False
-        queued.deferred = deferred
-        queued.partials = partials
-        self._queue.append(queued)  # deque.append is atomic; no lock on the hot path
-        return True
+        layout: tuple[Any, ...],
+        packed: HostCopy,
+    ) -> None:
+        captured = self._capture(step, metrics)
+        if captured is None:
+            return
+
+        def encode_partials() -> list[Buffer]:
+            row = captured.row()
+            values = packed.wait().to(torch.float64).contiguous()
+            return encode(("partials", step, row.time, row.values, layout), [values.numpy()])
+
+        copies = [*captured.copies, packed]
+        if all(copy.ready() for copy in copies):
+            queued = self._feed.put(encode_partials())
+        else:
+            queued = self._feed.put_pending(Pending(copies, encode_partials, 0))
+        if not queued:
+            self._drop("queue_full", 1, "the send queue is full (is the worker stalled?)")
+
+    def _feed_error(self, detail: str) -> None:
+        self._drop("error", 1, detail)
 
     def _drop(self, kind: str, count: int, detail: str) -> None:
         """Count `count` values (calls, for error and queue_full) not stored; warn once per kind."""
@@ -359,11 +393,6 @@ class Monitor:
                 self._first_drop[kind] = detail
         if first:
             logger.warning("keel: %s; dropped (%s). Counted in Monitor.dropped", detail, kind)
-
-    def _warn_once(self, what: str, message: str) -> None:
-        if what not in self._warned:
-            self._warned.add(what)
-            logger.warning("keel: %s", message)
 
     # -- finishing ---------------------------------------------------------------------
 
@@ -379,18 +408,25 @@ class Monitor:
             return True
         if self._delivered is not None:  # finished already
             return self._delivered
-        self._request_finish(status)
-        if not self._done.wait(timeout):
-            self._stop.set()
-        # The thread spools what is left and releases the spool before it exits.
-        self._thread.join(self._config.connect_timeout + 5.0)
+        if os.getpid() != self._pid:  # a fork of the trainer (a data loader) exiting
+            return True
+        self._request_finish(status, timeout)
+        started = time.monotonic()
+        self._feed.flush(timeout)
+        # The worker gives up waiting for the server at the deadline, spools what is left
+        # and releases the spool; a dial in progress may take connect_timeout more.
+        left = max(0.0, timeout - (time.monotonic() - started))
+        done = self._link.wait(left + self._config.connect_timeout + 5.0)
+        if done is None:
+            self._link.kill()
+        self._feed.close()
         self._uninstall_exit_hooks()
-        delivered = self._sender.state is ConnState.DONE
+        delivered = done is not None and done.delivered
         dropped = self.dropped
         if dropped:
             logger.warning(
                 "keel: not stored in run %r (%s): %s",
-                self._spool.run.name,
+                self._run.name,
                 self.run_id,
                 "; ".join(
                     f"{kind} {count} (first: {self._first_drop[kind]})"
@@ -398,29 +434,31 @@ class Monitor:
                 ),
             )
         if not delivered:
-            rejected = self._sender.state is ConnState.REJECTED
+            rejected = done is not None and done.rejected
             hint = " (the server refused the token; pass one with --token)" if rejected else ""
             logger.warning(
                 "keel: the server at %s did not acknowledge all of run %r (%s) within %g s%s; "
-                "its %d unacknowledged frame(s) are kept in %s. Upload them with:\n    keel sync %s",
+                "its %s unacknowledged frame(s) are kept in %s. Upload them with:\n    keel sync %s",
                 self.server_url,
-                self._spool.run.name,
+                self._run.name,
                 self.run_id,
                 timeout,
                 hint,
-                self._spool.unacked,
+                done.unacked if done is not None else "all",
                 self.spool_path,
                 shlex.quote(str(self.spool_path)),
             )
         self._delivered = delivered
         return delivered
 
-    def _request_finish(self, status: str) -> None:
+    def _request_finish(self, status: str, timeout: float = 30.0) -> None:
         """Start finishing without waiting (lets a caller finish many Monitors at once)."""
         if self._finish_status is None:
             self._closed = True
             self._finish_status = status
-            self._finish_requested.set()
+            message = encode(("finish", status, time.time() + timeout))
+            self._link.finish_message = message
+            self._feed.put(message, always=True)
 
     def __enter__(self) -> Monitor:
         return self
@@ -476,245 +514,6 @@ class Monitor:
             failed = uncaught is not None and uncaught is not self._uncaught_at_start
             status = "failed" if failed else "finished"
         self.finish(status, timeout=_KILLED_FINISH_TIMEOUT_S if status == "killed" else 30.0)
-
-    # -- the background thread ---------------------------------------------------------
-
-    def _pump(self) -> None:
-        failures = 0
-        try:
-            # After a REJECTED the loop goes on spooling until finish(): `keel sync` with
-            # the right token can upload it all later.
-            while not self._stop.is_set() and not (
-                self._sender.settled and self._finish_requested.is_set()
-            ):
-                try:
-                    self._pump_once()
-                    failures = 0
-                except Exception:  # keep going: a bug here must not lose later rows
-                    failures += 1
-                    if failures == 1:
-                        logger.exception("keel: background sender error (retrying)")
-                    time.sleep(min(5.0, _TICK_S * 2**failures))
-        finally:
-            self._shutdown()
-
-    def _pump_once(self) -> None:
-        finishing = self._finish_requested.is_set()
-        self._drain(force=finishing)
-        self._close_steps(everything=finishing)
-        self._cut_frame(force=finishing)
-        idle = not (self._queue or self._open or self._complete or self._rows)
-        if finishing and idle and self._finish_status is not None:
-            if self._spool.status != self._finish_status:
-                self._spool.record_status(self._finish_status)  # so `keel sync` knows
-            self._sender.request_finish(self._finish_status)
-        self._sender.step(_TICK_S)
-        self._spool.fsync_if_due(self._config.fsync_interval)
-
-    def _drain(self, *, force: bool = True) -> None:
-        """Queue -> rows and open steps. Unless `force`d, waits (like the frame window) until
-        the oldest entry is `flush_interval` old, so that log_batch() metrics are computed
-        several steps at once."""
-        limit = self._config.max_rows_per_frame
-        if not self._queue:
-            return
-        if not force and len(self._queue) < limit:
-            if time.time() - self._queue[0].time < self._config.flush_interval:
-                return
-        taken = 0
-        while self._queue and len(self._rows) + taken < limit:
-            captured = self._queue.popleft()
-            taken += 1
-            try:
-                row = captured.row()
-                partials = self._read_partials(captured)
-            except Exception as exc:  # e.g. a CUDA error surfacing at the event
-                self._drop("error", 1, f"tensors of step {captured.step} lost: {exc!r}")
-                if captured.deferred is not None:
-                    self._deferred_slots.release()
-                continue
-            self._take(captured, row.values, partials)
-
-    @staticmethod
-    def _read_partials(captured: Captured) -> Partials | None:
-        if captured.partials is None:
-            return None
-        from trainer_hooks.metrics import Partials
-
-        layout, copy = captured.partials
-        return Partials.unpack(copy.wait(), layout)
-
-    def _take(
-        self, captured: Captured, values: dict[str, float], partials: Partials | None
-    ) -> None:
-        """One call, in call order: a log_batch() call completes the open steps of other
-        steps (micro-batches of a step come one after another) and opens its own; a log()
-        call completes the open steps before its step (a late log() for an earlier step
-        leaves the current one open); a call for an open step joins it; any other log()
-        call is a row at once."""
-        step = captured.step
-        batch = captured.deferred is not None or partials is not None
-        if self._open:
-            for other in sorted(self._open):
-                if other < step or (batch and other != step):
-                    self._complete.append(self._open.pop(other))
-        open_step = self._open.get(step)
-        if open_step is None and not batch:
-            if any(done.step == step for done in self._complete):
-                self._close_steps(everything=False)  # its first values go first
-            self._emit(step, captured.time, values)
-            return
-        if open_step is None:
-            open_step = self._open[step] = _OpenStep(step, captured.time, captured.time)
-        open_step.last_call = captured.time
-        for key, value in values.items():
-            if key in open_step.values:
-                self._drop("repeated", 1, f"step {step}: {key!r} was given twice; the first kept")
-            else:
-                open_step.values[key] = value
-        if captured.deferred is not None:
-            open_step.inputs.append(captured.deferred)
-        if partials is not None:
-            open_step.partials.append(partials)
-
-    def _close_steps(self, *, everything: bool) -> None:
-        """Send the complete steps: those a later step completed, those without a call for
-        `step_timeout` s, and all of them when finishing. Their CPU metrics are computed
-        together, several steps per call."""
-        if self._open:
-            now = time.time()
-            for step, open_step in list(self._open.items()):
-                if everything or now - open_step.last_call >= self.step_timeout:
-                    self._complete.append(self._open.pop(step))
-        if not self._complete:
-            return
-        steps, self._complete = self._complete, []
-        try:
-            computed = self._metrics_of(steps)
-        finally:
-            for open_step in steps:
-                for _ in open_step.inputs:
-                    self._deferred_slots.release()
-        for open_step, values in zip(steps, computed, strict=True):
-            # The callers' own metrics win over computed ones of the same name.
-            values = {**values, **open_step.values}
-            self._emit(open_step.step, open_step.time, values, merged=True)
-
-    def _metrics_of(self, steps: list[_OpenStep]) -> list[dict[str, float]]:
-        """The stability metrics of each complete step: the CPU inputs of a step joined
-        into one batch (`batched.concat`) and computed with the other steps' in one call;
-        partials from the training thread (or inputs that do not join) merged."""
-        from trainer_hooks.batched import compute, concat
-
-        computed: list[dict[str, float]] = [{} for _ in steps]
-        joined: list[tuple[int, BatchInputs]] = []
-        for index, open_step in enumerate(steps):
-            if not open_step.partials:
-                try:
-                    joined.append((index, concat(open_step.inputs)))
-                    continue
-                except Exception:
-                    pass  # other kinds of inputs across calls: merged from partials below
-            computed[index] = self._merged(open_step)
-        results = compute([batch for _, batch in joined], warn=self._lost) if joined else []
-        for (index, _), values in zip(joined, results, strict=True):
-            computed[index] = values
-        return computed
-
-    def _merged(self, open_step: _OpenStep) -> dict[str, float]:
-        """The metrics of a step from its calls' partials (computed here for CPU inputs)."""
-        from trainer_hooks.metrics import finalize, merge_partials
-
-        try:
-            parts = list(open_step.partials)
-            parts.extend(inputs.partials() for inputs in open_step.inputs)
-            if len({(tuple(p.sums), tuple(p.maxes)) for p in parts}) > 1:
-                self._warn_once(
-                    "mixed_inputs",
-                    f"the log_batch calls of step {open_step.step} give different optional "
-                    "inputs (rewards, gate_mask, logits, versions); a metric that needs one "
-                    "is left out of a step where some calls lack it",
-                )
-            merged = finalize(merge_partials(parts))
-            return {name: float(value) for name, value in merged.items()}
-        except Exception as exc:
-            self._lost("", f"step {open_step.step}: {exc!r}")
-            return {}
-
-    def _lost(self, what: str, message: str) -> None:
-        """batched.compute's report of a batch whose metrics it could not compute."""
-        self._drop("error", 1, f"stability metrics lost: {message}")
-
-    def _emit(
-        self, step: int, wall_time: float, values: dict[str, float], *, merged: bool = False
-    ) -> None:
-        """A row for the spool, without the keys this Monitor already sent for the step (the
-        server would keep their first values and ignore these). `merged`: a step whose
-        log_batch() calls were merged."""
-        sent = self._sent.get(step)
-        if sent is not None:
-            repeated = [key for key in values if key in sent]
-            if repeated:
-                self._drop(
-                    "repeated",
-                    len(repeated),
-                    f"step {step}: {repeated[0]!r} was logged again after the Monitor sent "
-                    "it; the server keeps the first value",
-                )
-                if merged:
-                    self._warn_once(
-                        "late_batch",
-                        f"log_batch() for step {step} came after the step was sent: a step is "
-                        "complete once another step is logged, or step_timeout="
-                        f"{self.step_timeout:g} s after its last call (log the micro-batches "
-                        "of a step one after another; raise step_timeout for slow ones)",
-                    )
-                values = {key: value for key, value in values.items() if key not in sent}
-        if not values:
-            return
-        keys = frozenset(values) if sent is None else sent.union(values)
-        if len(self._key_sets) >= _KEY_SETS:
-            self._key_sets.clear()
-        self._sent[step] = self._key_sets.setdefault(keys, keys)
-        if len(self._sent) > _SENT_STEPS:
-            del self._sent[next(iter(self._sent))]
-        self._rows.append(Row(step=step, time=wall_time, values=values))
-        self._rows_values += len(values)
-
-    def _cut_frame(self, *, force: bool) -> None:
-        if not self._rows:
-            return
-        full = (
-            len(self._rows) >= self._config.max_rows_per_frame
-            or self._rows_values >= self._config.max_values_per_frame
-        )
-        oldest = self._rows[0].time or 0.0
-        if not (force or full or time.time() - oldest >= self._config.flush_interval):
-            return
-        rows_json = json.dumps(encode_rows(self._rows), separators=(",", ":"), allow_nan=False)
-        self._spool.append(rows_json)  # on OSError the rows stay and are retried next tick
-        self._rows = []
-        self._rows_values = 0
-
-    def _shutdown(self) -> None:
-        """Last words of the background thread: nothing logged may stay only in memory."""
-        try:
-            if self._sender.state is not ConnState.DONE:
-                self._drain()
-                self._close_steps(everything=True)
-                while self._rows:
-                    self._cut_frame(force=True)
-                    self._drain()
-                    self._close_steps(everything=True)
-                if self._finish_status is not None and self._spool.status != self._finish_status:
-                    self._spool.record_status(self._finish_status)
-        except Exception:
-            logger.exception("keel: could not spool the last rows")
-        finally:
-            delivered = self._sender.state is ConnState.DONE
-            self._sender.close()
-            self._spool.close(remove=delivered)
-            self._done.set()
 
 
 def _last_uncaught() -> BaseException | None:

@@ -202,8 +202,8 @@ def test_memory_stays_bounded_while_the_server_is_away(make_server, sqlite_url, 
     while len(spooled_steps(monitor.spool_path)) < steps:
         assert time.monotonic() < deadline
         time.sleep(0.1)
-    # The rows left memory for the disk: nothing queued, nothing held back for sending.
-    assert len(monitor._queue) == 0 and monitor._rows == []
+    # The rows left the training process for the disk: nothing queued in the trainer.
+    assert monitor._feed.idle and monitor._feed.queued_bytes == 0
     assert spooled_steps(monitor.spool_path) == list(range(steps))
     server.start()
     assert monitor.finish(timeout=120)

@@ -143,9 +143,8 @@ def test_micro_batches_of_a_step_merge_into_the_metrics_of_the_whole_step(
 def test_a_step_of_many_micro_batches_merges_partials_from_the_training_thread(
     make_server, sqlite_url, tmp_path
 ) -> None:
-    """Past 64 CPU micro-batches waiting for the Monitor's thread, the training thread
-    computes the next ones' partials itself (as on a GPU or under data parallel, packed
-    into one host copy): the step merges both kinds exactly."""
+    """80 micro-batches of one step, of many shapes, reach the worker and merge into
+    the metrics of the whole step exactly."""
     server = make_server(sqlite_url)
     batches = [micro_batch(i, 1 + i % 3, 2 + i % 9) for i in range(80)]
     with Monitor(server.url, run_name="many", spool_dir=tmp_path, sender_config=FAST) as m:

@@ -1,0 +1,109 @@
+"""The pipe between the training process and the Monitor's worker process (`worker.py`).
+
+Both directions carry the same framing, one message after another:
+
+    <u32 header length> <u32 body length> <header> <body>
+
+`header` is a pickled tuple whose first item names the message; `body` is raw bytes (the
+tensors of a `log_batch` call, each contiguous, in the order the header lists them). The
+trainer writes with one writev(2) of the caller's own buffers, so a CPU batch is copied
+once, by the kernel, and the loop may reuse its tensors as soon as the call returns.
+
+Trainer -> worker ("inbox"):
+    ("start", Settings)                                 always the first message
+    ("log", step, time, {key: float})
+    ("batch", step, time, {key: float}, [FieldSpec])    body: the BatchInputs tensors
+    ("partials", step, time, {key: float}, layout)      body: Partials.pack() as float64
+    ("finish", status, deadline)                        deadline: time.time() to give up
+
+Worker -> trainer ("replies"):
+    ("ready",)                                          the spool is open
+    ("drop", kind, count, detail)                       counted in Monitor.dropped
+    ("log", level, message)                             for the trainer's "keel" logger
+    ("done", delivered, rejected, unacked)              finish is over; the spool is closed
+
+Both ends are trusted (one user, one machine, a pipe only they hold), which is what makes
+pickle acceptable here; nothing read from the network ever goes through it.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from trainer_hooks.sender import SenderConfig
+
+__all__ = ["FieldSpec", "Reader", "Settings", "encode", "read_message", "write_all"]
+
+_LENGTHS = struct.Struct("<II")
+# Bytes per read(2) of the replies (they are tiny).
+_READ_CHUNK = 1 << 16
+
+Buffer = Any
+"""bytes, bytearray, memoryview or a numpy array: anything writev(2) takes."""
+
+FieldSpec = tuple[str, Any]
+"""One BatchInputs field: (name, None | int | (dtype name, shape, nbytes))."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the worker needs to take over a run's spool (sent in the "start" message)."""
+
+    spool_path: str
+    server_url: str
+    token: str | None
+    sender_config: SenderConfig
+    step_timeout: float
+
+
+def encode(header: tuple[Any, ...], body: Sequence[Buffer] = ()) -> list[Buffer]:
+    """One message as the buffers to write, in order (no copy of the body)."""
+    head = pickle.dumps(header, protocol=pickle.HIGHEST_PROTOCOL)
+    size = sum(memoryview(part).nbytes for part in body)
+    return [_LENGTHS.pack(len(head), size) + head, *body]
+
+
+def write_all(fd: int, parts: Sequence[Buffer]) -> None:
+    """Write a message on a blocking fd (the worker's replies; tiny and rare)."""
+    data = memoryview(b"".join(parts))
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+class Reader:
+    """Splits what arrives on a pipe into messages; feed it whatever read(2) returned."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> Iterator[tuple[tuple[Any, ...], memoryview]]:
+        """The messages that `data` completes: (header, body), the body a copy of its own."""
+        self._buffer += data
+        start = 0
+        messages = []
+        while len(self._buffer) - start >= _LENGTHS.size:
+            head_size, body_size = _LENGTHS.unpack_from(self._buffer, start)
+            end = start + _LENGTHS.size + head_size + body_size
+            if len(self._buffer) < end:
+                break
+            head_start = start + _LENGTHS.size
+            header = pickle.loads(self._buffer[head_start : head_start + head_size])
+            body = bytes(self._buffer[head_start + head_size : end])
+            messages.append((header, memoryview(body)))
+            start = end
+        del self._buffer[:start]
+        return iter(messages)
+
+
+def read_message(fd: int, reader: Reader) -> Iterator[tuple[tuple[Any, ...], memoryview]]:
+    """Block for the next chunk on `fd` and return the messages it completes (maybe none
+    yet). Raises EOFError when the other end is closed."""
+    data = os.read(fd, _READ_CHUNK)
+    if not data:
+        raise EOFError
+    return reader.feed(data)
