@@ -22,7 +22,6 @@ cuts a block (docs/operations.md, "Reads").
 
 from __future__ import annotations
 
-import asyncio
 import math
 import uuid
 from collections.abc import AsyncIterator, Iterable
@@ -40,6 +39,7 @@ from sqlalchemy.orm import aliased
 
 from server.db import is_sqlite, session_factory
 from server.errors import RunConflict, SeqGap, Superseded, UnknownRun
+from server.fairlock import FairLock
 from server.models import Point, PointRollup, Run, RunWriter, Series
 from trainer_hooks.protocol import Row, RunInfo
 
@@ -309,7 +309,7 @@ class Store:
         self.sessions = session_factory(engine)
         self.sqlite = is_sqlite(engine)
         # SQLite has a single writer; serialising here avoids lock-timeout errors.
-        self._write_lock = asyncio.Lock()
+        self._write_lock = FairLock()
         self._series_ids: dict[tuple[str, str], int] = {}
 
     def forget_run(self, run_id: str) -> None:
@@ -320,7 +320,7 @@ class Store:
     @asynccontextmanager
     async def writing(self) -> AsyncIterator[AsyncSession]:
         if self.sqlite:
-            async with self._write_lock, self.sessions() as session, session.begin():
+            async with self._write_lock.hold(), self.sessions() as session, session.begin():
                 yield session
         else:
             async with self.sessions() as session, session.begin():

@@ -8,9 +8,11 @@ from typing import Annotated, Literal
 import orjson
 from fastapi import APIRouter, HTTPException, Path, Query, Request
 
-from server.auth import ADMIN, INGEST, READ
+from server.auth import ADMIN, INGEST, READ, presented_token
 from server.deps import CommittedDep, SettingsDep, StoreDep
 from server.errors import Conflict, UnknownRun
+from server.fairlock import WRITE_OWNER
+from server.ratelimit import client_key
 from server.retention import delete_run
 from server.schemas import (
     MAX_STEP,
@@ -112,6 +114,7 @@ async def post_points(
     run_id: RunId, request: Request, store: StoreDep, settings: SettingsDep, committed: CommittedDep
 ) -> PointsWritten:
     """`{"rows": [...]}`, stored as a points frame on the ingest socket would be (docs/protocol.md)."""
+    WRITE_OWNER.set(client_key(request, settings.auth_enabled, presented_token(request)))
     body = await request.body()
     if len(body) > settings.max_frame_bytes:
         raise HTTPException(413, f"body of {len(body)} bytes exceeds {settings.max_frame_bytes}")

@@ -9,6 +9,7 @@ from starlette.types import Message
 
 from server.auth import allowed, presented_token
 from server.deps import CommittedDep, HubDep, IngestSlotsDep, ServicesDep, SettingsDep, StoreDep
+from server.fairlock import WRITE_OWNER
 from server.ingest import IngestSession, IngestSlots, refuse_overloaded, refuse_unauthorized
 from server.ratelimit import RateLimited, RateLimits, client_key
 from trainer_hooks.protocol import CLOSE_OVERLOADED, ProtocolError
@@ -72,6 +73,7 @@ async def ingest(
         await refuse_unauthorized(websocket, "ingest")
         return
     client = client_key(websocket, settings.auth_enabled, presented_token(websocket))
+    WRITE_OWNER.set(client)  # this socket's writes take their turn with other clients' (fairlock.py)
     gate = IngestGate(websocket, slots, services.rate_limits, client)
     gated = WebSocket(websocket.scope, receive=gate.receive, send=websocket.send)
     try:
