@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import functools
 import logging
-import numbers
 import os
 import sys
 from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import Any
 
+from trainer_hooks.integrations.common import as_metric, log_converted
 from trainer_hooks.monitor import Monitor
 
 __all__ = [
@@ -77,20 +77,16 @@ def keel_metrics(
     """
     out: dict[str, Any] = {}
     skipped: list[str] = []
-    torch = sys.modules.get("torch")  # a tensor here means torch is imported already
     for name, value in logs.items():
         if value is None or name in _NOT_METRICS:
             continue
-        if evaluation:
-            key = "eval/" + name.removeprefix("eval_")
-        else:
-            key = OPENRLHF_TO_KEEL.get(name, f"openrlhf/{name}")
-        if isinstance(value, numbers.Real) and not isinstance(value, bool):
-            out[key] = float(value)
-        elif torch is not None and isinstance(value, torch.Tensor) and value.numel() == 1:
-            out[key] = value
-        else:
+        metric = as_metric(value)
+        if metric is None:
             skipped.append(name)
+        elif evaluation:
+            out["eval/" + name.removeprefix("eval_")] = metric
+        else:
+            out[OPENRLHF_TO_KEEL.get(name, f"openrlhf/{name}")] = metric
     return out, skipped
 
 
@@ -146,20 +142,10 @@ class KeelLogger:
         self.monitor.__exit__(type(exc), exc, exc.__traceback__)
 
     def _log(self, step: int, logs: Mapping[str, Any], *, evaluation: bool) -> None:
-        try:
-            metrics, skipped = keel_metrics(logs, evaluation=evaluation)
-        except Exception as exc:  # a metric Keel cannot read must never stop training
-            logger.warning("keel: OpenRLHF logs of step %r dropped: %r", step, exc)
-            return
-        if skipped:
-            if not self.skipped:
-                logger.warning(
-                    "keel: OpenRLHF logged values that are not numbers (%s); they are left out",
-                    ", ".join(skipped[:5]),
-                )
-            self.skipped += len(skipped)
-        if metrics:
-            self.monitor.log(step, metrics)
+        def convert(logs: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+            return keel_metrics(logs, evaluation=evaluation)
+
+        self.skipped = log_converted(self.monitor, step, logs, convert, "OpenRLHF", self.skipped)
 
 
 def _plain(value: Any) -> Any:

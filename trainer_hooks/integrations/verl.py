@@ -26,12 +26,12 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import numbers
 import os
 import sys
 from collections.abc import Mapping
 from typing import Any
 
+from trainer_hooks.integrations.common import as_metric, log_converted
 from trainer_hooks.monitor import Monitor
 
 __all__ = [
@@ -84,15 +84,12 @@ def keel_metrics(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """
     out: dict[str, Any] = {}
     skipped: list[str] = []
-    torch = sys.modules.get("torch")  # a tensor here means torch is imported already
     for name, value in data.items():
-        key = VERL_TO_KEEL.get(name, f"verl/{name}")
-        if isinstance(value, numbers.Real) and not isinstance(value, bool):
-            out[key] = float(value)
-        elif torch is not None and isinstance(value, torch.Tensor) and value.numel() == 1:
-            out[key] = value
-        else:
+        metric = as_metric(value)
+        if metric is None:
             skipped.append(name)
+        else:
+            out[VERL_TO_KEEL.get(name, f"verl/{name}")] = metric
     return out, skipped
 
 
@@ -129,20 +126,7 @@ class KeelBackend:
 
     def log(self, data: Mapping[str, Any], step: int) -> None:
         """Stream `data` (verl's metrics of `step`) under Keel's names. Never raises."""
-        try:
-            metrics, skipped = keel_metrics(data)
-        except Exception as exc:  # a metric Keel cannot read must never stop training
-            logger.warning("keel: verl metrics of step %r dropped: %r", step, exc)
-            return
-        if skipped:
-            if not self.skipped:
-                logger.warning(
-                    "keel: verl logged values that are not numbers (%s); they are left out",
-                    ", ".join(skipped[:5]),
-                )
-            self.skipped += len(skipped)
-        if metrics:
-            self.monitor.log(step, metrics)
+        self.skipped = log_converted(self.monitor, step, data, keel_metrics, "verl", self.skipped)
 
     def finish(self, status: str = "finished") -> None:
         """Flush and mark the run `status` (once; later calls do nothing)."""
