@@ -79,14 +79,15 @@ class Series(Base):
 
 
 class Point(Base):
-    """One value of one series at one step. NaN is stored as NULL (SQLite cannot hold NaN)."""
+    """One value of one series at one step. NaN is stored as NULL (SQLite cannot hold NaN).
+
+    `series_id` has no foreign key (migration 0006): the write path and run deletion keep
+    it pointing at a series (server/storage.py, server/retention.py)."""
 
     __tablename__ = "points"
     __table_args__ = {"sqlite_with_rowid": False}
 
-    series_id: Mapped[int] = mapped_column(
-        ForeignKey("series.id", ondelete="CASCADE"), primary_key=True
-    )
+    series_id: Mapped[int] = mapped_column(Integer, primary_key=True)
     step: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     value: Mapped[float | None] = mapped_column(Double)
     wall_time: Mapped[float] = mapped_column(Double)

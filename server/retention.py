@@ -1,9 +1,10 @@
 """Deleting runs without stalling ingest.
 
 A run's points go in batches of `DELETE_BATCH`, each its own short transaction (on SQLite
-the single writer lock is released between batches, so trainers' frames go in between),
-then the run row itself, which takes its series, summaries, writers, alerts and rule
-states with it (ON DELETE CASCADE).
+the single writer lock is released between batches, so trainers' frames go in between).
+The last transaction locks the run's row, as every write does first, deletes whatever points
+a writer added meanwhile, and then the run row, which takes its series, summaries, writers,
+alerts and rule states with it (ON DELETE CASCADE; points have no foreign key).
 """
 
 from __future__ import annotations
@@ -47,6 +48,11 @@ async def delete_run(store: Store, run_id: str, *, force: bool = False) -> int:
             if count < DELETE_BATCH:
                 break
     async with store.writing() as session:
+        locked = select(Run.id).where(Run.id == run_id)
+        await session.execute(locked if store.sqlite else locked.with_for_update())
+        every_series = select(Series.id).where(Series.run_id == run_id).scalar_subquery()
+        result = await session.execute(delete(Point).where(Point.series_id.in_(every_series)))
+        deleted += int(getattr(result, "rowcount", 0) or 0)
         await session.execute(delete(Run).where(Run.id == run_id))
     store.forget_run(run_id)
     return deleted

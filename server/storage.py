@@ -12,12 +12,20 @@ Frames are numbered per writer (`run_writers`): a writer's next frame must carry
 said hello last for a writer may write as it (an older one is superseded).
 
 Bucketed reads do not visit every point: `point_rollups` summarises each series per aligned
-block of 16**L steps (L = 1..ROLLUP_LEVELS; min, max, NaN count, point count, last step). A
-block's summary is recomputed from its 16 children in the transaction that gives any of them
-a point, so it is a function of the stored points alone: a resent point (not inserted) changes
-nothing, and nothing is ever counted twice. A read covers each bucket exactly by the largest
-blocks that fit in it, descending to finer levels, and to points, only where a bucket edge
-cuts a block (docs/operations.md, "Reads").
+block of 16**L steps (L = 1..ROLLUP_LEVELS; min, max, NaN count, point count, last step),
+kept in the transaction that stores the points, so it is a function of the stored points
+alone. On PostgreSQL one statement inserts the points and merges exactly the rows it inserted
+(RETURNING) into every level's blocks; on SQLite, whose writes are serialised, the blocks a
+write touched are recomputed from their children, level by level. Either way a resent point
+(not inserted) changes nothing, and nothing is ever counted twice. A read covers each bucket
+exactly by the largest blocks that fit in it, descending to finer levels, and to points, only
+where a bucket edge cuts a block (docs/operations.md, "Reads").
+
+Points carry no foreign key (checking one per inserted row doubled PostgreSQL's insert cost):
+a write locks its run's row first, `retention.delete_run` takes the same lock before it
+deletes a run's last points, and cached series ids are keyed by the run's incarnation (its
+`started_at`), so a run deleted and created again on another replica is never written into
+with its old series ids.
 """
 
 from __future__ import annotations
@@ -30,10 +38,9 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from sqlalchemy import func, select, text, update
+from sqlalchemy import case, func, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import aliased
 
@@ -80,6 +87,17 @@ class WriteResult:
 
 
 @dataclass(frozen=True)
+class _Head:
+    """What a write reads of its run under the run's lock."""
+
+    acked_seq: int
+    """The frame's writer's (-1 for a REST write)."""
+    last_step: int | None
+    started_at: float
+    """Tells incarnations of a run id apart (deleted and created again)."""
+
+
+@dataclass(frozen=True)
 class KeyInfo:
     key: str
     count: int
@@ -96,15 +114,42 @@ class SeriesData:
     maxs: list[float] | None = None
 
 
-_PG_INSERT_POINTS = text(
-    "INSERT INTO points (series_id, step, value, wall_time) "
-    "SELECT * FROM unnest(CAST(:series_ids AS integer[]), CAST(:steps AS bigint[]), "
-    "CAST(:vals AS double precision[]), CAST(:times AS double precision[])) "
-    "ON CONFLICT DO NOTHING"
-)
-_SQLITE_INSERT_POINT = text(
-    "INSERT OR IGNORE INTO points (series_id, step, value, wall_time) VALUES (:s, :t, :v, :w)"
-)
+@cache
+def _pg_write_points_sql() -> Any:
+    """Insert the points given as array literals and merge the ones inserted into their blocks
+    at every level: min and max (LEAST/GREATEST skip NULL, i.e. NaN), counts added, last step."""
+    merge = (
+        " ON CONFLICT (series_id, level, block) DO UPDATE SET"
+        " min_value = LEAST(point_rollups.min_value, excluded.min_value),"
+        " max_value = GREATEST(point_rollups.max_value, excluded.max_value),"
+        " nan_count = point_rollups.nan_count + excluded.nan_count,"
+        " point_count = point_rollups.point_count + excluded.point_count,"
+        " last_step = GREATEST(point_rollups.last_step, excluded.last_step)"
+    )
+    levels = ", ".join(
+        f"level{level} AS (INSERT INTO point_rollups"
+        " (series_id, level, block, min_value, max_value, nan_count, point_count, last_step)"
+        f" SELECT series_id, {level}, step >> {ROLLUP_BITS * level}, MIN(value), MAX(value),"
+        " COUNT(*) - COUNT(value), COUNT(*), MAX(step)"
+        f" FROM inserted GROUP BY series_id, step >> {ROLLUP_BITS * level}{merge})"
+        for level in range(1, ROLLUP_LEVELS + 1)
+    )
+    return text(
+        "WITH inserted AS (INSERT INTO points (series_id, step, value, wall_time)"
+        " SELECT * FROM unnest(CAST(:series_ids AS integer[]), CAST(:steps AS bigint[]),"
+        " CAST(:vals AS double precision[]), CAST(:times AS double precision[]))"
+        f" ON CONFLICT DO NOTHING RETURNING series_id, step, value), {levels} SELECT 1"
+    )
+
+
+_SQLITE_INSERT_POINTS = "INSERT OR IGNORE INTO points (series_id, step, value, wall_time) VALUES (?, ?, ?, ?)"
+
+
+def _array(items: Iterable[Any]) -> str:
+    """A PostgreSQL array literal of numbers: formatting it is several times cheaper than
+    the driver adapting a list element by element. Floats keep their repr ("inf" and "-inf"
+    are valid float8); NaN becomes NULL, as it is stored."""
+    return "{" + ",".join(map(repr, items)).replace("nan", "NULL") + "}"
 
 
 @dataclass(frozen=True)
@@ -164,9 +209,9 @@ class _Level:
         )
 
 
-# Refreshing the rollup blocks a write touched, one level at a time (each from the level below,
-# level 1 from the points): every summary is recomputed from its children, never merged with
-# what the write sent, so points the write did not insert (already stored) cannot count twice.
+# SQLite: refreshing the rollup blocks a write touched, one level at a time (each from the level
+# below, level 1 from the points). A summary is recomputed from its children, so points the
+# write did not insert (already stored) cannot count twice.
 _ROLLUP_INSERT = (
     "INSERT INTO point_rollups"
     " (series_id, level, block, min_value, max_value, nan_count, point_count, last_step) "
@@ -179,26 +224,13 @@ _ROLLUP_UPSERT = (
 
 
 @cache
-def _refresh_rollups_sql(level: int, sqlite: bool) -> Any:
-    """Recompute the level-`level` blocks named by the parameters from their children: one
-    (:s, :b) per execution on SQLite (executemany), arrays :sids, :blocks on PostgreSQL."""
+def _sqlite_refresh_sql(level: int) -> str:
+    """Recompute one level-`level` block from its children: series id ?1, block ?2, one
+    execution per block (a driver-level executemany)."""
     children = _Level(level - 1)
-    if sqlite:
-        return text(
-            f"{_ROLLUP_INSERT}SELECT c.series_id, {level}, :b, {children.summary} FROM {children.source}"
-            f" WHERE c.series_id = :s AND {children.children_of(':b')} GROUP BY c.series_id{_ROLLUP_UPSERT}"
-        )
-    # LATERAL: one index range scan per block. As a join, the planner (which guesses 10 rows
-    # for unnest) may hash-join the blocks against every point of the table instead. The
-    # LIMIT (a block has at most that many children) keeps its guess of each scan's rows
-    # from the default 0.5 % of the table, which would cost the plan a JIT compile (~300 ms).
-    return text(
-        f"{_ROLLUP_INSERT}SELECT t.series_id, {level}, t.block, a.min_value, a.max_value, a.nan_count,"
-        " a.point_count, a.last_step"
-        " FROM unnest(CAST(:sids AS integer[]), CAST(:blocks AS bigint[])) AS t(series_id, block)"
-        f" CROSS JOIN LATERAL (SELECT {children.summary} FROM (SELECT * FROM {children.source}"
-        f" WHERE c.series_id = t.series_id AND {children.children_of('t.block')} LIMIT {1 << ROLLUP_BITS}) AS c) AS a"
-        f" WHERE a.point_count > 0{_ROLLUP_UPSERT}"
+    return (
+        f"{_ROLLUP_INSERT}SELECT c.series_id, {level}, ?2, {children.summary} FROM {children.source}"
+        f" WHERE c.series_id = ?1 AND {children.children_of('?2')} GROUP BY c.series_id{_ROLLUP_UPSERT}"
     )
 
 
@@ -266,7 +298,11 @@ def _cover_sql(level: int, sqlite: bool) -> str:
             where = f"c.series_id = :sid AND {at.children_of('p.block')} AND {inside(at)}"
         if sqlite:  # CROSS JOIN: SQLite keeps this order, one index range scan per cut block
             parts.append(f"SELECT {bucket_of(at)} AS bucket, {at.row} FROM parent{parent} p CROSS JOIN {at.source} WHERE {where}")
-        else:  # LATERAL and LIMIT: one index range scan per cut block (see _refresh_rollups_sql)
+        else:
+            # LATERAL: one index range scan per cut block. As a join, the planner (which guesses
+            # 10 rows for a CTE) may hash-join the blocks against every point of the series. The
+            # LIMIT (a block has at most that many children) keeps its guess of each scan's rows
+            # from the default 0.5 % of the table, which would cost the plan a JIT compile.
             parts.append(
                 f"SELECT a.* FROM parent{parent} p CROSS JOIN LATERAL (SELECT {bucket_of(at)} AS bucket,"
                 f" {at.row} FROM {at.source} WHERE {where} LIMIT {1 << ROLLUP_BITS}) AS a"
@@ -310,7 +346,8 @@ class Store:
         self.sqlite = is_sqlite(engine)
         # SQLite has a single writer; serialising here avoids lock-timeout errors.
         self._write_lock = FairLock()
-        self._series_ids: dict[tuple[str, str], int] = {}
+        self._series_ids: dict[tuple[str, float, str], int] = {}
+        """(run id, the run's started_at, key) -> series id, for runs this process wrote."""
 
     def forget_run(self, run_id: str) -> None:
         """Drop what this process caches about a run (it was deleted)."""
@@ -368,7 +405,7 @@ class Store:
                 )
             else:
                 run.last_seen_at = now
-            state = await session.get(RunWriter, (info.id, writer), with_for_update=not self.sqlite)
+            state = await session.get(RunWriter, (info.id, writer))
             if state is None:
                 state = RunWriter(run_id=info.id, writer=writer, acked_seq=-1, session=session_id)
                 session.add(state)
@@ -398,14 +435,7 @@ class Store:
         chunks = _chunks(rows, POINTS_PER_TRANSACTION)
         result = WriteResult(stored=True, acked_seq=-1, last_step=None)
         for index, chunk in enumerate(chunks):
-            last = index == len(chunks) - 1
-            try:
-                result = await self._write_chunk(run_id, rows, chunk, last, now, frame)
-            except IntegrityError:
-                # A cached series id of a run deleted (and created again) meanwhile, maybe
-                # by another replica: forget what this process knows of the run, once.
-                self.forget_run(run_id)
-                result = await self._write_chunk(run_id, rows, chunk, last, now, frame)
+            result = await self._write_chunk(run_id, rows, chunk, index == len(chunks) - 1, now, frame)
             if not result.stored:
                 return result
         return result
@@ -415,11 +445,12 @@ class Store:
     ) -> WriteResult:
         """One transaction of `write_points`; the last one also moves the writer's acked seq."""
         async with self.writing() as session:
-            acked_seq, last_step = await self._admit(session, run_id, frame)
+            head = await self._admit(session, run_id, frame)
+            acked_seq, last_step = head.acked_seq, head.last_step
             if frame is not None and frame.seq <= acked_seq:
                 return WriteResult(stored=False, acked_seq=acked_seq, last_step=last_step)
             keys = {key for row in chunk for key in row.values}
-            series_ids = await self._ensure_series(session, run_id, keys)
+            series_ids = await self._ensure_series(session, run_id, head.started_at, keys)
             await self._insert_points(session, chunk, series_ids, now)
             if last:
                 steps = [row.step for row in rows]
@@ -427,67 +458,76 @@ class Store:
                     last_step = max(steps) if last_step is None else max(last_step, *steps)
                 values: dict[str, Any] = {"last_step": last_step, "last_seen_at": now}
                 if frame is not None:
-                    acked_seq = await self._advance(session, run_id, frame)
+                    await session.execute(
+                        update(RunWriter)
+                        .where(RunWriter.run_id == run_id, RunWriter.writer == frame.writer)
+                        .values(acked_seq=frame.seq)
+                    )
+                    acked_seq = frame.seq
                     # A trainer streaming again resumes its run (a REST backfill does not).
-                    values.update(status="running", finished_at=None)
+                    values.update(
+                        status="running",
+                        finished_at=None,
+                        acked_seq=case((Run.acked_seq < frame.seq, frame.seq), else_=Run.acked_seq),
+                    )
                 await session.execute(update(Run).where(Run.id == run_id).values(**values))
         # Only cache ids once their transaction has committed.
         for key, series_id in series_ids.items():
-            self._series_ids[(run_id, key)] = series_id
+            self._series_ids[(run_id, head.started_at, key)] = series_id
         return WriteResult(stored=True, acked_seq=acked_seq, last_step=last_step)
 
     async def reject_frame(self, run_id: str, frame: FrameRef, now: float) -> None:
         """Use up `frame.seq` without storing anything: the frame breaks the protocol, and
         its writer goes on with the next one."""
         async with self.writing() as session:
-            acked_seq, _ = await self._admit(session, run_id, frame)
-            if frame.seq > acked_seq:
-                await self._advance(session, run_id, frame)
-                await session.execute(update(Run).where(Run.id == run_id).values(last_seen_at=now))
+            head = await self._admit(session, run_id, frame)
+            if frame.seq > head.acked_seq:
+                await session.execute(
+                    update(RunWriter)
+                    .where(RunWriter.run_id == run_id, RunWriter.writer == frame.writer)
+                    .values(acked_seq=frame.seq)
+                )
+                await session.execute(
+                    update(Run)
+                    .where(Run.id == run_id)
+                    .values(last_seen_at=now, acked_seq=case((Run.acked_seq < frame.seq, frame.seq), else_=Run.acked_seq))
+                )
 
-    async def _admit(self, session: AsyncSession, run_id: str, frame: FrameRef | None) -> tuple[int, int | None]:
-        """(the writer's acked seq, the run's last step), the rows locked; or raises."""
-        lock = not self.sqlite  # SQLite: the single writer lock already serialises
-        run = await session.execute(
-            select(Run.last_step).where(Run.id == run_id).with_for_update() if lock
-            else select(Run.last_step).where(Run.id == run_id)
-        )
-        head = run.first()
+    async def _admit(self, session: AsyncSession, run_id: str, frame: FrameRef | None) -> _Head:
+        """The run's row, locked (on PostgreSQL; SQLite's single writer lock already
+        serialises), with the frame's writer's acked seq; or raises. Every write of a run
+        locks its row first: writers of one run, and its deletion, take turns."""
+        query = select(Run.last_step, Run.started_at).where(Run.id == run_id)
+        if frame is not None:
+            on = (RunWriter.run_id == Run.id) & (RunWriter.writer == frame.writer)
+            query = query.add_columns(RunWriter.acked_seq, RunWriter.session).outerjoin(RunWriter, on)
+        if not self.sqlite:
+            query = query.with_for_update(of=Run)
+        head = (await session.execute(query)).first()
         if head is None:
             raise UnknownRun(run_id)
         if frame is None:
-            return -1, head[0]
-        state = await session.get(RunWriter, (run_id, frame.writer), with_for_update=lock)
-        if state is None or state.session != frame.session:
+            return _Head(-1, head[0], head[1])
+        last_step, started_at, acked_seq, writer_session = head
+        if writer_session != frame.session:
             raise Superseded(
                 f"another connection took over writer {frame.writer!r} of run {run_id!r}; "
                 "this one may not write"
             )
-        if frame.seq > state.acked_seq + 1:
+        if frame.seq > acked_seq + 1:
             raise SeqGap(
-                f"frame seq {frame.seq} skips ahead: this writer's next frame is {state.acked_seq + 1}; "
+                f"frame seq {frame.seq} skips ahead: this writer's next frame is {acked_seq + 1}; "
                 "reconnect and resume from the welcome's acked_seq"
             )
-        return state.acked_seq, head[0]
-
-    async def _advance(self, session: AsyncSession, run_id: str, frame: FrameRef) -> int:
-        await session.execute(
-            update(RunWriter)
-            .where(RunWriter.run_id == run_id, RunWriter.writer == frame.writer)
-            .values(acked_seq=frame.seq)
-        )
-        await session.execute(
-            update(Run).where(Run.id == run_id, Run.acked_seq < frame.seq).values(acked_seq=frame.seq)
-        )
-        return frame.seq
+        return _Head(acked_seq, last_step, started_at)
 
     async def _ensure_series(
-        self, session: AsyncSession, run_id: str, keys: Iterable[str]
+        self, session: AsyncSession, run_id: str, started_at: float, keys: Iterable[str]
     ) -> dict[str, int]:
         ids: dict[str, int] = {}
         missing: list[str] = []
         for key in keys:
-            cached = self._series_ids.get((run_id, key))
+            cached = self._series_ids.get((run_id, started_at, key))
             if cached is None:
                 missing.append(key)
             else:
@@ -510,50 +550,40 @@ class Store:
     async def _insert_points(
         self, session: AsyncSession, rows: list[Row], series_ids: dict[str, int], now: float
     ) -> None:
+        """Insert the points not stored yet and bring their rollup blocks up to date."""
         if not any(row.values for row in rows):
+            return
+        if not self.sqlite:
+            sids: list[int] = []
+            steps: list[int] = []
+            vals: list[float] = []
+            times: list[float] = []
+            for row in rows:
+                count = len(row.values)
+                sids.extend([series_ids[key] for key in row.values])
+                steps.extend([row.step] * count)
+                vals.extend(map(float, row.values.values()))
+                times.extend([float(row.time or now)] * count)
+            await session.execute(
+                _pg_write_points_sql(),
+                {"series_ids": _array(sids), "steps": _array(steps), "vals": _array(vals), "times": _array(times)},
+            )
             return
         # (series, level-1 block) of every point sent: the blocks whose summaries may change.
         touched: set[tuple[int, int]] = set()
-        if self.sqlite:
-            params = []
-            for row in rows:
-                wall_time, block = row.time or now, row.step >> ROLLUP_BITS
-                for key, value in row.values.items():
-                    series_id = series_ids[key]
-                    params.append({"s": series_id, "t": row.step, "v": _stored(value), "w": wall_time})
-                    touched.add((series_id, block))
-            await session.execute(_SQLITE_INSERT_POINT, params)
-        else:
-            sids: list[int] = []
-            steps: list[int] = []
-            vals: list[float | None] = []
-            times: list[float] = []
-            for row in rows:
-                wall_time, block = row.time or now, row.step >> ROLLUP_BITS
-                for key, value in row.values.items():
-                    series_id = series_ids[key]
-                    sids.append(series_id)
-                    steps.append(row.step)
-                    vals.append(_stored(value))
-                    times.append(wall_time)
-                    touched.add((series_id, block))
-            await session.execute(
-                _PG_INSERT_POINTS, {"series_ids": sids, "steps": steps, "vals": vals, "times": times}
-            )
-        await self._refresh_rollups(session, touched)
-
-    async def _refresh_rollups(self, session: AsyncSession, blocks: set[tuple[int, int]]) -> None:
-        """Recompute the summaries of these level-1 blocks and of every block above them."""
+        params = []
+        for row in rows:
+            wall_time, block = row.time or now, row.step >> ROLLUP_BITS
+            for key, value in row.values.items():
+                series_id = series_ids[key]
+                params.append((series_id, row.step, _stored(value), wall_time))
+                touched.add((series_id, block))
+        # Driver-level executemany: SQLAlchemy's per-row parameter processing cost more than SQLite.
+        connection = await session.connection()
+        await connection.exec_driver_sql(_SQLITE_INSERT_POINTS, params)
+        blocks = touched
         for level in range(1, ROLLUP_LEVELS + 1):
-            statement = _refresh_rollups_sql(level, self.sqlite)
-            if self.sqlite:
-                await session.execute(statement, [{"s": series_id, "b": block} for series_id, block in blocks])
-            else:
-                pairs = sorted(blocks)  # in index order
-                await session.execute(
-                    statement,
-                    {"sids": [series_id for series_id, _ in pairs], "blocks": [block for _, block in pairs]},
-                )
+            await connection.exec_driver_sql(_sqlite_refresh_sql(level), list(blocks))
             blocks = {(series_id, block >> ROLLUP_BITS) for series_id, block in blocks}
 
     # -- reads ------------------------------------------------------------------

@@ -241,6 +241,7 @@ def parse_rows(rows: Any, limits: Limits = Limits()) -> list[Row]:
             close_code=CLOSE_TOO_LARGE,
         )
     parsed: list[Row] = []
+    valid_keys: set[str] = set()
     for index, row in enumerate(rows):
         if not isinstance(row, dict):
             raise ProtocolError(f"rows[{index}] must be a JSON object")
@@ -265,10 +266,15 @@ def parse_rows(rows: Any, limits: Limits = Limits()) -> list[Row]:
             )
         decoded: dict[str, float] = {}
         for key, raw in values.items():
-            if not key or len(key) > limits.max_key_length or "\x00" in key:
-                raise ProtocolError(
-                    f"rows[{index}]: metric key must be 1..{limits.max_key_length} characters, no NUL"
-                )
+            if key not in valid_keys:  # rows repeat their keys: check each once
+                if not isinstance(key, str) or not key or len(key) > limits.max_key_length or "\x00" in key:
+                    raise ProtocolError(
+                        f"rows[{index}]: metric key must be 1..{limits.max_key_length} characters, no NUL"
+                    )
+                valid_keys.add(key)
+            if type(raw) is float:
+                decoded[key] = raw
+                continue
             try:
                 decoded[key] = decode_value(raw)
             except ProtocolError as exc:

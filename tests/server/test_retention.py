@@ -75,8 +75,8 @@ def test_keel_prune_deletes_ended_runs_and_keeps_running_ones(server) -> None:
 
 @pytest.mark.postgres
 def test_a_replica_writes_to_a_run_deleted_and_created_again_on_another(server_factory, postgres_url) -> None:
-    """Replica B cached the run's series ids; A deleted the run and it came back: B forgets
-    its stale ids on the foreign-key error and writes the frame (it used to fail forever)."""
+    """Replica B cached the run's series ids; A deleted the run and it came back: B's ids
+    belong to the old incarnation, so B writes the frame into the new series, not the gone ones."""
     a, b = server_factory(postgres_url), server_factory(postgres_url)
     run = new_run()
     _stream(b, run, 10)
