@@ -508,7 +508,7 @@ class Store:
             raise UnknownRun(run_id)
         if frame is None:
             return _Head(-1, head[0], head[1])
-        last_step, started_at, acked_seq, writer_session = head
+        last_step, started_at, acked_seq, writer_session = head[0], head[1], head[2], head[3]
         if writer_session != frame.session:
             raise Superseded(
                 f"another connection took over writer {frame.writer!r} of run {run_id!r}; "
