@@ -503,12 +503,12 @@ class Store:
             query = query.add_columns(RunWriter.acked_seq, RunWriter.session).outerjoin(RunWriter, on)
         if not self.sqlite:
             query = query.with_for_update(of=Run)
-        head = (await session.execute(query)).first()
+        head: Any = (await session.execute(query)).first()
         if head is None:
             raise UnknownRun(run_id)
         if frame is None:
             return _Head(-1, head[0], head[1])
-        last_step, started_at, acked_seq, writer_session = head[0], head[1], head[2], head[3]
+        last_step, started_at, acked_seq, writer_session = head
         if writer_session != frame.session:
             raise Superseded(
                 f"another connection took over writer {frame.writer!r} of run {run_id!r}; "
