@@ -56,20 +56,29 @@ async def small_trainer(ws_url: str, stop: asyncio.Event, latencies: list[float]
     await ws.close()
 
 
-async def big_client(ws_url: str, stop: asyncio.Event, sent: list[int]) -> None:
-    ws = await _open(ws_url, "big", local_host="127.0.0.2")
-    seq = 0
-    while not stop.is_set():
+def big_frames(count: int) -> list[str]:
+    """The big client's frames, built before a trial: building one takes about a second of
+    this process's CPU, which would otherwise stall the small trainer's own loop and be
+    counted as the server's latency."""
+    frames = []
+    for seq in range(count):
         rows = [
             Row(step=seq * BIG_ROWS + i, time=None, values={f"b{k}": float(i + k) for k in range(BIG_KEYS)})
             for i in range(BIG_ROWS)
         ]
-        frame = json.dumps(points_message(seq, rows), separators=(",", ":"))
+        frames.append(json.dumps(points_message(seq, rows), separators=(",", ":")))
+    return frames
+
+
+async def big_client(ws_url: str, stop: asyncio.Event, sent: list[int], frames: list[str]) -> None:
+    ws = await _open(ws_url, "big", local_host="127.0.0.2")
+    for frame in frames:
+        if stop.is_set():
+            break
         await ws.send(frame)
         reply = json.loads(await ws.recv())
         assert reply["type"] == "ack", reply
         sent.append(len(frame))
-        seq += 1
     await ws.close()
 
 
@@ -101,13 +110,15 @@ async def rest_flood(ws_url: str, stop: asyncio.Event, sent: list[int], connecti
     await ws.close()
 
 
-async def trial(ws_url: str, seconds: float, with_big: bool, flood: bool = False) -> tuple[list[float], list[int]]:
+async def trial(
+    ws_url: str, seconds: float, big: list[str] | None = None, flood: bool = False
+) -> tuple[list[float], list[int]]:
     stop = asyncio.Event()
     latencies: list[float] = []
     sent: list[int] = []
     tasks = [asyncio.create_task(small_trainer(ws_url, stop, latencies))]
-    if with_big:
-        tasks.append(asyncio.create_task(big_client(ws_url, stop, sent)))
+    if big:
+        tasks.append(asyncio.create_task(big_client(ws_url, stop, sent, big)))
     if flood:
         tasks.append(asyncio.create_task(rest_flood(ws_url, stop, sent)))
     await asyncio.sleep(seconds)
@@ -125,9 +136,10 @@ def measure(database_url: str, seconds: float) -> dict[str, float]:
     proc, base = start_server(database_url)
     try:
         ws_url = base.replace("http://", "ws://")
-        alone, _ = asyncio.run(trial(ws_url, seconds, with_big=False))
-        loaded, big = asyncio.run(trial(ws_url, seconds, with_big=True))
-        flooded, posts = asyncio.run(trial(ws_url, seconds, with_big=False, flood=True))
+        alone, _ = asyncio.run(trial(ws_url, seconds))
+        # More frames than the server can take in the trial: the big client never pauses.
+        loaded, big = asyncio.run(trial(ws_url, seconds, big=big_frames(max(4, int(seconds / 2)))))
+        flooded, posts = asyncio.run(trial(ws_url, seconds, flood=True))
     finally:
         proc.terminate()
         proc.wait(timeout=30)
