@@ -115,7 +115,10 @@ def test_the_learner_trains_on_the_recorded_log_mu_not_a_recomputation() -> None
 
     plain, moved = loss_of(rollout), loss_of(shifted)
     assert abs(plain) > 1e-3
-    assert moved == pytest.approx(plain * math.exp(0.5), rel=1e-5)
+    # The advantages sum to zero in each group, so the loss is a small difference of terms
+    # near 1: float32 rounding of e^(x + 0.5) against e^x · e^0.5 leaves ~1e-5 of it. A learner
+    # that recomputed log μ would give `plain` itself, off by a factor of e^0.5.
+    assert moved == pytest.approx(plain * math.exp(0.5), rel=1e-4)
 
 
 class Spy(Recorder):
