@@ -52,6 +52,7 @@ def shell() -> html.Div:
             dcc.Location(id="url", refresh="callback-nav"),
             dcc.Store(id="live-tick"),
             dcc.Store(id="live-data-tick"),
+            dcc.Store(id="backtest-firings"),  # {"run_id", "firings"}: the run page's last backtest
             html.Header(
                 [
                     html.A(

@@ -126,3 +126,19 @@ class KeelApi:
         if not isinstance(payload, list):
             return None
         return [Alert.from_json(item) for item in payload if isinstance(item, dict)]
+
+    async def backtest(self, run_id: str, rules: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """POST /backtest for one run: the default rules, or `rules`. Raises ValueError with
+        the server's message when it refuses the rules (400, 404, 422)."""
+        body: dict[str, Any] = {"run_ids": [run_id]}
+        if rules is not None:
+            body["rules"] = rules
+        async with self._limit:
+            response = await self.client.post("/api/v1/backtest", json=body)
+        if response.status_code in (400, 404, 422):
+            detail = response.json().get("detail")
+            if isinstance(detail, list):
+                detail = "; ".join(str(item.get("msg", item)) for item in detail if isinstance(item, dict)) or str(detail)
+            raise ValueError(str(detail))
+        response.raise_for_status()
+        return dict(response.json()["runs"][0])

@@ -204,10 +204,9 @@ def metric_figure(
     else:
         for line in lines:
             traces.extend(run_traces(line, styles[line.run_id], options.smoothing, log_y))
-    shapes, alert_trace = alert_overlays(key, lines, alerts)
+    shapes, alert_traces = alert_overlays(key, lines, alerts)
     layout["shapes"] = shapes
-    if alert_trace is not None:
-        traces.append(alert_trace)
+    traces.extend(alert_traces)
 
     empty = not any(line.series.steps for line in lines)
     if not lines:

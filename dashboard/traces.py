@@ -34,6 +34,8 @@ Figure = dict[str, Any]
 EDGE_Y = {"+inf": 0.975, "nan": 0.93, "-inf": 0.025}
 EDGE_SYMBOL = {"+inf": "triangle-up", "nan": "x", "-inf": "triangle-down"}
 EDGE_LABEL = {"+inf": "+Inf", "nan": "NaN", "-inf": "−Inf"}
+BACKTEST_Y = 0.14
+"""Backtest firings' open diamonds: just above the real alerts' (y2 runs 0..1)."""
 ALERT_Y = 0.07
 
 
@@ -267,6 +269,24 @@ def group_traces(
 
 def alert_overlays(
     key: str, lines: Sequence[RunLine], alerts: Sequence[Alert]
+) -> tuple[list[Figure], list[Figure]]:
+    """Each alert's range as a shaded band and its start as a diamond on the chart's top edge;
+    backtest firings (state "backtest": where a rule would have fired) as open diamonds and
+    outlined bands, in a trace of their own."""
+    real = [alert for alert in alerts if alert.state != "backtest"]
+    replayed = [alert for alert in alerts if alert.state == "backtest"]
+    shapes: list[Figure] = []
+    traces: list[Figure] = []
+    for group, backtest in ((real, False), (replayed, True)):
+        group_shapes, trace = _alert_marks(key, lines, group, backtest=backtest)
+        shapes += group_shapes
+        if trace is not None:
+            traces.append(trace)
+    return shapes, traces
+
+
+def _alert_marks(
+    key: str, lines: Sequence[RunLine], alerts: Sequence[Alert], *, backtest: bool
 ) -> tuple[list[Figure], Figure | None]:
     names = {line.run_id: line.name for line in lines}
     last = {line.run_id: line.series.last_step for line in lines}
@@ -283,6 +303,27 @@ def alert_overlays(
         end = alert.resolved_step
         if end is None:
             end = max(alert.started_step, last[alert.run_id] or alert.started_step)
+        if backtest:
+            shapes.append(
+                {
+                    "name": "backtest",
+                    "type": "rect",
+                    "xref": "x",
+                    "yref": "paper",
+                    "x0": alert.started_step,
+                    "x1": end,
+                    "y0": 0,
+                    "y1": 1,
+                    "fillcolor": "rgba(0,0,0,0)",
+                    "line": {"width": 1, "dash": "dot", "color": _rgba(colour, 0.6)},
+                    "layer": "below",
+                }
+            )
+            xs.append(alert.started_step)
+            colours.append(colour)
+            until = "still firing at the last step" if alert.resolved_step is None else f"resolved at {alert.resolved_step}"
+            texts.append(f"{plain(f'backtest · {alert.severity} · {alert.rule}')} would fire ({until})<br>{plain(alert.message)}")
+            continue
         shapes.append(
             {
                 # A firing range is named after its run: the live updater stretches it with
@@ -310,19 +351,18 @@ def alert_overlays(
     marker_trace = {
         "type": "scatter",
         "x": xs,
-        "y": [ALERT_Y] * len(xs),
+        "y": [BACKTEST_Y if backtest else ALERT_Y] * len(xs),
         "yaxis": "y2",
         "mode": "markers",
-        "marker": {
-            "symbol": "diamond",
-            "size": 10,
-            "color": colours,
-            "line": {"width": 1, "color": "#fff"},
-        },
+        "marker": (
+            {"symbol": "diamond-open", "size": 11, "color": colours, "line": {"width": 2, "color": colours}}
+            if backtest
+            else {"symbol": "diamond", "size": 10, "color": colours, "line": {"width": 1, "color": "#fff"}}
+        ),
         "text": texts,
-        "hovertemplate": "%{text}<extra>alert</extra>",
+        "hovertemplate": "%{text}<extra>" + ("backtest" if backtest else "alert") + "</extra>",
         "showlegend": False,
-        "name": "alerts",
-        "meta": {"role": "alerts"},
+        "name": "backtest" if backtest else "alerts",
+        "meta": {"role": "backtest" if backtest else "alerts"},
     }
     return shapes, marker_trace

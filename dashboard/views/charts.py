@@ -19,6 +19,7 @@ from dash.exceptions import PreventUpdate
 from dashboard.components import GRAPH_TYPE, ZOOM_TYPE
 from dashboard.data import KeelApi
 from dashboard.figures import ChartOptions, RunLine, metric_figure
+from dashboard.series import Alert
 
 __all__ = ["register", "zoom_range", "HISTORY_POINTS", "ZOOM_POINTS", "UNCHANGED"]
 
@@ -81,6 +82,7 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         Input("opt-yscale", "value"),
         Input(zoom_store, "data"),
         Input("live-tick", "data"),
+        Input("backtest-firings", "data"),
         State(graph, "id"),
     )
     async def draw(
@@ -90,11 +92,18 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         yscale: str | None,
         relayout: dict[str, Any] | None,
         tick: dict[str, Any] | None,
+        backtest: dict[str, Any] | None,
         graph_id: dict[str, str],
     ) -> dict[str, Any]:
         if not state:
             raise PreventUpdate
         triggers = {item["prop_id"] for item in ctx.triggered}
+        # A backtest's firings show on its run's page only, beside the run's real alerts.
+        replayed = []
+        if state.get("page") == "run" and backtest and backtest.get("run_id") in state.get("runs", []):
+            replayed = [Alert.from_json(firing) for firing in backtest.get("firings", [])]
+        elif triggers == {"backtest-firings.data"}:
+            raise PreventUpdate
         zoom = zoom_range(relayout)  # the store only ever holds x-axis relayouts (X_AXIS_ONLY)
         if triggers == {"live-tick.data"}:
             reason = (tick or {}).get("reason")
@@ -114,7 +123,7 @@ def register(dash_app: Dash, api: KeelApi) -> None:
             height=int(state.get("height", 300)),
         )
         lines, alerts = await load_lines(api, state.get("runs", []), graph_id["key"], x_range)
-        return metric_figure(graph_id["key"], lines, alerts, options, render_id=uuid.uuid4().hex)
+        return metric_figure(graph_id["key"], lines, alerts + replayed, options, render_id=uuid.uuid4().hex)
 
 
 async def load_lines(

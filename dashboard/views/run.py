@@ -71,10 +71,84 @@ def layout(run_id: str) -> html.Div:
                 [html.H2("Config"), html.Pre(id="run-config", className="config")],
                 className="panel section",
             ),
+            backtest_panel(),
             html.Div(chart_controls(aggregate=False, extra_metrics=False), className="section"),
             html.Div(id="run-charts"),
         ]
     )
+
+
+def backtest_panel() -> html.Div:
+    return html.Div(
+        [
+            html.H2("Backtest"),
+            html.P(
+                "Replay this run's stored points through alert rules, with the server's own "
+                "detectors: where each would have fired shows on the charts as an open diamond. "
+                "Nothing is written. Empty: the default rules.",
+                className="sub",
+            ),
+            dcc.Textarea(
+                id="backtest-rules",
+                placeholder='[{"name": "kl high", "metric": "mismatch/kl", "detector": "threshold", '
+                '"params": {"threshold": 0.05}, "severity": "critical", "for_steps": 3}]',
+                className="rules-input",
+            ),
+            html.Button("Backtest", id="backtest-run", n_clicks=0, className="button"),
+            html.Div(id="backtest-result"),
+        ],
+        className="panel section",
+    )
+
+
+def backtest_firings(run_id: str, result: dict[str, Any]) -> list[dict[str, Any]]:
+    """A backtest's episodes in the alerts API's shape (state "backtest"), from its firing step."""
+    firings = []
+    for replay in result.get("rules", []):
+        rule = replay["rule"]
+        for index, episode in enumerate(replay.get("episodes", [])):
+            firings.append(
+                {
+                    "id": f"backtest:{rule['name']}:{index}",
+                    "run_id": run_id,
+                    "rule": rule["name"],
+                    "metric": rule["metric"],
+                    "severity": rule.get("severity", "warning"),
+                    "state": "backtest",
+                    "started_step": episode["fired_step"],
+                    "resolved_step": episode.get("resolved_step"),
+                    "message": episode.get("message", ""),
+                }
+            )
+    return firings
+
+
+def _backtest_table(result: dict[str, Any], firings: list[dict[str, Any]]) -> html.Div:
+    replays = result.get("rules", [])
+    summary = (
+        f"{len(replays)} rule(s) replayed over {result.get('steps', 0)} steps: "
+        f"{len(firings)} firing(s)."
+    )
+    parts: list[Any] = [html.P(summary, id="backtest-summary")]
+    skipped = [f"{r['rule']['name']}: {r['skipped']}" for r in replays if r.get("skipped")]
+    if skipped:
+        parts.append(html.P("Not replayed: " + "; ".join(skipped), className="sub"))
+    if firings:
+        header = html.Tr([html.Th(h) for h in ("Severity", "Rule", "Fires at", "Resolves at", "Message")])
+        rows = [
+            html.Tr(
+                [
+                    html.Td(badge(f["severity"])),
+                    html.Td(f["rule"], className="rule"),
+                    html.Td(str(f["started_step"])),
+                    html.Td("—" if f["resolved_step"] is None else str(f["resolved_step"])),
+                    html.Td(f["message"]),
+                ]
+            )
+            for f in firings
+        ]
+        parts.append(html.Table([html.Thead(header), html.Tbody(rows)], className="plain", id="backtest-table"))
+    return html.Div(parts)
 
 
 def _when(iso: str | None) -> str:
@@ -185,6 +259,33 @@ def register(dash_app: Dash, api: KeelApi) -> None:
             else "(no config logged)"
         )
         return header, overview, _alerts_table(alerts), config
+
+    @dash_app.callback(
+        Output("backtest-result", "children"),
+        Output("backtest-firings", "data"),
+        Input("backtest-run", "n_clicks"),
+        State("backtest-rules", "value"),
+        State("page-state", "data"),
+        prevent_initial_call=True,
+    )
+    async def backtest(clicks: int | None, text: str | None, state: dict[str, Any] | None) -> tuple[Any, Any]:
+        # Dash also calls this when the page's panel first appears (no click yet).
+        if not clicks or not state or state.get("page") != "run":
+            return no_update, no_update
+        run_id = state["runs"][0]
+        rules = None
+        if text and text.strip():
+            try:
+                parsed = json.loads(text)
+            except json.JSONDecodeError as exc:
+                return html.P(f"The rules are not valid JSON: {exc}", className="note warn"), no_update
+            rules = parsed if isinstance(parsed, list) else [parsed]
+        try:
+            result = await api.backtest(run_id, rules)
+        except ValueError as exc:
+            return html.P(f"The server refused the rules: {exc}", className="note warn"), no_update
+        firings = backtest_firings(run_id, result)
+        return _backtest_table(result, firings), {"run_id": run_id, "firings": firings}
 
     @dash_app.callback(
         Output("run-charts", "children"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from selenium.webdriver.common.keys import Keys
 
 from dashboard.series import ema
 from tests.dashboard.browser import (
@@ -316,3 +317,44 @@ def test_a_run_without_sampler_logprobs_says_what_its_mismatch_metrics_measure(s
     assert browser.find_elements("id", "mismatch-source") == []
     honest.close()
     real.close()
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_backtest_shows_where_a_rule_would_have_fired_on_the_run_page(server, browser) -> None:
+    """A rule typed on the run page is replayed through the stored run: its firings are
+    listed and drawn as open diamonds on the metric's chart, beside no real alert."""
+    run = LiveRun(server, "replayed", "cispo")
+    rows = [{"step": s, "values": {"reward/mean": 0.5, "mismatch/kl": 0.2 if 30 <= s < 40 else 0.01}} for s in range(80)]
+    run.send(rows)
+    browser.get(f"{server.url}/runs/{run.id}")
+    drawn_charts(browser, 2)
+    rule = (
+        '{"name": "kl high", "metric": "mismatch/kl", "detector": "threshold",'
+        ' "params": {"threshold": 0.1}, "severity": "critical", "for_steps": 3}'
+    )
+    browser.find_element("id", "backtest-rules").send_keys(rule)
+    browser.find_element("id", "backtest-run").click()
+    summary = wait_until(lambda: text_of(browser, "backtest-summary"), message="backtest summary")
+    assert "1 rule(s) replayed over 80 steps: 1 firing(s)" in summary
+    table = text_of(browser, "backtest-table")
+    assert "kl high" in table and "32" in table and "40" in table  # fires at its 3rd step over, resolves at 40
+
+    def marks(key: str) -> dict | None:
+        chart = next((c for c in charts(browser) if c["key"] == key), None)
+        return chart if chart and any(t["role"] == "backtest" for t in chart["traces"]) else None
+
+    kl = wait_until(lambda: marks("mismatch/kl"), message="backtest marker on the kl chart")
+    assert next(t for t in kl["traces"] if t["role"] == "backtest")["x"] == [32]
+    assert [(s["x0"], s["x1"]) for s in kl["shapes"] if s["name"] == "backtest"] == [(32, 40)]
+    assert not any(t["role"] == "alerts" for t in kl["traces"])  # nothing real fired
+    reward = next(c for c in charts(browser) if c["key"] == "reward/mean")
+    assert not any(t["role"] == "backtest" for t in reward["traces"])  # the rule watches kl only
+
+    rules_box = browser.find_element("id", "backtest-rules")
+    rules_box.send_keys(Keys.CONTROL, "a")  # clear() would bypass React: Dash would not see it
+    rules_box.send_keys(Keys.DELETE, '{"name": "bad", "metric": "x", "detector": "nope"}')
+    browser.find_element("id", "backtest-run").click()
+    refused = wait_until(lambda: "refused" in text_of(browser, "backtest-result") and text_of(browser, "backtest-result"), message="refusal")
+    assert "nope" in refused
+    assert console_errors(browser) == []
+    run.close()
