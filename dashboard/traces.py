@@ -304,31 +304,20 @@ def _alert_marks(
         if end is None:
             end = max(alert.started_step, last[alert.run_id] or alert.started_step)
         if backtest:
-            shapes.append(
-                {
-                    "name": "backtest",
-                    "type": "rect",
-                    "xref": "x",
-                    "yref": "paper",
-                    "x0": alert.started_step,
-                    "x1": end,
-                    "y0": 0,
-                    "y1": 1,
-                    "fillcolor": "rgba(0,0,0,0)",
-                    "line": {"width": 1, "dash": "dot", "color": _rgba(colour, 0.6)},
-                    "layer": "below",
-                }
-            )
-            xs.append(alert.started_step)
-            colours.append(colour)
+            name = "backtest"
+            fill, outline = "rgba(0,0,0,0)", {"width": 1, "dash": "dot", "color": _rgba(colour, 0.6)}
             until = "still firing at the last step" if alert.resolved_step is None else f"resolved at {alert.resolved_step}"
-            texts.append(f"{plain(f'backtest · {alert.severity} · {alert.rule}')} would fire ({until})<br>{plain(alert.message)}")
-            continue
+            head = f"{plain(f'backtest · {alert.severity} · {alert.rule}')} would fire ({until})"
+        else:
+            # A firing range is named after its run: the live updater stretches it with the
+            # points it appends (keel_live.js).
+            name = f"firing:{alert.run_id}" if alert.resolved_step is None else "resolved"
+            fill, outline = _rgba(colour, 0.06), {"width": 0}
+            state = "firing" if alert.resolved_step is None else f"resolved at {alert.resolved_step}"
+            head = plain(f"{alert.severity} · {alert.rule} · {names[alert.run_id]} ({state})")
         shapes.append(
             {
-                # A firing range is named after its run: the live updater stretches it with
-                # the points it appends (keel_live.js).
-                "name": f"firing:{alert.run_id}" if alert.resolved_step is None else "resolved",
+                "name": name,
                 "type": "rect",
                 "xref": "x",
                 "yref": "paper",
@@ -336,15 +325,13 @@ def _alert_marks(
                 "x1": end,
                 "y0": 0,
                 "y1": 1,
-                "fillcolor": _rgba(colour, 0.06),
-                "line": {"width": 0},
+                "fillcolor": fill,
+                "line": outline,
                 "layer": "below",
             }
         )
         xs.append(alert.started_step)
         colours.append(colour)
-        state = "firing" if alert.resolved_step is None else f"resolved at {alert.resolved_step}"
-        head = plain(f"{alert.severity} · {alert.rule} · {names[alert.run_id]} ({state})")
         texts.append(f"{head}<br>{plain(alert.message)}")
     if not xs:
         return shapes, None
