@@ -456,21 +456,15 @@ class Store:
                 steps = [row.step for row in rows]
                 if steps:
                     last_step = max(steps) if last_step is None else max(last_step, *steps)
-                values: dict[str, Any] = {"last_step": last_step, "last_seen_at": now}
-                if frame is not None:
+                if frame is None:
                     await session.execute(
-                        update(RunWriter)
-                        .where(RunWriter.run_id == run_id, RunWriter.writer == frame.writer)
-                        .values(acked_seq=frame.seq)
+                        update(Run).where(Run.id == run_id).values(last_step=last_step, last_seen_at=now)
                     )
-                    acked_seq = frame.seq
+                else:
                     # A trainer streaming again resumes its run (a REST backfill does not).
-                    values.update(
-                        status="running",
-                        finished_at=None,
-                        acked_seq=case((Run.acked_seq < frame.seq, frame.seq), else_=Run.acked_seq),
+                    acked_seq = await self._advance(
+                        session, run_id, frame, last_step=last_step, last_seen_at=now, status="running", finished_at=None
                     )
-                await session.execute(update(Run).where(Run.id == run_id).values(**values))
         # Only cache ids once their transaction has committed.
         for key, series_id in series_ids.items():
             self._series_ids[(run_id, head.started_at, key)] = series_id
@@ -482,16 +476,19 @@ class Store:
         async with self.writing() as session:
             head = await self._admit(session, run_id, frame)
             if frame.seq > head.acked_seq:
-                await session.execute(
-                    update(RunWriter)
-                    .where(RunWriter.run_id == run_id, RunWriter.writer == frame.writer)
-                    .values(acked_seq=frame.seq)
-                )
-                await session.execute(
-                    update(Run)
-                    .where(Run.id == run_id)
-                    .values(last_seen_at=now, acked_seq=case((Run.acked_seq < frame.seq, frame.seq), else_=Run.acked_seq))
-                )
+                await self._advance(session, run_id, frame, last_seen_at=now)
+
+    async def _advance(self, session: AsyncSession, run_id: str, frame: FrameRef, **run_values: Any) -> int:
+        """Make `frame.seq` its writer's acked seq (and the run's, if higher), setting
+        `run_values` on the run in the same update."""
+        await session.execute(
+            update(RunWriter)
+            .where(RunWriter.run_id == run_id, RunWriter.writer == frame.writer)
+            .values(acked_seq=frame.seq)
+        )
+        acked_seq = case((Run.acked_seq < frame.seq, frame.seq), else_=Run.acked_seq)
+        await session.execute(update(Run).where(Run.id == run_id).values(acked_seq=acked_seq, **run_values))
+        return frame.seq
 
     async def _admit(self, session: AsyncSession, run_id: str, frame: FrameRef | None) -> _Head:
         """The run's row, locked (on PostgreSQL; SQLite's single writer lock already
