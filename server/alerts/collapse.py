@@ -59,7 +59,7 @@ class CollapseRisk(Detector):
         "kl_jump": 1.5,
         "kl_factor": 5.0,
         "spike_only_factor": 100.0,
-        "min_gain": 1.0,
+        "min_gain": 2.5,
         "reward_alpha": 0.3,
         "reward_key": "reward/mean",
         "reward_std_key": "reward/std",

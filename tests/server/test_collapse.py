@@ -119,6 +119,21 @@ def test_does_not_fire_before_the_reward_has_moved() -> None:
     assert not signal.active and "diverging" in signal.message
 
 
+
+@pytest.mark.parametrize(("reward", "pages"), [(0.3, False), (0.4, True)])
+def test_a_run_must_have_gained_min_gain_spreads_of_reward_to_be_paged(reward: float, pages: bool) -> None:
+    """From 0.1 with a per-sample spread of 0.1: +2 spreads is too little to lose, +3 is not."""
+    det = CollapseRisk("grad/norm")
+    assert det.params["min_gain"] == 2.5
+    state = det.initial_state()
+    rows = [{**row, "reward/mean": min(reward, row["reward/mean"])} for row in _calm(100, seed=6)]
+    _feed(det, state, rows)
+    last = rows[-1]
+    det.update(state, 100, {**last, "grad/norm": 10 * last["grad/norm"]})
+    signal = det.update(state, 101, {**last, "mismatch/kl": 3.0})
+    assert signal.active is pages
+    assert ("diverging" in signal.message) is not pages
+
 @pytest.mark.parametrize(
     "params",
     [{"spike_factor": 1.0}, {"alpha": 1.0}, {"kl_factor": 0.5}, {"spike_only_factor": 2.0}, {"min_gain": -1}, {"kl_key": 3}],
