@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from sqlalchemy import case, func, select, text, update
+from sqlalchemy import BigInteger, bindparam, case, func, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
@@ -112,6 +112,35 @@ class SeriesData:
     values: list[float]
     mins: list[float] | None = None
     maxs: list[float] | None = None
+
+
+@cache
+def _admit_sql(with_writer: bool, lock: bool) -> Any:
+    """The run's row (and the frame's writer's), built once: a statement built per frame
+    costs more Python than the database takes to answer it."""
+    query = select(Run.last_step, Run.started_at).where(Run.id == bindparam("run_id"))
+    if with_writer:
+        on = (RunWriter.run_id == Run.id) & (RunWriter.writer == bindparam("writer"))
+        query = query.add_columns(RunWriter.acked_seq, RunWriter.session).outerjoin(RunWriter, on)
+    return query.with_for_update(of=Run) if lock else query
+
+
+_ADVANCE_WRITER_SQL = (
+    update(RunWriter)
+    .where(RunWriter.run_id == bindparam("b_run_id"), RunWriter.writer == bindparam("b_writer"))
+    .values(acked_seq=bindparam("b_seq"))
+)
+
+
+@cache
+def _update_run_sql(columns: tuple[str, ...], advance: bool) -> Any:
+    """UPDATE runs SET `columns` (bound as `new_<column>`), and the run's acked seq to the
+    frame's (`b_seq`) if higher (`advance`). (An UPDATE may not bind a column's own name.)"""
+    values: dict[str, Any] = {column: bindparam(f"new_{column}") for column in columns}
+    if advance:
+        seq = bindparam("b_seq", type_=BigInteger)
+        values["acked_seq"] = case((Run.acked_seq < seq, seq), else_=Run.acked_seq)
+    return update(Run).where(Run.id == bindparam("b_run_id")).values(**values)
 
 
 @cache
@@ -457,9 +486,7 @@ class Store:
                 if steps:
                     last_step = max(steps) if last_step is None else max(last_step, *steps)
                 if frame is None:
-                    await session.execute(
-                        update(Run).where(Run.id == run_id).values(last_step=last_step, last_seen_at=now)
-                    )
+                    await self._update_run(session, run_id, None, last_step=last_step, last_seen_at=now)
                 else:
                     # A trainer streaming again resumes its run (a REST backfill does not).
                     acked_seq = await self._advance(
@@ -481,26 +508,27 @@ class Store:
     async def _advance(self, session: AsyncSession, run_id: str, frame: FrameRef, **run_values: Any) -> int:
         """Make `frame.seq` its writer's acked seq (and the run's, if higher), setting
         `run_values` on the run in the same update."""
-        await session.execute(
-            update(RunWriter)
-            .where(RunWriter.run_id == run_id, RunWriter.writer == frame.writer)
-            .values(acked_seq=frame.seq)
-        )
-        acked_seq = case((Run.acked_seq < frame.seq, frame.seq), else_=Run.acked_seq)
-        await session.execute(update(Run).where(Run.id == run_id).values(acked_seq=acked_seq, **run_values))
+        connection = await session.connection()
+        await connection.execute(_ADVANCE_WRITER_SQL, {"b_run_id": run_id, "b_writer": frame.writer, "b_seq": frame.seq})
+        await self._update_run(session, run_id, frame.seq, **run_values)
         return frame.seq
+
+    async def _update_run(self, session: AsyncSession, run_id: str, seq: int | None, **run_values: Any) -> None:
+        """Set `run_values` on the run (Core, a statement built once per set of columns),
+        and its acked seq to `seq` if that is higher."""
+        columns = tuple(sorted(run_values))
+        params = {"b_run_id": run_id, "b_seq": seq, **{f"new_{column}": run_values[column] for column in columns}}
+        connection = await session.connection()
+        await connection.execute(_update_run_sql(columns, seq is not None), params)
 
     async def _admit(self, session: AsyncSession, run_id: str, frame: FrameRef | None) -> _Head:
         """The run's row, locked (on PostgreSQL; SQLite's single writer lock already
         serialises), with the frame's writer's acked seq; or raises. Every write of a run
         locks its row first: writers of one run, and its deletion, take turns."""
-        query = select(Run.last_step, Run.started_at).where(Run.id == run_id)
-        if frame is not None:
-            on = (RunWriter.run_id == Run.id) & (RunWriter.writer == frame.writer)
-            query = query.add_columns(RunWriter.acked_seq, RunWriter.session).outerjoin(RunWriter, on)
-        if not self.sqlite:
-            query = query.with_for_update(of=Run)
-        head: Any = (await session.execute(query)).first()
+        query = _admit_sql(frame is not None, not self.sqlite)
+        connection = await session.connection()
+        params = {"run_id": run_id, "writer": None if frame is None else frame.writer}
+        head: Any = (await connection.execute(query, params)).first()
         if head is None:
             raise UnknownRun(run_id)
         if frame is None:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cache
 from typing import Any
 
-from sqlalchemy import and_, delete, or_, select
+from sqlalchemy import and_, bindparam, delete, or_, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -71,13 +72,27 @@ async def install_project(session: AsyncSession, project: str, now: float) -> bo
     return True
 
 
+_LOAD_STATES = select(RuleState.rule_id, RuleState.state, RuleState.last_step).where(
+    RuleState.run_id == bindparam("run_id"), RuleState.rule_id.in_(bindparam("rule_ids", expanding=True))
+)
+
+
 async def load_states(session: AsyncSession, run_id: str, rule_ids: Sequence[int]) -> dict[int, StoredState]:
-    rows = await session.execute(
-        select(RuleState.rule_id, RuleState.state, RuleState.last_step).where(
-            RuleState.run_id == run_id, RuleState.rule_id.in_(list(rule_ids))
-        )
-    )
+    rows = await session.execute(_LOAD_STATES, {"run_id": run_id, "rule_ids": list(rule_ids)})
     return {rule_id: (state, last_step) for rule_id, state, last_step in rows}
+
+
+@cache
+def _upsert_states_sql(dialect: str) -> Any:
+    """Built once per dialect: the statement is the same for every evaluation (its rows are
+    executemany parameters), so it is compiled once, not on every frame."""
+    statement = (sqlite_insert if dialect == "sqlite" else pg_insert)(RuleState)
+    stored, incoming = RuleState.last_step, statement.excluded.last_step
+    return statement.on_conflict_do_update(
+        index_elements=["rule_id", "run_id"],
+        set_={"state": statement.excluded.state, "last_step": incoming},
+        where=or_(stored.is_(None), and_(incoming.is_not(None), incoming >= stored)),
+    )
 
 
 async def upsert_states(
@@ -85,16 +100,10 @@ async def upsert_states(
 ) -> None:
     """Write rule states in one statement, never back in time: a replica (or a late
     shutdown flush) holding an older state must not overwrite what another has evaluated since."""
-    statement = _insert(session)(RuleState).values(
-        [{"rule_id": rule_id, "run_id": run_id, "state": state, "last_step": last_step} for rule_id, state, last_step in rows]
-    )
-    stored, incoming = RuleState.last_step, statement.excluded.last_step
-    await session.execute(
-        statement.on_conflict_do_update(
-            index_elements=["rule_id", "run_id"],
-            set_={"state": statement.excluded.state, "last_step": incoming},
-            where=or_(stored.is_(None), and_(incoming.is_not(None), incoming >= stored)),
-        )
+    connection = await session.connection()
+    await connection.execute(
+        _upsert_states_sql(connection.dialect.name),
+        [{"rule_id": rule_id, "run_id": run_id, "state": state, "last_step": last_step} for rule_id, state, last_step in rows],
     )
 
 
