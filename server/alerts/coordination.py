@@ -9,12 +9,12 @@ points it has not seen.
 `Replicated` (PostgreSQL): replicas may take turns with a run (reconnects, a load
 balancer, REST writes). Each frame is evaluated in one transaction under the run's
 advisory lock against the states read back from the database: a state another replica
-has advanced replaces the cached one. States are written with every alert change (in the
-transaction of the alert rows), else at most once per `checkpoint_s` per run, as on
-SQLite. A replica whose cached state is ahead of the stored one keeps it; one whose state
-is behind the committed points (another replica evaluated them and has not written yet,
-or a crash) replays those points first, so every step is evaluated, in order, and an
-alert change is never lost or made twice. Writing the states of every frame instead cost
+has written since this one last read or wrote it replaces the cached one, so no replica
+writes over an evaluation it has not seen. States are written with every alert change (in
+the transaction of the alert rows), else at most once per `checkpoint_s` per run, as on
+SQLite. A state behind the committed points (another replica evaluated them and has not
+written yet, or a crash) replays those points first, so every step is evaluated, in order,
+and an alert change is never lost or made twice. Writing the states of every frame instead cost
 about a quarter of the evaluation's CPU, and rewrote every state row per frame.
 Periodic jobs run on one replica at a time.
 
@@ -189,9 +189,11 @@ class _SharedFrame:
             if (
                 mine is None
                 or mine.definition != definition
-                # Another replica got further; or a state that counts no steps (the silent
-                # rule's), which only the stored copy can tell is current.
-                or (row is not None and (theirs is None or mine.last_step is None or theirs > mine.last_step))
+                # Another replica wrote the state since this one last read or wrote it (the
+                # stored copy is then the newest evaluation that counts, even if this one has
+                # evaluated further without writing); or a state that counts no steps (the
+                # silent rule's), which only the stored copy can tell is current.
+                or (row is not None and (theirs is None or mine.last_step is None or theirs != mine.stored_step))
             ):
                 mine = Tracked.load(row, dict(initial), definition)
                 cache[(rule.id, run_id)] = mine

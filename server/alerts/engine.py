@@ -140,14 +140,16 @@ class AlertEngine:
         ]
         async with self.coordination.frame(run_id) as frame:
             tracked, after = await frame.states(run_id, to_load, self._tracked)
-            if after is not None and rows and rows[0].step > after + 1:
-                # Committed steps the states have not seen: evaluate them first.
-                rows = await self.store.rows(run_id, after=after, before=rows[0].step, session=frame.session) + rows
             changes: list[Change] = []
-            for start in range(0, len(rows), ROWS_PER_SLICE):
-                if start:
-                    await asyncio.sleep(0)  # a huge frame: let other clients' frames in between
-                changes += self._run_rules(context, tracked, rows[start : start + ROWS_PER_SLICE])
+            while after is not None and rows and rows[0].step > after + 1:
+                # Committed steps the states have not seen: evaluate them first, a bounded
+                # read at a time (a read ends before a step it would cut).
+                replay = await self.store.rows(run_id, after=after, before=rows[0].step, session=frame.session)
+                if not replay:
+                    break
+                changes += await self._run_sliced(context, tracked, replay)
+                after = replay[-1].step
+            changes += await self._run_sliced(context, tracked, rows)
             dirty = [(rule_id, t) for rule_id, t in tracked.items() if t.dirty]
             if not dirty or not frame.due(run_id, changes):
                 return
@@ -155,6 +157,14 @@ class AlertEngine:
         for _, t in dirty:
             t.dirty = False
         self._publish(alerts, queued)
+
+    async def _run_sliced(self, context: _RunContext, tracked: dict[int, Tracked], rows: list[Row]) -> list[Change]:
+        changes: list[Change] = []
+        for start in range(0, len(rows), ROWS_PER_SLICE):
+            if start:
+                await asyncio.sleep(0)  # a huge frame: let other clients' frames in between
+            changes += self._run_rules(context, tracked, rows[start : start + ROWS_PER_SLICE])
+        return changes
 
     def _run_rules(self, context: _RunContext, tracked: dict[int, Tracked], rows: list[Row]) -> list[Change]:
         """Feed the rows (ascending) to every rule's detector and lifecycle; the transitions."""
@@ -189,22 +199,33 @@ class AlertEngine:
         # After the changes: new alerts' ids are part of the state. One statement for all.
         if states:
             await repository.upsert_states(session, run.id, [(rule_id, t.to_json(), t.last_step) for rule_id, t in states])
+            for _, t in states:
+                t.stored_step = t.last_step
         return alerts, queued
 
     async def flush(self) -> None:
-        """Write every run's unsaved detector state (graceful shutdown; where every
-        evaluation writes its states, nothing is unsaved)."""
+        """Write every run's unsaved detector state (graceful shutdown), each run as a frame
+        of its own: under the run's lock, and only states no other replica has written since
+        (`Frame.states` replaces those). One run failing (deleted meanwhile) does not keep
+        the others from being written."""
         for run_id, context in list(self._runs.items()):
-            async with self._locks[run_id]:
-                dirty = [
-                    (rule.id, self._tracked[(rule.id, run_id)])
-                    for rule, _ in context.rules
-                    if (rule.id, run_id) in self._tracked and self._tracked[(rule.id, run_id)].dirty
-                ]
-                if dirty:
-                    await self._record(None, context.run, [], dirty)
-                    for _, t in dirty:
-                        t.dirty = False
+            to_load: list[RuleToLoad] = [
+                (rule, detector.initial_state(), context.definitions[rule.id])
+                for rule, detector in context.rules
+                if (rule.id, run_id) in self._tracked
+            ]
+            if not to_load:
+                continue
+            try:
+                async with self._locks[run_id], self.coordination.frame(run_id) as frame:
+                    tracked, _ = await frame.states(run_id, to_load, self._tracked)
+                    dirty = [(rule_id, t) for rule_id, t in tracked.items() if t.dirty]
+                    if dirty:
+                        await self._record(frame.session, context.run, [], dirty)
+                        for _, t in dirty:
+                            t.dirty = False
+            except Exception:
+                log.exception("could not save the detector states of run %s", run_id)
 
     def _publish(self, alerts: list[Alert], queued: bool) -> None:
         for alert in alerts:

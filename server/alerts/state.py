@@ -44,6 +44,9 @@ class Tracked:
     dirty: bool = False
     definition: str = ""
     """`definition(rule)` of the rule this state was computed for."""
+    stored_step: int | None = None
+    """The `last_step` of the rule_states row as this process last read or wrote it: a
+    stored row with another one was written by another replica since (not persisted)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -66,7 +69,7 @@ class Tracked:
         data, last_step = row
         detector = data["detector"] if data.get("definition", definition) == definition else initial
         lifecycle = Lifecycle.from_json(data["lifecycle"])
-        return cls(detector, lifecycle, last_step, data.get("alert_id"), definition=definition)
+        return cls(detector, lifecycle, last_step, data.get("alert_id"), definition=definition, stored_step=last_step)
 
 
 @dataclass

@@ -10,11 +10,10 @@ import random
 import time
 
 import httpx
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from server.db import create_engine
 from server.models import RuleState
-
 from tests.server.wire import hello, new_run, open_ingest, points, recv
 
 
@@ -209,3 +208,47 @@ def test_detector_states_are_checkpointed_not_written_with_every_frame(server_fa
     assert stored and set(stored) == {9}  # the first frame's evaluation, none since
     server.stop()
     assert set(_stored_last_steps(database_url, run["id"])) == {99}
+
+
+def test_a_state_another_replica_wrote_replaces_one_evaluated_further_but_not_written(server_factory, postgres_url) -> None:
+    """A replica's cached state may be ahead of the stored one (checkpointed, not written).
+    When another replica writes the state meanwhile, even at an earlier step, the stored
+    copy is the evaluation that counts: this replica reloads it and replays from there,
+    rather than writing over it later."""
+    server = server_factory(postgres_url)
+    engine = server.app.state.services.alerts  # type: ignore[attr-defined]
+    engine.coordination.checkpoints.checkpoint_s = 3600.0
+    run = new_run("overtaken")
+    rows = [{"mismatch/kl": 1e-3, "reward/mean": 0.5}] * 30
+
+    def tracked() -> dict[int, object]:
+        return {rule_id: t for (rule_id, run_id), t in engine._tracked.items() if run_id == run["id"] and t.last_step is not None}
+
+    def settled(step: int) -> dict[int, object]:
+        deadline = time.monotonic() + 15
+        while not (states := tracked()) or any(t.last_step != step for t in states.values()):  # type: ignore[attr-defined]
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        return states
+
+    with open_ingest(server) as ws:
+        hello(ws, run)
+        for seq, start in enumerate((0, 10)):
+            ws.send(points(seq, [{"step": start + j, "values": v} for j, v in enumerate(rows[start : start + 10])]))
+            assert recv(ws)["type"] == "ack"
+        before = settled(19)
+        assert set(_stored_last_steps(postgres_url, run["id"])) == {9}  # written once, at the first frame
+
+        async def overtake() -> None:  # what another replica's write at step 14 leaves
+            db = create_engine(postgres_url)
+            try:
+                async with db.begin() as conn:
+                    await conn.execute(update(RuleState).where(RuleState.run_id == run["id"]).values(last_step=14))
+            finally:
+                await db.dispose()
+
+        asyncio.run(overtake())
+        ws.send(points(2, [{"step": 20 + j, "values": v} for j, v in enumerate(rows[20:30])]))
+        assert recv(ws)["type"] == "ack"
+        after = settled(29)
+    assert all(after[rule_id] is not state for rule_id, state in before.items())  # reloaded, not kept
