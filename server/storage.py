@@ -143,10 +143,28 @@ def _update_run_sql(columns: tuple[str, ...], advance: bool) -> Any:
     return update(Run).where(Run.id == bindparam("b_run_id")).values(**values)
 
 
+_PG_TAILS = {
+    "": "",
+    # The last transaction of a REST write: the run's last step.
+    "rest": ", run_update AS (UPDATE runs SET last_step = CAST(:last_step AS bigint),"
+    " last_seen_at = CAST(:now AS double precision) WHERE id = :run_id)",
+    # The last transaction of a websocket frame: the writer's acked seq, and the run's (if
+    # higher); a trainer streaming again resumes its run.
+    "frame": ", writer_update AS (UPDATE run_writers SET acked_seq = CAST(:seq AS bigint)"
+    " WHERE run_id = :run_id AND writer = :writer),"
+    " run_update AS (UPDATE runs SET last_step = CAST(:last_step AS bigint),"
+    " last_seen_at = CAST(:now AS double precision), status = 'running', finished_at = NULL,"
+    " acked_seq = GREATEST(acked_seq, CAST(:seq AS bigint)) WHERE id = :run_id)",
+}
+"""What the statement that inserts a chunk's points also updates (PostgreSQL): one round trip
+instead of three. Each data-modifying WITH runs once, to completion, read or not."""
+
+
 @cache
-def _pg_write_points_sql() -> Any:
+def _pg_write_points_sql(tail: str = "") -> Any:
     """Insert the points given as array literals and merge the ones inserted into their blocks
-    at every level: min and max (LEAST/GREATEST skip NULL, i.e. NaN), counts added, last step."""
+    at every level: min and max (LEAST/GREATEST skip NULL, i.e. NaN), counts added, last step;
+    then `_PG_TAILS[tail]`."""
     merge = (
         " ON CONFLICT (series_id, level, block) DO UPDATE SET"
         " min_value = LEAST(point_rollups.min_value, excluded.min_value),"
@@ -167,7 +185,7 @@ def _pg_write_points_sql() -> Any:
         "WITH inserted AS (INSERT INTO points (series_id, step, value, wall_time)"
         " SELECT * FROM unnest(CAST(:series_ids AS integer[]), CAST(:steps AS bigint[]),"
         " CAST(:vals AS double precision[]), CAST(:times AS double precision[]))"
-        f" ON CONFLICT DO NOTHING RETURNING series_id, step, value), {levels} SELECT 1"
+        f" ON CONFLICT DO NOTHING RETURNING series_id, step, value), {levels}{_PG_TAILS[tail]} SELECT 1"
     )
 
 
@@ -480,18 +498,25 @@ class Store:
                 return WriteResult(stored=False, acked_seq=acked_seq, last_step=last_step)
             keys = {key for row in chunk for key in row.values}
             series_ids = await self._ensure_series(session, run_id, head.started_at, keys)
-            await self._insert_points(session, chunk, series_ids, now)
-            if last:
+            if not last:
+                await self._insert_points(session, chunk, series_ids, now)
+            else:
                 steps = [row.step for row in rows]
                 if steps:
                     last_step = max(steps) if last_step is None else max(last_step, *steps)
-                if frame is None:
-                    await self._update_run(session, run_id, None, last_step=last_step, last_seen_at=now)
-                else:
-                    # A trainer streaming again resumes its run (a REST backfill does not).
-                    acked_seq = await self._advance(
-                        session, run_id, frame, last_step=last_step, last_seen_at=now, status="running", finished_at=None
-                    )
+                tail = {"run_id": run_id, "last_step": last_step, "now": now}
+                if frame is not None:
+                    tail.update(seq=frame.seq, writer=frame.writer)
+                if not await self._insert_points(session, chunk, series_ids, now, tail):
+                    if frame is None:
+                        await self._update_run(session, run_id, None, last_step=last_step, last_seen_at=now)
+                    else:
+                        # A trainer streaming again resumes its run (a REST backfill does not).
+                        await self._advance(
+                            session, run_id, frame, last_step=last_step, last_seen_at=now, status="running", finished_at=None
+                        )
+                if frame is not None:
+                    acked_seq = frame.seq
         # Only cache ids once their transaction has committed.
         for key, series_id in series_ids.items():
             self._series_ids[(run_id, head.started_at, key)] = series_id
@@ -573,11 +598,18 @@ class Store:
         return ids
 
     async def _insert_points(
-        self, session: AsyncSession, rows: list[Row], series_ids: dict[str, int], now: float
-    ) -> None:
-        """Insert the points not stored yet and bring their rollup blocks up to date."""
+        self,
+        session: AsyncSession,
+        rows: list[Row],
+        series_ids: dict[str, int],
+        now: float,
+        tail: dict[str, Any] | None = None,
+    ) -> bool:
+        """Insert the points not stored yet and bring their rollup blocks up to date. On
+        PostgreSQL the same statement makes the run updates in `tail` (the parameters of
+        `_PG_TAILS["frame"]` when they name a writer, else of "rest"); True if it did."""
         if not any(row.values for row in rows):
-            return
+            return False
         if not self.sqlite:
             sids: list[int] = []
             steps: list[int] = []
@@ -589,11 +621,12 @@ class Store:
                 steps.extend([row.step] * count)
                 vals.extend(map(float, row.values.values()))
                 times.extend([float(row.time or now)] * count)
+            kind = "" if tail is None else ("frame" if "writer" in tail else "rest")
             await session.execute(
-                _pg_write_points_sql(),
-                {"series_ids": _array(sids), "steps": _array(steps), "vals": _array(vals), "times": _array(times)},
+                _pg_write_points_sql(kind),
+                {"series_ids": _array(sids), "steps": _array(steps), "vals": _array(vals), "times": _array(times), **(tail or {})},
             )
-            return
+            return tail is not None
         # (series, level-1 block) of every point sent: the blocks whose summaries may change.
         touched: set[tuple[int, int]] = set()
         params = []
@@ -610,6 +643,7 @@ class Store:
         for level in range(1, ROLLUP_LEVELS + 1):
             await connection.exec_driver_sql(_sqlite_refresh_sql(level), list(blocks))
             blocks = {(series_id, block >> ROLLUP_BITS) for series_id, block in blocks}
+        return False
 
     # -- reads ------------------------------------------------------------------
 
