@@ -35,6 +35,8 @@ log = logging.getLogger("keel.fanout")
 CHANNEL = "keel_live"
 MAX_PAYLOAD = 7900
 """PostgreSQL refuses NOTIFY payloads of 8000 bytes and more."""
+SEND_BATCH = 200
+"""Notifications sent in one statement at most."""
 
 
 def libpq_url(database_url: str) -> str:
@@ -52,7 +54,7 @@ class Fanout:
         self.origin = uuid.uuid4().hex[:12]
         self._outgoing: asyncio.Queue[str] = asyncio.Queue(maxsize=queue_size)
         self._incoming: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=queue_size)
-        self._unsent: str | None = None
+        self._unsent: list[str] | None = None
         self.listening = asyncio.Event()
         """Set while the LISTEN connection is up (tests wait on it)."""
 
@@ -75,9 +77,13 @@ class Fanout:
     async def _send(self, conn: psycopg.AsyncConnection[Any]) -> None:
         while True:
             if self._unsent is None:
-                self._unsent = await self._outgoing.get()
-            await conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, self._unsent))
-            self._unsent = None  # sent; one that failed is sent again on reconnecting
+                # What queued up while the last statement ran goes in the next one, in order:
+                # one round trip per batch, not per frame.
+                self._unsent = [await self._outgoing.get()]
+                while len(self._unsent) < SEND_BATCH and not self._outgoing.empty():
+                    self._unsent.append(self._outgoing.get_nowait())
+            await conn.execute("SELECT pg_notify(%s, payload) FROM unnest(%s::text[]) AS payload", (CHANNEL, self._unsent))
+            self._unsent = None  # sent; a batch that failed is sent again on reconnecting
 
     # -- the others -> this replica ---------------------------------------------------
 

@@ -69,3 +69,36 @@ def test_pages_on_every_replica_see_a_run_ingested_by_one(postgres_url, server_f
         (alert,) = [m["alert"] for m in messages if m["type"] == "alert" and m["alert"]["state"] == "firing"]
         assert alert["rule"] == "non-finite value" and alert["run_id"] == run["id"], name
         assert [m["status"] for m in messages if m["type"] == "status"] == ["finished"], name
+
+
+def test_notes_queued_together_reach_the_other_replicas_in_one_batch_in_order(postgres_url) -> None:
+    """What the hub relays while a send is in flight goes out in the next statement, every
+    note once and in the order relayed."""
+    import asyncio
+
+    import psycopg
+
+    from server.fanout import CHANNEL, Fanout, libpq_url
+
+    async def scenario() -> list[dict[str, Any]]:
+        fanout = Fanout(store=None, database_url=postgres_url)  # type: ignore[arg-type]
+        async with await psycopg.AsyncConnection.connect(libpq_url(postgres_url), autocommit=True) as listener:
+            await listener.execute(f"LISTEN {CHANNEL}")
+            for i in range(250):  # more than one batch, all queued before the sender starts
+                fanout.relay({"r": "run-a", "s": i})
+            sender = asyncio.create_task(fanout.send_forever())
+            received: list[dict[str, Any]] = []
+            try:
+                async with asyncio.timeout(15):
+                    async for notify in listener.notifies():
+                        received.append(json.loads(notify.payload))
+                        if len(received) == 250:
+                            break
+            finally:
+                sender.cancel()
+                await asyncio.gather(sender, return_exceptions=True)
+            return received
+
+    received = asyncio.run(scenario())
+    assert [note["s"] for note in received] == list(range(250))
+    assert {note["r"] for note in received} == {"run-a"} and len({note["o"] for note in received}) == 1
