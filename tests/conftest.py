@@ -44,6 +44,26 @@ def postgres_url() -> Iterator[str]:
 
 
 @pytest.fixture
+def drop_connections() -> Callable[[str], int]:
+    """Terminate every other session on a database, as a PostgreSQL restart would; the
+    number terminated."""
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    def drop(database_url: str) -> int:
+        url = make_url(database_url)
+        admin = url.set(database="postgres").render_as_string(hide_password=False)
+        with psycopg.connect(admin, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+                (url.database,),
+            ).fetchall()
+        return len(rows)
+
+    return drop
+
+
+@pytest.fixture
 def sqlite_url(tmp_path) -> str:  # type: ignore[no-untyped-def]
     return f"sqlite:///{tmp_path / 'keel.db'}"
 

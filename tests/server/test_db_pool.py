@@ -5,26 +5,15 @@ from __future__ import annotations
 
 import asyncio
 
-import psycopg
 import pytest
 from sqlalchemy import text
-from sqlalchemy.engine import make_url
 
 from server import db
 
 
-def _drop_connections(database_url: str) -> int:
-    url = make_url(database_url)
-    admin = url.set(database="postgres").render_as_string(hide_password=False)
-    with psycopg.connect(admin, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
-            (url.database,),
-        ).fetchall()
-    return len(rows)
-
-
-def test_an_idle_connection_the_database_dropped_is_replaced(postgres_url, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_idle_connection_the_database_dropped_is_replaced(
+    postgres_url, drop_connections, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(db, "PING_AFTER_IDLE_S", 0.2)
 
     async def scenario() -> tuple[int, int]:
@@ -32,7 +21,7 @@ def test_an_idle_connection_the_database_dropped_is_replaced(postgres_url, monke
         try:
             async with engine.connect() as conn:
                 first = await conn.scalar(text("SELECT pg_backend_pid()"))
-            assert _drop_connections(postgres_url) >= 1  # the pooled connection among them
+            assert drop_connections(postgres_url) >= 1  # the pooled connection among them
             await asyncio.sleep(0.3)  # idle past the threshold
             async with engine.connect() as conn:  # no error: pinged, found dead, replaced
                 second = await conn.scalar(text("SELECT pg_backend_pid()"))

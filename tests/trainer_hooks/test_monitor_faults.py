@@ -7,9 +7,7 @@ from __future__ import annotations
 import threading
 import time
 
-import psycopg
 import pytest
-from sqlalchemy.engine import make_url
 
 from tests.trainer_hooks.monitor_support import FAST, assert_every_step_once, headline, servers
 from trainer_hooks.monitor import Monitor
@@ -17,21 +15,8 @@ from trainer_hooks.monitor import Monitor
 make_server = pytest.fixture(name="make_server")(servers)
 
 
-def _drop_connections(database_url: str) -> int:
-    """Terminate every other session on the server's database, as a restart would."""
-    url = make_url(database_url)
-    admin = url.set(database="postgres").render_as_string(hide_password=False)
-    with psycopg.connect(admin, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
-            (url.database,),
-        ).fetchall()
-    return len(rows)
-
-
-@pytest.mark.postgres
 def test_every_acked_step_is_stored_once_when_the_database_drops_its_connections(
-    make_server, postgres_url, tmp_path
+    make_server, postgres_url, drop_connections, tmp_path
 ) -> None:
     server = make_server(postgres_url)
     monitor = Monitor(server.url, run_name="pg-drops", spool_dir=tmp_path, sender_config=FAST)
@@ -39,7 +24,7 @@ def test_every_acked_step_is_stored_once_when_the_database_drops_its_connections
     for step in range(300):
         monitor.log(step, headline(step))
         if step % 75 == 40:
-            dropped += _drop_connections(postgres_url)
+            dropped += drop_connections(postgres_url)
         time.sleep(0.005)
     assert monitor.finish(timeout=60)
     assert dropped > 0  # the server really lost its connections
