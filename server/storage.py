@@ -98,6 +98,19 @@ class _Head:
 
 
 @dataclass(frozen=True)
+class _RunUpdate:
+    """What the last transaction of a write sets on its run: the last step and last-seen
+    time; for a websocket frame also its writer's acked seq (and the run's, if higher), and
+    "running" again (a trainer streaming again resumes its run; a REST backfill does not).
+    On PostgreSQL the statement that inserts the points makes these updates too
+    (`_PG_TAILS`); on SQLite they follow it (`Store._store_sqlite`)."""
+
+    run_id: str
+    last_step: int | None
+    frame: FrameRef | None
+
+
+@dataclass(frozen=True)
 class KeyInfo:
     key: str
     count: int
@@ -156,8 +169,9 @@ _PG_TAILS = {
     " last_seen_at = CAST(:now AS double precision), status = 'running', finished_at = NULL,"
     " acked_seq = GREATEST(acked_seq, CAST(:seq AS bigint)) WHERE id = :run_id)",
 }
-"""What the statement that inserts a chunk's points also updates (PostgreSQL): one round trip
-instead of three. Each data-modifying WITH runs once, to completion, read or not."""
+"""What the statement that inserts a chunk's points also updates (PostgreSQL, `_RunUpdate`):
+one round trip instead of three. Each data-modifying WITH runs once, to completion, read or
+not, also when there are no points to insert."""
 
 
 @cache
@@ -498,25 +512,16 @@ class Store:
                 return WriteResult(stored=False, acked_seq=acked_seq, last_step=last_step)
             keys = {key for row in chunk for key in row.values}
             series_ids = await self._ensure_series(session, run_id, head.started_at, keys)
-            if not last:
-                await self._insert_points(session, chunk, series_ids, now)
-            else:
+            update = None
+            if last:
                 steps = [row.step for row in rows]
                 if steps:
                     last_step = max(steps) if last_step is None else max(last_step, *steps)
-                tail = {"run_id": run_id, "last_step": last_step, "now": now}
-                if frame is not None:
-                    tail.update(seq=frame.seq, writer=frame.writer)
-                if not await self._insert_points(session, chunk, series_ids, now, tail):
-                    if frame is None:
-                        await self._update_run(session, run_id, None, last_step=last_step, last_seen_at=now)
-                    else:
-                        # A trainer streaming again resumes its run (a REST backfill does not).
-                        await self._advance(
-                            session, run_id, frame, last_step=last_step, last_seen_at=now, status="running", finished_at=None
-                        )
+                update = _RunUpdate(run_id, last_step, frame)
                 if frame is not None:
                     acked_seq = frame.seq
+            store = self._store_sqlite if self.sqlite else self._store_postgres
+            await store(session, chunk, series_ids, now, update)
         # Only cache ids once their transaction has committed.
         for key, series_id in series_ids.items():
             self._series_ids[(run_id, head.started_at, key)] = series_id
@@ -597,36 +602,51 @@ class Store:
             ids.update({key: series_id for key, series_id in found})
         return ids
 
-    async def _insert_points(
-        self,
-        session: AsyncSession,
-        rows: list[Row],
-        series_ids: dict[str, int],
-        now: float,
-        tail: dict[str, Any] | None = None,
-    ) -> bool:
-        """Insert the points not stored yet and bring their rollup blocks up to date. On
-        PostgreSQL the same statement makes the run updates in `tail` (the parameters of
-        `_PG_TAILS["frame"]` when they name a writer, else of "rest"); True if it did."""
-        if not any(row.values for row in rows):
-            return False
-        if not self.sqlite:
-            sids: list[int] = []
-            steps: list[int] = []
-            vals: list[float] = []
-            times: list[float] = []
-            for row in rows:
-                count = len(row.values)
-                sids.extend([series_ids[key] for key in row.values])
-                steps.extend([row.step] * count)
-                vals.extend(map(float, row.values.values()))
-                times.extend([float(row.time or now)] * count)
-            kind = "" if tail is None else ("frame" if "writer" in tail else "rest")
-            await session.execute(
-                _pg_write_points_sql(kind),
-                {"series_ids": _array(sids), "steps": _array(steps), "vals": _array(vals), "times": _array(times), **(tail or {})},
+    async def _store_postgres(
+        self, session: AsyncSession, rows: list[Row], series_ids: dict[str, int], now: float, update: _RunUpdate | None
+    ) -> None:
+        """Insert the points not stored yet, merge them into their rollup blocks and make
+        `update`, in one statement."""
+        if update is None and not any(row.values for row in rows):
+            return
+        sids: list[int] = []
+        steps: list[int] = []
+        vals: list[float] = []
+        times: list[float] = []
+        for row in rows:
+            count = len(row.values)
+            sids.extend([series_ids[key] for key in row.values])
+            steps.extend([row.step] * count)
+            vals.extend(map(float, row.values.values()))
+            times.extend([float(row.time or now)] * count)
+        params: dict[str, Any] = {"series_ids": _array(sids), "steps": _array(steps), "vals": _array(vals), "times": _array(times)}
+        tail = ""
+        if update is not None:
+            tail = "rest" if update.frame is None else "frame"
+            params.update(run_id=update.run_id, last_step=update.last_step, now=now)
+            if update.frame is not None:
+                params.update(seq=update.frame.seq, writer=update.frame.writer)
+        await session.execute(_pg_write_points_sql(tail), params)
+
+    async def _store_sqlite(
+        self, session: AsyncSession, rows: list[Row], series_ids: dict[str, int], now: float, update: _RunUpdate | None
+    ) -> None:
+        """Insert the points not stored yet, recompute the rollup blocks they touched, then
+        make `update`."""
+        if any(row.values for row in rows):
+            await self._insert_sqlite_points(session, rows, series_ids, now)
+        if update is None:
+            return
+        if update.frame is None:
+            await self._update_run(session, update.run_id, None, last_step=update.last_step, last_seen_at=now)
+        else:
+            await self._advance(
+                session, update.run_id, update.frame, last_step=update.last_step, last_seen_at=now, status="running", finished_at=None
             )
-            return tail is not None
+
+    async def _insert_sqlite_points(
+        self, session: AsyncSession, rows: list[Row], series_ids: dict[str, int], now: float
+    ) -> None:
         # (series, level-1 block) of every point sent: the blocks whose summaries may change.
         touched: set[tuple[int, int]] = set()
         params = []
@@ -643,7 +663,6 @@ class Store:
         for level in range(1, ROLLUP_LEVELS + 1):
             await connection.exec_driver_sql(_sqlite_refresh_sql(level), list(blocks))
             blocks = {(series_id, block >> ROLLUP_BITS) for series_id, block in blocks}
-        return False
 
     # -- reads ------------------------------------------------------------------
 
