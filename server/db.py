@@ -67,8 +67,7 @@ def create_engine(database_url: str, **kwargs: Any) -> AsyncEngine:
     kwargs.setdefault("pool_size", 20)
     kwargs.setdefault("max_overflow", 20)
     engine = create_async_engine(url, **kwargs)
-    if not kwargs.get("pool_pre_ping"):
-        _ping_idle_connections(engine)
+    _ping_idle_connections(engine)
     return engine
 
 

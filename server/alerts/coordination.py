@@ -193,7 +193,7 @@ class _SharedFrame:
                 # stored copy is then the newest evaluation that counts, even if this one has
                 # evaluated further without writing); or a state that counts no steps (the
                 # silent rule's), which only the stored copy can tell is current.
-                or (row is not None and (theirs is None or mine.last_step is None or theirs != mine.stored_step))
+                or (row is not None and (theirs is None or theirs != mine.stored_step))
             ):
                 mine = Tracked.load(row, dict(initial), definition)
                 cache[(rule.id, run_id)] = mine

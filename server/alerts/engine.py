@@ -54,6 +54,10 @@ class _RunContext:
     rules_version: int = -1
 
 
+def _to_load(context: _RunContext) -> list[RuleToLoad]:
+    return [(rule, detector.initial_state(), context.definitions[rule.id]) for rule, detector in context.rules]
+
+
 class AlertEngine:
     def __init__(
         self,
@@ -135,11 +139,8 @@ class AlertEngine:
         context = await self._context(run_id)
         if not context.rules:
             return
-        to_load: list[RuleToLoad] = [
-            (rule, detector.initial_state(), context.definitions[rule.id]) for rule, detector in context.rules
-        ]
         async with self.coordination.frame(run_id) as frame:
-            tracked, after = await frame.states(run_id, to_load, self._tracked)
+            tracked, after = await frame.states(run_id, _to_load(context), self._tracked)
             changes: list[Change] = []
             while after is not None and rows and rows[0].step > after + 1:
                 # Committed steps the states have not seen: evaluate them first, a bounded
@@ -196,7 +197,7 @@ class AlertEngine:
         now = time.time()
         alerts, events = await transitions.record(session, run, changes, now)
         queued = await self.notifier.notify(session, run, events, now)
-        # After the changes: new alerts' ids are part of the state. One statement for all.
+        # After the changes: new alerts' ids are part of the state.
         if states:
             await repository.upsert_states(session, run.id, [(rule_id, t.to_json(), t.last_step) for rule_id, t in states])
             for _, t in states:
@@ -209,16 +210,11 @@ class AlertEngine:
         (`Frame.states` replaces those). One run failing (deleted meanwhile) does not keep
         the others from being written."""
         for run_id, context in list(self._runs.items()):
-            to_load: list[RuleToLoad] = [
-                (rule, detector.initial_state(), context.definitions[rule.id])
-                for rule, detector in context.rules
-                if (rule.id, run_id) in self._tracked
-            ]
-            if not to_load:
+            if not context.rules:
                 continue
             try:
                 async with self._locks[run_id], self.coordination.frame(run_id) as frame:
-                    tracked, _ = await frame.states(run_id, to_load, self._tracked)
+                    tracked, _ = await frame.states(run_id, _to_load(context), self._tracked)
                     dirty = [(rule_id, t) for rule_id, t in tracked.items() if t.dirty]
                     if dirty:
                         await self._record(frame.session, context.run, [], dirty)

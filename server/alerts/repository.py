@@ -29,9 +29,9 @@ StoredState = tuple[dict[str, Any], int | None]
 """A rule_states row: (state JSON, last evaluated step)."""
 
 
-def _insert(session: AsyncSession) -> Any:
+def _insert(dialect: str) -> Any:
     """The dialect's INSERT (both have ON CONFLICT; the core INSERT does not)."""
-    return sqlite_insert if session.get_bind().dialect.name == "sqlite" else pg_insert
+    return sqlite_insert if dialect == "sqlite" else pg_insert
 
 
 def rule_applies(rule: Rule, run: Run) -> bool:
@@ -53,7 +53,7 @@ async def install_project(session: AsyncSession, project: str, now: float) -> bo
     True if this call installed them.
     """
     created = await session.execute(
-        _insert(session)(Project)
+        _insert(session.get_bind().dialect.name)(Project)
         .values(name=project, created_at=now)
         .on_conflict_do_nothing(index_elements=["name"])
         .returning(Project.name)
@@ -86,7 +86,7 @@ async def load_states(session: AsyncSession, run_id: str, rule_ids: Sequence[int
 def _upsert_states_sql(dialect: str) -> Any:
     """Built once per dialect: the statement is the same for every evaluation (its rows are
     executemany parameters), so it is compiled once, not on every frame."""
-    statement = (sqlite_insert if dialect == "sqlite" else pg_insert)(RuleState)
+    statement = _insert(dialect)(RuleState)
     stored, incoming = RuleState.last_step, statement.excluded.last_step
     return statement.on_conflict_do_update(
         index_elements=["rule_id", "run_id"],
@@ -98,7 +98,7 @@ def _upsert_states_sql(dialect: str) -> Any:
 async def upsert_states(
     session: AsyncSession, run_id: str, rows: list[tuple[int, dict[str, Any], int | None]]
 ) -> None:
-    """Write rule states in one statement, never back in time: a replica (or a late
+    """Write rule states (one executemany), never back in time: a replica (or a late
     shutdown flush) holding an older state must not overwrite what another has evaluated since."""
     connection = await session.connection()
     await connection.execute(
