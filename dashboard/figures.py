@@ -175,8 +175,10 @@ def metric_figure(
     alerts: Sequence[Alert] = (),
     options: ChartOptions = ChartOptions(),
     render_id: str = "",
+    backtest: Sequence[Alert] = (),
 ) -> Figure:
-    """One chart of one metric across runs (or across groups when aggregating)."""
+    """One chart of one metric across runs (or across groups when aggregating), with the
+    runs' alerts and a backtest's firings."""
     info = metric_info(key)
     log_y = info.log_y if options.log_y is None else options.log_y
     log_note = _log_fallback_note(lines) if log_y else None
@@ -204,7 +206,7 @@ def metric_figure(
     else:
         for line in lines:
             traces.extend(run_traces(line, styles[line.run_id], options.smoothing, log_y))
-    shapes, alert_traces = alert_overlays(key, lines, alerts)
+    shapes, alert_traces = alert_overlays(key, lines, alerts, backtest)
     layout["shapes"] = shapes
     traces.extend(alert_traces)
 

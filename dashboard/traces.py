@@ -268,17 +268,15 @@ def group_traces(
 
 
 def alert_overlays(
-    key: str, lines: Sequence[RunLine], alerts: Sequence[Alert]
+    key: str, lines: Sequence[RunLine], alerts: Sequence[Alert], backtest: Sequence[Alert] = ()
 ) -> tuple[list[Figure], list[Figure]]:
     """Each alert's range as a shaded band and its start as a diamond on the chart's top edge;
-    backtest firings (state "backtest": where a rule would have fired) as open diamonds and
-    outlined bands, in a trace of their own."""
-    real = [alert for alert in alerts if alert.state != "backtest"]
-    replayed = [alert for alert in alerts if alert.state == "backtest"]
+    `backtest` firings (where a rule would have fired) as open diamonds and outlined bands,
+    in a trace of their own."""
     shapes: list[Figure] = []
     traces: list[Figure] = []
-    for group, backtest in ((real, False), (replayed, True)):
-        group_shapes, trace = _alert_marks(key, lines, group, backtest=backtest)
+    for group, replayed in ((alerts, False), (backtest, True)):
+        group_shapes, trace = _alert_marks(key, lines, group, backtest=replayed)
         shapes += group_shapes
         if trace is not None:
             traces.append(trace)

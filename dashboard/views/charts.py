@@ -123,7 +123,7 @@ def register(dash_app: Dash, api: KeelApi) -> None:
             height=int(state.get("height", 300)),
         )
         lines, alerts = await load_lines(api, state.get("runs", []), graph_id["key"], x_range)
-        return metric_figure(graph_id["key"], lines, alerts + replayed, options, render_id=uuid.uuid4().hex)
+        return metric_figure(graph_id["key"], lines, alerts, options, render_id=uuid.uuid4().hex, backtest=replayed)
 
 
 async def load_lines(
