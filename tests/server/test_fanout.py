@@ -3,12 +3,15 @@ points, alerts and status changes of a run ingested by another, once each."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Any
 
+import psycopg
 from websockets.sync.client import ClientConnection, connect
 
+from server.fanout import CHANNEL, Fanout, libpq_url
 from tests.server.wire import hello, new_run, open_ingest, points, recv
 
 
@@ -74,11 +77,6 @@ def test_pages_on_every_replica_see_a_run_ingested_by_one(postgres_url, server_f
 def test_notes_queued_together_reach_the_other_replicas_in_one_batch_in_order(postgres_url) -> None:
     """What the hub relays while a send is in flight goes out in the next statement, every
     note once and in the order relayed."""
-    import asyncio
-
-    import psycopg
-
-    from server.fanout import CHANNEL, Fanout, libpq_url
 
     async def scenario() -> list[dict[str, Any]]:
         fanout = Fanout(store=None, database_url=postgres_url)  # type: ignore[arg-type]
