@@ -7,19 +7,19 @@ failed evaluation) resumes after its checkpoint, and the engine replays the stor
 points it has not seen.
 
 `Replicated` (PostgreSQL): replicas may take turns with a run (reconnects, a load
-balancer, REST writes). Each frame is evaluated in one transaction under the run's
-advisory lock against the states read back from the database: a state another replica
-has written since this one last read or wrote it replaces the cached one, so no replica
-writes over an evaluation it has not seen. States are written with every alert change (in
-the transaction of the alert rows), else at most once per `checkpoint_s` per run, as on
-SQLite. A state behind the committed points (another replica evaluated them and has not
-written yet, or a crash) replays those points first, so every step is evaluated, in order,
-and an alert change is never lost or made twice. Writing the states of every frame instead cost
-about a quarter of the evaluation's CPU, and rewrote every state row per frame.
+balancer, REST writes). A replica evaluates a run's frames from the states it holds, as on
+SQLite, without a transaction; states are written with every alert change, else at most
+once per `checkpoint_s` per run, in one transaction under the run's advisory lock that
+first checks that the stored states are still the ones this replica last read or wrote.
+If another replica wrote one since, nothing is written (`Stale`): the engine evaluates the
+frame again under the lock from the states read back from the database, replaying the
+committed points after them, so no replica writes over an evaluation it has not seen, every
+step is evaluated in order, and an alert change is never lost or made twice. Reading the
+states back under the lock for every frame instead cost four round trips a frame.
 Periodic jobs run on one replica at a time.
 
-Both give the engine a `Frame` per evaluation: where to write (`session`), the states to
-evaluate from, and whether this evaluation's states are due to be written.
+Both give the engine a `Frame` per evaluation: the states to evaluate from, whether this
+evaluation's states are due to be written, and the transaction to write them in.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from server.alerts.state import Change, Tracked
 from server.models import Rule
 from server.storage import Store
 
-__all__ = ["Coordination", "Frame", "Replicated", "SingleProcess", "advisory_key", "for_store"]
+__all__ = ["Coordination", "Frame", "Replicated", "SingleProcess", "Stale", "advisory_key", "for_store"]
 
 _LOCK_RUN_SQL = text("SELECT pg_advisory_xact_lock(:key)")
 
@@ -58,24 +58,34 @@ def advisory_key(name: str) -> int:
     return int.from_bytes(hashlib.sha256(f"keel-alerts\x00{name}".encode()).digest()[:8], "big", signed=True)
 
 
+class Stale(Exception):
+    """Another replica wrote a run's states since this one read them: nothing was written,
+    and the frame is evaluated again under the run's lock (`Coordination.frame(locked=True)`)."""
+
+
 class Frame(Protocol):
     session: AsyncSession | None
-    """The transaction to write in; None: open one only if there is something to write."""
+    """The transaction the frame holds the run's lock in (replays read in it), if any."""
 
-    async def states(self, run_id: str, rules: Sequence[RuleToLoad], cache: Cache) -> tuple[dict[int, Tracked], int | None]:
+    async def states(self, run_id: str, rules: Sequence[RuleToLoad], cache: Cache) -> tuple[dict[int, Tracked], int]:
         """The states to evaluate from (updating `cache`), and the step after which committed
-        points may not have been evaluated yet (None: all were)."""
+        points may not have been evaluated yet (`_resume_after`)."""
 
     def due(self, run_id: str, changes: list[Change]) -> bool:
         """Whether this evaluation's dirty states are written now."""
+
+    def writing(self, run_id: str, tracked: dict[int, Tracked]) -> AbstractAsyncContextManager[AsyncSession]:
+        """The transaction to write the evaluation in; raises Stale (nothing written) if
+        the stored states are no longer the ones `tracked` came from."""
 
 
 class Coordination(Protocol):
     rules_ttl_s: float
     """How long a cached list of rules stays current (another replica may edit them)."""
 
-    def frame(self, run_id: str) -> AbstractAsyncContextManager[Frame]:
-        """One evaluation of a run's rules."""
+    def frame(self, run_id: str, *, locked: bool = True) -> AbstractAsyncContextManager[Frame]:
+        """One evaluation of a run's rules: under the run's lock from the stored states
+        (`locked`), or from the states this process holds (checked when written)."""
 
     def exclusive(self, job: str) -> AbstractAsyncContextManager[bool]:
         """Whether this process runs a periodic `job` now (one replica at a time)."""
@@ -102,6 +112,17 @@ class _Checkpoints:
         return True
 
 
+def _resume_after(tracked: dict[int, Tracked]) -> int:
+    """The step after which committed points may not have been evaluated yet. Frames can be
+    evaluated out of order (two replicas, two writers, REST writes): every committed step
+    after the states' earliest last one is evaluated first. States that have evaluated
+    nothing are a run nobody has evaluated yet, whose first frames may have been committed
+    by another replica still evaluating them: every step before the frame is evaluated
+    first (for a new run, none). A rule new to a run evaluated before starts at its frame."""
+    evaluated = [t.last_step for t in tracked.values() if t.last_step is not None]
+    return min(evaluated) if evaluated else -1
+
+
 class SingleProcess:
     rules_ttl_s = math.inf
 
@@ -110,8 +131,8 @@ class SingleProcess:
         self.checkpoints = _Checkpoints(checkpoint_s)
 
     @asynccontextmanager
-    async def frame(self, run_id: str) -> AsyncIterator[Frame]:
-        yield _LocalFrame(self)
+    async def frame(self, run_id: str, *, locked: bool = True) -> AsyncIterator[Frame]:
+        yield _LocalFrame(self.store, self.checkpoints, check=False)  # the only process: always current
 
     @asynccontextmanager
     async def exclusive(self, job: str) -> AsyncIterator[bool]:
@@ -119,27 +140,41 @@ class SingleProcess:
 
 
 class _LocalFrame:
-    def __init__(self, owner: SingleProcess):
-        self.owner = owner
-        self.session: AsyncSession | None = None
+    """An evaluation from the states this process holds (loading the ones it lacks), in no
+    transaction; `check`: written only if the stored states are still those (PostgreSQL)."""
 
-    async def states(self, run_id: str, rules: Sequence[RuleToLoad], cache: Cache) -> tuple[dict[int, Tracked], int | None]:
-        missing = [rule.id for rule, _, _ in rules if (rule.id, run_id) not in cache]
-        resume_after: int | None = None
+    session: AsyncSession | None = None
+
+    def __init__(self, store: Store, checkpoints: _Checkpoints, *, check: bool):
+        self.store = store
+        self.checkpoints = checkpoints
+        self.check = check
+
+    async def states(self, run_id: str, rules: Sequence[RuleToLoad], cache: Cache) -> tuple[dict[int, Tracked], int]:
+        missing = [rule.id for rule, _, definition in rules if getattr(cache.get((rule.id, run_id)), "definition", None) != definition]
         if missing:
-            async with self.owner.store.sessions() as session:
+            async with self.store.sessions() as session:
                 stored = await repository.load_states(session, run_id, missing)
             for rule, initial, definition in rules:
-                if rule.id not in missing:
-                    continue
-                state = Tracked.load(stored.get(rule.id), dict(initial), definition)
-                cache[(rule.id, run_id)] = state
-                if state.last_step is not None:
-                    resume_after = state.last_step if resume_after is None else min(resume_after, state.last_step)
-        return {rule.id: cache[(rule.id, run_id)] for rule, _, _ in rules}, resume_after
+                if rule.id in missing:
+                    cache[(rule.id, run_id)] = Tracked.load(stored.get(rule.id), dict(initial), definition)
+        tracked = {rule.id: cache[(rule.id, run_id)] for rule, _, _ in rules}
+        return tracked, _resume_after(tracked)
 
     def due(self, run_id: str, changes: list[Change]) -> bool:
-        return self.owner.checkpoints.due(run_id, changes)
+        return self.checkpoints.due(run_id, changes)
+
+    @asynccontextmanager
+    async def writing(self, run_id: str, tracked: dict[int, Tracked]) -> AsyncIterator[AsyncSession]:
+        async with self.store.writing() as session:
+            if self.check:
+                await session.execute(_LOCK_RUN_SQL, {"key": advisory_key(run_id)})
+                stored = await repository.load_states(session, run_id, list(tracked))
+                for rule_id, mine in tracked.items():
+                    row = stored.get(rule_id)
+                    if (None if row is None else row[1]) != mine.stored_step:
+                        raise Stale(run_id)
+            yield session
 
 
 class Replicated:
@@ -150,7 +185,10 @@ class Replicated:
         self.checkpoints = _Checkpoints(checkpoint_s)
 
     @asynccontextmanager
-    async def frame(self, run_id: str) -> AsyncIterator[Frame]:
+    async def frame(self, run_id: str, *, locked: bool = True) -> AsyncIterator[Frame]:
+        if not locked:
+            yield _LocalFrame(self.store, self.checkpoints, check=True)
+            return
         async with self.store.writing() as session:
             await session.execute(_LOCK_RUN_SQL, {"key": advisory_key(run_id)})
             yield _SharedFrame(session, self.checkpoints)
@@ -179,7 +217,7 @@ class _SharedFrame:
         self.session: AsyncSession | None = session
         self.checkpoints = checkpoints
 
-    async def states(self, run_id: str, rules: Sequence[RuleToLoad], cache: Cache) -> tuple[dict[int, Tracked], int | None]:
+    async def states(self, run_id: str, rules: Sequence[RuleToLoad], cache: Cache) -> tuple[dict[int, Tracked], int]:
         assert self.session is not None
         stored = await repository.load_states(self.session, run_id, [rule.id for rule, _, _ in rules])
         tracked: dict[int, Tracked] = {}
@@ -198,10 +236,12 @@ class _SharedFrame:
                 mine = Tracked.load(row, dict(initial), definition)
                 cache[(rule.id, run_id)] = mine
             tracked[rule.id] = mine
-        # Frames can be evaluated out of order here (two replicas, REST writes): every
-        # committed step after the states' earliest last one is evaluated first.
-        evaluated = [t.last_step for t in tracked.values() if t.last_step is not None]
-        return tracked, (min(evaluated) if evaluated else None)
+        return tracked, _resume_after(tracked)
 
     def due(self, run_id: str, changes: list[Change]) -> bool:
         return self.checkpoints.due(run_id, changes)
+
+    @asynccontextmanager
+    async def writing(self, run_id: str, tracked: dict[int, Tracked]) -> AsyncIterator[AsyncSession]:
+        assert self.session is not None
+        yield self.session  # the states were read under the lock this transaction holds

@@ -24,7 +24,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from server.alerts import repository, transitions
-from server.alerts.coordination import Coordination, RuleToLoad
+from server.alerts.coordination import Coordination, RuleToLoad, Stale
 from server.alerts.detectors import Detector
 from server.alerts.lifecycle import Phase
 from server.alerts.notify import Notifier
@@ -83,9 +83,16 @@ class AlertEngine:
         self._tracked: dict[tuple[int, str], Tracked] = {}
 
     async def on_points(self, run_id: str, rows: list[Row]) -> None:
+        rows = sorted(rows, key=lambda row: row.step)
         async with self._locks[run_id]:
             try:
-                await self._evaluate(run_id, sorted(rows, key=lambda row: row.step))
+                try:
+                    await self._evaluate(run_id, rows, locked=False)
+                except Stale:
+                    # Another replica wrote the run's states meanwhile: evaluate again from
+                    # those, under the run's lock.
+                    self._forget_states(run_id)
+                    await self._evaluate(run_id, rows, locked=True)
             except BaseException as exc:
                 # Failed or cancelled: the cached state may be ahead of what was committed.
                 # Drop it so the next frame reloads what was (and replays the steps).
@@ -96,6 +103,9 @@ class AlertEngine:
 
     def _forget(self, run_id: str) -> None:
         self._runs.pop(run_id, None)
+        self._forget_states(run_id)
+
+    def _forget_states(self, run_id: str) -> None:
         for key in [k for k in self._tracked if k[1] == run_id]:
             del self._tracked[key]
 
@@ -135,14 +145,14 @@ class AlertEngine:
             context.rules_version = self._rules_version
         return context
 
-    async def _evaluate(self, run_id: str, rows: list[Row]) -> None:
+    async def _evaluate(self, run_id: str, rows: list[Row], *, locked: bool) -> None:
         context = await self._context(run_id)
         if not context.rules:
             return
-        async with self.coordination.frame(run_id) as frame:
+        async with self.coordination.frame(run_id, locked=locked) as frame:
             tracked, after = await frame.states(run_id, _to_load(context), self._tracked)
             changes: list[Change] = []
-            while after is not None and rows and rows[0].step > after + 1:
+            while rows and rows[0].step > after + 1:
                 # Committed steps the states have not seen: evaluate them first, a bounded
                 # read at a time (a read ends before a step it would cut).
                 replay = await self.store.rows(run_id, after=after, before=rows[0].step, session=frame.session)
@@ -154,7 +164,8 @@ class AlertEngine:
             dirty = [(rule_id, t) for rule_id, t in tracked.items() if t.dirty]
             if not dirty or not frame.due(run_id, changes):
                 return
-            alerts, queued = await self._record(frame.session, context.run, changes, dirty)
+            async with frame.writing(run_id, tracked) as session:
+                alerts, queued = await self._record(session, context.run, changes, dirty)
         for _, t in dirty:
             t.dirty = False
         self._publish(alerts, queued)
@@ -187,13 +198,10 @@ class AlertEngine:
         return changes
 
     async def _record(
-        self, session: AsyncSession | None, run: Run, changes: list[Change], states: list[tuple[int, Tracked]]
+        self, session: AsyncSession, run: Run, changes: list[Change], states: list[tuple[int, Tracked]]
     ) -> tuple[list[Alert], bool]:
-        """Stages two and three, and the states, in one transaction (`session`, else a new one):
-        the alerts that changed, and whether a notification was queued."""
-        if session is None:
-            async with self.store.writing() as session:
-                return await self._record(session, run, changes, states)
+        """Stages two and three, and the states, in one transaction (`session`): the alerts
+        that changed, and whether a notification was queued."""
         now = time.time()
         alerts, events = await transitions.record(session, run, changes, now)
         queued = await self.notifier.notify(session, run, events, now)
@@ -217,7 +225,8 @@ class AlertEngine:
                     tracked, _ = await frame.states(run_id, _to_load(context), self._tracked)
                     dirty = [(rule_id, t) for rule_id, t in tracked.items() if t.dirty]
                     if dirty:
-                        await self._record(frame.session, context.run, [], dirty)
+                        async with frame.writing(run_id, tracked) as session:
+                            await self._record(session, context.run, [], dirty)
                         for _, t in dirty:
                             t.dirty = False
             except Exception:
@@ -268,5 +277,6 @@ class AlertEngine:
             message = f"no data for {silent_for:.0f} s while running" if active else "sending again"
             value = silent_for if math.isfinite(silent_for) else 0.0
             changes = [Change(rule, t, step, value, message, state) for t in transitions_]
-            alerts, queued = await self._record(frame.session, run, changes, [(rule.id, state)])
+            async with frame.writing(run.id, tracked) as session:
+                alerts, queued = await self._record(session, run, changes, [(rule.id, state)])
         self._publish(alerts, queued)

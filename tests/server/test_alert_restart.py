@@ -108,6 +108,34 @@ def test_replicas_taking_turns_with_a_run_evaluate_it_as_one_server(postgres_url
     assert _settled(lambda: _all_alerts(replicas[0], run["id"])) == expected
 
 
+def test_a_new_runs_first_frames_evaluated_on_two_replicas_at_once_lose_no_step(postgres_url, server_factory) -> None:
+    """Replica A acks a new run's first frame and is still evaluating it when replica B
+    stores and evaluates the next one. B finds no states: it evaluates the committed steps
+    before its frame first, so whichever replica writes first, the non-finite value at step
+    3 fires, once, as on one server."""
+    rows = [{"mismatch/kl": "nan" if i == 3 else 1e-3} for i in range(20)]
+    reference = server_factory(postgres_url)
+    ref_run = new_run("reference")
+    _stream(reference, ref_run, rows)
+    expected = _settled(lambda: _all_alerts(reference, ref_run["id"]))
+    assert [a[:4] for a in expected] == [("non-finite value", "firing", 3, 3)]
+
+    a, b = server_factory(postgres_url), server_factory(postgres_url)
+    committed = a.app.state.services.committed  # type: ignore[attr-defined]
+    (evaluate,) = committed.listeners
+
+    async def slow(run_id: str, frame_rows: list) -> None:  # type: ignore[type-arg]
+        await asyncio.sleep(1.0)  # B evaluates (and writes) its frame meanwhile
+        await evaluate(run_id, frame_rows)
+
+    committed.listeners = [slow]
+    run = new_run("shared-start")
+    _stream(a, run, rows[:10])
+    _stream(b, run, rows[10:], first_step=10, seq0=1)
+    time.sleep(1.5)
+    assert _settled(lambda: _all_alerts(a, run["id"])) == expected
+
+
 def test_one_replica_reports_a_silent_run(postgres_url, server_factory) -> None:
     replicas = [server_factory(postgres_url, silence_check_s=0.2) for _ in range(2)]
     run = new_run("quiet", project="replicas")
@@ -213,8 +241,8 @@ def test_detector_states_are_checkpointed_not_written_with_every_frame(server_fa
 def test_a_state_another_replica_wrote_replaces_one_evaluated_further_but_not_written(server_factory, postgres_url) -> None:
     """A replica's cached state may be ahead of the stored one (checkpointed, not written).
     When another replica writes the state meanwhile, even at an earlier step, the stored
-    copy is the evaluation that counts: this replica reloads it and replays from there,
-    rather than writing over it later."""
+    copy is the evaluation that counts: this replica's next write finds it, writes nothing
+    over it, reloads it and replays from there."""
     server = server_factory(postgres_url)
     engine = server.app.state.services.alerts  # type: ignore[attr-defined]
     engine.coordination.checkpoints.checkpoint_s = 3600.0
@@ -248,7 +276,12 @@ def test_a_state_another_replica_wrote_replaces_one_evaluated_further_but_not_wr
                 await db.dispose()
 
         asyncio.run(overtake())
+        engine.coordination.checkpoints.checkpoint_s = 0.0  # the next frame's states are written
         ws.send(points(2, [{"step": 20 + j, "values": v} for j, v in enumerate(rows[20:30])]))
         assert recv(ws)["type"] == "ack"
+        deadline = time.monotonic() + 15
+        while set(_stored_last_steps(postgres_url, run["id"])) != {29}:  # replayed from 14, then written
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
         after = settled(29)
     assert all(after[rule_id] is not state for rule_id, state in before.items())  # reloaded, not kept
