@@ -13,7 +13,7 @@ Sampled every second, written to artifacts/load/<database>-<runs>.csv and plotte
 artifacts/load/load-<database>.png (matplotlib):
 
 - server CPU: utime+stime of the `keel serve` process from /proc/<pid>/stat, % of one core
-  (and the same for the PostgreSQL backends of its database, for context);
+  (and the same for the PostgreSQL backends of its database and for the browser, for context);
 - ack latency p50/p95 of the acks that arrived in that second (frame sent -> ack received);
 - live p95 of the points painted in that second (frame sent -> painted in the page);
 - backlog: steps due by then (each run's schedule) minus steps acknowledged by then.
@@ -201,6 +201,20 @@ def runqueue_wait_s(pid: int) -> float:
         return math.nan
 
 
+def browser_cpu_seconds() -> dict[int, float]:
+    """CPU seconds of every Chromium process on the machine (the page's browser), by pid."""
+    found = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        if text[text.index("(") + 1 : text.rindex(")")] in ("chromium", "chrome"):
+            fields = text.rsplit(")", 1)[1].split()
+            found[int(stat.parent.name)] = (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return found
+
+
 def machine_busy() -> tuple[float, float]:
     """(busy, total) jiffies of the whole machine, from /proc/stat."""
     values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
@@ -231,25 +245,27 @@ class Sampler(threading.Thread):
         conn = psycopg.connect(self.pg_url, autocommit=True) if self.pg_url else None
         try:
             wall, cpu, runq = time.time(), cpu_seconds(self.pid) or 0.0, runqueue_wait_s(self.pid)
-            backends, machine = self._backends(conn), machine_busy()
+            backends, machine, browser_cpu = self._backends(conn), machine_busy(), browser_cpu_seconds()
             while not self.stop.wait(max(0.0, wall + 1.0 - time.time())):
                 now_wall, now_cpu = time.time(), cpu_seconds(self.pid)
                 if now_cpu is None:
                     return
                 now_backends, now_machine = self._backends(conn), machine_busy()
-                now_runq = runqueue_wait_s(self.pid)
+                now_runq, now_browser = runqueue_wait_s(self.pid), browser_cpu_seconds()
                 elapsed = now_wall - wall
                 pg = sum(c - backends[p] for p, c in now_backends.items() if p in backends)
+                page = sum(c - browser_cpu.get(p, 0.0) for p, c in now_browser.items())
                 self.samples.append({
                     "t": now_wall,
                     "server_cpu_pct": 100 * (now_cpu - cpu) / elapsed,
                     "pg_cpu_pct": 100 * pg / elapsed,
+                    "browser_cpu_pct": 100 * page / elapsed,
                     "machine_busy_pct": 100 * (now_machine[0] - machine[0]) / max(1, now_machine[1] - machine[1]),
                     "server_rss_mib": rss_mib(self.pid),
                     "server_runq_wait_pct": 100 * (now_runq - runq) / elapsed,
                 })
                 wall, cpu, runq = now_wall, now_cpu, now_runq
-                backends, machine = now_backends, now_machine
+                backends, machine, browser_cpu = now_backends, now_machine, now_browser
         finally:
             if conn is not None:
                 conn.close()
@@ -337,6 +353,7 @@ def run_scenario(kind: str, runs: int, args: argparse.Namespace, tmp: str) -> Sc
     ]
     processes = [ctx.Process(target=client_main, args=(plan, go, go_at, ready)) for plan in plans]
     page: Page | None = None
+    errors = 0
     sampler: Sampler | None = None
     try:
         for process in processes:
@@ -345,7 +362,7 @@ def run_scenario(kind: str, runs: int, args: argparse.Namespace, tmp: str) -> Sc
             ready.get(timeout=120)
         watched = [plan.run_ids[0] for plan in plans][:WATCHED] or run_ids[:WATCHED]
         watched += [r for r in run_ids if r not in watched][: WATCHED - len(watched)]
-        page = Page(base, watched)
+        page = None if args.no_page else Page(base, watched)
         sampler = Sampler(proc.pid, pg_url)
         sampler.start()
         time.sleep(1.5)  # one idle sample before the load starts
@@ -354,13 +371,15 @@ def run_scenario(kind: str, runs: int, args: argparse.Namespace, tmp: str) -> Sc
         end = go_at.value + args.seconds
         while time.time() < end + 3:
             time.sleep(min(5.0, max(0.1, end + 3 - time.time())))
-            page.collect()
+            if page is not None:
+                page.collect()
         for process in processes:
             process.join(timeout=DRAIN_S + 30)
-        page.collect()
         sampler.stop.set()
         sampler.join(timeout=5)
-        errors = page.console_errors()
+        if page is not None:
+            page.collect()
+            errors = page.console_errors()
     finally:
         if page is not None:
             page.quit()
@@ -378,10 +397,11 @@ def run_scenario(kind: str, runs: int, args: argparse.Namespace, tmp: str) -> Sc
     for plan in plans:
         with open(plan.out_path, newline="") as f:
             frames.extend([r[0], *map(float, r[1:])] for r in csv.reader(f))
-    assert sampler is not None and page is not None
+    assert sampler is not None
     scenario = Scenario(kind, runs)
-    summarize(scenario, frames, sampler.samples, page.painted_ms, set(watched), go_at.value, args)
-    scenario.figures["browser_console_errors"] = errors
+    painted = {} if page is None else page.painted_ms
+    summarize(scenario, frames, sampler.samples, painted, set(watched), go_at.value, args)
+    scenario.figures["browser_console_errors"] = 0 if page is None else errors
     return scenario
 
 
@@ -433,6 +453,7 @@ def summarize(
             "t_s": second,
             "server_cpu_pct": sample.get("server_cpu_pct", math.nan),
             "pg_cpu_pct": sample.get("pg_cpu_pct", math.nan),
+            "browser_cpu_pct": sample.get("browser_cpu_pct", math.nan),
             "machine_busy_pct": sample.get("machine_busy_pct", math.nan),
             "server_rss_mib": sample.get("server_rss_mib", math.nan),
             "server_runq_wait_pct": sample.get("server_runq_wait_pct", math.nan),
@@ -463,6 +484,9 @@ def summarize(
         "server_cpu_p95_pct": pct(cpu, 95) if cpu else math.nan,
         "pg_cpu_mean_pct": statistics.fmean(
             [r["pg_cpu_pct"] for r in steady if not math.isnan(r["pg_cpu_pct"])] or [math.nan]
+        ),
+        "browser_cpu_mean_pct": statistics.fmean(
+            [r["browser_cpu_pct"] for r in steady if not math.isnan(r["browser_cpu_pct"])] or [math.nan]
         ),
         "server_runq_wait_mean_pct": statistics.fmean(
             [r["server_runq_wait_pct"] for r in steady if not math.isnan(r["server_runq_wait_pct"])]
@@ -563,7 +587,8 @@ def report(baseline: Scenario, full: Scenario, args: argparse.Namespace) -> bool
         f"= {f['points_per_s']:,.0f} points/s for {args.seconds:g} s "
         f"(baseline {baseline.runs} runs); machine {f['machine_busy_mean_pct']:.0f} % busy "
         f"(baseline {b['machine_busy_mean_pct']:.0f} %), client send lag p95 "
-        f"{f['client_lag_p95_ms']:.0f} ms, PostgreSQL backends {f['pg_cpu_mean_pct']:.0f} % of a core"
+        f"{f['client_lag_p95_ms']:.0f} ms, PostgreSQL backends {f['pg_cpu_mean_pct']:.0f} % of a core, "
+        f"the browser {f['browser_cpu_mean_pct']:.0f} % (baseline {b['browser_cpu_mean_pct']:.0f} %)"
     )
     print(
         f"  acked {f['acked_points_per_s']:,.0f} points/s (baseline {b['acked_points_per_s']:,.0f}); server "
@@ -579,6 +604,9 @@ def report(baseline: Scenario, full: Scenario, args: argparse.Namespace) -> bool
     ]
     ok = True
     for name, value, base_value, target, op in rows:
+        if math.isnan(value) and args.no_page and name.startswith("live"):
+            print(f"  {name:26s} not measured (--no-page)")
+            continue
         passed = value < target if op == "<" else value <= target
         ok &= passed
         print(
@@ -611,6 +639,11 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=4, help="load client processes")
     parser.add_argument("--database", choices=["postgres", "sqlite", "both"], default="postgres")
     parser.add_argument("--out", type=Path, default=ROOT / "artifacts" / "load")
+    parser.add_argument(
+        "--no-page", action="store_true",
+        help="no browser: the server, its database and the clients have the machine to themselves "
+        "(live latency is not measured)",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
 

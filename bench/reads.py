@@ -174,7 +174,7 @@ async def measure(url: str, long_steps: int, short_steps: int, repeats: int) -> 
                 assert all(_same(a, b) for a, b in pairs), f"{name}: rollup read differs from the full scan"
         return {name: (statistics.median(new), statistics.median(old)) for name, (new, old) in times.items()}
     finally:
-        await store.engine.dispose()
+        await store.close()
 
 
 def main() -> None:

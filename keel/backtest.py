@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
             run_ids = args.run or [r.id for r in await store.list_runs(project=args.project)]
             return await backtest_runs(store, chosen, run_ids)
         finally:
-            await store.engine.dispose()
+            await store.close()
 
     try:
         results = asyncio.run(replay())

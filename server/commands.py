@@ -114,7 +114,7 @@ def _token(args: argparse.Namespace) -> int:
         try:
             return await create_token(store, args.name, [s for s in args.scopes.split(",") if s])
         finally:
-            await store.engine.dispose()
+            await store.close()
 
     try:
         token = asyncio.run(create())
@@ -157,7 +157,7 @@ def _prune(args: argparse.Namespace) -> int:
                 print(f"keel prune: {verb} run {run.name!r} ({run.id}, {run.project}, {run.status})", flush=True)
             return len(runs)
         finally:
-            await store.engine.dispose()
+            await store.close()
 
     count = asyncio.run(prune())
     print(f"keel prune: {count} run(s) {'found' if args.dry_run else 'deleted'}")

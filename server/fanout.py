@@ -4,8 +4,11 @@ Each replica publishes to its own hub; the hub relays what it publishes here, an
 notifies the other replicas on one channel. A notification about points carries only
 the run and the step range (NOTIFY payloads are small): a replica whose browsers watch
 that run reads the rows back from the database and publishes them. Alert and status
-messages travel whole. Notifications are sent from a queue by a background task, so the
-ingest path never waits on them, and a replica ignores its own.
+messages travel whole. Notes are sent from a queue by a background task, so the ingest
+path never waits on them: what queued within `LINGER_S` goes in one statement, packed
+many notes to a notification (`{"o": origin, "n": [note, ...]}`), so 64 live runs cost a
+few dozen notifications a second to send and to receive, not one per frame. A replica
+ignores its own.
 
 Delivery is best effort, like the hub itself: while the listening connection is down
 (it reconnects with backoff) other replicas' messages are missed, and a page reloads
@@ -35,8 +38,10 @@ log = logging.getLogger("keel.fanout")
 CHANNEL = "keel_live"
 MAX_PAYLOAD = 7900
 """PostgreSQL refuses NOTIFY payloads of 8000 bytes and more."""
-SEND_BATCH = 200
-"""Notifications sent in one statement at most."""
+SEND_BATCH = 2000
+"""Notes sent in one statement at most."""
+LINGER_S = 0.02
+"""How long the sender waits after a note for others to join its statement."""
 
 
 def libpq_url(database_url: str) -> str:
@@ -52,7 +57,7 @@ class Fanout:
         self.store = store
         self.dsn = libpq_url(database_url)
         self.origin = uuid.uuid4().hex[:12]
-        self._outgoing: asyncio.Queue[str] = asyncio.Queue(maxsize=queue_size)
+        self._outgoing: asyncio.Queue[bytes] = asyncio.Queue(maxsize=queue_size)
         self._incoming: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=queue_size)
         self._unsent: list[str] | None = None
         self.listening = asyncio.Event()
@@ -62,12 +67,12 @@ class Fanout:
 
     def relay(self, note: dict[str, Any]) -> None:
         """Queue a notification for the other replicas (the hub calls this). Never waits."""
-        payload = orjson.dumps({"o": self.origin, **note})
-        if len(payload) > MAX_PAYLOAD:
-            log.warning("live message for run %s too large to relay (%d bytes)", note.get("r"), len(payload))
+        encoded = orjson.dumps(note)
+        if len(encoded) > MAX_PAYLOAD - len(self._envelope(b"")):
+            log.warning("live message for run %s too large to relay (%d bytes)", note.get("r"), len(encoded))
             return
         try:
-            self._outgoing.put_nowait(payload.decode())
+            self._outgoing.put_nowait(encoded)
         except asyncio.QueueFull:
             log.warning("live relay queue full; dropping a message for run %s", note.get("r"))
 
@@ -77,13 +82,33 @@ class Fanout:
     async def _send(self, conn: psycopg.AsyncConnection[Any]) -> None:
         while True:
             if self._unsent is None:
-                # What queued up while the last statement ran goes in the next one, in order:
-                # one round trip per batch, not per frame.
-                self._unsent = [await self._outgoing.get()]
-                while len(self._unsent) < SEND_BATCH and not self._outgoing.empty():
-                    self._unsent.append(self._outgoing.get_nowait())
+                # What queues up meanwhile goes in the same statement, in order: one round
+                # trip and a few notifications per batch, not one per frame.
+                notes = [await self._outgoing.get()]
+                await asyncio.sleep(LINGER_S)
+                while len(notes) < SEND_BATCH and not self._outgoing.empty():
+                    notes.append(self._outgoing.get_nowait())
+                self._unsent = self._pack(notes)
             await conn.execute("SELECT pg_notify(%s, payload) FROM unnest(%s::text[]) AS payload", (CHANNEL, self._unsent))
             self._unsent = None  # sent; a batch that failed is sent again on reconnecting
+
+    def _envelope(self, notes: bytes) -> bytes:
+        return b'{"o":"' + self.origin.encode() + b'","n":[' + notes + b"]}"
+
+    def _pack(self, notes: list[bytes]) -> list[str]:
+        """The notes as few payloads of at most MAX_PAYLOAD bytes, in order."""
+        room = MAX_PAYLOAD - len(self._envelope(b""))
+        payloads: list[str] = []
+        chunk: list[bytes] = []
+        size = 0
+        for note in notes:
+            if chunk and size + 1 + len(note) > room:
+                payloads.append(self._envelope(b",".join(chunk)).decode())
+                chunk, size = [], 0
+            chunk.append(note)
+            size += len(note) + (1 if size else 0)
+        payloads.append(self._envelope(b",".join(chunk)).decode())
+        return payloads
 
     # -- the others -> this replica ---------------------------------------------------
 
@@ -95,13 +120,16 @@ class Fanout:
         self.listening.set()
         try:
             async for notify in conn.notifies():
-                note = _parse(notify.payload)
-                if note is None or note.get("o") == self.origin or not hub.watching(note["r"]):
+                origin, notes = _parse(notify.payload)
+                if origin == self.origin:
                     continue
-                try:
-                    self._incoming.put_nowait(note)
-                except asyncio.QueueFull:
-                    log.warning("live fan-in queue full; dropping a message for run %s", note["r"])
+                for note in notes:
+                    if not hub.watching(note["r"]):
+                        continue
+                    try:
+                        self._incoming.put_nowait(note)
+                    except asyncio.QueueFull:
+                        log.warning("live fan-in queue full; dropping a message for run %s", note["r"])
         finally:
             self.listening.clear()
 
@@ -140,17 +168,25 @@ class Fanout:
                 log.exception("could not deliver a live message for run %s", run_id)
 
 
-def _parse(payload: str) -> dict[str, Any] | None:
-    """A notification from a replica, or None for anything else on the channel."""
+def _parse(payload: str) -> tuple[str | None, list[dict[str, Any]]]:
+    """The sending replica and its notes, from a notification; the notes another replica
+    could not have sent are left out (and logged)."""
     try:
-        note = orjson.loads(payload)
+        message = orjson.loads(payload)
     except orjson.JSONDecodeError:
-        note = None
-    if not isinstance(note, dict) or not isinstance(note.get("r"), str) or note.get("t") not in ("points", "message"):
+        message = None
+    if not isinstance(message, dict) or not isinstance(message.get("o"), str) or not isinstance(message.get("n"), list):
         log.warning("ignoring a notification on %s that no replica sent: %.200s", CHANNEL, payload)
-        return None
-    if note["t"] == "points" and not (isinstance(note.get("a"), int) and isinstance(note.get("b"), int)):
-        return None
-    if note["t"] == "message" and not isinstance(note.get("m"), dict):
-        return None
-    return note
+        return None, []
+    notes = [note for note in message["n"] if _valid(note)]
+    if len(notes) < len(message["n"]):
+        log.warning("ignoring notes on %s that no replica sent: %.200s", CHANNEL, payload)
+    return message["o"], notes
+
+
+def _valid(note: Any) -> bool:
+    if not isinstance(note, dict) or not isinstance(note.get("r"), str):
+        return False
+    if note.get("t") == "points":
+        return isinstance(note.get("a"), int) and isinstance(note.get("b"), int)
+    return note.get("t") == "message" and isinstance(note.get("m"), dict)

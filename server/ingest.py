@@ -20,6 +20,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import orjson
+from psycopg_pool import PoolTimeout
 from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeout
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
@@ -174,7 +175,7 @@ class IngestSession:
             await self._fail(exc.to_message(), exc.close_code)
         except Conflict as exc:
             await self._fail({"type": "error", "code": exc.code, "message": str(exc)}, CLOSE_CONFLICT)
-        except SQLAlchemyTimeout:
+        except (SQLAlchemyTimeout, PoolTimeout):
             # Every database connection is busy (a slow or locked database): overloaded,
             # not broken. Nothing of this frame was acked; the client resends it.
             await self._fail(

@@ -114,4 +114,4 @@ async def running(settings: Settings, internal_token: str) -> AsyncIterator[Serv
         await asyncio.gather(*tasks, return_exceptions=True)
         await alerts.flush()
         await deliveries.close()
-        await engine.dispose()
+        await store.close()

@@ -91,7 +91,13 @@ class Coordination(Protocol):
         """Whether this process runs a periodic `job` now (one replica at a time)."""
 
 
-def for_store(store: Store, *, checkpoint_s: float = 1.0) -> Coordination:
+CHECKPOINT_S = 5.0
+"""How often a run's detector states are written when no alert changed: a crash or a replica
+taking over the run replays at most this much of its stored points. Under 64 live runs a
+checkpoint a second cost as many database round trips as storing the frames."""
+
+
+def for_store(store: Store, *, checkpoint_s: float = CHECKPOINT_S) -> Coordination:
     return SingleProcess(store, checkpoint_s) if store.sqlite else Replicated(store, checkpoint_s)
 
 
@@ -180,7 +186,7 @@ class _LocalFrame:
 class Replicated:
     rules_ttl_s = RULES_TTL_S
 
-    def __init__(self, store: Store, checkpoint_s: float = 1.0):
+    def __init__(self, store: Store, checkpoint_s: float = CHECKPOINT_S):
         self.store = store
         self.checkpoints = _Checkpoints(checkpoint_s)
 

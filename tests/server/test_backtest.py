@@ -135,7 +135,7 @@ def test_the_loader_pages_through_long_runs(server_factory, sqlite_url, monkeypa
             rules = await stored_rules(store, [])
             return rules, await backtest_runs(store, [THRESHOLD], [run["id"]])
         finally:
-            await store.engine.dispose()
+            await store.close()
 
     rules, (result,) = asyncio.run(replay())
     assert rules == [] and result.steps == 100

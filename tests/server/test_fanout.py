@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 from websockets.sync.client import ClientConnection, connect
 
-from server.fanout import CHANNEL, Fanout, libpq_url
+from server.fanout import CHANNEL, MAX_PAYLOAD, Fanout, libpq_url
 from tests.server.wire import hello, new_run, open_ingest, points, recv
 
 
@@ -48,7 +48,8 @@ def test_pages_on_every_replica_see_a_run_ingested_by_one(postgres_url, server_f
     from server.fanout import CHANNEL
 
     with psycopg.connect(postgres_url, autocommit=True) as conn:
-        for junk in ("not json", '{"t": "points"}', '{"o": "x", "r": "y", "t": "points", "a": "z"}'):
+        junks = ("not json", '{"t": "points"}', '{"o": "x", "r": "y", "t": "points", "a": "z"}', '{"o": "x", "n": [{"r": "y", "t": "points", "a": "z"}, 7]}')
+        for junk in junks:
             conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, junk))
     run = new_run("fanned")
     url = "{}/api/v1/live?runs=" + run["id"]
@@ -74,23 +75,24 @@ def test_pages_on_every_replica_see_a_run_ingested_by_one(postgres_url, server_f
         assert [m["status"] for m in messages if m["type"] == "status"] == ["finished"], name
 
 
-def test_notes_queued_together_reach_the_other_replicas_in_one_batch_in_order(postgres_url) -> None:
-    """What the hub relays while a send is in flight goes out in the next statement, every
-    note once and in the order relayed."""
+def test_notes_queued_together_reach_the_other_replicas_packed_in_order(postgres_url) -> None:
+    """What the hub relays together goes out in one statement, many notes to a notification
+    (each under PostgreSQL's payload limit), every note once and in the order relayed."""
 
     async def scenario() -> list[dict[str, Any]]:
         fanout = Fanout(store=None, database_url=postgres_url)  # type: ignore[arg-type]
         async with await psycopg.AsyncConnection.connect(libpq_url(postgres_url), autocommit=True) as listener:
             await listener.execute(f"LISTEN {CHANNEL}")
-            for i in range(250):  # more than one batch, all queued before the sender starts
+            for i in range(2500):  # more than one statement's worth, all queued before the sender starts
                 fanout.relay({"r": "run-a", "s": i})
             sender = asyncio.create_task(fanout.send_forever())
             received: list[dict[str, Any]] = []
             try:
                 async with asyncio.timeout(15):
                     async for notify in listener.notifies():
+                        assert len(notify.payload.encode()) <= MAX_PAYLOAD
                         received.append(json.loads(notify.payload))
-                        if len(received) == 250:
+                        if sum(len(payload["n"]) for payload in received) == 2500:
                             break
             finally:
                 sender.cancel()
@@ -98,5 +100,7 @@ def test_notes_queued_together_reach_the_other_replicas_in_one_batch_in_order(po
             return received
 
     received = asyncio.run(scenario())
-    assert [note["s"] for note in received] == list(range(250))
-    assert {note["r"] for note in received} == {"run-a"} and len({note["o"] for note in received}) == 1
+    notes = [note for payload in received for note in payload["n"]]
+    assert [note["s"] for note in notes] == list(range(2500))
+    assert {note["r"] for note in notes} == {"run-a"} and len({payload["o"] for payload in received}) == 1
+    assert 2 <= len(received) <= 12  # ~24 bytes a note: a few notifications, not 2,500

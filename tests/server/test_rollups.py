@@ -91,7 +91,7 @@ def run_store(database_url: str, body: Callable[[Store], Awaitable[None]]) -> No
         try:
             await body(store)
         finally:
-            await store.engine.dispose()
+            await store.close()
 
     asyncio.run(go())
 

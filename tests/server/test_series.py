@@ -26,7 +26,7 @@ async def _bulk_load(database_url: str, run_id: str, values: dict[int, float], n
             rows = [Row(step=s, time=0.0, values={"x": values.get(s, math.sin(s / 1000))}) for s in range(start, min(n, start + chunk))]
             await store.write_points(run_id, rows, time.time())
     finally:
-        await store.engine.dispose()
+        await store.close()
 
 
 def test_one_spike_in_a_million_steps_survives_a_100_point_read(server) -> None:
@@ -88,7 +88,7 @@ def test_finishing_an_unknown_run_is_refused(database_url) -> None:
             with pytest.raises(UnknownRun):
                 await store.finish_run("no-such-run", "finished", time.time())
         finally:
-            await store.engine.dispose()
+            await store.close()
 
     asyncio.run(go())
 
