@@ -568,7 +568,7 @@ def plot(scenarios: list[Scenario], out_dir: Path, args: argparse.Namespace) -> 
         axes[-1].set_xlabel("seconds since the load started (dotted: schedule ends)")
         fig.suptitle(
             f"Keel load, {database}: {args.rate:g} steps/s x {args.metrics} metrics per run, "
-            f"{WATCHED} runs watched"
+            + ("no browser page" if args.no_page else f"{WATCHED} runs watched")
         )
         fig.tight_layout()
         path = out_dir / f"load-{database}.png"
