@@ -4,9 +4,9 @@
 into a real `keel serve` process, for `--seconds` (60). The runs live in `--clients`
 separate processes (4), so the load generator does not share the server's interpreter:
 raw protocol clients (trainer_hooks.protocol encoders), one socket per run, one frame per
-step, at most `--window` frames in flight like the Monitor (`SenderConfig.window`); a run
-whose window is full sends the steps that fell due meanwhile in one frame, as the Monitor
-would. A headless Chromium keeps the compare page of 4 of the runs open and records when
+step (or, with `--flush-interval`, one per that many seconds, as the Monitor batches), at
+most `--window` frames in flight like the Monitor (`SenderConfig.window`); a run whose
+window is full sends the steps that fell due meanwhile in one frame, as the Monitor would. A headless Chromium keeps the compare page of 4 of the runs open and records when
 each point is painted (`window.keelLive.drawn`, as bench/live_latency.py reads it).
 
 Sampled every second, written to artifacts/load/<database>-<runs>.csv and plotted to
@@ -96,6 +96,7 @@ class ClientPlan:
     rate: float
     metrics: int
     window: int
+    flush_interval: float
     out_path: str
     seed: int
 
@@ -138,7 +139,8 @@ async def stream_run(
         total = int(plan.seconds * plan.rate)
         k, seq = 0, 1
         while k < total:
-            await asyncio.sleep(max(0.0, start + k * period - time.time()))
+            # A frame is cut when its oldest step has waited `flush_interval` (the Monitor's).
+            await asyncio.sleep(max(0.0, start + k * period + plan.flush_interval - time.time()))
             await slots.acquire()
             now = time.time()
             due = min(total, max(k + 1, int((now - start) / period) + 1))  # steps due by now
@@ -346,7 +348,7 @@ def run_scenario(kind: str, runs: int, args: argparse.Namespace, tmp: str) -> Sc
     plans = [
         ClientPlan(
             ws_url=base.replace("http", "ws", 1), run_ids=run_ids[c::clients], seconds=args.seconds,
-            rate=args.rate, metrics=args.metrics, window=args.window,
+            rate=args.rate, metrics=args.metrics, window=args.window, flush_interval=args.flush_interval,
             out_path=f"{tmp}/frames-{kind}-{runs}-{c}.csv", seed=c,
         )
         for c in range(clients)
@@ -425,7 +427,7 @@ def summarize(
         for j, step in enumerate(range(int(first), int(first + steps))):
             sent_at[(run_id, step)] = sent
             due_steps[min(seconds, max(0, int(due + j * period - go_at)))] += 1
-        lags.append(sent - due)
+        lags.append(sent - due - args.flush_interval)
         if math.isnan(acked):
             continue
         acked_steps[min(seconds, max(0, int(acked - go_at)))] += int(steps)
@@ -584,7 +586,8 @@ def report(baseline: Scenario, full: Scenario, args: argparse.Namespace) -> bool
     grows = f["backlog_slope_steps_per_s"] > 0.01 * full.runs * args.rate
     print(
         f"\n{full.database}: {full.runs} runs x {args.rate:g} steps/s x {args.metrics} metrics "
-        f"= {f['points_per_s']:,.0f} points/s for {args.seconds:g} s "
+        f"= {f['points_per_s']:,.0f} points/s for {args.seconds:g} s, "
+        f"{f'a frame every {args.flush_interval:g} s' if args.flush_interval else 'a frame per step'} "
         f"(baseline {baseline.runs} runs); machine {f['machine_busy_mean_pct']:.0f} % busy "
         f"(baseline {b['machine_busy_mean_pct']:.0f} %), client send lag p95 "
         f"{f['client_lag_p95_ms']:.0f} ms, PostgreSQL backends {f['pg_cpu_mean_pct']:.0f} % of a core, "
@@ -636,6 +639,11 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=10.0, help="steps per second, each run")
     parser.add_argument("--metrics", type=int, default=20)
     parser.add_argument("--window", type=int, default=8, help="frames in flight per run")
+    parser.add_argument(
+        "--flush-interval", type=float, default=0.0,
+        help="seconds a step waits before its frame is sent, as the Monitor's SenderConfig.flush_interval "
+        "(0.25 s); 0: one frame per step, the worst case",
+    )
     parser.add_argument("--clients", type=int, default=4, help="load client processes")
     parser.add_argument("--database", choices=["postgres", "sqlite", "both"], default="postgres")
     parser.add_argument("--out", type=Path, default=ROOT / "artifacts" / "load")
