@@ -106,7 +106,8 @@ async def stream_run(
 ) -> None:
     keys = metric_keys(plan.metrics)
     period = 1.0 / plan.rate
-    async with connect(f"{plan.ws_url}/api/v1/ingest", max_size=None) as ws:
+    # As the Monitor connects: no per-message compression (metric frames are small).
+    async with connect(f"{plan.ws_url}/api/v1/ingest", max_size=None, compression=None) as ws:
         run = RunInfo(id=run_id, name=f"load-{run_id[:6]}", project="load", group=f"g{seed % 4}")
         await ws.send(json.dumps(hello_message(run)))
         assert json.loads(await ws.recv())["type"] == "welcome"
