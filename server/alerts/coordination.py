@@ -123,8 +123,9 @@ def _resume_after(tracked: dict[int, Tracked]) -> int:
     evaluated out of order (two replicas, two writers, REST writes): every committed step
     after the states' earliest last one is evaluated first. States that have evaluated
     nothing are a run nobody has evaluated yet, whose first frames may have been committed
-    by another replica still evaluating them: every step before the frame is evaluated
-    first (for a new run, none). A rule new to a run evaluated before starts at its frame."""
+    by another replica still evaluating them: the steps before the frame are evaluated
+    first (for a new run, none; at most `engine.FIRST_REPLAY_STEPS` of them). A rule new to
+    a run evaluated before starts at its frame."""
     evaluated = [t.last_step for t in tracked.values() if t.last_step is not None]
     return min(evaluated) if evaluated else -1
 

@@ -41,6 +41,10 @@ __all__ = ["AlertEngine"]
 
 log = logging.getLogger("keel.alerts")
 
+FIRST_REPLAY_STEPS = 10_000
+"""A run nobody has evaluated yet replays at most this many committed steps before its
+frame: the first frames another replica stored and is still evaluating (`_resume_after`),
+not a long history streamed while no rule applied to the run."""
 ROWS_PER_SLICE = 500
 """Rows evaluated between two yields to the event loop (a 10k-row frame is ~70 ms of work)."""
 
@@ -151,6 +155,8 @@ class AlertEngine:
             return
         async with self.coordination.frame(run_id, locked=locked) as frame:
             tracked, after = await frame.states(run_id, _to_load(context), self._tracked)
+            if after < 0 and rows:  # nobody has evaluated the run: its first frames, not a long history
+                after = max(after, rows[0].step - 1 - FIRST_REPLAY_STEPS)
             changes: list[Change] = []
             while rows and rows[0].step > after + 1:
                 # Committed steps the states have not seen: evaluate them first, a bounded
