@@ -12,9 +12,12 @@ import time
 import httpx
 from sqlalchemy import select, update
 
+from server.alerts import engine as engine_module
 from server.db import create_engine
 from server.models import RuleState
+from server.storage import Store
 from tests.server.wire import hello, new_run, open_ingest, points, recv
+from trainer_hooks.protocol import Row, RunInfo
 
 
 def _stream(server, run: dict, rows: list[dict], first_step: int = 0, seq0: int = 0) -> None:  # type: ignore[no-untyped-def]
@@ -285,3 +288,31 @@ def test_a_state_another_replica_wrote_replaces_one_evaluated_further_but_not_wr
             time.sleep(0.05)
         after = settled(29)
     assert all(after[rule_id] is not state for rule_id, state in before.items())  # reloaded, not kept
+
+
+def test_a_long_history_nobody_evaluated_is_replayed_only_for_its_last_steps(
+    server_factory, database_url, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """A run whose points were stored while nothing evaluated it (here written straight to the
+    database) replays at most `FIRST_REPLAY_STEPS` steps before its next frame: the
+    non-finite value inside that span fires, the one before it is history."""
+    monkeypatch.setattr(engine_module, "FIRST_REPLAY_STEPS", 20)
+    server = server_factory(database_url)
+    run = new_run("history")
+
+    async def store_history() -> None:
+        store = Store(create_engine(database_url))
+        try:
+            await store.open_run(RunInfo(id=run["id"], name=run["name"], project=run["project"]), time.time())
+            rows = [Row(step=s, time=None, values={"mismatch/kl": math.nan if s in (50, 90) else 1e-3}) for s in range(100)]
+            await store.write_points(run["id"], rows, time.time())
+        finally:
+            await store.close()
+
+    asyncio.run(store_history())
+    with open_ingest(server) as ws:
+        hello(ws, run)
+        ws.send(points(0, [{"step": 100, "values": {"mismatch/kl": 1e-3}}]))
+        assert recv(ws)["type"] == "ack"
+    fired = _settled(lambda: [a for a in _all_alerts(server, run["id"]) if a[0] == "non-finite value"])
+    assert [a[3] for a in fired] == [90]
