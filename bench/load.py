@@ -6,8 +6,9 @@ separate processes (4), so the load generator does not share the server's interp
 raw protocol clients (trainer_hooks.protocol encoders), one socket per run, one frame per
 step (or, with `--flush-interval`, one per that many seconds, as the Monitor batches), at
 most `--window` frames in flight like the Monitor (`SenderConfig.window`); a run whose
-window is full sends the steps that fell due meanwhile in one frame, as the Monitor would. A headless Chromium keeps the compare page of 4 of the runs open and records when
-each point is painted (`window.keelLive.drawn`, as bench/live_latency.py reads it).
+window is full sends the steps that fell due meanwhile in one frame, as the Monitor would.
+A headless Chromium keeps the compare page of 4 of the runs open and records when each
+point is painted (`window.keelLive.drawn`, as bench/live_latency.py reads it).
 
 Sampled every second, written to artifacts/load/<database>-<runs>.csv and plotted to
 artifacts/load/load-<database>.png (matplotlib):
@@ -207,14 +208,13 @@ def runqueue_wait_s(pid: int) -> float:
 def browser_cpu_seconds() -> dict[int, float]:
     """CPU seconds of every Chromium process on the machine (the page's browser), by pid."""
     found = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    for comm in Path("/proc").glob("[0-9]*/comm"):
         try:
-            text = stat.read_text()
+            browser = comm.read_text().strip() in ("chromium", "chrome")
         except OSError:
             continue
-        if text[text.index("(") + 1 : text.rindex(")")] in ("chromium", "chrome"):
-            fields = text.rsplit(")", 1)[1].split()
-            found[int(stat.parent.name)] = (int(fields[11]) + int(fields[12])) / CLK_TCK
+        if browser and (seconds := cpu_seconds(int(comm.parent.name))) is not None:
+            found[int(comm.parent.name)] = seconds
     return found
 
 
@@ -404,7 +404,7 @@ def run_scenario(kind: str, runs: int, args: argparse.Namespace, tmp: str) -> Sc
     scenario = Scenario(kind, runs)
     painted = {} if page is None else page.painted_ms
     summarize(scenario, frames, sampler.samples, painted, set(watched), go_at.value, args)
-    scenario.figures["browser_console_errors"] = 0 if page is None else errors
+    scenario.figures["browser_console_errors"] = errors
     return scenario
 
 

@@ -60,6 +60,8 @@ class Fanout:
         self._outgoing: asyncio.Queue[bytes] = asyncio.Queue(maxsize=queue_size)
         self._incoming: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=queue_size)
         self._unsent: list[str] | None = None
+        self._room = MAX_PAYLOAD - len(self._envelope(b""))
+        """Bytes of notes one notification holds."""
         self.listening = asyncio.Event()
         """Set while the LISTEN connection is up (tests wait on it)."""
 
@@ -68,7 +70,7 @@ class Fanout:
     def relay(self, note: dict[str, Any]) -> None:
         """Queue a notification for the other replicas (the hub calls this). Never waits."""
         encoded = orjson.dumps(note)
-        if len(encoded) > MAX_PAYLOAD - len(self._envelope(b"")):
+        if len(encoded) > self._room:
             log.warning("live message for run %s too large to relay (%d bytes)", note.get("r"), len(encoded))
             return
         try:
@@ -97,12 +99,11 @@ class Fanout:
 
     def _pack(self, notes: list[bytes]) -> list[str]:
         """The notes as few payloads of at most MAX_PAYLOAD bytes, in order."""
-        room = MAX_PAYLOAD - len(self._envelope(b""))
         payloads: list[str] = []
         chunk: list[bytes] = []
         size = 0
         for note in notes:
-            if chunk and size + 1 + len(note) > room:
+            if chunk and size + 1 + len(note) > self._room:
                 payloads.append(self._envelope(b",".join(chunk)).decode())
                 chunk, size = [], 0
             chunk.append(note)

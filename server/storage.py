@@ -605,9 +605,7 @@ class Store:
             series_ids = await self._ensure_series(session, run_id, head.started_at, keys)
             update = None
             if last:
-                steps = [row.step for row in rows]
-                if steps:
-                    last_step = max(steps) if last_step is None else max(last_step, *steps)
+                last_step = _last_step(last_step, rows)
                 update = _RunUpdate(run_id, last_step, frame)
                 if frame is not None:
                     acked_seq = frame.seq
@@ -635,11 +633,10 @@ class Store:
                     if series_id is None:
                         return None
                     series_ids[key] = series_id
-        steps = [row.step for row in rows]
         params = _point_arrays(rows, series_ids, now)
         params.update(
             run_id=run_id, writer=frame.writer, session=frame.session, seq=frame.seq,
-            started_at=started_at, max_step=max(steps, default=None), now=now,
+            started_at=started_at, max_step=_last_step(None, rows), now=now,
         )
         assert self._frames is not None
         if self._frames.closed:
@@ -655,9 +652,7 @@ class Store:
         _check_frame(run_id, frame, acked_seq, writer_session)
         if frame.seq <= acked_seq:
             return WriteResult(stored=False, acked_seq=acked_seq, last_step=last_step)
-        if steps:
-            last_step = max(steps) if last_step is None else max(last_step, *steps)
-        return WriteResult(stored=True, acked_seq=frame.seq, last_step=last_step)
+        return WriteResult(stored=True, acked_seq=frame.seq, last_step=_last_step(last_step, rows))
 
     async def reject_frame(self, run_id: str, frame: FrameRef, now: float) -> None:
         """Use up `frame.seq` without storing anything: the frame breaks the protocol, and
@@ -913,6 +908,12 @@ class Store:
                 {"sid": series_id, "lo": lo, "hi": hi, "width": width, "last_bucket": (hi - lo) // width},
             )
             return _buckets(key, result)
+
+
+def _last_step(stored: int | None, rows: list[Row]) -> int | None:
+    """The run's last step once `rows` are stored on top of `stored`."""
+    steps = [row.step for row in rows]
+    return max(steps if stored is None else [stored, *steps], default=None)
 
 
 def _check_frame(run_id: str, frame: FrameRef, acked_seq: int | None, writer_session: str | None) -> None:

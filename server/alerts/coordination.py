@@ -158,7 +158,10 @@ class _LocalFrame:
         self.check = check
 
     async def states(self, run_id: str, rules: Sequence[RuleToLoad], cache: Cache) -> tuple[dict[int, Tracked], int]:
-        missing = [rule.id for rule, _, definition in rules if getattr(cache.get((rule.id, run_id)), "definition", None) != definition]
+        missing = [
+            rule.id for rule, _, definition in rules
+            if (cached := cache.get((rule.id, run_id))) is None or cached.definition != definition
+        ]
         if missing:
             async with self.store.sessions() as session:
                 stored = await repository.load_states(session, run_id, missing)

@@ -56,7 +56,7 @@ def test_a_connection_in_steady_use_is_not_pinged(postgres_url) -> None:
     assert pings == []
 
 
-def _frame(seq: int, step: int) -> list[Row]:
+def _frame(step: int) -> list[Row]:
     return [Row(step=step, time=None, values={"loss": float(step)})]
 
 
@@ -75,10 +75,10 @@ def test_a_frame_connection_the_database_dropped_is_replaced(
             _, session = await store.open_run(run, time.time())
             results = []
             for seq in range(3):  # the first caches the run's series, the others take the one-statement path
-                results.append(await store.write_points(run.id, _frame(seq, seq), time.time(), FrameRef("", session, seq)))
+                results.append(await store.write_points(run.id, _frame(seq), time.time(), FrameRef("", session, seq)))
             assert drop_connections(postgres_url) >= 1
             await asyncio.sleep(0.3)  # idle past the threshold
-            results.append(await store.write_points(run.id, _frame(3, 3), time.time(), FrameRef("", session, 3)))
+            results.append(await store.write_points(run.id, _frame(3), time.time(), FrameRef("", session, 3)))
             assert all(r.stored for r in results)
             return [r.acked_seq for r in results]
         finally:
