@@ -19,9 +19,14 @@ So the detector has two stages:
 1. spike: log g_t - m_{t-1} > log(spike_factor) + dev_mult * d_{t-1}, with m and d EWMAs
    (`alpha`) of the level and spread of log grad-norm over non-spike steps. A spike opens a
    confirmation window of `confirm_steps` steps and freezes the KL level seen before it, k0.
-2. confirmation: within the window, KL_t - k0 > max(kl_jump, (kl_factor - 1) * k0): the
-   learner moved `kl_jump` nats (and `kl_factor` times its usual mismatch) away from the
-   policy that sampled the batch. Then it fires.
+2. confirmation: within the window, KL_t - k0 > max(kl_jump, kl_gain / gain,
+   (kl_factor - 1) * k0): the learner moved that many nats (and to `kl_factor` times its
+   usual mismatch) away from the policy that sampled the batch. Then it fires. `gain` is
+   how far the reward has risen, in initial per-sample spreads: the more a run has learned,
+   the smaller the move that can cost it (a run that gained 8.7 spreads is paged from 1.5
+   nats on, one that gained 3 from 4.3), while early in learning large moves are the
+   learning itself. On the toy grid this separated the damaging updates from the healthy
+   large ones better than any fixed jump (docs/alerts.md).
 
 The lead this gives is about `lag - 1` steps for a collapse caused by one update (the
 reward shows the damage `lag` steps after it), more when smaller damaging updates come
@@ -56,8 +61,9 @@ class CollapseRisk(Detector):
         "alpha": 0.05,
         "warmup": 30,
         "confirm_steps": 3,
-        "kl_jump": 1.5,
-        "kl_factor": 5.0,
+        "kl_jump": 1.25,
+        "kl_gain": 13.0,
+        "kl_factor": 2.0,
         "spike_only_factor": 100.0,
         "min_gain": 2.5,
         "reward_alpha": 0.3,
@@ -75,7 +81,7 @@ class CollapseRisk(Detector):
             raise ValueError("alpha must be in (0, 1) and reward_alpha in (0, 1]")
         if p["spike_factor"] <= 1 or p["kl_factor"] < 1 or p["spike_only_factor"] < p["spike_factor"]:
             raise ValueError("spike_factor must be > 1, kl_factor >= 1 and spike_only_factor >= spike_factor")
-        for name in ("dev_mult", "min_gain"):
+        for name in ("dev_mult", "min_gain", "kl_gain"):
             value = p[name]
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"parameter {name!r} must be a number >= 0")
@@ -102,7 +108,9 @@ class CollapseRisk(Detector):
             return True
         count = max(1, state.get("start_count", 1))
         start, spread = state.get("start_sum", 0.0) / count, state.get("start_spread", 0.0) / count
-        return bool(state["reward_peak"] - start >= p["min_gain"] * spread and state["reward_peak"] > start)
+        gained = state["reward_peak"] - start
+        state["gain"] = gained / spread if spread > 0 else None  # states are JSON: no inf
+        return bool(gained >= p["min_gain"] * spread and gained > 0)
 
     def _confirmed(self, state: dict[str, Any], step: int, kl: float | None) -> str | None:
         """Within a spike's window: has the KL jumped away from its level before the spike?"""
@@ -110,11 +118,14 @@ class CollapseRisk(Detector):
         if kl is None or step > state.get("window_until", -1):
             return None
         before = state["window_kl"]
-        if kl - before > max(p["kl_jump"], (p["kl_factor"] - 1) * before):
+        gain = state.get("gain")
+        by_gain = p["kl_gain"] / gain if gain and gain > 0 else 0.0
+        if kl - before > max(p["kl_jump"], by_gain, (p["kl_factor"] - 1) * before):
             return (
                 f"{self.metric} spiked to {state['spike_value']:.4g} ({state['spike_factor']:.0f}x its recent level) "
                 f"at step {state['spike_step']}, and the learner has moved away from the sampler: "
                 f"{p['kl_key']} {kl:.3g} against {before:.3g} before the spike"
+                + (f", with {p['reward_key']} {gain:.1f} initial spreads above its start" if gain is not None else "")
             )
         return None
 

@@ -48,6 +48,7 @@ def test_a_spike_that_moved_the_policy_fires_one_that_did_not_stays_quiet() -> N
     signal = det.update(state, 311, moved)
     assert signal.active
     assert "spiked to" in signal.message and "at step 310" in signal.message and "ratio_max 400" in signal.message
+    assert "reward/mean 7.6 initial spreads above its start" in signal.message
     # The spike did not move the gradient baseline, nor the KL level.
     assert math.exp(state["kl_level"]) == pytest.approx(0.02, rel=0.3)
     assert not det.update(state, 320, last).active
@@ -74,8 +75,9 @@ def test_kl_must_rise_relative_to_its_own_level_too() -> None:
     _feed(det, state, rows)
     last = rows[-1]
     det.update(state, 200, {**last, "grad/norm": 10 * last["grad/norm"]})
-    assert not det.update(state, 201, {**last, "mismatch/kl": 4.0}).active  # +2 nats, but only 2x
-    assert det.update(state, 202, {**last, "mismatch/kl": 11.0}).active  # 5.5x
+    assert det.params["kl_factor"] == 2.0
+    assert not det.update(state, 201, {**last, "mismatch/kl": 3.9}).active  # +1.9 nats, but under 2x
+    assert det.update(state, 202, {**last, "mismatch/kl": 4.1}).active  # +2.1 nats, over 2x
 
 
 def test_nothing_but_a_non_finite_gradient_fires_before_the_baseline() -> None:
@@ -122,7 +124,8 @@ def test_does_not_fire_before_the_reward_has_moved() -> None:
 @pytest.mark.parametrize(("reward", "pages"), [(0.3, False), (0.5, True)])
 def test_a_run_must_have_gained_min_gain_spreads_of_reward_to_be_paged(reward: float, pages: bool) -> None:
     """The start averages 0.14 (the first 5 rewards) with a per-sample spread of 0.1: a peak
-    of 0.3 is +1.6 spreads, too little to lose; 0.5 is +3.6."""
+    of 0.3 is +1.6 spreads, too little to lose; 0.5 is +3.6. (A jump of 9 nats is over what
+    kl_gain asks of either.)"""
     det = CollapseRisk("grad/norm")
     assert det.params["min_gain"] == 2.5
     state = det.initial_state()
@@ -130,14 +133,41 @@ def test_a_run_must_have_gained_min_gain_spreads_of_reward_to_be_paged(reward: f
     _feed(det, state, rows)
     last = rows[-1]
     det.update(state, 100, {**last, "grad/norm": 10 * last["grad/norm"]})
-    signal = det.update(state, 101, {**last, "mismatch/kl": 3.0})
+    signal = det.update(state, 101, {**last, "mismatch/kl": 9.0})
     assert signal.active is pages
     assert ("diverging" in signal.message) is not pages
 
 
+@pytest.mark.parametrize(("peak", "kl", "pages"), [(0.9, 1.8, True), (0.5, 1.8, False), (0.5, 3.8, True)])
+def test_the_jump_that_pages_shrinks_as_the_run_gains(peak: float, kl: float, pages: bool) -> None:
+    """jump > kl_gain / gain: a run that gained 7.6 spreads (peak 0.9) is paged for 1.8 nats
+    (13 / 7.6 = 1.7 asked), one that gained 3.6 (peak 0.5) only from 3.6 nats on."""
+    det = CollapseRisk("grad/norm")
+    assert det.params["kl_gain"] == 13.0 and det.params["kl_jump"] == 1.25
+    state = det.initial_state()
+    rows = [{**row, "reward/mean": min(peak, row["reward/mean"])} for row in _calm(100, seed=7)]
+    _feed(det, state, rows)
+    assert state["gain"] == pytest.approx((peak - 0.14) / 0.1, rel=0.01)
+    last = rows[-1]
+    det.update(state, 100, {**last, "grad/norm": 10 * last["grad/norm"]})
+    signal = det.update(state, 101, {**last, "mismatch/kl": kl})
+    assert signal.active is pages
+
+
+def test_without_a_reward_the_jump_asked_is_kl_jump() -> None:
+    det = CollapseRisk("grad/norm")
+    state = det.initial_state()
+    rows = [{k: v for k, v in row.items() if not k.startswith("reward/")} for row in _calm(100, seed=8)]
+    _feed(det, state, rows)
+    last = rows[-1]
+    det.update(state, 100, {**last, "grad/norm": 10 * last["grad/norm"]})
+    assert not det.update(state, 101, {**last, "mismatch/kl": 1.2}).active
+    assert det.update(state, 102, {**last, "mismatch/kl": 1.4}).active
+
+
 @pytest.mark.parametrize(
     "params",
-    [{"spike_factor": 1.0}, {"alpha": 1.0}, {"kl_factor": 0.5}, {"spike_only_factor": 2.0}, {"min_gain": -1}, {"kl_key": 3}],
+    [{"spike_factor": 1.0}, {"alpha": 1.0}, {"kl_factor": 0.5}, {"spike_only_factor": 2.0}, {"min_gain": -1}, {"kl_gain": -1}, {"kl_key": 3}],
 )
 def test_invalid_parameters_are_refused(params: dict) -> None:
     with pytest.raises(ValueError):
