@@ -50,7 +50,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from server.alerts.detectors import Detector, Signal, _positive
+from server.alerts.detectors import Detector, RewardGain, Signal, _positive
 
 
 class CollapseRisk(Detector):
@@ -92,25 +92,10 @@ class CollapseRisk(Detector):
     def _progressed(self, state: dict[str, Any], values: Mapping[str, float]) -> bool:
         """Has the run learned something it could lose? (Always true when no reward is logged.)"""
         p = self.params
-        reward = values.get(p["reward_key"])
-        if reward is not None and math.isfinite(reward):
-            state["reward_seen"] = True
-            smooth = state.get("reward_smooth", reward)
-            smooth = (1 - p["reward_alpha"]) * smooth + p["reward_alpha"] * reward
-            state["reward_smooth"] = smooth
-            state["reward_peak"] = max(state.get("reward_peak", smooth), smooth)
-            if state.get("start_count", 0) < 5:
-                spread = values.get(p["reward_std_key"])
-                state["start_sum"] = state.get("start_sum", 0.0) + reward
-                state["start_spread"] = state.get("start_spread", 0.0) + (spread if spread is not None and math.isfinite(spread) else 0.0)
-                state["start_count"] = state.get("start_count", 0) + 1
+        RewardGain.update(state, values, p["reward_key"], p["reward_std_key"], p["reward_alpha"])
         if not state.get("reward_seen"):
             return True
-        count = max(1, state.get("start_count", 1))
-        start, spread = state.get("start_sum", 0.0) / count, state.get("start_spread", 0.0) / count
-        gained = state["reward_peak"] - start
-        state["gain"] = gained / spread if spread > 0 else None  # states are JSON: no inf
-        return bool(gained >= p["min_gain"] * spread and gained > 0)
+        return RewardGain.reached(state, p["min_gain"])
 
     def _confirmed(self, state: dict[str, Any], step: int, kl: float | None) -> str | None:
         """Within a spike's window: has the KL jumped away from its level before the spike?"""

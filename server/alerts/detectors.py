@@ -15,12 +15,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-__all__ = ["Signal", "Detector", "NonFinite", "Threshold", "Climb", "Silent", "RobustBaseline"]
+__all__ = ["Signal", "Detector", "NonFinite", "Threshold", "Climb", "CoClimb", "Silent", "RobustBaseline", "RewardGain"]
 
 MAD_TO_SIGMA = 1.4826
 MAX_PARAM_MAGNITUDE = 1e15
 """Largest |number| a parameter may be: far beyond any metric's scale, and a bound that
 keeps arithmetic on it (logs, sums, formatting) finite."""
+REWARD_ALPHA = 0.3
+"""EWMA weight of the reward when a detector asks how much a run has learned (RewardGain)."""
 MAX_WARMUP = 10_000
 """Values a climb baseline keeps while warming up; they are saved with the rule's state."""
 
@@ -152,29 +154,87 @@ class RobustBaseline:
         return float((x - state["median"]) / state["scale"])
 
 
+class RewardGain:
+    """How much a run has learned: how far `reward/mean` (EWMA, at its peak so far) has risen
+    above its start (the mean of its first START_STEPS values), in initial per-sample spreads
+    (`reward/std` over the same steps). State lives in the caller's dict."""
+
+    START_STEPS = 5
+
+    @staticmethod
+    def update(state: dict[str, Any], values: Mapping[str, float], reward_key: str, std_key: str, alpha: float) -> None:
+        reward = values.get(reward_key)
+        if reward is None or not math.isfinite(reward):
+            return
+        state["reward_seen"] = True
+        smooth = state.get("reward_smooth", reward)
+        smooth = (1 - alpha) * smooth + alpha * reward
+        state["reward_smooth"] = smooth
+        state["reward_peak"] = max(state.get("reward_peak", smooth), smooth)
+        if state.get("start_count", 0) < RewardGain.START_STEPS:
+            spread = values.get(std_key)
+            state["start_sum"] = state.get("start_sum", 0.0) + reward
+            state["start_spread"] = state.get("start_spread", 0.0) + (spread if spread is not None and math.isfinite(spread) else 0.0)
+            state["start_count"] = state.get("start_count", 0) + 1
+        count = state["start_count"]
+        start, spread = state["start_sum"] / count, state["start_spread"] / count
+        state["gained"] = state["reward_peak"] - start
+        state["spread"] = spread
+        state["gain"] = state["gained"] / spread if spread > 0 else None  # states are JSON: no inf
+
+    @staticmethod
+    def reached(state: dict[str, Any], gain: float) -> bool:
+        """Has the reward risen `gain` initial spreads (and risen at all)? False before any reward."""
+        gained = state.get("gained")
+        return gained is not None and gained > 0 and gained >= gain * state["spread"]
+
+
 class Climb(Detector):
     """Upward CUSUM on log(metric), standardised by a robust baseline frozen after warm-up.
 
     z_t = (log x_t - median) / (1.4826 MAD), S_t = max(0, S_{t-1} + min(z_t, z_cap) - k); active
     while S_t > h. Working in log units and baseline sigmas makes the default portable across
     metrics and runs whose raw scales differ by orders of magnitude.
+
+    The baseline is the last `warmup` values before the reward first gained `after_gain`
+    initial spreads (RewardGain): the level a run had once it had learned something, rather
+    than at its first steps, where a sampler–learner mismatch is near zero and anything later
+    is a climb. With `after_gain` 0, or on a run that logs no reward, it is the first
+    `warmup` values.
     """
 
     kind = "climb"
-    defaults: ClassVar[dict[str, Any]] = {"warmup": 50, "k": 1.0, "h": 12.0, "z_cap": 8.0, "min_scale": 0.05, "floor": 1e-12}
+    defaults: ClassVar[dict[str, Any]] = {
+        "warmup": 50, "k": 1.0, "h": 12.0, "z_cap": 8.0, "min_scale": 0.05, "floor": 1e-12,
+        "after_gain": 2.5, "reward_key": "reward/mean", "reward_std_key": "reward/std",
+    }
 
     def validate(self) -> None:
         _positive(self.params, "warmup", "k", "h", "z_cap", "min_scale", "floor")
         if self.params["warmup"] > MAX_WARMUP:
             raise ValueError(f"parameter 'warmup' must be at most {MAX_WARMUP}")
+        after = self.params["after_gain"]
+        if isinstance(after, bool) or not isinstance(after, (int, float)) or after < 0:
+            raise ValueError("parameter 'after_gain' must be a number >= 0")
+        for name in ("reward_key", "reward_std_key"):
+            if not isinstance(self.params[name], str):
+                raise ValueError(f"parameter {name!r} must be a metric name")
 
     def update(self, state: dict[str, Any], step: int, values: Mapping[str, float]) -> Signal | None:
+        p = self.params
+        if p["after_gain"]:
+            RewardGain.update(state, values, p["reward_key"], p["reward_std_key"], REWARD_ALPHA)
         value = values.get(self.metric)
         if value is None or math.isnan(value):
             return None
-        p = self.params
         x = math.log(max(value, p["floor"])) if math.isfinite(value) else (math.inf if value > 0 else math.log(p["floor"]))
-        z = RobustBaseline.z(state, min(x, 700.0), p["warmup"], p["min_scale"])
+        x = min(x, 700.0)
+        if p["after_gain"] and "median" not in state and state.get("reward_seen") and not RewardGain.reached(state, p["after_gain"]):
+            sample = state.setdefault("warmup", [])
+            sample.append(x)
+            del sample[: -int(p["warmup"])]
+            return Signal(False, value, "waiting for the reward to rise")
+        z = RobustBaseline.z(state, x, p["warmup"], p["min_scale"])
         if z is None:
             return Signal(False, value, "warming up")
         cusum = max(0.0, state.get("cusum", 0.0) + min(z, p["z_cap"]) - p["k"])
@@ -185,6 +245,32 @@ class Climb(Detector):
             f"{math.exp(state['median']):.4g} (CUSUM {cusum:.1f} > {p['h']})"
         )
         return Signal(active, value, message if active else "at baseline")
+
+
+class CoClimb(Detector):
+    """Every metric of a comma-separated list climbing at once, each by its own `climb` (same
+    parameters, own baseline and CUSUM). One metric climbing is common on a healthy stale run;
+    the mismatch and the ratio tail climbing together, since the run learned, is how the slow
+    collapses of docs/alerts.md begin."""
+
+    kind = "co_climb"
+    defaults: ClassVar[dict[str, Any]] = Climb.defaults
+
+    def validate(self) -> None:
+        self.keys = [key.strip() for key in self.metric.split(",") if key.strip()]
+        if len(self.keys) < 2 or len(set(self.keys)) != len(self.keys):
+            raise ValueError("co_climb watches two or more distinct metrics, comma-separated")
+        self.climbs = [Climb(key, self.params) for key in self.keys]
+
+    def update(self, state: dict[str, Any], step: int, values: Mapping[str, float]) -> Signal | None:
+        signals = [climb.update(state.setdefault(climb.metric, {}), step, values) for climb in self.climbs]
+        seen = [signal for signal in signals if signal is not None]
+        if not seen:
+            return None
+        if len(seen) == len(signals) and all(signal.active for signal in seen):
+            return Signal(True, seen[0].value, "; ".join(signal.message for signal in seen), metric=self.metric)
+        climbing = [climb.metric for climb, signal in zip(self.climbs, signals, strict=True) if signal is not None and signal.active]
+        return Signal(False, seen[0].value, f"only {', '.join(climbing)} climbing" if climbing else "at baseline")
 
 
 class Silent(Detector):

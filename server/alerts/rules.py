@@ -7,14 +7,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from server.alerts.collapse import CollapseRisk
-from server.alerts.detectors import Climb, Detector, NonFinite, Silent, Threshold
+from server.alerts.detectors import Climb, CoClimb, Detector, NonFinite, Silent, Threshold
 
 __all__ = ["DETECTORS", "DEFAULT_RULES", "RuleSpec", "build_detector", "SEVERITIES"]
 
 SEVERITIES = ("info", "warning", "critical")
 
 DETECTORS: dict[str, type[Detector]] = {
-    cls.kind: cls for cls in (NonFinite, Threshold, Climb, CollapseRisk, Silent)
+    cls.kind: cls for cls in (NonFinite, Threshold, Climb, CoClimb, CollapseRisk, Silent)
 }
 
 HEADLINE_AND_LOSS = "reward/mean,mismatch/kl,gate/frac,mismatch/ratio_max,grad/norm,loss/*"
@@ -43,5 +43,6 @@ DEFAULT_RULES = (
     RuleSpec("mismatch climbing", "mismatch/kl", "climb", "warning", for_steps=3, keep_firing_for=30),
     RuleSpec("ratio tail climbing", "mismatch/ratio_max", "climb", "warning", for_steps=3, keep_firing_for=30),
     RuleSpec("collapse risk", "grad/norm", "collapse_risk", "critical", for_steps=1, keep_firing_for=50),
+    RuleSpec("mismatch drift", "mismatch/kl,mismatch/ratio_max", "co_climb", "critical", for_steps=1, keep_firing_for=50, params={"h": 20.0}),
     RuleSpec("run went silent", "*", "silent", "warning", params={"after_s": 120.0}),
 )

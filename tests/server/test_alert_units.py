@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from server.alerts.detectors import Climb, NonFinite, Threshold
+from server.alerts.detectors import Climb, CoClimb, NonFinite, Threshold
 from server.alerts.lifecycle import Lifecycle, Phase, Transition
 from server.alerts.rules import DEFAULT_RULES, build_detector
 from server.webhooks import formats, signing
@@ -115,6 +115,57 @@ def test_climb_detector_is_scale_free() -> None:
             next(i for i, v in enumerate(series) if det.update(state, i, {"m": v}).active)
         )
     assert len(set(firsts)) == 1
+
+
+def _learning_run(n: int, kl_after: float, seed: int = 0) -> list[dict[str, float]]:
+    """Reward 0.1 -> 0.9 over 400 steps (spread 0.1: 2.5 spreads gained near step 130); the KL
+    rises 10x over the first 100 (1e-3 -> 1e-2, a sharper policy under the same stale
+    sampler), holds, and is `kl_after` times that from step 200 on."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        level = 1e-3 * 10 ** min(1.0, i / 100) * (kl_after if i >= 200 else 1.0)
+        rows.append({"reward/mean": min(0.9, 0.1 + 0.002 * i), "reward/std": 0.1, "mismatch/kl": level * math.exp(rng.gauss(0, 0.2))})
+    return rows
+
+
+def _fired(det: Climb | CoClimb, rows: list[dict[str, float]]) -> list[int]:
+    state = det.initial_state()
+    return [i for i, row in enumerate(rows) if (signal := det.update(state, i, row)) is not None and signal.active]
+
+
+def test_climb_baseline_is_the_level_once_the_run_learned() -> None:
+    """The KL's rise while the policy learns is no climb; a rise after it is. Against the first
+    50 steps' baseline (after_gain 0), the learning itself pages."""
+    flat, climbs = _learning_run(400, kl_after=1.0), _learning_run(400, kl_after=4.0)
+    learned = Climb("mismatch/kl")
+    assert learned.params["after_gain"] == 2.5
+    assert _fired(learned, flat) == []
+    fired = _fired(learned, climbs)
+    assert fired and 200 <= fired[0] < 220, fired[:3]
+    assert _fired(Climb("mismatch/kl", {"after_gain": 0}), flat)  # the old baseline: the learning is a "climb"
+    # A run that logs no reward: the first warm-up values, as with after_gain 0.
+    no_reward = [{"mismatch/kl": row["mismatch/kl"]} for row in flat]
+    assert _fired(Climb("mismatch/kl"), no_reward) == _fired(Climb("mismatch/kl", {"after_gain": 0}), no_reward) != []
+
+
+def test_co_climb_fires_only_while_every_metric_climbs() -> None:
+    rows = _learning_run(400, kl_after=4.0, seed=1)
+    rng = random.Random(2)
+    flat_tail = [{**row, "mismatch/ratio_max": 20 * math.exp(rng.gauss(0, 0.2))} for row in rows]
+    climbing_tail = [{**row, "mismatch/ratio_max": row["mismatch/kl"] * 2000} for row in rows]
+    det = CoClimb("mismatch/kl,mismatch/ratio_max")
+    assert _fired(det, flat_tail) == []
+    both = _fired(det, climbing_tail)
+    assert both and both[0] >= _fired(Climb("mismatch/kl"), rows)[0]
+    state = det.initial_state()
+    for i, row in enumerate(climbing_tail[: both[0] + 1]):
+        signal = det.update(state, i, row)
+    assert signal.active and signal.metric == "mismatch/kl,mismatch/ratio_max"
+    assert "mismatch/kl climbing" in signal.message and "mismatch/ratio_max climbing" in signal.message
+    for metric in ("mismatch/kl", "mismatch/kl,mismatch/kl"):
+        with pytest.raises(ValueError, match="two or more"):
+            CoClimb(metric)
 
 
 def test_default_rules_build_and_unknown_detector_is_refused() -> None:

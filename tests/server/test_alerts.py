@@ -9,6 +9,7 @@ import httpx
 import pytest
 from websockets.sync.client import connect
 
+from server.alerts.rules import DEFAULT_RULES
 from server.webhooks import signing
 from tests.server.receiver import Receiver
 from tests.server.wire import hello, new_run, open_ingest, points, recv
@@ -133,7 +134,7 @@ def test_default_rules_are_installed_per_project_and_rules_are_editable(server) 
     run = new_run("r", project="alpha")
     _stream(server, run, [{"reward/mean": 0.1}])
     rules = _wait(lambda: httpx.get(f"{server.url}/api/v1/rules", params={"project": "alpha"}).json())
-    assert {r["name"] for r in rules} == {"non-finite value", "mismatch climbing", "ratio tail climbing", "collapse risk", "run went silent"}
+    assert {r["name"] for r in rules} == {"non-finite value", "mismatch climbing", "ratio tail climbing", "collapse risk", "mismatch drift", "run went silent"}
     assert all(r["builtin"] and r["project"] == "alpha" for r in rules)
     created = httpx.post(f"{server.url}/api/v1/rules", json={
         "name": "kl too high", "metric": "mismatch/kl", "detector": "threshold", "params": {"threshold": 0.5, "resolve_at": 0.1},
@@ -226,7 +227,7 @@ def test_concurrent_first_runs_of_a_project_install_rules_once_and_lose_no_evalu
     run_ids = asyncio.run(all_runs())
     firing = _wait(lambda: len(_alerts(server, project="race", state="firing")) == 8 and _alerts(server, project="race", state="firing"))
     assert sorted(a["run_id"] for a in firing) == sorted(run_ids)
-    assert len(httpx.get(f"{server.url}/api/v1/rules", params={"project": "race"}).json()) == 5
+    assert len(httpx.get(f"{server.url}/api/v1/rules", params={"project": "race"}).json()) == len(DEFAULT_RULES)
 
 
 def test_run_gone_silent_fires_a_warning_and_resolves_when_data_returns(server_factory, database_url) -> None:
