@@ -241,7 +241,7 @@ class Climb(Detector):
         state["cusum"] = cusum
         active = cusum > p["h"]
         message = (
-            f"{self.metric} climbing: {value:.4g} is {z:.1f} baseline sigmas above its warm-up median "
+            f"{self.metric} climbing: {value:.4g} is {z:.1f} baseline sigmas above its baseline median "
             f"{math.exp(state['median']):.4g} (CUSUM {cusum:.1f} > {p['h']})"
         )
         return Signal(active, value, message if active else "at baseline")
