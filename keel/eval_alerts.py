@@ -343,6 +343,9 @@ def evaluate(corpus: Sequence[CorpusRun], rules: Sequence[RuleSpec] = DEFAULT_RU
     started = time.perf_counter()
     critical, per_rule = critical_firings(corpus, rules)
     scores = [score("keel critical", corpus, critical)]
+    names = [rule.name for rule in rules if rule.severity == "critical"]
+    if len(names) > 1:  # what each critical rule contributes to the union
+        scores += [score(f"  {name}", corpus, per_rule[name]) for name in names]
     if WARNING_RULE in per_rule:
         scores.append(score(f"keel warning ({WARNING_RULE})", corpus, per_rule[WARNING_RULE]))
     replayed = time.perf_counter()

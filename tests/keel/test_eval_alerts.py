@@ -1,0 +1,74 @@
+"""`keel eval-alerts`' scoring (keel/eval_alerts.py) on a hand-made corpus, and the real rules on it."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from keel.eval_alerts import CorpusRun, evaluate, score
+
+
+def _run(name: str, loss: str, collapse: int | None, steps: int = 400) -> CorpusRun:
+    return CorpusRun(name, {"loss": loss}, {"reward/mean": [0.5] * steps}, collapse)
+
+
+CORPUS = [
+    _run("hit", "ppo", 300),  # fired at 280: lead 20
+    _run("hit-and-early", "ppo", 300),  # fired at 100 (< 300 - 150) and 290: a hit and an early FA
+    _run("late", "cispo", 300),  # fired only after its collapse: a miss
+    _run("young", "ppo", 40),  # collapse before MIN_HISTORY: scored apart, fired before it
+    _run("quiet-bounded", "cispo", None),
+    _run("paged-bounded", "tis", None),  # fired twice
+    _run("quiet-unbounded", "importance_sampling", None),
+    _run("paged-unbounded", "gspo", None),
+]
+FIRINGS = [[280], [100, 290], [310], [30], [], [50, 200], [], [60]]
+
+
+def test_score_counts_hits_leads_early_false_alarms_and_history_as_documented() -> None:
+    s = score("x", CORPUS, FIRINGS)
+    assert (s.collapsing, s.hits, s.leads, s.median_lead) == (3, 2, [10, 20], 15)
+    assert s.recall == pytest.approx(2 / 3)
+    assert s.early_false_alarms == 1
+    assert (s.no_history, s.no_history_fired) == (1, 1)
+    assert (s.stable_bounded, s.false_alarms_bounded, s.stable_unbounded, s.false_alarms_unbounded) == (2, 1, 2, 1)
+    # (1 stable unbounded run paged + 1 unbounded collapsing run paged early) / (2 + 2 unbounded collapsing)
+    assert s.unbounded_rate_with_early == pytest.approx(2 / 4)
+    assert s.firings_per_1k_stable_steps == pytest.approx(1000 * 3 / 1600)
+    assert s.firings_before_history == 1  # the firing at step 30
+    assert s.old["recalled"] == 3 and s.old["collapsing"] == 4  # any firing before the collapse, young included
+
+
+def test_nothing_to_score_is_nan_not_zero() -> None:
+    s = score("x", [_run("quiet", "ppo", None)], [[]])
+    assert math.isnan(s.recall) and s.median_lead is None and math.isnan(s.fa_bounded_rate)
+
+
+def _corpus_run(name: str, loss: str, collapse: int | None, kl_at: dict[int, float]) -> CorpusRun:
+    """A learning run (reward 0.1 -> 0.9, spread 0.1) with a calm gradient and KL, spiking where asked."""
+    steps = 300
+    series: dict[str, list[float]] = {
+        "reward/mean": [min(0.9, 0.1 + i / 50) for i in range(steps)],
+        "reward/std": [0.1] * steps,
+        "grad/norm": [1.0] * steps,
+        "mismatch/kl": [0.02] * steps,
+        "mismatch/ratio_max": [5.0] * steps,
+    }
+    for step, kl in kl_at.items():
+        series["grad/norm"][step] = 20.0
+        series["mismatch/kl"][step + 1] = kl
+    return CorpusRun(name, {"loss": loss}, series, collapse)
+
+
+def test_evaluate_replays_the_real_rules_and_breaks_the_union_down_by_rule() -> None:
+    corpus = [
+        _corpus_run("damaged", "ppo", 250, {240: 3.0}),  # a 20x step, then 3 nats: collapse risk at 241
+        _corpus_run("healthy", "ppo", None, {200: 0.05}),  # the same step, the KL stays put
+    ]
+    result = evaluate(corpus, rlwatch=False, details=True)
+    by_name = {s["detector"]: s for s in result["scores"]}
+    assert by_name["keel critical"]["hits"] == 1 and by_name["keel critical"]["leads"] == [9]
+    assert by_name["  collapse risk"]["hits"] == 1 and by_name["  mismatch drift"]["hits"] == 0
+    assert by_name["keel critical"]["false_alarms_unbounded"] == 0
+    assert "  collapse risk" in result["text"] and result["details"] == []
