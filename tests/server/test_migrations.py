@@ -46,3 +46,37 @@ def test_keel_db_upgrade_command(sqlite_url: str) -> None:
         assert head is not None
         assert conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalar() == head
     engine.dispose()
+
+
+def test_projects_from_before_mismatch_drift_get_it_once(database_url: str) -> None:
+    """0007 adds the rule to projects installed without it, not to one that has a rule of
+    that name, and a second upgrade adds nothing; downgrading removes only the built-in one."""
+    from alembic import command
+
+    upgrade(database_url, "0006")
+    engine = create_engine(_sync_url(database_url))
+    rule_columns = "name, project, metric, detector, params, severity, for_steps, keep_firing_for, enabled, builtin, created_at"
+    try:
+        with engine.begin() as conn:
+            for project in ("old", "custom"):
+                conn.exec_driver_sql(f"INSERT INTO projects (name, created_at) VALUES ('{project}', 0)")
+                conn.exec_driver_sql(
+                    f"INSERT INTO rules ({rule_columns}) VALUES ('collapse risk', '{project}', 'grad/norm', 'collapse_risk', '{{}}', 'critical', 1, 50, true, true, 0)"
+                )
+            conn.exec_driver_sql(
+                f"INSERT INTO rules ({rule_columns}) VALUES ('mismatch drift', 'custom', 'mismatch/kl', 'climb', '{{}}', 'warning', 3, 30, true, false, 0)"
+            )
+        upgrade(database_url)
+        upgrade(database_url)
+
+        def drift() -> list[tuple]:
+            with engine.connect() as conn:
+                return [tuple(row) for row in conn.exec_driver_sql(
+                    "SELECT project, detector, metric, severity, builtin FROM rules WHERE name = 'mismatch drift' ORDER BY project"
+                )]
+
+        assert drift() == [("custom", "climb", "mismatch/kl", "warning", False), ("old", "co_climb", "mismatch/kl,mismatch/ratio_max", "critical", True)]
+        command.downgrade(alembic_config(database_url), "0006")
+        assert drift() == [("custom", "climb", "mismatch/kl", "warning", False)]
+    finally:
+        engine.dispose()
