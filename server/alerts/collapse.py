@@ -103,7 +103,7 @@ class CollapseRisk(Detector):
         if kl is None or step > state.get("window_until", -1):
             return None
         before = state["window_kl"]
-        gain = state.get("gain")
+        gain = RewardGain.gain(state)
         by_gain = p["kl_gain"] / gain if gain and gain > 0 else 0.0
         if kl - before > max(p["kl_jump"], by_gain, (p["kl_factor"] - 1) * before):
             return (

@@ -176,17 +176,26 @@ class RewardGain:
             state["start_sum"] = state.get("start_sum", 0.0) + reward
             state["start_spread"] = state.get("start_spread", 0.0) + (spread if spread is not None and math.isfinite(spread) else 0.0)
             state["start_count"] = state.get("start_count", 0) + 1
-        count = state["start_count"]
-        start, spread = state["start_sum"] / count, state["start_spread"] / count
-        state["gained"] = state["reward_peak"] - start
-        state["spread"] = spread
-        state["gain"] = state["gained"] / spread if spread > 0 else None  # states are JSON: no inf
+
+    @staticmethod
+    def _gained(state: dict[str, Any]) -> tuple[float, float] | None:
+        """(peak - start, initial spread), or None before any reward."""
+        count = state.get("start_count")
+        if not count:
+            return None
+        return state["reward_peak"] - state["start_sum"] / count, state["start_spread"] / count
+
+    @staticmethod
+    def gain(state: dict[str, Any]) -> float | None:
+        """The rise in initial spreads (None before any reward, or with no initial spread)."""
+        gained = RewardGain._gained(state)
+        return gained[0] / gained[1] if gained is not None and gained[1] > 0 else None
 
     @staticmethod
     def reached(state: dict[str, Any], gain: float) -> bool:
         """Has the reward risen `gain` initial spreads (and risen at all)? False before any reward."""
-        gained = state.get("gained")
-        return gained is not None and gained > 0 and gained >= gain * state["spread"]
+        gained = RewardGain._gained(state)
+        return gained is not None and gained[0] > 0 and gained[0] >= gain * gained[1]
 
 
 class Climb(Detector):
@@ -221,15 +230,22 @@ class Climb(Detector):
                 raise ValueError(f"parameter {name!r} must be a metric name")
 
     def update(self, state: dict[str, Any], step: int, values: Mapping[str, float]) -> Signal | None:
+        self.track_reward(state, values)
+        return self.observe(state, state, values)
+
+    def track_reward(self, reward: dict[str, Any], values: Mapping[str, float]) -> None:
+        if self.params["after_gain"]:
+            RewardGain.update(reward, values, self.params["reward_key"], self.params["reward_std_key"], REWARD_ALPHA)
+
+    def observe(self, state: dict[str, Any], reward: dict[str, Any], values: Mapping[str, float]) -> Signal | None:
+        """One step of the climb, given the reward's gain as tracked in `reward` (`track_reward`)."""
         p = self.params
-        if p["after_gain"]:
-            RewardGain.update(state, values, p["reward_key"], p["reward_std_key"], REWARD_ALPHA)
         value = values.get(self.metric)
         if value is None or math.isnan(value):
             return None
         x = math.log(max(value, p["floor"])) if math.isfinite(value) else (math.inf if value > 0 else math.log(p["floor"]))
         x = min(x, 700.0)
-        if p["after_gain"] and "median" not in state and state.get("reward_seen") and not RewardGain.reached(state, p["after_gain"]):
+        if p["after_gain"] and "median" not in state and reward.get("reward_seen") and not RewardGain.reached(reward, p["after_gain"]):
             sample = state.setdefault("warmup", [])
             sample.append(x)
             del sample[: -int(p["warmup"])]
@@ -263,7 +279,9 @@ class CoClimb(Detector):
         self.climbs = [Climb(key, self.params) for key in self.keys]
 
     def update(self, state: dict[str, Any], step: int, values: Mapping[str, float]) -> Signal | None:
-        signals = [climb.update(state.setdefault(climb.metric, {}), step, values) for climb in self.climbs]
+        reward = state.setdefault("reward", {})  # one gain for all the climbs
+        self.climbs[0].track_reward(reward, values)
+        signals = [climb.observe(state.setdefault(climb.metric, {}), reward, values) for climb in self.climbs]
         seen = [signal for signal in signals if signal is not None]
         if not seen:
             return None

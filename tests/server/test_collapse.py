@@ -8,6 +8,7 @@ import random
 import pytest
 
 from server.alerts.collapse import CollapseRisk
+from server.alerts.detectors import RewardGain
 
 
 def _calm(n: int, seed: int = 0) -> list[dict[str, float]]:
@@ -147,7 +148,7 @@ def test_the_jump_that_pages_shrinks_as_the_run_gains(peak: float, kl: float, pa
     state = det.initial_state()
     rows = [{**row, "reward/mean": min(peak, row["reward/mean"])} for row in _calm(100, seed=7)]
     _feed(det, state, rows)
-    assert state["gain"] == pytest.approx((peak - 0.14) / 0.1, rel=0.01)
+    assert RewardGain.gain(state) == pytest.approx((peak - 0.14) / 0.1, rel=0.01)
     last = rows[-1]
     det.update(state, 100, {**last, "grad/norm": 10 * last["grad/norm"]})
     signal = det.update(state, 101, {**last, "mismatch/kl": kl})
