@@ -53,8 +53,10 @@ OFFLOAD_BYTES = 256 * 1024
 """Frames at least this large are decoded and validated on a worker thread, so a huge
 frame does not hold the event loop (other clients' acks) for its whole parse."""
 
-PointsListener = Callable[[str, list[Row]], Awaitable[None]]
-"""Called after each commit with the run id and the rows just stored (alert engine seam)."""
+PointsListener = Callable[[str, float, list[Row]], Awaitable[None]]
+"""Called after each commit with the run id, the incarnation of the run written to (its
+`started_at`: a run id deleted and created again is another run) and the rows just stored
+(alert engine seam)."""
 
 
 class IngestState(enum.Enum):
@@ -72,13 +74,13 @@ class AfterCommit:
         self.hub = hub
         self.listeners = list(listeners)
 
-    async def points(self, run_id: str, rows: list[Row]) -> None:
+    async def points(self, run_id: str, started_at: float, rows: list[Row]) -> None:
         if self.hub.watching(run_id):
             self.hub.publish(run_id, live_points_message(run_id, rows), relay=False)
         self.hub.points_committed(run_id, (row.step for row in rows))
         for listener in self.listeners:
             try:
-                await listener(run_id, rows)
+                await listener(run_id, started_at, rows)
             except Exception:
                 # A listener (alert engine) failing must not fail ingest: data is committed.
                 log.exception("points listener failed for run %s", run_id)
@@ -253,7 +255,7 @@ class IngestSession:
             result = await self.store.write_points(self.run_id, rows, time.time(), frame)
             await self._send({"type": "ack", "seq": frame.seq})
             if result.stored:
-                await self.committed.points(self.run_id, rows)
+                await self.committed.points(self.run_id, result.started_at, rows)
         elif kind == "finish":
             status = parse_finish(message)
             await self.store.finish_run(self.run_id, status, time.time())

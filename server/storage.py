@@ -90,6 +90,8 @@ class WriteResult:
     """False when the frame's seq was already acknowledged (nothing written)."""
     acked_seq: int
     last_step: int | None
+    started_at: float
+    """The incarnation of the run written to (`_Head.started_at`)."""
 
 
 @dataclass(frozen=True)
@@ -585,7 +587,7 @@ class Store:
             if fast is not None:
                 return fast
         chunks = _chunks(rows, POINTS_PER_TRANSACTION)
-        result = WriteResult(stored=True, acked_seq=-1, last_step=None)
+        result = WriteResult(stored=True, acked_seq=-1, last_step=None, started_at=math.nan)
         for index, chunk in enumerate(chunks):
             result = await self._write_chunk(run_id, rows, chunk, index == len(chunks) - 1, now, frame)
             if not result.stored:
@@ -600,7 +602,7 @@ class Store:
             head = await self._admit(session, run_id, frame)
             acked_seq, last_step = head.acked_seq, head.last_step
             if frame is not None and frame.seq <= acked_seq:
-                return WriteResult(stored=False, acked_seq=acked_seq, last_step=last_step)
+                return WriteResult(stored=False, acked_seq=acked_seq, last_step=last_step, started_at=head.started_at)
             keys = {key for row in chunk for key in row.values}
             series_ids = await self._ensure_series(session, run_id, head.started_at, keys)
             update = None
@@ -615,7 +617,7 @@ class Store:
         for key, series_id in series_ids.items():
             self._series_ids[(run_id, head.started_at, key)] = series_id
         self._started_at[run_id] = head.started_at
-        return WriteResult(stored=True, acked_seq=acked_seq, last_step=last_step)
+        return WriteResult(stored=True, acked_seq=acked_seq, last_step=last_step, started_at=head.started_at)
 
     async def _write_frame_postgres(self, run_id: str, rows: list[Row], now: float, frame: FrameRef) -> WriteResult | None:
         """The frame in one statement (`_FRAME_SQL`), when it fits in one transaction and
@@ -651,8 +653,8 @@ class Store:
             return None
         _check_frame(run_id, frame, acked_seq, writer_session)
         if frame.seq <= acked_seq:
-            return WriteResult(stored=False, acked_seq=acked_seq, last_step=last_step)
-        return WriteResult(stored=True, acked_seq=frame.seq, last_step=_last_step(last_step, rows))
+            return WriteResult(stored=False, acked_seq=acked_seq, last_step=last_step, started_at=started_at)
+        return WriteResult(stored=True, acked_seq=frame.seq, last_step=_last_step(last_step, rows), started_at=started_at)
 
     async def reject_frame(self, run_id: str, frame: FrameRef, now: float) -> None:
         """Use up `frame.seq` without storing anything: the frame breaks the protocol, and

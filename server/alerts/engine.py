@@ -86,17 +86,23 @@ class AlertEngine:
         self._runs: dict[str, _RunContext] = {}
         self._tracked: dict[tuple[int, str], Tracked] = {}
 
-    async def on_points(self, run_id: str, rows: list[Row]) -> None:
+    async def on_points(self, run_id: str, started_at: float, rows: list[Row]) -> None:
+        """Evaluate the rows just committed to the incarnation `started_at` of the run."""
         rows = sorted(rows, key=lambda row: row.step)
         async with self._locks[run_id]:
+            context = self._runs.get(run_id)
+            if context is not None and context.run.started_at != started_at:
+                # The run id was deleted and created again (here or on another replica): what
+                # is cached belongs to the old run, its states and alerts gone with it.
+                self._forget(run_id)
             try:
                 try:
-                    await self._evaluate(run_id, rows, locked=False)
+                    await self._evaluate(run_id, started_at, rows, locked=False)
                 except Stale:
                     # Another replica wrote the run's states meanwhile: evaluate again from
                     # those, under the run's lock.
                     self._forget_states(run_id)
-                    await self._evaluate(run_id, rows, locked=True)
+                    await self._evaluate(run_id, started_at, rows, locked=True)
             except BaseException as exc:
                 # Failed or cancelled: the cached state may be ahead of what was committed.
                 # Drop it so the next frame reloads what was (and replays the steps).
@@ -149,10 +155,10 @@ class AlertEngine:
             context.rules_version = self._rules_version
         return context
 
-    async def _evaluate(self, run_id: str, rows: list[Row], *, locked: bool) -> None:
+    async def _evaluate(self, run_id: str, started_at: float, rows: list[Row], *, locked: bool) -> None:
         context = await self._context(run_id)
-        if not context.rules:
-            return
+        if not context.rules or context.run.started_at != started_at:
+            return  # no rule applies, or the rows' incarnation of the run was deleted since
         async with self.coordination.frame(run_id, locked=locked) as frame:
             tracked, after = await frame.states(run_id, _to_load(context), self._tracked)
             if after < 0 and rows:  # nobody has evaluated the run: its first frames, not a long history
@@ -221,20 +227,30 @@ class AlertEngine:
     async def flush(self) -> None:
         """Write every run's unsaved detector state (graceful shutdown), each run as a frame
         of its own: under the run's lock, and only states no other replica has written since
-        (`Frame.states` replaces those). One run failing (deleted meanwhile) does not keep
-        the others from being written."""
-        for run_id, context in list(self._runs.items()):
-            if not context.rules:
-                continue
+        (`Frame.states` replaces those). The rules are read afresh first, so a rule deleted
+        on another replica is not written for. One run failing (deleted meanwhile) does not
+        keep the others from being written."""
+        try:
+            await self._rules(fresh=True)
+        except Exception:
+            log.exception("could not read the rules; saving the states of the rules last read")
+        for run_id in list(self._runs):
             try:
-                async with self._locks[run_id], self.coordination.frame(run_id) as frame:
-                    tracked, _ = await frame.states(run_id, _to_load(context), self._tracked)
-                    dirty = [(rule_id, t) for rule_id, t in tracked.items() if t.dirty]
-                    if dirty:
-                        async with frame.writing(run_id, tracked) as session:
-                            await self._record(session, context.run, [], dirty)
-                        for _, t in dirty:
-                            t.dirty = False
+                async with self._locks[run_id]:
+                    context = await self._context(run_id)
+                    if not context.rules:
+                        continue
+                    async with self.coordination.frame(run_id) as frame:
+                        tracked, _ = await frame.states(run_id, _to_load(context), self._tracked)
+                        dirty = [(rule_id, t) for rule_id, t in tracked.items() if t.dirty]
+                        if dirty:
+                            async with frame.writing(run_id, tracked) as session:
+                                await self._record(session, context.run, [], dirty)
+                            for _, t in dirty:
+                                t.dirty = False
+            except IntegrityError:
+                self._forget(run_id)
+                log.warning("run %s or one of its rules was deleted meanwhile; its detector states are not saved", run_id)
             except Exception:
                 log.exception("could not save the detector states of run %s", run_id)
 

@@ -133,7 +133,7 @@ async def post_points(
         result = await store.write_points(run_id, rows, time.time())
     except UnknownRun:
         raise _not_found(run_id) from None
-    await committed.points(run_id, rows)
+    await committed.points(run_id, result.started_at, rows)
     return PointsWritten(stored_rows=len(rows), last_step=result.last_step)
 
 

@@ -10,6 +10,7 @@ import random
 import time
 
 import httpx
+import pytest
 from sqlalchemy import select, update
 
 from server.alerts import engine as engine_module
@@ -316,3 +317,87 @@ def test_a_long_history_nobody_evaluated_is_replayed_only_for_its_last_steps(
         assert recv(ws)["type"] == "ack"
     fired = _settled(lambda: [a for a in _all_alerts(server, run["id"]) if a[0] == "non-finite value"])
     assert [a[3] for a in fired] == [90]
+
+
+def _evaluated_to(server, run_id: str, step: int) -> None:  # type: ignore[no-untyped-def]
+    """Wait until `server`'s engine has evaluated `run_id` up to `step` for every rule."""
+    tracked = server.app.state.services.alerts._tracked
+    deadline = time.monotonic() + 15
+    while not (steps := [t.last_step for (_, r), t in list(tracked.items()) if r == run_id]) or min(steps) < step:  # type: ignore[type-var]
+        assert time.monotonic() < deadline, steps  # evaluation follows the ack
+        time.sleep(0.02)
+
+
+def test_a_run_deleted_and_created_again_is_evaluated_from_its_first_step(server_factory, database_url) -> None:
+    """The engine held the old incarnation's detector states (evaluated to step 39) and its
+    run (another project): the new incarnation, in a project of its own with a rule of its
+    own, is evaluated from step 0 under its own project's rules."""
+    server = server_factory(database_url)
+    run = new_run("again", project="first")
+    _stream(server, run, [{"mismatch/kl": 1e-3} for _ in range(40)])
+    _evaluated_to(server, run["id"], 39)
+    assert httpx.delete(f"{server.url}/api/v1/runs/{run['id']}", params={"force": "true"}).status_code == 204
+
+    created = httpx.post(
+        f"{server.url}/api/v1/rules",
+        json={"name": "kl high", "metric": "mismatch/kl", "detector": "threshold", "params": {"threshold": 1.0}, "project": "second"},
+    )
+    assert created.status_code == 201
+    again = dict(run, project="second")
+    rows = [{"mismatch/kl": "nan" if i == 5 else (5.0 if i == 7 else 1e-3)} for i in range(40)]
+    _stream(server, again, rows)
+    fired = _settled(lambda: [(a[0], a[2]) for a in _all_alerts(server, run["id"])])
+    assert fired == [("kl high", 7), ("non-finite value", 5)]
+
+
+@pytest.mark.postgres
+def test_a_replica_holding_a_deleted_runs_states_evaluates_its_new_incarnation_from_step_0(
+    postgres_url, server_factory
+) -> None:
+    """Replica B evaluated the run to step 39; A deleted it and B streams the new
+    incarnation: B's cached states and run belong to the old one and are not used."""
+    a, b = server_factory(postgres_url), server_factory(postgres_url)
+    run = new_run("again-replicas")
+    _stream(b, run, [{"mismatch/kl": 1e-3} for _ in range(40)])
+    _evaluated_to(b, run["id"], 39)
+    assert httpx.delete(f"{a.url}/api/v1/runs/{run['id']}", params={"force": "true"}).status_code == 204
+    _stream(b, run, [{"mismatch/kl": "nan" if i == 5 else 1e-3} for i in range(40)])
+    fired = _settled(lambda: [(a[0], a[2]) for a in _all_alerts(b, run["id"])])
+    assert fired == [("non-finite value", 5)]
+
+
+@pytest.mark.postgres
+def test_a_shutdown_saves_the_states_of_a_runs_rules_after_one_was_deleted_on_another_replica(
+    postgres_url, server_factory
+) -> None:
+    """B holds unsaved states (checkpoints off) for every rule of the run, one of them a rule
+    A deleted since. B's shutdown writes the others' states, and none for the deleted rule."""
+    a, b = server_factory(postgres_url), server_factory(postgres_url)
+    b.app.state.services.alerts.coordination.checkpoints.checkpoint_s = 3600.0  # type: ignore[attr-defined]
+    run = new_run("flushed", project="flushed")
+    created = httpx.post(
+        f"{a.url}/api/v1/rules",
+        json={"name": "kl high", "metric": "mismatch/kl", "detector": "threshold", "params": {"threshold": 1.0}, "project": "flushed"},
+    )
+    assert created.status_code == 201
+    _stream(b, run, [{"mismatch/kl": 1e-3, "reward/mean": 0.5}] * 50)
+    _evaluated_to(b, run["id"], 49)
+    before = _stored_states(postgres_url, run["id"])
+    assert created.json()["id"] in before and set(before.values()) == {9}  # the first frame's checkpoint
+    assert httpx.delete(f"{a.url}/api/v1/rules/{created.json()['id']}").status_code == 204
+    b.stop()
+    after = _stored_states(postgres_url, run["id"])
+    assert set(after) == set(before) - {created.json()["id"]} and set(after.values()) == {49}
+
+
+def _stored_states(database_url: str, run_id: str) -> dict[int, int | None]:
+    async def read() -> dict[int, int | None]:
+        engine = create_engine(database_url)
+        try:
+            async with engine.connect() as conn:
+                rows = await conn.execute(select(RuleState.rule_id, RuleState.last_step).where(RuleState.run_id == run_id))
+                return {rule_id: step for rule_id, step in rows}
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(read())
