@@ -99,6 +99,7 @@ async def running(settings: Settings, internal_token: str) -> AsyncIterator[Serv
     tasks = [
         asyncio.create_task(deliveries.run_forever(), name="keel-webhooks"),
         asyncio.create_task(_every(settings.silence_check_s, alerts.check_silent_runs), name="keel-silence"),
+        asyncio.create_task(_every(settings.silence_check_s, alerts.forget_idle_runs), name="keel-alerts-idle"),
     ]
     if fanout is not None:
         tasks += [

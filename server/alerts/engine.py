@@ -45,6 +45,10 @@ FIRST_REPLAY_STEPS = 10_000
 """A run nobody has evaluated yet replays at most this many committed steps before its
 frame: the first frames another replica stored and is still evaluating (`_resume_after`),
 not a long history streamed while no rule applied to the run."""
+IDLE_S = 600.0
+"""A run that sent nothing for this long is saved and forgotten (`forget_idle_runs`): the
+engine's memory holds the runs that stream, not every run it ever saw. Its next frame
+loads its states back and replays what it has not evaluated, as after a restart."""
 ROWS_PER_SLICE = 500
 """Rows evaluated between two yields to the event loop (a 10k-row frame is ~70 ms of work)."""
 
@@ -85,11 +89,15 @@ class AlertEngine:
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._runs: dict[str, _RunContext] = {}
         self._tracked: dict[tuple[int, str], Tracked] = {}
+        self._active: dict[str, float] = {}
+        """Run id -> when its last frame was evaluated (monotonic)."""
+        self.idle_s = IDLE_S
 
     async def on_points(self, run_id: str, started_at: float, rows: list[Row]) -> None:
         """Evaluate the rows just committed to the incarnation `started_at` of the run."""
         rows = sorted(rows, key=lambda row: row.step)
         async with self._locks[run_id]:
+            self._active[run_id] = time.monotonic()
             context = self._runs.get(run_id)
             if context is not None and context.run.started_at != started_at:
                 # The run id was deleted and created again (here or on another replica): what
@@ -113,6 +121,7 @@ class AlertEngine:
 
     def _forget(self, run_id: str) -> None:
         self._runs.pop(run_id, None)
+        self._active.pop(run_id, None)
         self._forget_states(run_id)
 
     def _forget_states(self, run_id: str) -> None:
@@ -225,34 +234,58 @@ class AlertEngine:
         return alerts, queued
 
     async def flush(self) -> None:
-        """Write every run's unsaved detector state (graceful shutdown), each run as a frame
-        of its own: under the run's lock, and only states no other replica has written since
-        (`Frame.states` replaces those). The rules are read afresh first, so a rule deleted
-        on another replica is not written for. One run failing (deleted meanwhile) does not
-        keep the others from being written."""
+        """Write every run's unsaved detector state (graceful shutdown)."""
+        await self._save(list(self._runs))
+
+    async def forget_idle_runs(self) -> None:
+        """Save and forget the runs that sent nothing for `idle_s` (periodic)."""
+        now = time.monotonic()
+        idle = [run_id for run_id in self._runs if now - self._active.get(run_id, now) >= self.idle_s]
+        for run_id in await self._save(idle):
+            if run_id in self._runs and now - self._active.get(run_id, now) >= self.idle_s and not self._locks[run_id].locked():
+                self._forget(run_id)
+                del self._locks[run_id]
+        # States of runs without a context are the silent rule's, written with every change.
+        for key in [k for k, t in self._tracked.items() if k[1] not in self._runs and not t.dirty]:
+            lock = self._locks.get(key[1])
+            if lock is None or not lock.locked():
+                del self._tracked[key]
+
+    async def _save(self, run_ids: list[str]) -> list[str]:
+        """Write the unsaved detector states of these runs, each run as a frame of its own:
+        under the run's lock, and only states no other replica has written since
+        (`Frame.states` replaces those); the runs whose states are now stored. The rules are
+        read afresh first, so a rule deleted on another replica is not written for. One run
+        failing (deleted meanwhile) does not keep the others from being written."""
+        if not run_ids:
+            return []
         try:
             await self._rules(fresh=True)
         except Exception:
             log.exception("could not read the rules; saving the states of the rules last read")
-        for run_id in list(self._runs):
+        saved = []
+        for run_id in run_ids:
             try:
                 async with self._locks[run_id]:
-                    context = await self._context(run_id)
-                    if not context.rules:
+                    if run_id not in self._runs:
                         continue
-                    async with self.coordination.frame(run_id) as frame:
-                        tracked, _ = await frame.states(run_id, _to_load(context), self._tracked)
-                        dirty = [(rule_id, t) for rule_id, t in tracked.items() if t.dirty]
-                        if dirty:
-                            async with frame.writing(run_id, tracked) as session:
-                                await self._record(session, context.run, [], dirty)
-                            for _, t in dirty:
-                                t.dirty = False
+                    context = await self._context(run_id)
+                    if context.rules:
+                        async with self.coordination.frame(run_id) as frame:
+                            tracked, _ = await frame.states(run_id, _to_load(context), self._tracked)
+                            dirty = [(rule_id, t) for rule_id, t in tracked.items() if t.dirty]
+                            if dirty:
+                                async with frame.writing(run_id, tracked) as session:
+                                    await self._record(session, context.run, [], dirty)
+                                for _, t in dirty:
+                                    t.dirty = False
+                saved.append(run_id)
             except IntegrityError:
                 self._forget(run_id)
                 log.warning("run %s or one of its rules was deleted meanwhile; its detector states are not saved", run_id)
             except Exception:
                 log.exception("could not save the detector states of run %s", run_id)
+        return saved
 
     def _publish(self, alerts: list[Alert], queued: bool) -> None:
         for alert in alerts:

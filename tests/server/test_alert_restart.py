@@ -401,3 +401,33 @@ def _stored_states(database_url: str, run_id: str) -> dict[int, int | None]:
             await engine.dispose()
 
     return asyncio.run(read())
+
+
+def test_a_run_idle_for_a_while_is_forgotten_and_resumes_where_it_was(server_factory, database_url) -> None:
+    """The engine keeps only the runs that stream: a run idle for `idle_s` is saved and
+    dropped from memory, and its next frames are evaluated as if it had never been."""
+    rows = _kl_series()
+    reference = server_factory(database_url)
+    ref_run = new_run("reference")
+    _stream(reference, ref_run, rows)
+    expected = _climb_alerts(reference, ref_run["id"])
+    assert expected and expected[0][0] > 90
+
+    server = server_factory(database_url, silence_check_s=0.2)
+    engine = server.app.state.services.alerts  # type: ignore[attr-defined]
+    engine.coordination.checkpoints.checkpoint_s = 3600.0  # only the idle run's save writes step 89
+    engine.idle_s = 1.0
+    run = new_run("idle")
+    _stream(server, run, rows[:90])
+    _evaluated_to(server, run["id"], 89)
+    deadline = time.monotonic() + 15
+    while run["id"] in engine._runs or run["id"] in engine._active:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    stored = _stored_states(database_url, run["id"])
+    assert set(stored.values()) == {89}
+    # What is left in memory of the run is at most the "run went silent" check's state.
+    silent = {r["id"] for r in httpx.get(f"{server.url}/api/v1/rules").json() if r["detector"] == "silent"}
+    assert {rule for (rule, r) in list(engine._tracked) if r == run["id"]} <= silent
+    _stream(server, run, rows[90:], first_step=90, seq0=9)
+    assert _climb_alerts(server, run["id"]) == expected
