@@ -76,7 +76,8 @@ class Captured:
         """Read the device tensors back; blocks until their copies have landed."""
         values = self.values
         for keys, copy in self.snapshots:
-            values.update(zip(keys, copy.wait().tolist(), strict=True))
+            # float(): a stack of bool (or int) tensors reads back as bools, not numbers
+            values.update(zip(keys, map(float, copy.wait().tolist()), strict=True))
         return Row(step=self.step, time=self.time, values=values)
 
 
@@ -116,14 +117,17 @@ class Capture:
             if key not in self._known_keys and not self._accept_key(key):
                 continue
             if tensor_type is not None and isinstance(value, tensor_type):
+                if value.is_cpu:  # (`is_cpu`, not `device.type`: a third of the call's cost)
+                    try:
+                        floats[key] = float(value.item())  # no copy to wait for: read it now
+                    except RuntimeError:  # not a single element
+                        self._drop("not_a_number", 1, f"{key!r} is a tensor of shape {value.shape}")
+                    continue
                 if value.dim() != 0:
                     if value.numel() != 1:
                         self._drop("not_a_number", 1, f"{key!r} is a tensor of shape {value.shape}")
                         continue
                     value = value.reshape(())
-                if value.device.type == "cpu":
-                    floats[key] = value.item()  # no copy to wait for: read it now
-                    continue
                 if value.requires_grad:
                     value = value.detach()  # do not keep the autograd graph alive in the queue
                 tensor_keys.append(key)

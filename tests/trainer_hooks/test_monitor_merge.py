@@ -253,6 +253,29 @@ def test_log_calls_of_a_step_add_up_and_a_repeated_key_keeps_its_first_value(
     assert caplog.text.count("Counted in Monitor.dropped") == 1  # one warning per kind
 
 
+def test_single_element_tensors_of_any_shape_and_dtype_are_stored_as_numbers(make_server, sqlite_url, tmp_path) -> None:
+    server = make_server(sqlite_url)
+    with Monitor(server.url, run_name="tensors", spool_dir=tmp_path, sender_config=FAST) as m:
+        m.log(
+            0,
+            {
+                "scalar": torch.tensor(0.25),
+                "one_by_one": torch.full((1, 1), 2.5),
+                "integer": torch.tensor(7),
+                "flag": torch.tensor(True),
+                "half": torch.tensor(1.5, dtype=torch.bfloat16),
+                "with_grad": torch.tensor(3.0, requires_grad=True) * 2,
+                "empty": torch.empty(0),
+                "pair": torch.ones(2),
+            },
+        )
+    assert_stored(
+        server, m.run_id,
+        {0: {"scalar": 0.25, "one_by_one": 2.5, "integer": 7.0, "flag": 1.0, "half": 1.5, "with_grad": 6.0}},
+    )
+    assert m.dropped == {"not_a_number": 2}
+
+
 def test_strings_none_and_other_non_numbers_are_counted_not_coerced(
     make_server, sqlite_url, tmp_path, caplog
 ) -> None:
