@@ -120,8 +120,8 @@ class Capture:
                 if value.is_cpu:  # (`is_cpu`, not `device.type`: a third of the call's cost)
                     try:
                         floats[key] = float(value.item())  # no copy to wait for: read it now
-                    except RuntimeError:  # not a single element
-                        self._drop("not_a_number", 1, f"{key!r} is a tensor of shape {value.shape}")
+                    except (RuntimeError, TypeError):  # not a single element, or complex
+                        self._drop("not_a_number", 1, f"{key!r} is a {value.dtype} tensor of shape {value.shape}")
                     continue
                 if value.dim() != 0:
                     if value.numel() != 1:
