@@ -121,11 +121,11 @@ class Capture:
                     try:
                         floats[key] = float(value.item())  # no copy to wait for: read it now
                     except (RuntimeError, TypeError):  # not a single element, or complex
-                        self._drop("not_a_number", 1, f"{key!r} is a {value.dtype} tensor of shape {value.shape}")
+                        self._drop_tensor(key, value)
                     continue
                 if value.dim() != 0:
                     if value.numel() != 1:
-                        self._drop("not_a_number", 1, f"{key!r} is a tensor of shape {value.shape}")
+                        self._drop_tensor(key, value)
                         continue
                     value = value.reshape(())
                 if value.requires_grad:
@@ -143,6 +143,9 @@ class Capture:
                     self._drop("not_a_number", 1, f"{key!r} is a {type(value).__name__}")
         snapshots = _snapshot(torch, tensor_keys, tensors) if tensors else []
         return Captured(step, wall_time, floats, snapshots)
+
+    def _drop_tensor(self, key: str, value: Any) -> None:
+        self._drop("not_a_number", 1, f"{key!r} is a {value.dtype} tensor of shape {value.shape}")
 
     def _accept_key(self, key: Any) -> bool:
         if not isinstance(key, str) or not 0 < len(key) <= self._limits.max_key_length:

@@ -240,9 +240,12 @@ class AlertEngine:
     async def forget_idle_runs(self) -> None:
         """Save and forget the runs that sent nothing for `idle_s` (periodic)."""
         now = time.monotonic()
-        idle = [run_id for run_id in self._runs if now - self._active.get(run_id, now) >= self.idle_s]
-        for run_id in await self._save(idle):
-            if run_id in self._runs and now - self._active.get(run_id, now) >= self.idle_s and not self._locks[run_id].locked():
+
+        def idle(run_id: str) -> bool:  # (a frame evaluated meanwhile makes it active again)
+            return run_id in self._runs and now - self._active.get(run_id, now) >= self.idle_s
+
+        for run_id in await self._save([run_id for run_id in self._runs if idle(run_id)]):
+            if idle(run_id) and not self._locks[run_id].locked():
                 self._forget(run_id)
                 del self._locks[run_id]
         # States of runs without a context are the silent rule's, written with every change.
