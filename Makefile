@@ -28,7 +28,7 @@ lint: $(STAMP)
 	$(BIN)/mypy server dashboard trainer_hooks learners keel
 
 bench: $(STAMP)
-	$(BIN)/python bench/ingest.py
+	$(BIN)/python -m bench.ingest
 
 clean:
 	rm -rf $(VENV)

@@ -7,7 +7,7 @@ fires on it); the clock starts when that frame's ack arrives and stops when the
 signed firing webhook for that run reaches the receiver. Optional background
 load streams other runs at the same time.
 
-    python bench/alert_latency.py [--trials 50] [--database sqlite|postgres] [--load-runs 4]
+    python -m bench.alert_latency [--trials 50] [--database sqlite|postgres] [--load-runs 4]
 """
 
 from __future__ import annotations
@@ -18,22 +18,17 @@ import json
 import math
 import os
 import statistics
-import sys
 import tempfile
 import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import httpx
-import psycopg
 from websockets.asyncio.client import connect
 
+from bench.support import fresh_database, keel_server, percentile
 from trainer_hooks.protocol import Row, RunInfo, hello_message, points_message
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _server import PG_ADMIN, start_server  # noqa: E402
 
 
 class Receiver:
@@ -117,27 +112,13 @@ def main() -> None:
 
     os.environ["KEEL_ALLOW_PRIVATE_WEBHOOKS"] = "true"
     tmp = tempfile.mkdtemp(prefix="keel-bench-")
-    pg_name = f"keel_bench_{uuid.uuid4().hex[:8]}"
-    if args.database == "postgres":
-        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{pg_name}"')
-        url = PG_ADMIN.rsplit("/", 1)[0] + f"/{pg_name}"
-    else:
-        url = f"sqlite:///{tmp}/latency.db"
     receiver = Receiver()
-    proc, base = start_server(url)
-    try:
-        response = httpx.post(f"{base}/api/v1/webhooks", json={"url": f"http://127.0.0.1:{receiver.server.server_address[1]}/hook"})
-        response.raise_for_status()
-        latencies = asyncio.run(measure(base, receiver, args.trials, args.load_runs))
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        if args.database == "postgres":
-            with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{pg_name}" WITH (FORCE)')
+    with fresh_database(args.database, tmp, "keel_bench") as url, keel_server(url) as server:
+        hook = f"http://127.0.0.1:{receiver.server.server_address[1]}/hook"
+        httpx.post(f"{server.url}/api/v1/webhooks", json={"url": hook}).raise_for_status()
+        latencies = asyncio.run(measure(server.url, receiver, args.trials, args.load_runs))
     ms = sorted(1000 * x for x in latencies)
-    p95 = ms[max(0, round(0.95 * len(ms)) - 1)]
+    p95 = percentile(ms, 95)
     print(f"alert latency, ingest ack -> webhook received ({args.database}, {args.load_runs} runs streaming alongside, {len(ms)} trials): "
           f"p50 {statistics.median(ms):.1f} ms, p95 {p95:.1f} ms, max {ms[-1]:.1f} ms  (target p95 <= 500 ms)")
 

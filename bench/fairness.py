@@ -5,7 +5,7 @@ each ack; meanwhile a "big" client sends frames of ~600k points (~7 MiB, the siz
 outside tester used). Printed last: the small trainer's ack p50/p99 with the big client
 running, against the same figures measured alone in the same invocation.
 
-    python bench/fairness.py [--database sqlite|postgres|both] [--seconds 20]
+    python -m bench.fairness [--database sqlite|postgres|both] [--seconds 20]
 """
 
 from __future__ import annotations
@@ -18,15 +18,11 @@ import sys
 import tempfile
 import time
 import uuid
-from pathlib import Path
 
-import psycopg
 from websockets.asyncio.client import connect
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _server import PG_ADMIN, start_server  # noqa: E402
-
-from trainer_hooks.protocol import Row, RunInfo, hello_message, points_message  # noqa: E402
+from bench.support import fresh_database, keel_server, percentile
+from trainer_hooks.protocol import Row, RunInfo, hello_message, points_message
 
 BIG_ROWS, BIG_KEYS = 10_000, 60  # 600k points, about 7 MiB of JSON
 
@@ -127,27 +123,18 @@ async def trial(
     return latencies, sent
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
-
-
 def measure(database_url: str, seconds: float) -> dict[str, float]:
-    proc, base = start_server(database_url)
-    try:
-        ws_url = base.replace("http://", "ws://")
+    with keel_server(database_url) as server:
+        ws_url = server.ws_url
         alone, _ = asyncio.run(trial(ws_url, seconds))
         # More frames than the server can take in the trial: the big client never pauses.
         loaded, big = asyncio.run(trial(ws_url, seconds, big=big_frames(max(4, int(seconds / 2)))))
         flooded, posts = asyncio.run(trial(ws_url, seconds, flood=True))
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
     return {
-        "alone_p50": statistics.median(alone), "alone_p99": pct(alone, 99),
-        "loaded_p50": statistics.median(loaded), "loaded_p99": pct(loaded, 99),
+        "alone_p50": statistics.median(alone), "alone_p99": percentile(alone, 99),
+        "loaded_p50": statistics.median(loaded), "loaded_p99": percentile(loaded, 99),
         "big_frames": len(big), "big_mib": (statistics.median(big) / 2**20) if big else 0.0,
-        "flood_p50": statistics.median(flooded), "flood_p99": pct(flooded, 99),
+        "flood_p50": statistics.median(flooded), "flood_p99": percentile(flooded, 99),
         "flood_posts": len(posts), "flood_429": sum(1 for status in posts if status == 429),
     }
 
@@ -158,18 +145,11 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=20.0, help="per trial (alone, then with the big client)")
     args = parser.parse_args()
     results: dict[str, dict[str, float]] = {}
+    kinds = ["sqlite", "postgres"] if args.database == "both" else [args.database]
     with tempfile.TemporaryDirectory(prefix="keel-fairness-") as tmp:
-        if args.database in ("sqlite", "both"):
-            results["sqlite"] = measure(f"sqlite:///{tmp}/fair.db", args.seconds)
-        if args.database in ("postgres", "both"):
-            name = f"keel_fair_{uuid.uuid4().hex[:8]}"
-            with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-                conn.execute(f'CREATE DATABASE "{name}"')
-            try:
-                results["postgres"] = measure(PG_ADMIN.rsplit("/", 1)[0] + f"/{name}", args.seconds)
-            finally:
-                with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-                    conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        for kind in kinds:
+            with fresh_database(kind, tmp, "keel_fair") as url:
+                results[kind] = measure(url, args.seconds)
     for label, r in results.items():
         print(
             f"{label:8s} small trainer's ack: alone p50 {r['alone_p50']:6.1f} ms, p99 {r['alone_p99']:6.1f} ms | "

@@ -1,6 +1,6 @@
 """Benchmark: the batched toy grid against the same code one run at a time.
 
-    .venv/bin/python bench/grid.py [--steps 600] [--device cpu] [--threads N]
+    .venv/bin/python -m bench.grid [--steps 600] [--device cpu] [--threads N]
                                    [--single-runs 8] [--single-steps 100]
 
 Runs the full default grid (288 runs x 600 steps) as one tensor program, then

@@ -7,7 +7,7 @@ into the same database (COPY on PostgreSQL, executemany on SQLite) into a durabl
 table with the points' primary key gives the ceiling the ingest path is measured
 against: what the database itself can store, with nothing of Keel around it.
 
-    python bench/ingest.py [--steps 5000] [--runs 8] [--metrics 20] [--rows-per-frame 100]
+    python -m bench.ingest [--steps 5000] [--runs 8] [--metrics 20] [--rows-per-frame 100]
 """
 
 from __future__ import annotations
@@ -17,19 +17,15 @@ import asyncio
 import json
 import sqlite3
 import statistics
-import sys
 import tempfile
 import time
 import uuid
-from pathlib import Path
 
 import psycopg
 from websockets.asyncio.client import connect
 
+from bench.support import fresh_database, keel_server
 from trainer_hooks.protocol import Row, RunInfo, finish_message, hello_message, points_message
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _server import PG_ADMIN, start_server  # noqa: E402
 
 
 def frames(steps: int, metrics: int, rows_per_frame: int) -> list[str]:
@@ -120,31 +116,17 @@ def main() -> None:
           f"{args.rows_per_frame} rows/frame, {args.window} frames in flight")
 
     tmp = tempfile.mkdtemp(prefix="keel-bench-")
-    pg_name = f"keel_bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{pg_name}"')
-    pg_url = PG_ADMIN.rsplit("/", 1)[0] + f"/{pg_name}"
-    try:
-        for label, url, raw in (
-            ("postgres", pg_url, lambda: raw_postgres(pg_url, rows)),
-            ("sqlite", f"sqlite:///{tmp}/bench.db", lambda: raw_sqlite(f"{tmp}/raw.db", rows)),
-        ):
-            proc, base = start_server(url)
-            try:
-                ingest, bulk = [], []
-                for _ in range(args.repeats):
-                    ingest.append(asyncio.run(ingest_rate(base, args.runs, payload, points_per_run, args.window)))
-                    bulk.append(raw())
-            finally:
-                proc.terminate()
-                proc.wait(timeout=30)
-            ingest_med, bulk_med = statistics.median(ingest), statistics.median(bulk)
-            print(f"{label:8s}  websocket ingest, acked: {ingest_med:>10,.0f} points/s   "
-                  f"raw bulk insert: {bulk_med:>10,.0f} rows/s   ratio {ingest_med / bulk_med:.2f}   "
-                  f"(medians of {args.repeats}; ingest runs {[f'{x:,.0f}' for x in ingest]})")
-    finally:
-        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{pg_name}" WITH (FORCE)')
+    for label in ("postgres", "sqlite"):
+        with fresh_database(label, tmp, "keel_bench") as url, keel_server(url) as server:
+            ingest, bulk = [], []
+            for _ in range(args.repeats):
+                ingest.append(asyncio.run(ingest_rate(server.url, args.runs, payload, points_per_run, args.window)))
+                # COPY into the server's own database; executemany into a SQLite file beside its.
+                bulk.append(raw_postgres(url, rows) if label == "postgres" else raw_sqlite(f"{tmp}/raw.db", rows))
+        ingest_med, bulk_med = statistics.median(ingest), statistics.median(bulk)
+        print(f"{label:8s}  websocket ingest, acked: {ingest_med:>10,.0f} points/s   "
+              f"raw bulk insert: {bulk_med:>10,.0f} rows/s   ratio {ingest_med / bulk_med:.2f}   "
+              f"(medians of {args.repeats}; ingest runs {[f'{x:,.0f}' for x in ingest]})")
 
 
 if __name__ == "__main__":

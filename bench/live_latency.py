@@ -7,7 +7,7 @@ records when each point was painted (after Plotly.extendTraces and the next
 animation frame). Latency = paint time - the moment just before the frame was
 sent (same machine, same clock). Target: p95 < 250 ms.
 
-    python bench/live_latency.py [--points 100] [--rate 2] [--burst] [--database-url URL]
+    python -m bench.live_latency [--points 100] [--rate 2] [--burst] [--database-url URL]
 
 Needs /usr/bin/chromium and /usr/bin/chromedriver (apt-get install chromium chromium-driver).
 """
@@ -18,7 +18,6 @@ import argparse
 import json
 import math
 import statistics
-import sys
 import tempfile
 import time
 import uuid
@@ -31,10 +30,8 @@ from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from websockets.sync.client import ClientConnection, connect
 
+from bench.support import keel_server, percentile
 from trainer_hooks.protocol import Row, RunInfo, hello_message, points_message
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _server import start_server  # noqa: E402
 
 KEYS = ("reward/mean", "mismatch/kl", "gate/frac", "mismatch/ratio_max", "grad/norm")
 
@@ -98,11 +95,6 @@ def wait(condition: Any, timeout: float, what: str) -> Any:
     raise RuntimeError(f"timed out waiting for {what}")
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -118,10 +110,8 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         database_url = args.database_url or f"sqlite:///{Path(tmp) / 'bench.db'}"
-        proc, base = start_server(database_url)
-        stack.callback(proc.wait, 15)
-        stack.callback(proc.terminate)
-        ws_url = base.replace("http", "ws", 1)
+        server = stack.enter_context(keel_server(database_url))
+        base, ws_url = server.url, server.ws_url
         runs = [
             Run(stack, ws_url, f"{g}-s{s}", g, i)
             for i, (g, s) in enumerate([("cispo", 0), ("cispo", 1), ("is", 0)])
@@ -198,15 +188,15 @@ def main() -> int:
             "arrivals": "burst" if args.burst else "staggered",
             "latency_ms": {
                 "p50": round(statistics.median(first), 1) if first else None,
-                "p95": round(pct(first, 95), 1) if first else None,
-                "p99": round(pct(first, 99), 1) if first else None,
+                "p95": round(percentile(first, 95), 1) if first else None,
+                "p99": round(percentile(first, 99), 1) if first else None,
                 "max": round(max(first), 1) if first else None,
             },
             "server_to_browser_ms": {
                 "p50": round(statistics.median(to_browser), 1) if to_browser else None,
-                "p95": round(pct(to_browser, 95), 1) if to_browser else None,
+                "p95": round(percentile(to_browser, 95), 1) if to_browser else None,
             },
-            "all_five_charts_p95_ms": round(pct(all_five, 95), 1) if all_five else None,
+            "all_five_charts_p95_ms": round(percentile(all_five, 95), 1) if all_five else None,
             "figure_rerenders_during_stream": after["renders"] - before["renders"],
             "server_refresh_ticks": {
                 k: v - before["ticks"].get(k, 0) for k, v in after["ticks"].items()

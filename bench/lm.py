@@ -1,8 +1,8 @@
 """What Keel costs the asynchronous transformer learner: tokens/s with and without it.
 
-    .venv/bin/python bench/lm.py                     # starts its own `keel serve` (temp SQLite)
-    .venv/bin/python bench/lm.py --server URL        # or streams to a running server
-    .venv/bin/python bench/lm.py --device cuda --size small
+    .venv/bin/python -m bench.lm                     # starts its own `keel serve` (temp SQLite)
+    .venv/bin/python -m bench.lm --server URL        # or streams to a running server
+    .venv/bin/python -m bench.lm --device cuda --size small
 
 Runs `learners.lm.train` (sampler thread + fp32 learner, the loop of `keel lm`)
 in two variants, in alternating random order for `--rounds` rounds of `--steps`
@@ -20,57 +20,22 @@ from __future__ import annotations
 
 import argparse
 import random
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
-
-from learners.lm.learner import LMConfig, run_config, train  # noqa: E402
-from trainer_hooks.monitor import Monitor  # noqa: E402
+from bench.support import keel_server
+from learners.lm.learner import LMConfig, run_config, train
+from trainer_hooks.monitor import Monitor
 
 VARIANTS = ("plain", "keel")
 FIGURES = ("learner tokens/s", "sampler tokens/s", "end-to-end steps/s")
-
-
-@contextmanager
-def local_server(workdir: Path) -> Iterator[str]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    log = open(workdir / "server.log", "wb")  # noqa: SIM115 - handed to the child
-    process = subprocess.Popen(
-        [sys.executable, "-m", "keel", "serve", "--port", str(port), "--log-level", "warning",
-         "--database-url", f"sqlite:///{workdir / 'keel.db'}"],
-        stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/healthz", timeout=1).close()
-                break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"keel serve did not start; see {workdir / 'server.log'}") from None
-                time.sleep(0.05)
-        yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=15)
-        log.close()
 
 
 def one_run(config: LMConfig, variant: str, server: str, spool: Path) -> dict[str, float]:
@@ -114,7 +79,9 @@ def main() -> int:
     shuffle = random.Random(0)
     with ExitStack() as stack:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="keel-bench-lm-")))
-        server = args.server or stack.enter_context(local_server(workdir))
+        server = args.server or stack.enter_context(
+            keel_server(f"sqlite:///{workdir / 'keel.db'}", log=workdir / "server.log")
+        ).url
         print(
             f"server: {server}{'' if args.server else ' (local keel serve, same CPUs)'}; "
             f"{config.loss} lag {config.lag}, {config.sampler_dtype} sampler, {size} model on "

@@ -25,7 +25,7 @@ ack p95 and live p95 <= 250 ms, no growing backlog. The same measurement with
 last, as ratios against the targets and against that baseline. The first `--warmup`
 seconds (5) are plotted but left out of the figures.
 
-    python bench/load.py [--runs 64] [--seconds 60] [--database postgres|sqlite|both]
+    python -m bench.load [--runs 64] [--seconds 60] [--database postgres|sqlite|both]
 
 Needs /usr/bin/chromium and /usr/bin/chromedriver, and matplotlib for the plot (without
 it the CSV is still written). Measure on a quiet machine: the clients and the browser
@@ -56,11 +56,9 @@ from typing import Any
 import psycopg
 from websockets.asyncio.client import connect
 
+from bench.live_latency import KEYS, browser, wait
+from bench.support import ROOT, KeelServer, fresh_database, keel_server, percentile
 from trainer_hooks.protocol import Row, RunInfo, hello_message, points_message
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _server import PG_ADMIN, ROOT, start_server  # noqa: E402
-from live_latency import KEYS, browser, pct, wait  # noqa: E402
 
 TARGET_CPU_PCT = 50.0
 TARGET_ACK_P95_MS = 250.0
@@ -322,33 +320,22 @@ class Scenario:
     figures: dict[str, float] = field(default_factory=dict)
 
 
-def fresh_database(kind: str, tmp: str) -> tuple[str, str | None]:
-    """(database URL for the server, URL the sampler reads pg_stat_activity through)."""
-    if kind == "sqlite":
-        return f"sqlite:///{tmp}/load-{uuid.uuid4().hex[:8]}.db", None
-    name = f"keel_load_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = PG_ADMIN.rsplit("/", 1)[0] + f"/{name}"
-    return url, url
-
-
-def drop_database(url: str) -> None:
-    name = url.rsplit("/", 1)[1]
-    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
 def run_scenario(kind: str, runs: int, args: argparse.Namespace, tmp: str) -> Scenario:
-    url, pg_url = fresh_database(kind, tmp)
-    proc, base = start_server(url)
+    with fresh_database(kind, tmp, "keel_load") as url, keel_server(url) as server:
+        # On PostgreSQL the sampler reads the CPU of the database's backends through its URL.
+        return load_scenario(server, url if kind == "postgres" else None, kind, runs, args, tmp)
+
+
+def load_scenario(
+    server: KeelServer, pg_url: str | None, kind: str, runs: int, args: argparse.Namespace, tmp: str
+) -> Scenario:
     ctx = mp.get_context("spawn")
     go, go_at, ready = ctx.Event(), ctx.Value("d", 0.0), ctx.Queue()
     run_ids = [str(uuid.uuid4()) for _ in range(runs)]
     clients = max(1, min(args.clients, runs))
     plans = [
         ClientPlan(
-            ws_url=base.replace("http", "ws", 1), run_ids=run_ids[c::clients], seconds=args.seconds,
+            ws_url=server.ws_url, run_ids=run_ids[c::clients], seconds=args.seconds,
             rate=args.rate, metrics=args.metrics, window=args.window, flush_interval=args.flush_interval,
             out_path=f"{tmp}/frames-{kind}-{runs}-{c}.csv", seed=c,
         )
@@ -365,8 +352,8 @@ def run_scenario(kind: str, runs: int, args: argparse.Namespace, tmp: str) -> Sc
             ready.get(timeout=120)
         watched = [plan.run_ids[0] for plan in plans][:WATCHED] or run_ids[:WATCHED]
         watched += [r for r in run_ids if r not in watched][: WATCHED - len(watched)]
-        page = None if args.no_page else Page(base, watched)
-        sampler = Sampler(proc.pid, pg_url)
+        page = None if args.no_page else Page(server.url, watched)
+        sampler = Sampler(server.pid, pg_url)
         sampler.start()
         time.sleep(1.5)  # one idle sample before the load starts
         go_at.value = time.time() + 0.5
@@ -391,10 +378,6 @@ def run_scenario(kind: str, runs: int, args: argparse.Namespace, tmp: str) -> Sc
         for process in processes:
             if process.is_alive():
                 process.kill()
-        proc.terminate()
-        proc.wait(timeout=30)
-        if pg_url is not None:
-            drop_database(pg_url)
 
     frames: list[list[Any]] = []
     for plan in plans:
@@ -462,8 +445,8 @@ def summarize(
             "server_runq_wait_pct": sample.get("server_runq_wait_pct", math.nan),
             "acks": len(acks.get(second, [])),
             "ack_p50_ms": statistics.median(acks[second]) if acks.get(second) else math.nan,
-            "ack_p95_ms": pct(acks[second], 95) if acks.get(second) else math.nan,
-            "live_p95_ms": pct(live[second], 95) if live.get(second) else math.nan,
+            "ack_p95_ms": percentile(acks[second], 95) if acks.get(second) else math.nan,
+            "live_p95_ms": percentile(live[second], 95) if live.get(second) else math.nan,
             "steps_due": due_total,
             "steps_acked": acked_total,
             "backlog_steps": due_total - acked_total,
@@ -484,7 +467,7 @@ def summarize(
     lost = total_steps - sum(int(f[3]) for f in frames if not math.isnan(f[6]))
     scenario.figures.update({
         "server_cpu_mean_pct": statistics.fmean(cpu) if cpu else math.nan,
-        "server_cpu_p95_pct": pct(cpu, 95) if cpu else math.nan,
+        "server_cpu_p95_pct": percentile(cpu, 95) if cpu else math.nan,
         "pg_cpu_mean_pct": statistics.fmean(
             [r["pg_cpu_pct"] for r in steady if not math.isnan(r["pg_cpu_pct"])] or [math.nan]
         ),
@@ -505,12 +488,12 @@ def summarize(
         ),
         "server_rss_max_mib": max((r["server_rss_mib"] for r in steady), default=math.nan),
         "ack_p50_ms": statistics.median(steady_acks) if steady_acks else math.nan,
-        "ack_p95_ms": pct(steady_acks, 95) if steady_acks else math.nan,
+        "ack_p95_ms": percentile(steady_acks, 95) if steady_acks else math.nan,
         "live_p50_ms": statistics.median(steady_live) if steady_live else math.nan,
-        "live_p95_ms": pct(steady_live, 95) if steady_live else math.nan,
+        "live_p95_ms": percentile(steady_live, 95) if steady_live else math.nan,
         "live_painted": len([k for k in painted_ms if k in sent_at]),
         "live_expected": expected_live,
-        "client_lag_p95_ms": 1000 * pct(lags, 95) if lags else math.nan,
+        "client_lag_p95_ms": 1000 * percentile(lags, 95) if lags else math.nan,
         "backlog_slope_steps_per_s": slope(backlog),
         "backlog_max_steps": max(backlog, default=math.nan),
         "steps_unacked_after_drain": lost,

@@ -1,7 +1,7 @@
 """What Keel costs a learner loop: the median `Monitor.log()` call, and a ~50 ms step with vs. without it.
 
-    .venv/bin/python bench/log_overhead.py                 # starts its own `keel serve` (temp SQLite)
-    .venv/bin/python bench/log_overhead.py --server URL    # or streams to a running server
+    .venv/bin/python -m bench.log_overhead                 # starts its own `keel serve` (temp SQLite)
+    .venv/bin/python -m bench.log_overhead --server URL    # or streams to a running server
 
 1. `log()` with the five headline metrics (reward/mean, mismatch/kl, gate/frac,
    mismatch/ratio_max, grad/norm) as 0-dim tensors, called back to back: median,
@@ -30,26 +30,20 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
-
-from trainer_hooks.losses import policy_loss  # noqa: E402
-from trainer_hooks.metrics import stability_metrics  # noqa: E402
-from trainer_hooks.monitor import Monitor  # noqa: E402
+from bench.support import keel_server, percentile
+from trainer_hooks.losses import policy_loss
+from trainer_hooks.metrics import stability_metrics
+from trainer_hooks.monitor import Monitor
 
 # With --pin: the learner's thread on the first CPU, everything else (the local server, the
 # Monitor's worker process) on the others, as on a GPU node where the training loop owns
@@ -57,43 +51,6 @@ from trainer_hooks.monitor import Monitor  # noqa: E402
 SIDE_CPUS: set[int] = set()
 
 HEADLINE = ("reward/mean", "mismatch/kl", "gate/frac", "mismatch/ratio_max", "grad/norm")
-
-
-@contextmanager
-def local_server(workdir: Path) -> Iterator[str]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    log = open(workdir / "server.log", "wb")  # noqa: SIM115 - handed to the child
-    process = subprocess.Popen(
-        [sys.executable, "-m", "keel", "serve", "--port", str(port), "--log-level", "warning",
-         "--database-url", f"sqlite:///{workdir / 'keel.db'}"],
-        stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
-        preexec_fn=(lambda: os.sched_setaffinity(0, SIDE_CPUS)) if SIDE_CPUS else None,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/healthz", timeout=1).close()
-                break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"keel serve did not start; see {workdir / 'server.log'}"
-                    ) from None
-                time.sleep(0.05)
-        yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=15)
-        log.close()
-
-
-def percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def bench_log_calls(server: str, spool: Path, calls: int) -> None:
@@ -111,8 +68,8 @@ def bench_log_calls(server: str, spool: Path, calls: int) -> None:
     delivered = monitor.finish(timeout=120)
     print(
         f"log() with the 5 headline metrics as tensors, {len(timings_us)} calls: "
-        f"median {statistics.median(timings_us):.1f} us, p90 {percentile(timings_us, 0.9):.1f} us, "
-        f"p99 {percentile(timings_us, 0.99):.1f} us (all delivered: {delivered})"
+        f"median {statistics.median(timings_us):.1f} us, p90 {percentile(timings_us, 90):.1f} us, "
+        f"p99 {percentile(timings_us, 99):.1f} us (all delivered: {delivered})"
     )
 
 
@@ -388,7 +345,10 @@ def main() -> int:
     torch.backends.cuda.matmul.allow_tf32 = True  # as GPU trainers run fp32 matmuls
     with ExitStack() as stack:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="keel-bench-")))
-        server = args.server or stack.enter_context(local_server(workdir))
+        database = f"sqlite:///{workdir / 'keel.db'}"
+        server = args.server or stack.enter_context(
+            keel_server(database, log=workdir / "server.log", cpus=SIDE_CPUS or None)
+        ).url
         print(f"server: {server}{'' if args.server else ' (local keel serve, same CPUs)'}")
         bench_log_calls(server, workdir / "spool", args.calls)
         bench_loop(

@@ -1,13 +1,13 @@
 """Keel beside its peers: the same per-step workload through MLflow, Trackio, wandb and Aim.
 
-    .venv/bin/python bench/peers.py [--steps 500] [--runs 8] [--metrics 20] [--series-steps 100000]
+    .venv/bin/python -m bench.peers [--steps 500] [--runs 8] [--metrics 20] [--series-steps 100000]
                                     [--only keel/sqlite,mlflow/sqlite,...] [--json out.json]
 
 Each peer runs in its own venv, made here from the exact pins in PINS (under --cache,
 reused when its pins match), as a child process running bench/peers_worker.py; Keel runs
 the same worker in this venv. Targets, each on its own fresh storage:
 
-    keel/sqlite, keel/postgres    `keel serve` (bench/_server.py), Monitor.log() per step
+    keel/sqlite, keel/postgres    `keel serve` (bench/support.py), Monitor.log() per step
     mlflow/sqlite, mlflow/postgres  `mlflow server` (its default uvicorn, 4 workers; job
                                   execution off), MlflowClient.log_batch() of the step's
                                   metrics per step
@@ -44,21 +44,14 @@ import tempfile
 import time
 import urllib.parse
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psycopg
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _server import PG_ADMIN, ROOT, start_server  # noqa: E402
-
-from keel.local import free_port  # noqa: E402
-
-WORKER = Path(__file__).resolve().parent / "peers_worker.py"
+from bench.support import ROOT, fresh_database, keel_server, percentile, postgres_database
+from keel.local import free_port
 
 PINS: dict[str, list[str]] = {
     # mlflow 3.18.0 is on PyPI but its mlflow-skinny==3.18.0 was not yet installable here.
@@ -117,28 +110,6 @@ def peer_python(cache: Path, peer: str) -> Path:
     subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", *pins], check=True, stdout=subprocess.DEVNULL)
     marker.write_text(" ".join(pins))
     return venv / "bin" / "python"
-
-
-@contextmanager
-def postgres_database(prefix: str) -> Iterator[str]:
-    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield PG_ADMIN.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-@contextmanager
-def keel_server(database_url: str) -> Iterator[str]:
-    proc, base = start_server(database_url)
-    try:
-        yield base
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 @contextmanager
@@ -209,13 +180,11 @@ def round_trip_ms(url: str, *, keep_alive: bool, count: int = 20) -> float:
 @contextmanager
 def storage(target: Target, python: Path, scratch: Path) -> Iterator[dict[str, Any]]:
     """The target's storage, fresh; yields the worker config's `target` and friends."""
-    base: dict[str, Any] = {"peer": target.peer, "scratch": str(scratch), "repo_root": str(ROOT), "project": "keel-peers"}
-    if target.label == "keel/sqlite":
-        with keel_server(f"sqlite:///{scratch / 'keel.db'}") as url:
-            yield {**base, "target": url}
-    elif target.label == "keel/postgres":
-        with postgres_database("keel_peers") as database, keel_server(database) as url:
-            yield {**base, "target": url}
+    base: dict[str, Any] = {"peer": target.peer, "scratch": str(scratch), "project": "keel-peers"}
+    if target.peer == "keel":
+        kind = target.label.removeprefix("keel/")
+        with fresh_database(kind, scratch, "keel_peers") as database, keel_server(database) as server:
+            yield {**base, "target": server.url}
     elif target.label == "mlflow/sqlite":
         with mlflow_server(python, f"sqlite:///{scratch / 'mlflow.db'}", scratch) as url:
             yield {**base, "target": url}
@@ -235,12 +204,14 @@ def storage(target: Target, python: Path, scratch: Path) -> Iterator[dict[str, A
 def run_workers(python: Path, configs: list[dict[str, Any]], scratch: Path) -> list[dict[str, Any]]:
     """Start one worker per config, let them all go at once when every one is ready, and
     return their results."""
-    env = {**os.environ, **PEER_ENV, "TRACKIO_DIR": str(scratch / "trackio")}
+    # The worker runs as a module of this checkout (PYTHONPATH, in the peer's venv too), from
+    # the scratch directory: the files a peer writes where it stands stay out of the repository.
+    env = {**os.environ, **PEER_ENV, "TRACKIO_DIR": str(scratch / "trackio"), "PYTHONPATH": str(ROOT)}
     procs, logs = [], []
     for config in configs:
         logs.append(open(scratch / f"{config['name']}.{config['mode']}.log", "wb"))  # noqa: SIM115
         procs.append(subprocess.Popen(
-            [str(python), str(WORKER), json.dumps(config)], stdin=subprocess.PIPE,
+            [str(python), "-m", "bench.peers_worker", json.dumps(config)], stdin=subprocess.PIPE,
             stdout=logs[-1], stderr=subprocess.STDOUT, env=env, cwd=scratch,
         ))  # fmt: skip
     try:
@@ -276,11 +247,6 @@ def run_workers(python: Path, configs: list[dict[str, Any]], scratch: Path) -> l
     return results
 
 
-def percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def scenario(results: list[dict[str, Any]]) -> dict[str, Any]:
     """One scenario's figures from its workers' results (one worker, or many at once)."""
     calls = [us for result in results for us in result["call_us"]]
@@ -292,7 +258,7 @@ def scenario(results: list[dict[str, Any]]) -> dict[str, Any]:
         "log_s": max(result["log_s"] for result in results),
         "points_per_s": points / wall_s,
         "call_median_us": statistics.median(calls),
-        "call_p99_us": percentile(calls, 0.99),
+        "call_p99_us": percentile(calls, 99),
         "extra": [{k: v for k, v in result.items() if k not in ("call_us", "go", "end")} for result in results],
     }
 

@@ -1,9 +1,9 @@
 """One peer's side of bench/peers.py, run by that peer's own venv's python.
 
-    <venv>/bin/python bench/peers_worker.py '<json config>'
+    PYTHONPATH=<repository root> <venv>/bin/python -m bench.peers_worker '<json config>'
 
 Standard library plus the peer (and, for Keel and for reading wandb's offline file, this
-repository's own modules, put on sys.path from `repo_root`). The config's `mode`:
+repository's own modules, on PYTHONPATH). The config's `mode`:
 
 - "workload": one run of `metrics` metrics x `steps` steps, one logging call per step
   with all the step's metrics (the way each peer is meant to be called per step). After
@@ -40,6 +40,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.support import percentile
+
 SERIES_KEY = "series/value"
 """The one metric of the read-back run."""
 MLFLOW_BATCH_METRICS = 1000
@@ -52,11 +54,6 @@ def metric_keys(count: int) -> list[str]:
 
 def step_values(step: int, keys: list[str]) -> dict[str, float]:
     return {key: step * 0.001 + i for i, key in enumerate(keys)}
-
-
-def percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 # -- the peers' adapters: open(name) -> (log(step, values), make_durable() -> info) ----------
@@ -249,7 +246,7 @@ def workload(config: dict[str, Any]) -> dict[str, Any]:
         "points": config["steps"] * config["metrics"],
         "call_us": [round(us, 1) for us in call_us],
         "call_median_us": statistics.median(call_us),
-        "call_p99_us": percentile(call_us, 0.99),
+        "call_p99_us": percentile(call_us, 99),
     }
 
 
@@ -309,8 +306,6 @@ def read(config: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> None:
     config = json.loads(sys.argv[1])
-    if config.get("repo_root"):
-        sys.path.insert(0, config["repo_root"])
     result = {"workload": workload, "seed": seed, "read": read}[config["mode"]](config)
     Path(config["result_path"]).write_text(json.dumps(result))
     print("PEERS_RESULT " + json.dumps({k: v for k, v in result.items() if k != "call_us"}), flush=True)

@@ -13,7 +13,7 @@ The baseline is the old read, kept here: count/min/max of the range, then one qu
 bucketing every point of it. Each figure is checked equal to the baseline's answer before it
 is timed. The ratios (rollup / full scan) are printed last.
 
-    python bench/reads.py [--repeats 7] [--long-steps 1000000] [--short-steps 100000]
+    python -m bench.reads [--repeats 7] [--long-steps 1000000] [--short-steps 100000]
 """
 
 from __future__ import annotations
@@ -23,24 +23,19 @@ import asyncio
 import math
 import random
 import statistics
-import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
-import psycopg
 from sqlalchemy import func, select, text
 
+from bench.support import fresh_database
 from server import db
 from server.models import Point, Series
 from server.storage import SeriesData, Store, _buckets, _loaded
 from trainer_hooks.protocol import Row, RunInfo
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _server import PG_ADMIN  # noqa: E402
 
 FULL_SCAN_BUCKETS = text(
     "WITH b AS ("
@@ -186,24 +181,13 @@ def main() -> None:
     args = parser.parse_args()
 
     tmp = tempfile.mkdtemp(prefix="keel-bench-")
-    pg_name = f"keel_bench_reads_{uuid.uuid4().hex[:8]}"
-    pg_url = PG_ADMIN.rsplit("/", 1)[0] + f"/{pg_name}"
     results: dict[str, dict[str, tuple[float, float]]] = {}
-    try:
-        for label in args.databases.split(","):
-            print(f"{label}:", flush=True)
-            if label == "postgres":
-                with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-                    conn.execute(f'CREATE DATABASE "{pg_name}"')
-                url = pg_url
-            else:
-                url = f"sqlite:///{tmp}/reads.db"
+    for label in args.databases.split(","):
+        print(f"{label}:", flush=True)
+        with fresh_database(label, tmp, "keel_bench_reads") as url:
             results[label] = asyncio.run(measure(url, args.long_steps, args.short_steps, args.repeats))
-            for name, (new, old) in results[label].items():
-                print(f"  {name}: {new:.1f} ms (full scan {old:.1f} ms)", flush=True)
-    finally:
-        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{pg_name}" WITH (FORCE)')
+        for name, (new, old) in results[label].items():
+            print(f"  {name}: {new:.1f} ms (full scan {old:.1f} ms)", flush=True)
     print(f"\nmedians of {args.repeats}; every rollup answer equal to the full scan's")
     print(f"{'database':9s}  {'read':40s} {'rollups':>10s} {'full scan':>10s} {'ratio':>7s}")
     for label, figures in results.items():
