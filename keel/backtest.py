@@ -99,3 +99,8 @@ def run(args: argparse.Namespace) -> int:
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump({"runs": [r.to_json() for r in results]}, handle, indent=2)
     return 0
+
+
+COMMANDS = {
+    "backtest": ("Replay stored runs through rules: where would each have fired?", add_arguments, run),
+}

@@ -4,55 +4,108 @@ Subcommands live next to what they drive; each module listed in `_COMMAND_MODULE
 exposes `COMMANDS = {name: (help, add_arguments, run)}` and must import only
 the standard library at module level, so `keel sync` works on a GPU node that
 has neither the server's dependencies nor (for some commands) torch.
+
+Which commands an install has. The install profiles hold different parts of Keel:
+`pip install keel-rl` (a GPU node) has no server dependencies and maybe no torch, the
+Docker image (`.[server]`, Dockerfile) has no `learners/` and no torch. So each command
+module names, in `_COMMAND_MODULES`, the top-level modules it needs beyond the base
+install; for an extra of pyproject.toml that is one module the extra installs (pip
+installs an extra whole). The rule:
+
+- the module's own package is not installed (the image has no `learners/`): its
+  commands are left out, unnamed;
+- a module it needs is not installed: its commands are left out of the list in
+  `keel --help` (named below it), and running one says what it needs;
+- otherwise the module is imported, and any error on the way is raised. Presence is
+  checked before importing (`importlib.util.find_spec`), never inferred from a
+  ModuleNotFoundError, so one raised here is a bug (a typo, a dependency missing from
+  pyproject.toml, a half-installed extra), not a profile, and is not hidden.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import sys
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
 
-_COMMAND_MODULES = (
-    "server.commands",
-    "learners.toy_cli",
-    "learners.lm_cli",
-    "keel.sync",
-    "keel.transfer",
-    "keel.commands",
-)
+_COMMAND_MODULES: Mapping[str, tuple[str, ...]] = {
+    "server.commands": ("fastapi",),
+    "keel.backtest": ("fastapi",),
+    "learners.toy_cli": ("torch",),
+    "learners.lm_cli": ("torch",),
+    "keel.commands": ("fastapi", "torch", "learners"),  # demo, eval-alerts: a server and the learners
+    "keel.sync": (),
+    "keel.transfer": (),
+}
+
+_EXTRA_OF = {"fastapi": "server", "torch": "torch"}
+"""The extra of pyproject.toml that installs a needed module, named where it is missing."""
 
 CommandSpec = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
 
 
-def _command_specs() -> dict[str, CommandSpec]:
-    specs: dict[str, CommandSpec] = {}
-    for module_name in _COMMAND_MODULES:
-        try:
-            module: Any = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name != module_name:
-                raise
+class Commands(NamedTuple):
+    available: dict[str, CommandSpec]
+    missing: dict[str, tuple[str, ...]]
+    """Commands whose package is installed but not everything they need: name -> the absent modules."""
+
+
+def _installed(top_level: str) -> bool:
+    return importlib.util.find_spec(top_level) is not None
+
+
+def installed_commands(modules: Mapping[str, tuple[str, ...]] = _COMMAND_MODULES) -> Commands:
+    """The commands of this install, by the rule of the module docstring."""
+    commands = Commands({}, {})
+    for module_name, needs in modules.items():
+        if not _installed(module_name.partition(".")[0]):
             continue
-        specs.update(module.COMMANDS)
-    return specs
+        absent = tuple(need for need in needs if not _installed(need))
+        module: Any = importlib.import_module(module_name)
+        if absent:
+            commands.missing.update(dict.fromkeys(module.COMMANDS, absent))
+        else:
+            commands.available.update(module.COMMANDS)
+    return commands
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _needs(absent: tuple[str, ...]) -> str:
+    return "needs " + ", ".join(f"{name} (keel-rl[{_EXTRA_OF[name]}])" if name in _EXTRA_OF else name for name in absent)
+
+
+def _missing_epilog(missing: dict[str, tuple[str, ...]]) -> str | None:
+    by_needs: dict[tuple[str, ...], list[str]] = {}
+    for name, absent in sorted(missing.items()):
+        by_needs.setdefault(absent, []).append(name)
+    groups = [f"{', '.join(names)} ({_needs(absent)})" for absent, names in by_needs.items()]
+    return f"Not in this install: {'; '.join(groups)}." if groups else None
+
+
+def build_parser(commands: Commands | None = None) -> argparse.ArgumentParser:
+    available, missing = commands if commands is not None else installed_commands()
     parser = argparse.ArgumentParser(
-        prog="keel", description="Keel: live stability monitoring for off-policy RL training."
+        prog="keel",
+        description="Keel: live stability monitoring for off-policy RL training.",
+        epilog=_missing_epilog(missing),
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, (help_text, add_arguments, run) in sorted(_command_specs().items()):
+    for name, (help_text, add_arguments, run) in sorted(available.items()):
         command_parser = sub.add_parser(name, help=help_text, description=help_text)
         add_arguments(command_parser)
         command_parser.set_defaults(_run=run)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None, commands: Commands | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    commands = commands if commands is not None else installed_commands()
+    if argv and argv[0] in commands.missing:
+        print(f"keel {argv[0]}: not in this install: {_needs(commands.missing[argv[0]])}", file=sys.stderr)
+        return 2
+    args = build_parser(commands).parse_args(argv)
     return int(args._run(args) or 0)
 
 

@@ -1,4 +1,4 @@
-"""`keel demo`, `keel eval-alerts` and `keel backtest`: commands that join the server and the learners.
+"""`keel demo` and `keel eval-alerts`: commands that join the server and the learners.
 
 Standard library only at module level (see keel/cli.py).
 """
@@ -10,9 +10,6 @@ import sys
 import threading
 from collections.abc import Callable
 from typing import Any
-
-from keel.backtest import add_arguments as _add_backtest
-from keel.backtest import run as _backtest
 
 # A child started as `python -m keel` or `-c "import keel…"` would resolve against its
 # working directory first (sys.path[0]); started from a training repository with its own
@@ -233,6 +230,5 @@ def _eval_alerts(args: argparse.Namespace) -> int:
 
 COMMANDS = {
     "eval-alerts": ("Score the alert rules on a labelled corpus (toy grid or a corpus file), beside rlwatch.", _add_eval_alerts, _eval_alerts),
-    "backtest": ("Replay stored runs through rules: where would each have fired?", _add_backtest, _backtest),
     "demo": ("Serve on the embedded database and stream a live A/B experiment of toy runs.", _add_demo, _demo),
 }

@@ -1,4 +1,6 @@
-"""trainer_hooks goes on GPU nodes: it must import without the server's dependencies."""
+"""trainer_hooks goes on GPU nodes: it must import without the server's dependencies; the
+base install (`pip install keel-rl`) is exactly that. The `.[server]` profile is the Docker
+image's, tested in test_image.py; `.[dev]` is what `make test` installs."""
 
 from __future__ import annotations
 
@@ -6,6 +8,10 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
+
+from tests.installs import copy_source_tree, fresh_venv, listed_commands, pip_install, product_env
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -71,3 +77,41 @@ def test_packages_type_check(tmp_path) -> None:
         timeout=600,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.fixture(scope="module")
+def base_install(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """`pip install .` from a copy of the tree into a fresh venv: the environment to run it in."""
+    source = copy_source_tree(tmp_path_factory.mktemp("base") / "src")
+    venv = fresh_venv(tmp_path_factory.mktemp("base") / "venv")
+    pip_install(venv, ["."], cwd=source)
+    return product_env(venv, tmp_path_factory.mktemp("home"))
+
+
+def _run(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(argv), env=env, cwd=env["HOME"], capture_output=True, text=True, timeout=120)
+
+
+def test_the_base_install_is_the_trainer_side(base_install: dict[str, str]) -> None:
+    found = _run(base_install, "python", "-c", textwrap.dedent(
+        """
+        import importlib.util
+        from trainer_hooks import Monitor
+        print(sorted(m for m in ("websockets", "fastapi", "sqlalchemy", "torch") if importlib.util.find_spec(m)))
+        """
+    ))  # fmt: skip
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.strip() == "['websockets']"
+    assert _run(base_install, "keel", "sync", "--help").returncode == 0
+
+
+def test_the_base_install_lists_the_commands_it_has(base_install: dict[str, str]) -> None:
+    help_result = _run(base_install, "keel", "--help")
+    assert help_result.returncode == 0, help_result.stderr
+    assert listed_commands(help_result.stdout) == {"sync", "import", "export"}
+    assert "Not in this install:" in help_result.stdout and "serve" in help_result.stdout
+    serve = _run(base_install, "keel", "serve", "--port", "8750")
+    assert serve.returncode == 2
+    assert serve.stderr.strip() == "keel serve: not in this install: needs fastapi (keel-rl[server])"
+    grid = _run(base_install, "keel", "grid")
+    assert grid.returncode == 2 and "needs torch (keel-rl[torch])" in grid.stderr
