@@ -56,29 +56,6 @@ def test_keel_cli_help_lists_commands() -> None:
         assert command in result.stdout
 
 
-def test_packages_type_check(tmp_path) -> None:
-    """mypy (config in pyproject.toml) over every package; a fresh cache, as on a clean clone."""
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mypy",
-            "--cache-dir",
-            str(tmp_path),
-            "server",
-            "dashboard",
-            "trainer_hooks",
-            "learners",
-            "keel",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO_ROOT,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-
-
 @pytest.fixture(scope="module")
 def base_install(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """`pip install .` from a copy of the tree into a fresh venv: the environment to run it in."""
