@@ -30,7 +30,7 @@ import httpx
 import psycopg
 from websockets.asyncio.client import connect
 
-from trainer_hooks.protocol import Row, RunInfo, hello_message, points_message
+from wire import Row, RunInfo, hello_message, points_message
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _server import PG_ADMIN, start_server  # noqa: E402

@@ -26,7 +26,7 @@ from websockets.asyncio.client import connect
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _server import PG_ADMIN, start_server  # noqa: E402
 
-from trainer_hooks.protocol import Row, RunInfo, hello_message, points_message  # noqa: E402
+from wire import Row, RunInfo, hello_message, points_message  # noqa: E402
 
 BIG_ROWS, BIG_KEYS = 10_000, 60  # 600k points, about 7 MiB of JSON
 

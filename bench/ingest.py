@@ -26,7 +26,7 @@ from pathlib import Path
 import psycopg
 from websockets.asyncio.client import connect
 
-from trainer_hooks.protocol import Row, RunInfo, finish_message, hello_message, points_message
+from wire import Row, RunInfo, finish_message, hello_message, points_message
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _server import PG_ADMIN, start_server  # noqa: E402

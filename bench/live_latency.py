@@ -31,7 +31,7 @@ from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from websockets.sync.client import ClientConnection, connect
 
-from trainer_hooks.protocol import Row, RunInfo, hello_message, points_message
+from wire import Row, RunInfo, hello_message, points_message
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _server import start_server  # noqa: E402

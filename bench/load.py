@@ -3,7 +3,7 @@
 `--runs` runs (default 64) stream `--rate` steps/s (10) x `--metrics` metrics (20) each
 into a real `keel serve` process, for `--seconds` (60). The runs live in `--clients`
 separate processes (4), so the load generator does not share the server's interpreter:
-raw protocol clients (trainer_hooks.protocol encoders), one socket per run, one frame per
+raw protocol clients (the `wire` encoders), one socket per run, one frame per
 step (or, with `--flush-interval`, one per that many seconds, as the Monitor batches), at
 most `--window` frames in flight like the Monitor (`SenderConfig.window`); a run whose
 window is full sends the steps that fell due meanwhile in one frame, as the Monitor would.
@@ -56,7 +56,7 @@ from typing import Any
 import psycopg
 from websockets.asyncio.client import connect
 
-from trainer_hooks.protocol import Row, RunInfo, hello_message, points_message
+from wire import Row, RunInfo, hello_message, points_message
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _server import PG_ADMIN, ROOT, start_server  # noqa: E402

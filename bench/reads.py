@@ -37,7 +37,7 @@ from sqlalchemy import func, select, text
 from server import db
 from server.models import Point, Series
 from server.storage import SeriesData, Store, _buckets, _loaded
-from trainer_hooks.protocol import Row, RunInfo
+from wire import Row, RunInfo
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _server import PG_ADMIN  # noqa: E402

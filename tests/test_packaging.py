@@ -1,4 +1,4 @@
-"""trainer_hooks goes on GPU nodes: it must import without the server's dependencies."""
+"""trainer_hooks (with wire) goes on GPU nodes: it must import without the server's dependencies."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ BLOCK_SERVER_DEPS = textwrap.dedent(
 def test_trainer_hooks_imports_without_server_dependencies() -> None:
     code = BLOCK_SERVER_DEPS + textwrap.dedent(
         """
-        import trainer_hooks, trainer_hooks.protocol
+        import trainer_hooks, wire
         import pkgutil, importlib
         for module in pkgutil.iter_modules(trainer_hooks.__path__):
             importlib.import_module(f"trainer_hooks.{module.name}")
@@ -62,6 +62,7 @@ def test_packages_type_check(tmp_path) -> None:
             "server",
             "dashboard",
             "trainer_hooks",
+            "wire",
             "learners",
             "keel",
         ],
