@@ -12,6 +12,7 @@ COPY keel keel
 COPY server server
 COPY dashboard dashboard
 COPY trainer_hooks trainer_hooks
+COPY wire wire
 COPY migrations migrations
 RUN pip install --no-cache-dir ".[server]"
 USER keel

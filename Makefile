@@ -24,8 +24,8 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check server trainer_hooks dashboard learners keel tests bench
-	$(BIN)/mypy server dashboard trainer_hooks learners keel
+	$(BIN)/ruff check server trainer_hooks wire dashboard learners keel tests bench
+	$(BIN)/mypy server dashboard trainer_hooks wire learners keel
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.ingest

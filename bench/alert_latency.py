@@ -28,7 +28,7 @@ import httpx
 from websockets.asyncio.client import connect
 
 from bench.support import fresh_database, keel_server, percentile
-from trainer_hooks.protocol import Row, RunInfo, hello_message, points_message
+from wire import Row, RunInfo, hello_message, points_message
 
 
 class Receiver:

@@ -22,7 +22,7 @@ import uuid
 from websockets.asyncio.client import connect
 
 from bench.support import fresh_database, keel_server, percentile
-from trainer_hooks.protocol import Row, RunInfo, hello_message, points_message
+from wire import Row, RunInfo, hello_message, points_message
 
 BIG_ROWS, BIG_KEYS = 10_000, 60  # 600k points, about 7 MiB of JSON
 

@@ -25,7 +25,7 @@ import psycopg
 from websockets.asyncio.client import connect
 
 from bench.support import fresh_database, keel_server
-from trainer_hooks.protocol import Row, RunInfo, finish_message, hello_message, points_message
+from wire import Row, RunInfo, finish_message, hello_message, points_message
 
 
 def frames(steps: int, metrics: int, rows_per_frame: int) -> list[str]:

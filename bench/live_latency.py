@@ -31,7 +31,7 @@ from selenium.webdriver.chrome.service import Service
 from websockets.sync.client import ClientConnection, connect
 
 from bench.support import keel_server, percentile
-from trainer_hooks.protocol import Row, RunInfo, hello_message, points_message
+from wire import Row, RunInfo, hello_message, points_message
 
 KEYS = ("reward/mean", "mismatch/kl", "gate/frac", "mismatch/ratio_max", "grad/norm")
 

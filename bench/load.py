@@ -3,7 +3,7 @@
 `--runs` runs (default 64) stream `--rate` steps/s (10) x `--metrics` metrics (20) each
 into a real `keel serve` process, for `--seconds` (60). The runs live in `--clients`
 separate processes (4), so the load generator does not share the server's interpreter:
-raw protocol clients (trainer_hooks.protocol encoders), one socket per run, one frame per
+raw protocol clients (the `wire` encoders), one socket per run, one frame per
 step (or, with `--flush-interval`, one per that many seconds, as the Monitor batches), at
 most `--window` frames in flight like the Monitor (`SenderConfig.window`); a run whose
 window is full sends the steps that fell due meanwhile in one frame, as the Monitor would.
@@ -58,7 +58,7 @@ from websockets.asyncio.client import connect
 
 from bench.live_latency import KEYS, browser, wait
 from bench.support import ROOT, KeelServer, fresh_database, keel_server, percentile
-from trainer_hooks.protocol import Row, RunInfo, hello_message, points_message
+from wire import Row, RunInfo, hello_message, points_message
 
 TARGET_CPU_PCT = 50.0
 TARGET_ACK_P95_MS = 250.0

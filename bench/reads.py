@@ -35,7 +35,7 @@ from bench.support import fresh_database
 from server import db
 from server.models import Point, Series
 from server.storage import SeriesData, Store, _buckets, _loaded
-from trainer_hooks.protocol import Row, RunInfo
+from wire import Row, RunInfo
 
 FULL_SCAN_BUCKETS = text(
     "WITH b AS ("

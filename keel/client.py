@@ -26,7 +26,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Literal, overload
 
-from trainer_hooks.protocol import KeelError, decode_value
+from wire import KeelError, decode_value
 
 __all__ = ["Client", "ClientError", "SeriesArrays", "SERIES_PAGE_POINTS"]
 

@@ -40,7 +40,7 @@ from typing import Any
 from learners.labels import collapse_step
 from server.alerts.backtest import backtest
 from server.alerts.rules import DEFAULT_RULES, RuleSpec
-from trainer_hooks.protocol import Row
+from wire import Row
 
 __all__ = [
     "CorpusRun",

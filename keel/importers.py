@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainer_hooks.protocol import KeelError, Limits, Row
+from wire import KeelError, Limits, Row
 
 __all__ = [
     "ImportSourceError",

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from keel.client import Client
     from keel.importers import ImportedRun
-    from trainer_hooks.protocol import Row
+    from wire import Row
 
 __all__ = ["COMMANDS", "upload_run"]
 
@@ -64,7 +64,7 @@ def _add_import(parser: argparse.ArgumentParser) -> None:
 
 def _import(args: argparse.Namespace) -> int:
     from keel.importers import ImportSourceError, read_tensorboard, read_wandb
-    from trainer_hooks.protocol import ProtocolError
+    from wire import ProtocolError
 
     command = f"import {args.source}"
     path = getattr(args, "logdir", None) or args.path
@@ -124,9 +124,9 @@ def upload_run(
     to POST /runs/{id}/points instead: the same storage, where a point already stored
     keeps its value, so only points the source gained since are added.
     """
-    from trainer_hooks.protocol import RunInfo, encode_rows, hello_message, parse_hello
     from trainer_hooks.sender import ConnState, upload
     from trainer_hooks.spool import Spool
+    from wire import RunInfo, encode_rows, hello_message, parse_hello
 
     info = RunInfo(id=run.run_id, name=run.name, project=project, group=group, config=run.config, tags=run.tags)
     parse_hello(hello_message(info))

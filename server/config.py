@@ -7,7 +7,7 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from trainer_hooks.protocol import Limits
+from wire import Limits
 
 
 def default_database_url() -> str:

@@ -1,4 +1,4 @@
-"""The server's errors: one tree under `KeelError` (trainer_hooks.protocol), so a caller
+"""The server's errors: one tree under `KeelError` (wire/errors.py), so a caller
 catches what Keel raises on purpose with one `except`. docs/architecture.md lists it.
 
     KeelError
@@ -16,7 +16,7 @@ catches what Keel raises on purpose with one `except`. docs/architecture.md list
 
 from __future__ import annotations
 
-from trainer_hooks.protocol import KeelError, ProtocolError
+from wire import KeelError, ProtocolError
 
 __all__ = [
     "Conflict",

@@ -27,8 +27,8 @@ import orjson
 from sqlalchemy.engine import make_url
 
 from server.live import LiveHub
+from server.live_messages import live_points_message
 from server.storage import Store
-from trainer_hooks.protocol import live_points_message
 
 if TYPE_CHECKING:
     import psycopg

@@ -26,8 +26,9 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from server.errors import Conflict
 from server.live import LiveHub
+from server.live_messages import live_points_message, live_status_message
 from server.storage import FrameRef, Store
-from trainer_hooks.protocol import (
+from wire import (
     CLOSE_AUTH,
     CLOSE_CONFLICT,
     CLOSE_IDLE,
@@ -37,8 +38,6 @@ from trainer_hooks.protocol import (
     Limits,
     ProtocolError,
     Row,
-    live_points_message,
-    live_status_message,
     parse_finish,
     parse_hello,
     parse_rows,

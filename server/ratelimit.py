@@ -22,7 +22,7 @@ from typing import Any
 from starlette.requests import HTTPConnection
 
 from server.config import Settings
-from trainer_hooks.protocol import CLOSE_OVERLOADED, ProtocolError
+from wire import CLOSE_OVERLOADED, ProtocolError
 
 __all__ = ["RateLimited", "RateLimiter", "RateLimits", "Reservation", "TokenBucket", "client_key"]
 

@@ -1,5 +1,6 @@
 """API models (REST bodies and responses), the types every route's input is checked with,
-and the shape of error bodies. Wire frames are in trainer_hooks/protocol.py.
+and the shape of error bodies. Wire frames are in wire/, the JSON of stored rows in
+server/jsonview.py.
 
 Errors: a 422 is always FastAPI's validation array, `{"detail": [{"loc", "msg", "type"}]}`,
 whether a type check or the handler refused the request (`unprocessable`); every other
@@ -9,7 +10,6 @@ whether a type check or the handler refused the request (`unprocessable`); every
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
-from datetime import datetime, timezone
 from typing import Annotated, Any
 
 from fastapi import HTTPException, Path, Request, Response
@@ -17,9 +17,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import AfterValidator, BaseModel, Field
 
-from server.models import Alert, Run
+from server.jsonview import iso
+from server.models import Run
 from server.storage import KeyInfo, SeriesData
-from trainer_hooks.protocol import Limits, encode_value
+from wire import Limits, encode_value
 
 MAX_INT = 2**31 - 1
 """Largest id of a rule, alert, silence or webhook, and largest rule step count: their
@@ -90,35 +91,6 @@ class ApiRoute(APIRoute):
                 raise RequestValidationError(public) from None
 
         return handle
-
-
-def iso(ts: float | None) -> str | None:
-    return None if ts is None else datetime.fromtimestamp(ts, timezone.utc).isoformat()
-
-
-def alert_json(alert: Alert) -> dict[str, Any]:
-    """The API shape of an alert (REST, live pushes and webhook events; docs/protocol.md fields first)."""
-    return {
-        "id": alert.id,
-        "run_id": alert.run_id,
-        "rule": alert.rule_name,
-        "metric": alert.metric,
-        "severity": alert.severity,
-        "state": alert.state,
-        "started_step": alert.started_step,
-        "resolved_step": alert.resolved_step,
-        "message": alert.message,
-        "keys": [key for key in alert.metric.split(",") if key],
-        "rule_id": alert.rule_id,
-        "fingerprint": alert.fingerprint,
-        "fired_step": alert.fired_step,
-        "value": None if alert.value is None else encode_value(alert.value),
-        "started_at": iso(alert.started_at),
-        "resolved_at": iso(alert.resolved_at),
-        "silenced": alert.silenced,
-        "acknowledged_at": iso(alert.acknowledged_at),
-        "acknowledged_by": alert.acknowledged_by,
-    }
 
 
 class RunOut(BaseModel):
@@ -234,7 +206,7 @@ POINTS_BODY = {
     },
 }
 """The POST /runs/{id}/points body, for the OpenAPI schema only: the handler parses the
-bytes itself (trainer_hooks.protocol.parse_rows), as the ingest socket does."""
+bytes itself (wire.parse_rows), as the ingest socket does."""
 
 
 class PointsWritten(BaseModel):

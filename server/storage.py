@@ -54,7 +54,7 @@ from server.db import is_sqlite, session_factory
 from server.errors import RunConflict, SeqGap, Superseded, UnknownRun
 from server.fairlock import FairLock
 from server.models import Point, PointRollup, Run, RunWriter, Series
-from trainer_hooks.protocol import Row, RunInfo
+from wire import Row, RunInfo
 
 __all__ = [
     "FrameRef", "Store", "WriteResult", "SeriesData", "KeyInfo",

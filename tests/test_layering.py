@@ -4,13 +4,14 @@ functions and under TYPE_CHECKING count: they are dependencies all the same)."""
 from __future__ import annotations
 
 import ast
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("trainer_hooks", "learners", "server", "dashboard", "keel", "migrations")
+PACKAGES = ("wire", "trainer_hooks", "learners", "server", "dashboard", "keel", "migrations")
 
 # What the server and the dashboard need; none of it may reach a trainer's GPU node.
 SERVER_DEPENDENCIES = {
@@ -120,13 +121,57 @@ def _importers(package: str) -> Iterator[tuple[str, str]]:
                 yield name, _module_of(imported)
 
 
+def test_wire_imports_the_standard_library_only() -> None:
+    """The contract both sides import: it may not pull in either side, or anything that is
+    not on every machine that runs Python."""
+    imports = set(_importers("wire"))
+    assert imports, "no wire package to check"
+    wrong = {
+        (name, imported)
+        for name, imported in imports
+        if _top(imported) != "wire" and _top(imported) not in sys.stdlib_module_names
+    }
+    assert wrong == set()
+
+
 @pytest.mark.parametrize("package", ["server", "dashboard"])
-def test_server_and_dashboard_use_only_the_wire_protocol_of_trainer_hooks(package: str) -> None:
+def test_server_and_dashboard_share_with_the_trainer_side_only_through_wire(package: str) -> None:
     wrong = {
         (name, imported)
         for name, imported in _importers(package)
-        if _top(imported) == "trainer_hooks" and imported not in ("trainer_hooks", "trainer_hooks.protocol")
-        or _top(imported) in ("learners", "keel")
+        if _top(imported) in ("trainer_hooks", "learners", "keel")
+    }
+    assert wrong == set()
+
+
+WEB_FRAMEWORK = {"fastapi", "starlette"}
+HTTP_API = ("server.app", "server.deps", "server.routes", "server.schemas")
+
+
+def _reachable(roots: set[str]) -> set[str]:
+    """`roots` and every product module they import, directly or through others."""
+    graph, seen, todo = _graph(), set(), list(roots)
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo.extend(graph[name])
+    return seen
+
+
+@pytest.mark.parametrize("package", ["server.alerts", "server.webhooks"])
+def test_the_alert_pipeline_reaches_neither_the_http_api_nor_the_web_framework(package: str) -> None:
+    """Alerts are evaluated and delivered the same way whatever serves the API: the
+    pipeline's JSON comes from server.jsonview, not from the API models."""
+    roots = {name for name in MODULES if name == package or name.startswith(f"{package}.")}
+    assert roots, f"no {package} modules to check"
+    reached = _reachable(roots)
+    assert {name for name in reached if any(name == api or name.startswith(f"{api}.") for api in HTTP_API)} == set()
+    wrong = {
+        (name, imported)
+        for name in reached
+        for imported in _imports(name, MODULES[name])
+        if _top(imported) in WEB_FRAMEWORK
     }
     assert wrong == set()
 

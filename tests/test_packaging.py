@@ -1,4 +1,4 @@
-"""trainer_hooks goes on GPU nodes: it must import without the server's dependencies; the
+"""trainer_hooks (with wire) goes on GPU nodes: it must import without the server's dependencies; the
 base install (`pip install keel-rl`) is exactly that. The `.[server]` profile is the Docker
 image's, tested in test_image.py; `.[dev]` is what `make test` installs."""
 
@@ -32,7 +32,7 @@ BLOCK_SERVER_DEPS = textwrap.dedent(
 def test_trainer_hooks_imports_without_server_dependencies() -> None:
     code = BLOCK_SERVER_DEPS + textwrap.dedent(
         """
-        import trainer_hooks, trainer_hooks.protocol
+        import trainer_hooks, wire
         import pkgutil, importlib
         for module in pkgutil.iter_modules(trainer_hooks.__path__):
             importlib.import_module(f"trainer_hooks.{module.name}")

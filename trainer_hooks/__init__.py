@@ -2,8 +2,8 @@
 
     from trainer_hooks import Monitor, stability_metrics
 
-Depends on torch (for metrics and losses) and websockets (for Monitor) only;
-never on the server's packages.
+Depends on torch (for metrics and losses), websockets (for Monitor) and the
+stdlib-only `wire` package it shares with the server; never on the server's packages.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from trainer_hooks.protocol import Limits, Row
+from wire import Limits, Row
 
 if TYPE_CHECKING:  # batched imports torch; this module must not
     from trainer_hooks.batched import BatchInputs

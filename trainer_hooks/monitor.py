@@ -47,15 +47,15 @@ from urllib.parse import urlsplit, urlunsplit
 from trainer_hooks.capture import Capture, Captured, HostCopy, ship_inputs, to_host
 from trainer_hooks.channel import Buffer, Settings, encode
 from trainer_hooks.link import Feed, Link, Pending
-from trainer_hooks.protocol import (
+from trainer_hooks.sender import SenderConfig, ingest_url
+from trainer_hooks.spool import Spool, default_spool_root
+from wire import (
     FINISH_STATUSES,
     Limits,
     RunInfo,
     hello_message,
     parse_hello,
 )
-from trainer_hooks.sender import SenderConfig, ingest_url
-from trainer_hooks.spool import Spool, default_spool_root
 
 if TYPE_CHECKING:  # batched imports torch, which a floats-only Monitor does without
     from trainer_hooks.batched import BatchInputs

@@ -32,7 +32,8 @@ from urllib.parse import urlsplit, urlunsplit
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from trainer_hooks.protocol import (
+from trainer_hooks.spool import Spool
+from wire import (
     CLOSE_AUTH,
     CLOSE_CONFLICT,
     CLOSE_IDLE,
@@ -42,7 +43,6 @@ from trainer_hooks.protocol import (
     hello_message,
     points_frame,
 )
-from trainer_hooks.spool import Spool
 
 __all__ = ["ConnState", "Sender", "SenderConfig", "ingest_url", "upload"]
 

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer_hooks.protocol import KeelError, RunInfo
+from wire import KeelError, RunInfo
 
 try:
     import fcntl

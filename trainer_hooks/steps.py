@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from trainer_hooks.protocol import Row
+from wire import Row
 
 if TYPE_CHECKING:  # batched and metrics import torch, which a floats-only run does without
     from trainer_hooks.batched import BatchInputs

@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer_hooks.channel import Reader, Settings, encode, write_all
-from trainer_hooks.protocol import encode_rows
 from trainer_hooks.sender import ConnState, Sender
 from trainer_hooks.spool import Spool
 from trainer_hooks.steps import Call, StepMerger
+from wire import encode_rows
 
 if TYPE_CHECKING:
     from trainer_hooks.batched import BatchInputs

@@ -11,8 +11,8 @@ from sqlalchemy import select
 
 from server.alerts.notify import outbox_row
 from server.errors import InvalidRequest, NotFound
+from server.jsonview import iso
 from server.models import Alert, Delivery, Run, Silence, Webhook
-from server.schemas import iso
 from server.storage import Store
 from server.webhooks import signing
 from server.webhooks.formats import FORMATS

@@ -26,7 +26,7 @@ from server.alerts.rules import DEFAULT_RULES, SEVERITIES, RuleSpec, build_detec
 from server.errors import NotFound
 from server.models import Rule
 from server.storage import Store
-from trainer_hooks.protocol import Row
+from wire import Row
 
 __all__ = [
     "Episode",

@@ -31,11 +31,12 @@ from server.alerts.notify import Notifier
 from server.alerts.rulebook import RuleBook
 from server.alerts.rules import build_detector
 from server.alerts.state import Change, Tracked, definition, signature
+from server.jsonview import alert_json
 from server.live import LiveHub
+from server.live_messages import live_alert_message
 from server.models import Alert, Rule, Run
-from server.schemas import alert_json
 from server.storage import Store
-from trainer_hooks.protocol import Row, live_alert_message
+from wire import Row
 
 __all__ = ["AlertEngine"]
 

@@ -15,8 +15,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from server.alerts import repository
 from server.alerts.transitions import AlertEvent
+from server.jsonview import iso
 from server.models import Alert, Delivery, Run, Silence, Webhook
-from server.schemas import iso
 
 __all__ = ["Notifier", "event_payload", "labels", "outbox_row", "silence_matches"]
 

@@ -14,8 +14,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from server.alerts.lifecycle import Transition
 from server.alerts.state import Change, fingerprint
+from server.jsonview import alert_json
 from server.models import Alert, Run
-from server.schemas import alert_json
 
 __all__ = ["AlertEvent", "record"]
 

@@ -13,7 +13,8 @@ from server.alerts.rulebook import rule_json
 from server.auth import ADMIN, READ
 from server.deps import DeliveriesDep, RuleBookDep, SettingsDep, StoreDep
 from server.errors import NotFound
-from server.schemas import MAX_INT, ApiRoute, Name, RowId, Text, alert_json, errors, unprocessable
+from server.jsonview import alert_json
+from server.schemas import MAX_INT, ApiRoute, Name, RowId, Text, errors, unprocessable
 from server.webhooks.netguard import checked_address
 
 router = APIRouter(tags=["alerts"], route_class=ApiRoute, responses=errors(401))

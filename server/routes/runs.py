@@ -27,7 +27,7 @@ from server.schemas import (
     errors,
     unprocessable,
 )
-from trainer_hooks.protocol import CLOSE_TOO_LARGE, ProtocolError, encode_value, parse_rows
+from wire import CLOSE_TOO_LARGE, ProtocolError, encode_value, parse_rows
 
 router = APIRouter(tags=["runs"], route_class=ApiRoute, responses=errors(401))
 

@@ -12,7 +12,7 @@ from server.deps import CommittedDep, HubDep, IngestSlotsDep, ServicesDep, Setti
 from server.fairlock import WRITE_OWNER
 from server.ingest import IngestSession, IngestSlots, refuse_overloaded, refuse_unauthorized
 from server.ratelimit import RateLimited, RateLimits, client_key
-from trainer_hooks.protocol import CLOSE_OVERLOADED, ProtocolError
+from wire import CLOSE_OVERLOADED, ProtocolError
 
 router = APIRouter()
 

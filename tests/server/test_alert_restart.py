@@ -18,7 +18,7 @@ from server.db import create_engine
 from server.models import RuleState
 from server.storage import Store
 from tests.server.wire import hello, new_run, open_ingest, points, recv
-from trainer_hooks.protocol import Row, RunInfo
+from wire import Row, RunInfo
 
 
 def _stream(server, run: dict, rows: list[dict], first_step: int = 0, seq0: int = 0) -> None:  # type: ignore[no-untyped-def]

@@ -54,7 +54,7 @@ hold (tcp_rmem's maximum on the server's side, 32 MiB here: ~60 frames)."""
 FLOOD = """
 import json, os, sys
 from websockets.sync.client import ClientConnection, connect
-from trainer_hooks.protocol import Row, RunInfo, encode_rows, hello_message, points_frame
+from wire import Row, RunInfo, encode_rows, hello_message, points_frame
 
 rows = json.dumps(encode_rows([
     Row(step=s, time=None, values={f"flood/{k:02d}": s + k / 20 for k in range(20)})

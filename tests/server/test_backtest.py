@@ -18,7 +18,7 @@ from server.alerts.backtest import (
 )
 from server.alerts.rules import DEFAULT_RULES, RuleSpec
 from tests.server.wire import hello, new_run, open_ingest, points, recv
-from trainer_hooks.protocol import Row
+from wire import Row
 
 
 def _rows(values: list[dict[str, float]], start: int = 0) -> list[Row]:

@@ -13,7 +13,7 @@ from sqlalchemy import text
 
 from server import db
 from server.storage import _FRAME_SQL, FrameRef, Store
-from trainer_hooks.protocol import Row, RunInfo
+from wire import Row, RunInfo
 
 
 def test_an_idle_connection_the_database_dropped_is_replaced(

@@ -19,7 +19,7 @@ from sqlalchemy import select, text
 from server import db
 from server.models import PointRollup, Series
 from server.storage import ROLLUP_BITS, ROLLUP_LEVELS, SeriesData, Store
-from trainer_hooks.protocol import Row, RunInfo
+from wire import Row, RunInfo
 
 SPECIALS = [math.nan, math.inf, -math.inf]
 

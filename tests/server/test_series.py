@@ -11,7 +11,7 @@ import httpx
 from server import db
 from server.storage import Store
 from tests.server.wire import new_run, series
-from trainer_hooks.protocol import Row, RunInfo
+from wire import Row, RunInfo
 
 N = 1_000_000
 

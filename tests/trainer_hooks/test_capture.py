@@ -7,7 +7,7 @@ import json
 import torch
 
 from trainer_hooks.capture import Capture, Captured, HostCopy
-from trainer_hooks.protocol import Limits
+from wire import Limits
 
 
 def test_one_element_tensors_become_floats_and_others_are_dropped_with_their_shape() -> None:

@@ -21,9 +21,9 @@ from tests.trainer_hooks.monitor_support import (
     wait_until,
 )
 from trainer_hooks.monitor import Monitor
-from trainer_hooks.protocol import RunInfo
 from trainer_hooks.sender import ConnState, upload
 from trainer_hooks.spool import Spool
+from wire import RunInfo
 
 make_server = pytest.fixture(name="make_server")(servers)
 

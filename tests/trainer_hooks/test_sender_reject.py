@@ -9,9 +9,9 @@ import logging
 import pytest
 
 from tests.trainer_hooks.monitor_support import servers
-from trainer_hooks.protocol import RunInfo
 from trainer_hooks.sender import ConnState, upload
 from trainer_hooks.spool import Spool
+from wire import RunInfo
 
 make_server = pytest.fixture(name="make_server")(servers)
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from trainer_hooks import spool as spool_module
-from trainer_hooks.protocol import RunInfo
 from trainer_hooks.spool import Spool, SpoolBusyError, find_spools
+from wire import RunInfo
 
 
 def rows(step: int) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainer_hooks.protocol import (
+from wire import (
     MAX_STEP,
     Limits,
     ProtocolError,

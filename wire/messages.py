@@ -1,7 +1,8 @@
 """Wire protocol v1: message shapes, value encoding and validation.
 
 Stdlib only: shared by the trainer-side client and the server, so each rule of
-the protocol is written once. See docs/protocol.md for the prose version.
+the protocol is written once. See docs/protocol.md for the prose version; the
+errors and close codes are in wire/errors.py.
 
 A metric value on the wire is a JSON number or one of the strings "nan",
 "inf", "-inf" (JSON has no non-finite numbers). Non-finite values are data.
@@ -13,55 +14,34 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from wire.errors import CLOSE_TOO_LARGE, ProtocolError
+
 __all__ = [
-    "PROTOCOL_VERSION",
-    "CLOSE_MALFORMED",
-    "CLOSE_AUTH",
-    "CLOSE_TOO_LARGE",
-    "CLOSE_OVERLOADED",
-    "CLOSE_SERVER_FAULT",
-    "CLOSE_CONFLICT",
-    "CLOSE_IDLE",
-    "RUN_STATUSES",
     "FINISH_STATUSES",
-    "KeelError",
+    "MAX_CONFIG_DEPTH",
+    "MAX_SEQ",
+    "MAX_STEP",
+    "PROTOCOL_VERSION",
     "Limits",
-    "ProtocolError",
-    "RunInfo",
     "Row",
-    "encode_value",
+    "RunInfo",
     "decode_value",
-    "parse_hello",
-    "parse_writer",
-    "parse_rows",
-    "parse_points",
-    "parse_seq",
-    "parse_finish",
-    "parse_live",
     "encode_rows",
-    "hello_message",
-    "points_message",
-    "points_frame",
+    "encode_value",
     "finish_message",
+    "hello_message",
+    "parse_finish",
+    "parse_hello",
+    "parse_points",
+    "parse_rows",
+    "parse_seq",
+    "parse_writer",
+    "points_frame",
+    "points_message",
     "reject_message",
-    "live_points_message",
-    "live_alert_message",
-    "live_status_message",
 ]
 
 PROTOCOL_VERSION = 1
-
-CLOSE_MALFORMED = 4400
-CLOSE_AUTH = 4401
-CLOSE_TOO_LARGE = 4413
-CLOSE_OVERLOADED = 1013
-CLOSE_SERVER_FAULT = 1011
-CLOSE_IDLE = 4408
-"""No hello within the server's hello timeout, or no frame within its idle timeout."""
-CLOSE_CONFLICT = 4409
-"""What the client sent contradicts what the server holds: a seq gap, a connection of the
-same writer that another one superseded, a hello for a run of another project or for a
-finished run. The error message's `code` says which (docs/protocol.md)."""
 
 MAX_SEQ = 2**63 - 1
 MAX_STEP = 2**62 - 1
@@ -70,7 +50,6 @@ MAX_CONFIG_DEPTH = 32
 WRITER_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
 
 FINISH_STATUSES = ("finished", "failed", "killed")
-RUN_STATUSES = ("running", *FINISH_STATUSES)
 
 _NON_FINITE_IN = {"nan": math.nan, "inf": math.inf, "+inf": math.inf, "-inf": -math.inf}
 
@@ -89,25 +68,6 @@ class Limits:
     """Characters in one metric key."""
     max_name_length: int = 200
     """Characters in a run name, project, group or tag."""
-
-
-class KeelError(Exception):
-    """The root of every error Keel raises on purpose (docs/architecture.md lists the tree).
-
-    Here, in the stdlib-only protocol module, because the client and the server share it.
-    """
-
-
-class ProtocolError(KeelError, ValueError):
-    """A message that breaks the protocol. `close_code` is what the server closes with."""
-
-    def __init__(self, message: str, *, code: str = "malformed", close_code: int = CLOSE_MALFORMED):
-        super().__init__(message)
-        self.code = code
-        self.close_code = close_code
-
-    def to_message(self) -> dict[str, Any]:
-        return {"type": "error", "code": self.code, "message": str(self)}
 
 
 @dataclass
@@ -341,34 +301,3 @@ def reject_message(seq: int, error: ProtocolError) -> dict[str, Any]:
     """The server will never store frame `seq` (it breaks the protocol); the seq is used up,
     so the writer goes on with the next frame."""
     return {"type": "reject", "seq": seq, "code": error.code, "message": str(error)}
-
-
-# -- live pushes (server -> browser) ----------------------------------------------------
-
-
-def live_points_message(run_id: str, rows: list[Row]) -> dict[str, Any]:
-    return {"type": "points", "run_id": run_id, "rows": encode_rows(rows)}
-
-
-def live_alert_message(run_id: str, alert: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "alert", "run_id": run_id, "alert": alert}
-
-
-def live_status_message(run_id: str, status: str) -> dict[str, Any]:
-    return {"type": "status", "run_id": run_id, "status": status}
-
-
-def parse_live(msg: Any) -> tuple[str, str, Any]:
-    """(type, run_id, payload) of a live push: the rows for "points" (decoded), the
-    alert's JSON for "alert", the run status for "status"."""
-    msg = _require_dict(msg, "live message")
-    kind, run_id = msg.get("type"), msg.get("run_id")
-    if not isinstance(run_id, str):
-        raise ProtocolError("live message has no run_id")
-    if kind == "points":
-        return kind, run_id, parse_rows(msg.get("rows"))
-    if kind == "alert":
-        return kind, run_id, _require_dict(msg.get("alert"), "alert")
-    if kind == "status" and msg.get("status") in RUN_STATUSES:
-        return kind, run_id, msg["status"]
-    raise ProtocolError(f"unknown live message type {str(kind)[:40]!r}")

@@ -1,0 +1,22 @@
+"""The live pushes, server -> browser, on `/api/v1/live` (docs/protocol.md, "Live"):
+what `dashboard/assets/keel_live.js` reads. Rows are encoded as in an ingest frame."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from wire import Row, encode_rows
+
+__all__ = ["live_alert_message", "live_points_message", "live_status_message"]
+
+
+def live_points_message(run_id: str, rows: list[Row]) -> dict[str, Any]:
+    return {"type": "points", "run_id": run_id, "rows": encode_rows(rows)}
+
+
+def live_alert_message(run_id: str, alert: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "alert", "run_id": run_id, "alert": alert}
+
+
+def live_status_message(run_id: str, status: str) -> dict[str, Any]:
+    return {"type": "status", "run_id": run_id, "status": status}
