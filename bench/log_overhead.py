@@ -10,7 +10,7 @@
    to ~50 ms per step on a quiet 2-core machine, in four variants run side by side:
    plain; + `stability_metrics` (computed, not logged); + `stability_metrics` + `log()`
    on the training thread; and `Monitor.log_batch()` (the same metrics and row, computed
-   by the Monitor's background thread from copies of the inputs). Every round runs each
+   by the Monitor's worker process from copies of the inputs). Every round runs each
    variant for a block of 20 consecutive steps, blocks in random order, so drift in
    machine load hits all alike; the Monitor's leftover work is waited for between blocks.
    Reports the median block of each and the overhead against plain, plus the median of

@@ -1,4 +1,4 @@
-"""`stability_metrics` of many learner batches in one call (the Monitor's background thread).
+"""`stability_metrics` of many learner batches in one call (in the Monitor's worker process).
 
 On CPU `stability_metrics` costs ~100 small tensor operations whatever the batch size, so
 computing one step at a time is dominated by per-operation overhead. `compute` stacks the

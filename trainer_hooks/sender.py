@@ -1,7 +1,7 @@
 """The network half of the Monitor: streams a spool's frames to the ingest websocket.
 
 `Sender` is a small explicit state machine driven by `step()` from one thread (the
-Monitor's background thread, or `keel sync`). It never reads rows from memory: every
+Monitor's worker process, or `keel sync`). It never reads rows from memory: every
 frame it sends is read back from the spool, so a reconnect, a restarted server or a
 restarted process all resume the same way, from the last acked frame.
 
