@@ -312,7 +312,7 @@ def main() -> int:
         type=int,
         default=1,
         help="torch intra-op threads (default 1: on a 2-core box, 2 threads oversubscribe "
-        "against the sender thread and the local server and the step time swings 5x)",
+        "against the Monitor's worker process and the local server and the step time swings 5x)",
     )
     parser.add_argument(
         "--device",
