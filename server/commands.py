@@ -83,7 +83,7 @@ def _serve(args: argparse.Namespace) -> int:
     if not is_loopback(settings.host):
         print(f"keel: {served_names(settings)}", flush=True)
     print(f"keel: serving on http://{settings.host}:{settings.port}  (database: {masked_url(settings.database_url)})", flush=True)
-    server = uvicorn.Server(uvicorn_config(create_app(settings), settings, log_level=args.log_level))
+    server = uvicorn.Server(uvicorn_config(create_app(settings), settings, log_level=args.log_level, keel_loggers=True))
     # What importing the server made (hundreds of thousands of objects: the dashboard, Plotly)
     # lives as long as the process: out of the collector's sight, a full collection after a
     # huge frame scans only what came after, not a pause of every client's acks.
