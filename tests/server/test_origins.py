@@ -10,6 +10,7 @@ import httpx
 import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import ClientConnection, connect
+from websockets.typing import Origin
 
 from server.app import create_app
 from server.commands import served_names
@@ -30,12 +31,12 @@ def open_socket(server: Any, path: str, *, host: str | None = None, origin: str 
     resolved (as after a DNS rebinding)."""
     sock = socket.create_connection(("127.0.0.1", _port(server)), timeout=10)
     uri = f"ws://{host or f'127.0.0.1:{_port(server)}'}{path}"
-    return connect(uri, sock=sock, origin=origin, open_timeout=10)  # type: ignore[arg-type]
+    return connect(uri, sock=sock, origin=None if origin is None else Origin(origin), open_timeout=10)
 
 
 def refused_socket(server: Any, path: str, **headers: str) -> tuple[int, str]:
-    with pytest.raises(InvalidStatus) as refused:
-        open_socket(server, path, **headers)
+    with pytest.raises(InvalidStatus) as refused, open_socket(server, path, **headers):
+        pass
     response = refused.value.response
     return response.status_code, bytes(response.body or b"").decode()
 
