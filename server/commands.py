@@ -51,8 +51,8 @@ def masked_url(database_url: str) -> str:
 
 
 def served_names(settings: Settings) -> str:
-    """Which Host names the server answers to (server/origins.py), said where a browser
-    may come by some other name."""
+    """Which Host names the server answers to (server/origins.py): printed when it binds off
+    loopback, where browsers may come by names it does not know."""
     from server.origins import SitePolicy
 
     policy = SitePolicy.from_settings(settings)

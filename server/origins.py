@@ -36,7 +36,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.config import Settings
 
-__all__ = ["OriginGuard", "SitePolicy", "origin_of"]
+__all__ = ["OriginGuard", "SitePolicy"]
 
 log = logging.getLogger("keel.origins")
 

@@ -5,8 +5,8 @@ Keel refuses a token in a query string (server/auth.py), but a client may send o
 anyway (`/api/v1/runs?token=...`), and uvicorn's access log writes every request's path
 and query. The filter here rewrites each record before it is written: the value of a
 query parameter named like a credential, the password of a URL's userinfo
-(`postgresql://user:pass@host`), and anything shaped like a Keel API token or a webhook
-secret become `***`. It sits on the handlers that `keel serve` (and keel.local) log
+(`postgresql://user:pass@host`), a `Bearer` token, and anything shaped like a Keel API
+token or a webhook secret become `***`. It sits on the handlers that `keel serve` (and keel.local) log
 through, so every logger that reaches them is covered.
 """
 
