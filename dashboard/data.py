@@ -32,7 +32,7 @@ def in_process_client(app: Any, token: str | None = None) -> httpx.AsyncClient:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     return httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app),
-        base_url="http://keel.internal",
+        base_url="http://localhost",  # a name the server serves (server/origins.py): this process
         timeout=30.0,
         headers=headers,
     )

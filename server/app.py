@@ -14,6 +14,7 @@ from dashboard import mount_dashboard
 from server.auth import allowed, presented_token
 from server.config import Settings
 from server.deps import get_services
+from server.origins import OriginGuard, SitePolicy
 from server.ratelimit import client_key
 from server.routes import alerts as alert_routes
 from server.routes import backtest as backtest_routes
@@ -54,6 +55,7 @@ async def limit_writes(conn: HTTPConnection) -> None:
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     internal_token = secrets.token_urlsafe(32)
+    site_policy = SitePolicy.from_settings(settings)  # before anything is built: a bad origin fails here
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -90,4 +92,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return await call_next(request)
 
     mount_dashboard(app, internal_token=internal_token)
+    # Added last, so outermost (outside Dash's middleware too): a request for a foreign
+    # Host, or a foreign page's write or websocket, reaches nothing else.
+    app.add_middleware(OriginGuard, policy=site_policy)
     return app

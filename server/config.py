@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated, Any
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from wire import Limits
 
@@ -24,7 +25,15 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8750
     public_url: str | None = None
-    """Base URL used in links sent out (webhooks); defaults to http://host:port."""
+    """Base URL used in links sent out (webhooks); defaults to http://host:port. Its host
+    is one of the server's names and its origin may write (below)."""
+    allowed_hosts: Annotated[list[str], NoDecode] = []
+    """Names browsers may reach the server by, besides localhost, IP addresses, the name
+    it binds and public_url's host (comma-separated; "*": any name). A request for any
+    other Host is refused with 400: DNS rebinding (docs/security.md)."""
+    allowed_origins: Annotated[list[str], NoDecode] = []
+    """Origins (https://app.example.com) whose pages may write and open websockets, besides
+    the server's own and public_url's (comma-separated). Other pages are refused with 403."""
     auth: bool | None = None
     """Require API tokens. Default: off on loopback, on for any other interface."""
     bootstrap_token: str | None = None
@@ -89,6 +98,13 @@ class Settings(BaseSettings):
     """An ingest frame over the rate is held back (the socket is not read) for up to this
     long; one that would have to wait longer closes the socket with 1013 and `retry_after_s`.
     REST writes are not held back: over the rate they get 429."""
+
+    @field_validator("allowed_hosts", "allowed_origins", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [item.strip() for item in value.split(",") if item.strip()]
+        return value
 
     @property
     def limits(self) -> Limits:

@@ -26,6 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from server.config import Settings
+from server.redaction import logging_config
 
 __all__ = ["BodyDeadline", "HeadDeadlineProtocol", "uvicorn_config"]
 
@@ -34,12 +35,16 @@ WS_HEADROOM_BYTES = 1024 * 1024
 answers an oversized frame with 4413 instead of uvicorn's blunt 1009)."""
 
 
-def uvicorn_config(app: ASGIApp, settings: Settings, *, log_level: str = "info") -> uvicorn.Config:
+def uvicorn_config(
+    app: ASGIApp, settings: Settings, *, log_level: str = "info", keel_loggers: bool = False
+) -> uvicorn.Config:
+    """`keel_loggers`: Keel's own loggers log through uvicorn's handler too (server/redaction.py)."""
     return uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
         log_level=log_level,
+        log_config=logging_config(keel_loggers=keel_loggers),  # secrets masked in every line
         lifespan="on",
         http=head_deadline_protocol(settings.http_header_timeout_s),
         # Pinned: the flow control described above is this implementation's.

@@ -72,14 +72,14 @@ def test_silent_tcp_connection_is_closed(server_factory, sqlite_url: str) -> Non
 
 def test_half_sent_headers_of_a_websocket_upgrade_are_closed(server_factory, sqlite_url: str) -> None:
     server = server_factory(sqlite_url, **TIMEOUTS)
-    head = b"GET /api/v1/ingest HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    head = b"GET /api/v1/ingest HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
     took, _ = _closed_within(_raw(server, head), limit_s=6)
     assert took < 4
 
 
 def test_next_request_on_a_kept_alive_connection_has_a_deadline_too(server_factory, sqlite_url: str) -> None:
     server = server_factory(sqlite_url, **TIMEOUTS, http_keep_alive_s=30)
-    sock = _raw(server, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    sock = _raw(server, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     first = b""
     while not first.endswith(b'{"status":"ok"}'):
         first += sock.recv(65536)
@@ -95,7 +95,7 @@ def test_slow_request_body_gets_408(server_factory, sqlite_url: str) -> None:
     with open_ingest(server) as ws:
         hello(ws, run)
     head = (
-        f"POST /api/v1/runs/{run['id']}/points HTTP/1.1\r\nHost: x\r\n"
+        f"POST /api/v1/runs/{run['id']}/points HTTP/1.1\r\nHost: 127.0.0.1\r\n"
         "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
     ).encode()
     took, received = _closed_within(_raw(server, head + b'{"rows": ['), limit_s=6)
@@ -112,7 +112,7 @@ def test_a_normal_request_and_a_steady_body_are_not_cut_off(server_factory, sqli
         hello(ws, run)
     body = json.dumps({"rows": [{"step": 0, "values": {"a": 1.0}}]}).encode()
     sock = _raw(server, (
-        f"POST /api/v1/runs/{run['id']}/points HTTP/1.1\r\nHost: x\r\n"
+        f"POST /api/v1/runs/{run['id']}/points HTTP/1.1\r\nHost: 127.0.0.1\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     ).encode())
     for start in range(0, len(body), 8):  # in pieces, well within the deadline

@@ -1,0 +1,87 @@
+"""No secret in a log line: credentials in URLs (and Keel's own secrets) are masked as
+they are logged.
+
+Keel refuses a token in a query string (server/auth.py), but a client may send one
+anyway (`/api/v1/runs?token=...`), and uvicorn's access log writes every request's path
+and query. The filter here rewrites each record before it is written: the value of a
+query parameter named like a credential, the password of a URL's userinfo
+(`postgresql://user:pass@host`), a `Bearer` token, and anything shaped like a Keel API
+token or a webhook secret become `***`. It sits on the handlers that `keel serve` (and keel.local) log
+through, so every logger that reaches them is covered.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import re
+from typing import Any
+
+from uvicorn.config import LOGGING_CONFIG
+
+__all__ = ["MASK", "RedactSecrets", "logging_config", "redact"]
+
+MASK = "***"
+
+_PATTERNS = (
+    # ?token=..., &access_token=..., ;password=..., client_secret=..., api_key=...
+    re.compile(r"(?i)((?:^|[?&;\s])[\w.%-]*(?:token|secret|password|passwd|pwd|api[_-]?key)=)[^&;\s\"'#]+"),
+    # scheme://user:password@host
+    re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://[^/\s:@\"']*:)[^/\s@\"']+(?=@)"),
+    # Authorization: Bearer <token>
+    re.compile(r"(?i)(\bbearer\s+)[^\s\"',]+"),
+    # A Keel API token (server/tokens.py) or webhook secret (server/webhooks/signing.py) anywhere.
+    re.compile(r"()\b(?:keel_[\w-]{20,}|whsec_[A-Za-z0-9+/=]{16,})"),
+)
+
+
+def redact(text: str) -> str:
+    for pattern in _PATTERNS:
+        text = pattern.sub(lambda match: match.group(1) + MASK, text)
+    return text
+
+
+class RedactSecrets(logging.Filter):
+    """Masks secrets in a record's message and traceback; drops no record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == "uvicorn.access" and isinstance(record.args, tuple):
+            # Its formatter reads the arguments (client, method, path, version, status):
+            # masked one by one, the path with its query among them.
+            record.args = tuple(_redacted(value) for value in record.args)
+        else:
+            try:
+                message = record.getMessage()
+            except Exception:  # a broken format: left for the handler to report, as ever
+                return True
+            masked = redact(message)
+            if masked != message:  # masked after formatting: "password=%s" is one secret, not two parts
+                record.msg, record.args = masked, None
+        if record.exc_info and not record.exc_text:
+            # What Formatter.format would write, masked; it uses exc_text when set.
+            record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
+        return True
+
+
+def _redacted(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float)):
+        return value  # as they are: %d must still format the status
+    text = str(value)
+    masked = redact(text)
+    return value if masked == text else masked
+
+
+def logging_config(*, keel_loggers: bool) -> dict[str, Any]:
+    """uvicorn's logging configuration with `RedactSecrets` on its handlers.
+
+    `keel_loggers`: also send Keel's own loggers ("keel.*") to the same, filtered, stderr
+    handler. For a process that Keel owns (`keel serve`); a process that embeds a server
+    (tests, keel.local) keeps its own logging of them.
+    """
+    config = copy.deepcopy(LOGGING_CONFIG)
+    config["filters"] = {"redact_secrets": {"()": RedactSecrets}}
+    for handler in config["handlers"].values():
+        handler["filters"] = ["redact_secrets"]
+    if keel_loggers:
+        config["loggers"]["keel"] = {"handlers": ["default"], "propagate": False}  # level: the root's (WARNING)
+    return config

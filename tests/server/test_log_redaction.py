@@ -1,0 +1,126 @@
+"""No secret in `keel serve`'s log (server/redaction.py): a real server process, its whole
+log read back after real requests that carry secrets in their URLs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy.engine import make_url
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
+from websockets.typing import Origin
+
+from keel.local import free_port
+from server.redaction import RedactSecrets, redact
+
+QUERY_TOKEN = "qtok-6f1c2a9e0b7d"
+LIVE_TOKEN = "ltok-93a0c1d2e4f5"
+PAGE_TOKEN = "ptok-5b8e7d6c4a3f"
+ACCESS_TOKEN = "atok-0a1b2c3d4e5f"
+DB_PASSWORD = "dbpass-7c6b5a4d3e2f"
+WEBHOOK_SECRET = "whsec_" + "c2VjcmV0LWtleS1mb3ItdGhlLXRlc3QtMDEyMzQ1Njc="
+HOOK_TOKEN = "hooktok-1e2d3c4b5a69"
+
+
+@contextmanager
+def keel_serve(database_url: str, log: Path, *args: str) -> Iterator[str]:
+    """`keel serve` on a free port, stdout and stderr written to `log`; yields its URL."""
+    port = free_port()
+    env = {**os.environ, "KEEL_WEBHOOK_MAX_ATTEMPTS": "1"}  # a failed delivery is logged at once
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "keel", "serve", "--port", str(port), "--database-url", database_url, *args],
+            stdout=out, stderr=subprocess.STDOUT, env=env,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None, log.read_text()
+            try:
+                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def test_secrets_in_urls_and_bodies_never_reach_the_log(sqlite_url: str, tmp_path: Path) -> None:
+    log = tmp_path / "serve.log"
+    with keel_serve(sqlite_url, log, "--allow-private-webhooks") as url:
+        ws_url = url.replace("http://", "ws://")
+        assert httpx.get(f"{url}/api/v1/runs", params={"token": QUERY_TOKEN}).status_code == 200
+        assert httpx.get(f"{url}/compare", params={"runs": "a,b", "token": PAGE_TOKEN}).status_code == 200
+        params = {"access_token": ACCESS_TOKEN, "password": ACCESS_TOKEN, "secret": ACCESS_TOKEN}
+        assert httpx.get(f"{url}/api/v1/runs", params=params).status_code == 200
+        with connect(f"{ws_url}/api/v1/live?runs=x&token={LIVE_TOKEN}") as live:
+            live.ping().wait(10)
+        with pytest.raises(InvalidStatus), connect(f"{ws_url}/api/v1/live?token={LIVE_TOKEN}", origin=Origin("http://evil.example")):
+            pass  # refused, and logged as such, with its URL
+        hook = httpx.post(
+            f"{url}/api/v1/webhooks",
+            json={"url": f"http://127.0.0.1:{free_port()}/hook?token={HOOK_TOKEN}", "secret": WEBHOOK_SECRET},
+        )
+        assert hook.status_code == 201, hook.text
+        assert httpx.post(f"{url}/api/v1/webhooks/{hook.json()['id']}/test").status_code == 202
+        deadline = time.monotonic() + 30
+        while "delivery" not in log.read_text() and time.monotonic() < deadline:  # the refused delivery
+            time.sleep(0.1)
+    text = log.read_text()
+    # The requests are in the log, their secrets are not.
+    assert '"GET /api/v1/runs?token=*** HTTP/1.1" 200' in text
+    assert "/compare?runs=a%2Cb&token=*** HTTP/1.1" in text
+    assert "access_token=***&password=***&secret=***" in text
+    assert '"WebSocket /api/v1/live?runs=x&token=***" [accepted]' in text
+    assert '"WebSocket /api/v1/live?token=***" 403' in text
+    assert "webhook 1 delivery" in text and "failed" in text
+    for secret in (QUERY_TOKEN, PAGE_TOKEN, ACCESS_TOKEN, LIVE_TOKEN, WEBHOOK_SECRET, HOOK_TOKEN):
+        assert secret not in text, secret
+
+
+def test_the_database_password_never_reaches_the_log(postgres_url: str, tmp_path: Path) -> None:
+    # The test PostgreSQL trusts local connections: any password is accepted.
+    database_url = make_url(postgres_url).set(password=DB_PASSWORD).render_as_string(hide_password=False)
+    log = tmp_path / "serve.log"
+    with keel_serve(database_url, log) as url:
+        assert httpx.get(f"{url}/api/v1/runs", params={"token": QUERY_TOKEN}).status_code == 200
+    text = log.read_text()
+    assert "(database: postgresql://postgres:***@127.0.0.1" in text
+    assert "token=***" in text
+    assert DB_PASSWORD not in text and QUERY_TOKEN not in text
+
+
+def test_a_formatted_message_and_its_traceback_are_masked() -> None:
+    import logging
+
+    try:
+        raise RuntimeError(f"could not reach postgresql://keel:{DB_PASSWORD}@db/keel")
+    except RuntimeError:
+        record = logging.LogRecord(
+            "keel.test", logging.ERROR, __file__, 1, "connecting with password=%s to %s", (DB_PASSWORD, "db"), sys.exc_info()
+        )
+    assert RedactSecrets().filter(record)
+    formatted = logging.Formatter().format(record)
+    assert "connecting with password=*** to db" in formatted and "postgresql://keel:***@db/keel" in formatted
+    assert DB_PASSWORD not in formatted
+
+
+def test_what_is_masked_and_what_is_not() -> None:
+    assert redact("/api/v1/runs?limit=5&token=abc&x=1") == "/api/v1/runs?limit=5&token=***&x=1"
+    assert redact("redis://:pw@cache:6379 and http://127.0.0.1:8750/runs") == "redis://:***@cache:6379 and http://127.0.0.1:8750/runs"
+    assert redact("Authorization: Bearer abc.def") == "Authorization: Bearer ***"
+    assert redact("token keel_" + "x" * 43 + " here") == "token *** here"
+    assert redact("step=3 token_count=5 tokens=7") == "step=3 token_count=5 tokens=7"
