@@ -171,7 +171,7 @@ class PostgresWritePath:
             .on_conflict_do_nothing(index_elements=["run_id", "key"])
         )
 
-    async def store(
+    async def insert_points(
         self, session: AsyncSession, rows: list[Row], series_ids: dict[str, int], now: float, update: RunUpdate | None
     ) -> None:
         """Insert the points not stored yet, merge them into their rollup blocks and make

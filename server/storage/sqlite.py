@@ -50,13 +50,13 @@ class SqliteWritePath:
             .on_conflict_do_nothing(index_elements=["run_id", "key"])
         )
 
-    async def store(
+    async def insert_points(
         self, session: AsyncSession, rows: list[Row], series_ids: dict[str, int], now: float, update: RunUpdate | None
     ) -> None:
         """Insert the points not stored yet, recompute the rollup blocks they touched, then
         make `update`."""
         if any(row.values for row in rows):
-            await self._insert_points(session, rows, series_ids, now)
+            await self._insert(session, rows, series_ids, now)
         if update is None:
             return
         if update.frame is None:
@@ -66,7 +66,7 @@ class SqliteWritePath:
                 session, update.run_id, update.frame, last_step=update.last_step, last_seen_at=now, status="running", finished_at=None
             )
 
-    async def _insert_points(self, session: AsyncSession, rows: list[Row], series_ids: dict[str, int], now: float) -> None:
+    async def _insert(self, session: AsyncSession, rows: list[Row], series_ids: dict[str, int], now: float) -> None:
         # (series, level-1 block) of every point sent: the blocks whose summaries may change.
         touched: set[tuple[int, int]] = set()
         params = []

@@ -108,7 +108,10 @@ class SeriesCache:
 
 
 class WritePath(Protocol):
-    """The one place storage differs between SQLite and PostgreSQL."""
+    """The one place storage differs between SQLite and PostgreSQL: `SqliteWritePath`
+    (one writer at a time, rollups recomputed from their children) and `PostgresWritePath`
+    (rollups merged by the inserting statement, a frame in one statement), one of them
+    chosen when the `Store` is built."""
 
     dialect: Dialect
     """Which database's SQL the reads use (server/storage/rollups.py)."""
@@ -119,7 +122,7 @@ class WritePath(Protocol):
     async def add_series(self, session: AsyncSession, run_id: str, keys: list[str]) -> None:
         """Insert these series of the run, leaving the ones that exist alone."""
 
-    async def store(
+    async def insert_points(
         self, session: AsyncSession, rows: list[Row], series_ids: dict[str, int], now: float, update: RunUpdate | None
     ) -> None:
         """Insert the points of `rows` not stored yet, bring their rollup blocks up to date,
@@ -177,7 +180,7 @@ async def _write_chunk(
             update = RunUpdate(run_id, stored_last_step, frame)
             if frame is not None:
                 acked_seq = frame.seq
-        await path.store(session, chunk, series_ids, now, update)
+        await path.insert_points(session, chunk, series_ids, now, update)
     series.remember(run_id, head.started_at, series_ids)  # committed
     return WriteResult(stored=True, acked_seq=acked_seq, last_step=stored_last_step, started_at=head.started_at)
 
