@@ -34,7 +34,8 @@ from sqlalchemy import func, select, text
 from bench.support import fresh_database
 from server import db
 from server.models import Point, Series
-from server.storage import SeriesData, Store, _buckets, _loaded
+from server.storage import SeriesData, Store
+from server.storage.reads import bucketed, loaded
 from wire import Row, RunInfo
 
 FULL_SCAN_BUCKETS = text(
@@ -70,12 +71,12 @@ async def full_scan_series(
         ).one()
         if count <= max_points:
             result = await session.execute(select(Point.step, Point.value).where(*where).order_by(Point.step))
-            steps, values = zip(*((step, _loaded(value)) for step, value in result), strict=True) if count else ((), ())
+            steps, values = zip(*((step, loaded(value)) for step, value in result), strict=True) if count else ((), ())
             return SeriesData(key=key, downsampled=False, steps=list(steps), values=list(values))
         result = await session.execute(
             FULL_SCAN_BUCKETS, {"sid": series_id, "lo": lo, "hi": hi, "width": -(-(hi - lo + 1) // max_points)}
         )
-        return _buckets(key, result)
+        return bucketed(key, result)
 
 
 def _same(a: SeriesData, b: SeriesData) -> bool:

@@ -82,7 +82,7 @@ class Point(Base):
     """One value of one series at one step. NaN is stored as NULL (SQLite cannot hold NaN).
 
     `series_id` has no foreign key (migration 0006): the write path and run deletion keep
-    it pointing at a series (server/storage.py, server/retention.py)."""
+    it pointing at a series (server/storage/writes.py, server/retention.py)."""
 
     __tablename__ = "points"
     __table_args__ = {"sqlite_with_rowid": False}

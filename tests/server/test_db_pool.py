@@ -12,7 +12,8 @@ from psycopg._queries import MAX_CACHED_STATEMENT_LENGTH
 from sqlalchemy import text
 
 from server import db
-from server.storage import _FRAME_SQL, FrameRef, Store
+from server.storage import FrameRef, Store
+from server.storage.postgres import FRAME_SQL
 from wire import Row, RunInfo
 
 
@@ -63,8 +64,8 @@ def _frame(step: int) -> list[Row]:
 def test_a_frame_connection_the_database_dropped_is_replaced(
     postgres_url, drop_connections, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The pool of the one-statement frame write (`storage._frame_pool`) pings an idle
-    connection too: frames after a database restart are stored, none fails."""
+    """The pool of the one-statement frame write (server/storage/postgres.py) pings an
+    idle connection too: frames after a database restart are stored, none fails."""
     monkeypatch.setattr(db, "PING_AFTER_IDLE_S", 0.2)
 
     async def scenario() -> list[int]:
@@ -90,4 +91,4 @@ def test_a_frame_connection_the_database_dropped_is_replaced(
 def test_the_frame_statement_is_short_enough_for_psycopg_to_cache_its_parse() -> None:
     """psycopg parses a query longer than this again on every execution (a third of the
     write's CPU, measured)."""
-    assert len(_FRAME_SQL) <= MAX_CACHED_STATEMENT_LENGTH
+    assert len(FRAME_SQL) <= MAX_CACHED_STATEMENT_LENGTH

@@ -1,0 +1,138 @@
+"""Storage of runs, their series and points (alert tables: server/alerts/repository.py).
+
+`Store` is the one object the rest of the server writes and reads through. Behind it:
+
+- admission.py: which connection may write as a run's writer, which frame is next;
+- writes.py: how points are written (an ack always means committed), and `WritePath`, the
+  one interface behind which SQLite (sqlite.py) and PostgreSQL (postgres.py) differ,
+  chosen once here;
+- rollups.py: the rollup scheme, and the SQL that keeps and reads it per database;
+- reads.py: runs, keys, rows, and series downsampled from the rollups.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractAsyncContextManager
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+
+from server.db import is_sqlite, session_factory
+from server.models import Run
+from server.storage import reads, writes
+from server.storage.admission import FrameRef, open_run
+from server.storage.postgres import PostgresWritePath
+from server.storage.reads import KeyInfo, SeriesData
+from server.storage.rollups import ROLLUP_BITS, ROLLUP_LEVELS
+from server.storage.sqlite import SqliteWritePath
+from server.storage.writes import POINTS_PER_TRANSACTION, SeriesCache, WritePath, WriteResult
+from wire import Row, RunInfo
+
+__all__ = [
+    "FrameRef", "Store", "WriteResult", "SeriesData", "KeyInfo",
+    "POINTS_PER_TRANSACTION", "ROLLUP_BITS", "ROLLUP_LEVELS",
+]
+
+
+class Store:
+    def __init__(self, engine: AsyncEngine):
+        self.engine = engine
+        self.sessions = session_factory(engine)
+        self._writes: WritePath = (
+            SqliteWritePath(self.sessions) if is_sqlite(engine) else PostgresWritePath(engine, self.sessions)
+        )
+        self.sqlite = self._writes.dialect == "sqlite"
+        """Whether the database is SQLite, for the components that pick their own
+        implementation by it (alert coordination, fan-out, webhook delivery, retention)."""
+        self._series = SeriesCache()
+
+    async def close(self) -> None:
+        """Close the connections (the engine's, and those the write path holds beside it)."""
+        await self._writes.close()
+        await self.engine.dispose()
+
+    def forget_run(self, run_id: str) -> None:
+        """Drop what this process caches about a run (it was deleted)."""
+        self._series.forget(run_id)
+
+    def writing(self) -> AbstractAsyncContextManager[AsyncSession]:
+        """A write transaction (on SQLite, one at a time, taken fairly between clients)."""
+        return self._writes.transaction()
+
+    async def ping(self) -> None:
+        async with self.sessions() as session:
+            await session.execute(text("SELECT 1"))
+
+    # -- writes -----------------------------------------------------------------
+
+    async def open_run(self, info: RunInfo, now: float, *, writer: str = "") -> tuple[int, str]:
+        """Create the run, or resume it (config and status kept), and make this connection
+        `writer`'s. A resumed run turns "running" again with the first frame it stores
+        (`write_points`): a hello alone, or resends of acked frames, never reopen it.
+
+        Returns the writer's acked seq and the connection's session id (for `FrameRef`).
+        Raises RunConflict for a run of another project.
+        """
+        async with self.writing() as session:
+            return await open_run(session, info, now, writer)
+
+    async def finish_run(self, run_id: str, status: str, now: float) -> None:
+        async with self.writing() as session:
+            await writes.finish_run(session, run_id, status, now)
+
+    async def write_points(
+        self, run_id: str, rows: list[Row], now: float, frame: FrameRef | None = None
+    ) -> WriteResult:
+        """Store rows idempotently. A websocket `frame` that was acknowledged already is not
+        written again; without one (REST) only (series, step) idempotency applies.
+
+        Raises SeqGap or Superseded (nothing written) when the frame cannot be this
+        writer's next one over this connection.
+        """
+        return await writes.write_points(self._writes, self._series, run_id, rows, now, frame)
+
+    async def reject_frame(self, run_id: str, frame: FrameRef, now: float) -> None:
+        """Use up `frame.seq` without storing anything: the frame breaks the protocol, and
+        its writer goes on with the next one."""
+        await writes.reject_frame(self._writes, run_id, frame, now)
+
+    # -- reads ------------------------------------------------------------------
+
+    async def list_runs(
+        self, *, project: str | None = None, group: str | None = None, ids: list[str] | None = None
+    ) -> list[Run]:
+        async with self.sessions() as session:
+            return await reads.list_runs(session, project=project, group=group, ids=ids)
+
+    async def get_run(self, run_id: str) -> Run:
+        async with self.sessions() as session:
+            return await reads.get_run(session, run_id)
+
+    async def keys(self, run_id: str) -> list[KeyInfo]:
+        async with self.sessions() as session:
+            return await reads.keys(session, run_id)
+
+    async def rows(
+        self, run_id: str, *, after: int, before: int, max_points: int = 200_000, session: AsyncSession | None = None
+    ) -> list[Row]:
+        """The stored rows of a run with after < step < before, in step order (at most
+        `max_points` points, whole steps). Read in `session` when given (inside the
+        caller's transaction)."""
+        if session is not None:
+            return await reads.rows(session, run_id, after=after, before=before, max_points=max_points)
+        async with self.sessions() as own:
+            return await reads.rows(own, run_id, after=after, before=before, max_points=max_points)
+
+    async def latest(self, run_id: str, keys: list[str]) -> dict[str, tuple[int, float]]:
+        """The last (step, value) of each of these keys that has points."""
+        async with self.sessions() as session:
+            return await reads.latest(session, run_id, keys)
+
+    async def series(
+        self, run_id: str, key: str, *, max_points: int, start: int | None = None, end: int | None = None
+    ) -> SeriesData:
+        """The series' points in [start, end], downsampled to at most `max_points` buckets."""
+        async with self.sessions() as session:
+            return await reads.series(
+                session, self._writes.dialect, run_id, key, max_points=max_points, start=start, end=end
+            )
