@@ -9,9 +9,9 @@ import random
 
 import pytest
 
+from server.alerts.catalog import DEFAULT_RULES, build_detector
 from server.alerts.detectors import Climb, CoClimb, NonFinite, Threshold
 from server.alerts.lifecycle import Lifecycle, Phase, Transition
-from server.alerts.rules import DEFAULT_RULES, build_detector
 from server.webhooks import formats, signing
 from server.webhooks.delivery import RetryPolicy, parse_retry_after
 from server.webhooks.netguard import ForbiddenTarget, address_allowed, checked_address

@@ -41,7 +41,7 @@ def _complete(messages: list[dict[str, Any]]) -> bool:
 
 def test_pages_on_every_replica_see_a_run_ingested_by_one(postgres_url, server_factory) -> None:
     replicas = [server_factory(postgres_url) for _ in range(2)]
-    _until(lambda: all(r.app.state.services.fanout.listening.is_set() for r in replicas))  # type: ignore[attr-defined]
+    _until(lambda: all(r.app.state.components.fanout.listening.is_set() for r in replicas))  # type: ignore[attr-defined]
     # Anything else on the channel is ignored, and does not stop the replicas listening.
     import psycopg
 
