@@ -12,7 +12,7 @@ import psycopg
 from websockets.sync.client import ClientConnection, connect
 
 from server.fanout import CHANNEL, MAX_PAYLOAD, Fanout, libpq_url
-from tests.server.wire import hello, new_run, open_ingest, points, recv
+from tests.support.raw_client import hello, new_run, open_ingest, points, recv
 
 
 def _until(condition: Any, timeout: float = 15.0) -> Any:

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from server.ingest import FrameBudget
-from tests.server.wire import hello, new_run, open_ingest, points
+from tests.support.raw_client import hello, new_run, open_ingest, points
 
 
 def test_the_budget_lets_frames_in_only_while_they_fit() -> None:

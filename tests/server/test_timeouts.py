@@ -13,7 +13,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection
 
-from tests.server.wire import hello, new_run, open_ingest, points, recv
+from tests.support.raw_client import hello, new_run, open_ingest, points, recv
 
 TIMEOUTS = {"http_header_timeout_s": 1.0, "http_body_timeout_s": 1.0}
 

@@ -17,7 +17,7 @@ from server.alerts.backtest import (
     stored_rules,
 )
 from server.alerts.catalog import DEFAULT_RULES, RuleSpec
-from tests.server.wire import hello, new_run, open_ingest, points, recv
+from tests.support.raw_client import hello, new_run, open_ingest, points, recv
 from wire import Row
 
 

@@ -17,7 +17,7 @@ from server.alerts import engine as engine_module
 from server.db import create_engine
 from server.models import RuleState
 from server.storage import Store
-from tests.server.wire import hello, new_run, open_ingest, points, recv
+from tests.support.raw_client import hello, new_run, open_ingest, points, recv
 from wire import Row, RunInfo
 
 

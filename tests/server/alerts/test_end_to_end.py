@@ -11,8 +11,8 @@ from websockets.sync.client import connect
 
 from server.alerts.catalog import DEFAULT_RULES
 from server.webhooks import signing
-from tests.server.receiver import Receiver
-from tests.server.wire import hello, new_run, open_ingest, points, recv
+from tests.support.raw_client import hello, new_run, open_ingest, points, recv
+from tests.support.webhook_receiver import Receiver
 
 FAST = {"allow_private_webhooks": True, "webhook_retry_base_s": 0.05}
 
