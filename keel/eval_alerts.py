@@ -39,7 +39,7 @@ from typing import Any
 
 from learners.labels import collapse_step
 from server.alerts.backtest import backtest
-from server.alerts.rules import DEFAULT_RULES, RuleSpec
+from server.alerts.catalog import DEFAULT_RULES, RuleSpec
 from wire import Row
 
 __all__ = [

@@ -12,14 +12,14 @@ from starlette.requests import HTTPConnection
 
 from dashboard import mount_dashboard
 from server.auth import allowed, presented_token
+from server.components import running
 from server.config import Settings
-from server.deps import get_services
+from server.deps import get_components
 from server.origins import OriginGuard, SitePolicy
 from server.ratelimit import client_key
 from server.routes import alerts as alert_routes
 from server.routes import backtest as backtest_routes
 from server.routes import health, login, runs, streams
-from server.services import running
 from server.serving import BodyDeadline
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/login", "/logout", "/docs", "/docs/oauth2-redirect", "/openapi.json"})
@@ -36,13 +36,13 @@ async def limit_writes(conn: HTTPConnection) -> None:
     """REST writes count against the client's request and byte buckets (server/ratelimit.py)."""
     if conn.scope["type"] != "http" or conn.scope["method"] not in WRITE_METHODS:
         return
-    services = get_services(conn)
-    client = client_key(conn, services.settings.auth_enabled, presented_token(conn))
+    components = get_components(conn)
+    client = client_key(conn, components.settings.auth_enabled, presented_token(conn))
     try:
         body_bytes = int(conn.headers.get("content-length", 0))
     except ValueError:
         body_bytes = 0
-    limits = services.rate_limits
+    limits = components.rate_limits
     for limiter, cost in ((limits.requests, 1), (limits.bytes, body_bytes)):
         reservation = limiter.reserve(client, cost)
         if not reservation.granted:
@@ -59,8 +59,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with running(settings, internal_token) as services:
-            app.state.services = services  # what server.deps hands to every route
+        async with running(settings, internal_token) as components:
+            app.state.components = components  # what server.deps hands to every route
             yield
 
     app = FastAPI(

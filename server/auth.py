@@ -16,7 +16,7 @@ from typing import Any
 from fastapi import Depends, HTTPException
 from starlette.requests import HTTPConnection
 
-from server.deps import get_services
+from server.deps import get_components
 from server.tokens import token_scopes
 
 COOKIE = "keel_token"
@@ -30,15 +30,15 @@ def presented_token(conn: HTTPConnection) -> str | None:
 
 
 async def allowed(conn: HTTPConnection, scope: str) -> bool:
-    services = get_services(conn)
-    if not services.settings.auth_enabled:
+    components = get_components(conn)
+    if not components.settings.auth_enabled:
         return True
     token = presented_token(conn)
     if not token:
         return False
-    if scope == "read" and secrets.compare_digest(token, services.internal_token):
+    if scope == "read" and secrets.compare_digest(token, components.internal_token):
         return True
-    scopes = await token_scopes(services.store, token)
+    scopes = await token_scopes(components.store, token)
     return scopes is not None and scope in scopes
 
 

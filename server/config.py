@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field, field_validator
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from wire import Limits
+
+DEPRECATED_ENV = {"KEEL_SILENCE_CHECK_S": "KEEL_SILENT_RUN_CHECK_S"}
+"""Old environment names still read (after the new one), and the names that replaced them."""
+
+
+def deprecated_env() -> list[tuple[str, str]]:
+    """(old name, new name) for each deprecated name set in the environment (warned of at start)."""
+    present = {name.upper() for name in os.environ}  # names are matched case-insensitively
+    return [(old, new) for old, new in DEPRECATED_ENV.items() if old in present]
 
 
 def default_database_url() -> str:
@@ -18,7 +28,9 @@ def default_database_url() -> str:
 class Settings(BaseSettings):
     """Every knob of `keel serve`; each can be set as KEEL_<NAME> in the environment."""
 
-    model_config = SettingsConfigDict(env_prefix="KEEL_", extra="ignore")
+    # populate_by_name: a setting read under old names too (validation_alias) is still
+    # passed by its field name in code.
+    model_config = SettingsConfigDict(env_prefix="KEEL_", extra="ignore", populate_by_name=True)
 
     database_url: str = Field(default_factory=default_database_url)
     """SQLAlchemy URL. sqlite:///path (embedded default) or postgresql://user@host/db."""
@@ -50,8 +62,10 @@ class Settings(BaseSettings):
     """Ingest websockets beyond this are refused with close code 1013 (retry later)."""
     allow_private_webhooks: bool = False
     """Allow webhook URLs on loopback/private/link-local addresses (local receivers, tests)."""
-    silence_check_s: float = 5.0
-    """How often running runs are checked for having gone silent."""
+    silent_run_check_s: float = Field(default=5.0, validation_alias=AliasChoices("KEEL_SILENT_RUN_CHECK_S", "KEEL_SILENCE_CHECK_S"))
+    """How often running runs are checked for having gone silent (and idle runs' detector
+    states saved and dropped from memory). Its old name, KEEL_SILENCE_CHECK_S, from before
+    "silence" meant muting alerts only, is still read and deprecated."""
     webhook_timeout_s: float = 5.0
     webhook_retry_base_s: float = 1.0
     """First retry delay; doubles per attempt (with jitter) up to 10 minutes."""

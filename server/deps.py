@@ -1,4 +1,4 @@
-"""Request-scoped dependencies as Annotated aliases, all read from the process's `Services`."""
+"""Request-scoped dependencies as Annotated aliases, all read from the process's `Components`."""
 
 from __future__ import annotations
 
@@ -8,48 +8,48 @@ from fastapi import Depends
 from starlette.requests import HTTPConnection
 
 from server.alerts.rulebook import RuleBook
+from server.components import Components
 from server.config import Settings
 from server.ingest import AfterCommit, IngestSlots
 from server.live import LiveHub
-from server.services import Services
 from server.storage import Store
 from server.webhooks.delivery import DeliveryWorker
 
 
-def get_services(conn: HTTPConnection) -> Services:
+def get_components(conn: HTTPConnection) -> Components:
     """Set once by the lifespan (server.app)."""
-    return conn.app.state.services  # type: ignore[no-any-return]
+    return conn.app.state.components  # type: ignore[no-any-return]
 
 
 def get_store(conn: HTTPConnection) -> Store:
-    return get_services(conn).store
+    return get_components(conn).store
 
 
 def get_settings(conn: HTTPConnection) -> Settings:
-    return get_services(conn).settings
+    return get_components(conn).settings
 
 
 def get_hub(conn: HTTPConnection) -> LiveHub:
-    return get_services(conn).hub
+    return get_components(conn).hub
 
 
 def get_committed(conn: HTTPConnection) -> AfterCommit:
-    return get_services(conn).committed
+    return get_components(conn).committed
 
 
 def get_rulebook(conn: HTTPConnection) -> RuleBook:
-    return get_services(conn).rulebook
+    return get_components(conn).rulebook
 
 
 def get_deliveries(conn: HTTPConnection) -> DeliveryWorker:
-    return get_services(conn).deliveries
+    return get_components(conn).deliveries
 
 
 def get_ingest_slots(conn: HTTPConnection) -> IngestSlots:
-    return get_services(conn).ingest_slots
+    return get_components(conn).ingest_slots
 
 
-ServicesDep = Annotated[Services, Depends(get_services)]
+ComponentsDep = Annotated[Components, Depends(get_components)]
 StoreDep = Annotated[Store, Depends(get_store)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 HubDep = Annotated[LiveHub, Depends(get_hub)]

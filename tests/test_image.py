@@ -22,7 +22,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.installs import (
+from tests.support.installs import (
     ROOT,
     Dockerfile,
     copy_image_files,

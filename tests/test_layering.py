@@ -176,6 +176,17 @@ def test_the_alert_pipeline_reaches_neither_the_http_api_nor_the_web_framework(p
     assert wrong == set()
 
 
+def test_webhooks_deliver_what_the_alert_pipeline_queues_without_importing_it() -> None:
+    """server.alerts queues outbox rows through server.webhooks.registry; an import back would
+    tie delivering a webhook to evaluating alerts (and make a cycle of the two packages)."""
+    wrong = {
+        (name, imported)
+        for name, imported in _importers("server")
+        if name.startswith("server.webhooks") and imported.startswith("server.alerts")
+    }
+    assert wrong == set()
+
+
 def test_trainer_hooks_hold_no_command_line_or_simulation_code_and_no_server_dependencies() -> None:
     wrong = {
         (name, imported)

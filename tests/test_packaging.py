@@ -11,7 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.installs import copy_source_tree, fresh_venv, listed_commands, pip_install, product_env
+from tests.support.installs import (
+    copy_source_tree,
+    fresh_venv,
+    listed_commands,
+    pip_install,
+    product_env,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

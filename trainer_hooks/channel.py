@@ -10,7 +10,7 @@ trainer writes with one writev(2) of the caller's own buffers, so a CPU batch is
 once, by the kernel, and the loop may reuse its tensors as soon as the call returns.
 
 Trainer -> worker ("inbox"):
-    ("start", Settings)                                 always the first message
+    ("start", WorkerStart)                              always the first message
     ("log", step, time, {key: float})
     ("batch", step, time, {key: float}, [FieldSpec])    body: the BatchInputs tensors
     ("partials", step, time, {key: float}, layout)      body: Partials.pack() as float64
@@ -37,7 +37,7 @@ from typing import Any
 
 from trainer_hooks.sender import SenderConfig
 
-__all__ = ["FieldSpec", "Reader", "Settings", "encode", "read_message", "write_all"]
+__all__ = ["FieldSpec", "Reader", "WorkerStart", "encode", "read_message", "write_all"]
 
 _LENGTHS = struct.Struct("<II")
 # Bytes per read(2) of the replies (they are tiny).
@@ -51,7 +51,7 @@ FieldSpec = tuple[str, Any]
 
 
 @dataclass(frozen=True)
-class Settings:
+class WorkerStart:
     """What the worker needs to take over a run's spool (sent in the "start" message)."""
 
     spool_path: str

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer_hooks.capture import HostCopy
-from trainer_hooks.channel import Buffer, Reader, Settings, encode, read_message
+from trainer_hooks.channel import Buffer, Reader, WorkerStart, encode, read_message
 
 __all__ = ["Done", "Feed", "Link", "Pending"]
 
@@ -289,13 +289,13 @@ class Link:
 
     def __init__(
         self,
-        settings: Settings,
+        worker_start: WorkerStart,
         feed: Feed,
         *,
         on_drop: Callable[[str, int, str], None],
         name: str,
     ) -> None:
-        self._settings = settings
+        self._worker_start = worker_start
         self._feed = feed
         self._on_drop = on_drop
         self._name = name
@@ -347,7 +347,7 @@ class Link:
                 name=f"keel-replies-{self._name}",
                 daemon=True,
             ).start()
-            self._feed.connect(inbox_write, encode(("start", self._settings)))
+            self._feed.connect(inbox_write, encode(("start", self._worker_start)))
 
     def _spawn(self, inbox: int, replies: int) -> subprocess.Popen[bytes]:
         path = os.environ.get("PYTHONPATH")

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 from trainer_hooks.capture import Capture, Captured, HostCopy, ship_inputs, to_host
-from trainer_hooks.channel import Buffer, Settings, encode
+from trainer_hooks.channel import Buffer, WorkerStart, encode
 from trainer_hooks.link import Feed, Link, Pending
 from trainer_hooks.sender import SenderConfig, ingest_url
 from trainer_hooks.spool import Spool, default_spool_root
@@ -190,14 +190,14 @@ class Monitor:
         # Made (or checked: a resumed run's spool may be in use) here, so that a bad
         # spool_dir fails the constructor; the worker opens it again as its owner.
         Spool.open(self.spool_path, run=run, server_url=server_url).close()
-        settings = Settings(
+        worker_start = WorkerStart(
             spool_path=str(self.spool_path),
             server_url=server_url,
             token=token if token is not None else os.environ.get("KEEL_TOKEN"),
             sender_config=self._config,
             step_timeout=step_timeout,
         )
-        self._link = Link(settings, self._feed, on_drop=self._drop, name=run_name)
+        self._link = Link(worker_start, self._feed, on_drop=self._drop, name=run_name)
         self._link.start()  # returns at once; calls wait in the pipe while it starts
         self._install_exit_hooks()
         self._announce(run_name)

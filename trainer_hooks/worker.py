@@ -32,7 +32,7 @@ from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainer_hooks.channel import Reader, Settings, encode, write_all
+from trainer_hooks.channel import Reader, WorkerStart, encode, write_all
 from trainer_hooks.sender import ConnState, Sender
 from trainer_hooks.spool import Spool
 from trainer_hooks.steps import Call, StepMerger
@@ -89,7 +89,7 @@ class Worker:
         self._reader = Reader()
         self._calls: deque[Call] = deque()  # waiting for the batching window
         self._finish: tuple[str, float] | None = None  # (status, deadline)
-        self._settings: Settings | None = None
+        self._start: WorkerStart | None = None
 
     def reply(self, message: tuple[Any, ...]) -> None:
         try:
@@ -110,16 +110,16 @@ class Worker:
             logger.handlers = [_Forward(self)]
             logger.propagate = False
             logger.setLevel(logging.INFO)
-        settings = self._wait_for_settings()
-        if settings is None:
+        start = self._wait_for_start()
+        if start is None:
             return
-        spool = Spool.open(Path(settings.spool_path))
+        spool = Spool.open(Path(start.spool_path))
         self._spool = spool
-        self._config = settings.sender_config
+        self._config = start.sender_config
         self._sender = Sender(
-            spool, settings.server_url, token=settings.token, config=settings.sender_config
+            spool, start.server_url, token=start.token, config=start.sender_config
         )
-        self._merger = StepMerger(self._drop, self._warn, settings.step_timeout)
+        self._merger = StepMerger(self._drop, self._warn, start.step_timeout)
         os.set_blocking(self._inbox, False)
         self.reply(("ready",))
         orphaned = False
@@ -128,8 +128,8 @@ class Worker:
         finally:
             self._shutdown(orphaned)
 
-    def _wait_for_settings(self) -> Settings | None:
-        while self._settings is None:
+    def _wait_for_start(self) -> WorkerStart | None:
+        while self._start is None:
             try:
                 data = os.read(self._inbox, _READ_CHUNK)
             except InterruptedError:
@@ -137,7 +137,7 @@ class Worker:
             if not data:
                 return None
             self._receive(data)
-        return self._settings
+        return self._start
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -201,7 +201,7 @@ class Worker:
         for header, body in self._reader.feed(data):
             kind = header[0]
             if kind == "start":
-                self._settings = header[1]
+                self._start = header[1]
             elif kind == "finish":
                 self._finish = (header[1], header[2])
             else:

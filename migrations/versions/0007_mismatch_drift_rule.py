@@ -20,7 +20,7 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 NAME = "mismatch drift"
-# Frozen here as the rule was introduced (server/alerts/rules.py holds the current defaults).
+# Frozen here as the rule was introduced (server/alerts/catalog.py holds the current defaults).
 RULE = {
     "name": NAME, "group_name": None, "run_id": None, "metric": "mismatch/kl,mismatch/ratio_max",
     "detector": "co_climb", "params": {"h": 20.0}, "severity": "critical", "for_steps": 1,

@@ -21,8 +21,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from server.alerts.catalog import DEFAULT_RULES, SEVERITIES, RuleSpec, build_detector
 from server.alerts.lifecycle import Lifecycle, Transition
-from server.alerts.rules import DEFAULT_RULES, SEVERITIES, RuleSpec, build_detector
 from server.errors import NotFound
 from server.models import Rule
 from server.storage import Store

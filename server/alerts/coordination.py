@@ -18,8 +18,9 @@ step is evaluated in order, and an alert change is never lost or made twice. Rea
 states back under the lock for every frame instead cost four round trips a frame.
 Periodic jobs run on one replica at a time.
 
-Both give the engine a `Frame` per evaluation: the states to evaluate from, whether this
-evaluation's states are due to be written, and the transaction to write them in.
+Both give the engine an `Evaluation` each time it evaluates a run's rules (a frame's rows,
+the silent-run check, a save): the states to evaluate from, whether this evaluation's
+states are due to be written, and the transaction to write them in.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from server.alerts.state import Change, Tracked
 from server.models import Rule
 from server.storage import Store
 
-__all__ = ["Coordination", "Frame", "Replicated", "SingleProcess", "Stale", "advisory_key", "for_store"]
+__all__ = ["Coordination", "Evaluation", "Replicated", "SingleProcess", "Stale", "advisory_key", "for_store"]
 
 _LOCK_RUN_SQL = text("SELECT pg_advisory_xact_lock(:key)")
 
@@ -60,12 +61,12 @@ def advisory_key(name: str) -> int:
 
 class Stale(Exception):
     """Another replica wrote a run's states since this one read them: nothing was written,
-    and the frame is evaluated again under the run's lock (`Coordination.frame(locked=True)`)."""
+    and the frame is evaluated again under the run's lock (`Coordination.evaluation(locked=True)`)."""
 
 
-class Frame(Protocol):
+class Evaluation(Protocol):
     session: AsyncSession | None
-    """The transaction the frame holds the run's lock in (replays read in it), if any."""
+    """The transaction the evaluation holds the run's lock in (replays read in it), if any."""
 
     async def states(self, run_id: str, rules: Sequence[RuleToLoad], cache: Cache) -> tuple[dict[int, Tracked], int]:
         """The states to evaluate from (updating `cache`), and the step after which committed
@@ -83,7 +84,7 @@ class Coordination(Protocol):
     rules_ttl_s: float
     """How long a cached list of rules stays current (another replica may edit them)."""
 
-    def frame(self, run_id: str, *, locked: bool = True) -> AbstractAsyncContextManager[Frame]:
+    def evaluation(self, run_id: str, *, locked: bool = True) -> AbstractAsyncContextManager[Evaluation]:
         """One evaluation of a run's rules: under the run's lock from the stored states
         (`locked`), or from the states this process holds (checked when written)."""
 
@@ -138,15 +139,15 @@ class SingleProcess:
         self.checkpoints = _Checkpoints(checkpoint_s)
 
     @asynccontextmanager
-    async def frame(self, run_id: str, *, locked: bool = True) -> AsyncIterator[Frame]:
-        yield _LocalFrame(self.store, self.checkpoints, check=False)  # the only process: always current
+    async def evaluation(self, run_id: str, *, locked: bool = True) -> AsyncIterator[Evaluation]:
+        yield _LocalEvaluation(self.store, self.checkpoints, check=False)  # the only process: always current
 
     @asynccontextmanager
     async def exclusive(self, job: str) -> AsyncIterator[bool]:
         yield True  # the only process
 
 
-class _LocalFrame:
+class _LocalEvaluation:
     """An evaluation from the states this process holds (loading the ones it lacks), in no
     transaction; `check`: written only if the stored states are still those (PostgreSQL)."""
 
@@ -195,13 +196,13 @@ class Replicated:
         self.checkpoints = _Checkpoints(checkpoint_s)
 
     @asynccontextmanager
-    async def frame(self, run_id: str, *, locked: bool = True) -> AsyncIterator[Frame]:
+    async def evaluation(self, run_id: str, *, locked: bool = True) -> AsyncIterator[Evaluation]:
         if not locked:
-            yield _LocalFrame(self.store, self.checkpoints, check=True)
+            yield _LocalEvaluation(self.store, self.checkpoints, check=True)
             return
         async with self.store.writing() as session:
             await session.execute(_LOCK_RUN_SQL, {"key": advisory_key(run_id)})
-            yield _SharedFrame(session, self.checkpoints)
+            yield _SharedEvaluation(session, self.checkpoints)
 
     @asynccontextmanager
     async def exclusive(self, job: str) -> AsyncIterator[bool]:
@@ -222,7 +223,7 @@ class Replicated:
                     await conn.invalidate()  # closing the connection releases the lock
 
 
-class _SharedFrame:
+class _SharedEvaluation:
     def __init__(self, session: AsyncSession, checkpoints: _Checkpoints):
         self.session: AsyncSession | None = session
         self.checkpoints = checkpoints

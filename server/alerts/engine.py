@@ -24,12 +24,12 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from server.alerts import repository, transitions
+from server.alerts.catalog import build_detector
 from server.alerts.coordination import Coordination, RuleToLoad, Stale
 from server.alerts.detectors import Detector
 from server.alerts.lifecycle import Phase
 from server.alerts.notify import Notifier
 from server.alerts.rulebook import RuleBook
-from server.alerts.rules import build_detector
 from server.alerts.state import Change, Tracked, definition, signature
 from server.jsonview import alert_json
 from server.live import LiveHub
@@ -169,24 +169,24 @@ class AlertEngine:
         context = await self._context(run_id)
         if not context.rules or context.run.started_at != started_at:
             return  # no rule applies, or the rows' incarnation of the run was deleted since
-        async with self.coordination.frame(run_id, locked=locked) as frame:
-            tracked, after = await frame.states(run_id, _to_load(context), self._tracked)
+        async with self.coordination.evaluation(run_id, locked=locked) as evaluation:
+            tracked, after = await evaluation.states(run_id, _to_load(context), self._tracked)
             if after < 0 and rows:  # nobody has evaluated the run: its first frames, not a long history
                 after = max(after, rows[0].step - 1 - FIRST_REPLAY_STEPS)
             changes: list[Change] = []
             while rows and rows[0].step > after + 1:
                 # Committed steps the states have not seen: evaluate them first, a bounded
                 # read at a time (a read ends before a step it would cut).
-                replay = await self.store.rows(run_id, after=after, before=rows[0].step, session=frame.session)
+                replay = await self.store.rows(run_id, after=after, before=rows[0].step, session=evaluation.session)
                 if not replay:
                     break
                 changes += await self._run_sliced(context, tracked, replay)
                 after = replay[-1].step
             changes += await self._run_sliced(context, tracked, rows)
             dirty = [(rule_id, t) for rule_id, t in tracked.items() if t.dirty]
-            if not dirty or not frame.due(run_id, changes):
+            if not dirty or not evaluation.due(run_id, changes):
                 return
-            async with frame.writing(run_id, tracked) as session:
+            async with evaluation.writing(run_id, tracked) as session:
                 alerts, queued = await self._record(session, context.run, changes, dirty)
         for _, t in dirty:
             t.dirty = False
@@ -256,9 +256,9 @@ class AlertEngine:
                 del self._tracked[key]
 
     async def _save(self, run_ids: list[str]) -> list[str]:
-        """Write the unsaved detector states of these runs, each run as a frame of its own:
+        """Write the unsaved detector states of these runs, each run in an evaluation of its own:
         under the run's lock, and only states no other replica has written since
-        (`Frame.states` replaces those); the runs whose states are now stored. The rules are
+        (`Evaluation.states` replaces those); the runs whose states are now stored. The rules are
         read afresh first, so a rule deleted on another replica is not written for. One run
         failing (deleted meanwhile) does not keep the others from being written."""
         if not run_ids:
@@ -275,11 +275,11 @@ class AlertEngine:
                         continue
                     context = await self._context(run_id)
                     if context.rules:
-                        async with self.coordination.frame(run_id) as frame:
-                            tracked, _ = await frame.states(run_id, _to_load(context), self._tracked)
+                        async with self.coordination.evaluation(run_id) as evaluation:
+                            tracked, _ = await evaluation.states(run_id, _to_load(context), self._tracked)
                             dirty = [(rule_id, t) for rule_id, t in tracked.items() if t.dirty]
                             if dirty:
-                                async with frame.writing(run_id, tracked) as session:
+                                async with evaluation.writing(run_id, tracked) as session:
                                     await self._record(session, context.run, [], dirty)
                                 for _, t in dirty:
                                     t.dirty = False
@@ -302,7 +302,7 @@ class AlertEngine:
     async def check_silent_runs(self, now: float | None = None) -> None:
         """Fire "run went silent" for running runs past their rule's `after_s`; resolve on data."""
         now = time.time() if now is None else now
-        async with self.coordination.exclusive("silence") as mine:
+        async with self.coordination.exclusive("silent-runs") as mine:
             if not mine:
                 return
             # The rules afresh (once per check): with a cached copy a replica that has not
@@ -321,11 +321,11 @@ class AlertEngine:
                         continue
                     silent_for = now - run.last_seen_at
                     active = run.status == "running" and silent_for > float(rule.params.get("after_s", 120.0))
-                    await self._silence_step(rule, run, active, silent_for)
+                    await self._silent_run_step(rule, run, active, silent_for)
 
-    async def _silence_step(self, rule: Rule, run: Run, active: bool, silent_for: float) -> None:
-        async with self._locks[run.id], self.coordination.frame(run.id) as frame:
-            tracked, _ = await frame.states(run.id, [(rule, {}, definition(rule))], self._tracked)
+    async def _silent_run_step(self, rule: Rule, run: Run, active: bool, silent_for: float) -> None:
+        async with self._locks[run.id], self.coordination.evaluation(run.id) as evaluation:
+            tracked, _ = await evaluation.states(run.id, [(rule, {}, definition(rule))], self._tracked)
             state = tracked[rule.id]
             if not active and state.lifecycle.phase is Phase.INACTIVE:
                 return
@@ -336,6 +336,6 @@ class AlertEngine:
             message = f"no data for {silent_for:.0f} s while running" if active else "sending again"
             value = silent_for if math.isfinite(silent_for) else 0.0
             changes = [Change(rule, t, step, value, message, state) for t in transitions_]
-            async with frame.writing(run.id, tracked) as session:
+            async with evaluation.writing(run.id, tracked) as session:
                 alerts, queued = await self._record(session, run, changes, [(rule.id, state)])
         self._publish(alerts, queued)

@@ -16,9 +16,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from server.alerts import repository
 from server.alerts.transitions import AlertEvent
 from server.jsonview import iso
-from server.models import Alert, Delivery, Run, Silence, Webhook
+from server.models import Alert, Run, Silence, Webhook
+from server.webhooks.registry import outbox_row
 
-__all__ = ["Notifier", "event_payload", "labels", "outbox_row", "silence_matches"]
+__all__ = ["Notifier", "event_payload", "labels", "silence_matches"]
 
 
 def labels(alert: Alert, run: Run) -> dict[str, str]:
@@ -52,13 +53,6 @@ def event_payload(event_type: str, alert: dict[str, Any], run: Run, base_url: st
             "url": f"{base_url}/compare?runs={run.id}",
         },
     }
-
-
-def outbox_row(webhook_id: int, event_id: str, event_type: str, payload: dict[str, Any], now: float) -> Delivery:
-    return Delivery(
-        webhook_id=webhook_id, event_id=event_id, event_type=event_type, payload=payload, status="pending",
-        attempts=0, next_attempt_at=now, last_error=None, created_at=now, delivered_at=None,
-    )
 
 
 class Notifier:

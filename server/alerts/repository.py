@@ -11,7 +11,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from server.alerts.rules import DEFAULT_RULES
+from server.alerts.catalog import DEFAULT_RULES
 from server.models import Project, Rule, RuleState, Run, Silence, Webhook
 
 __all__ = [

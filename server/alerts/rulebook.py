@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import select
 
 from server.alerts import repository
-from server.alerts.rules import SEVERITIES, build_detector
+from server.alerts.catalog import SEVERITIES, build_detector
 from server.errors import InvalidRequest, NotFound
 from server.models import Rule
 from server.storage import Store

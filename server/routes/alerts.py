@@ -8,13 +8,14 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, HTTPException, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from server.alerts import admin
+from server.alerts import history, silences
 from server.alerts.rulebook import rule_json
 from server.auth import ADMIN, READ
 from server.deps import DeliveriesDep, RuleBookDep, SettingsDep, StoreDep
 from server.errors import NotFound
 from server.jsonview import alert_json
 from server.schemas import MAX_INT, ApiRoute, Name, RowId, Text, errors, unprocessable
+from server.webhooks import registry
 from server.webhooks.netguard import checked_address
 
 router = APIRouter(tags=["alerts"], route_class=ApiRoute, responses=errors(401))
@@ -40,7 +41,7 @@ async def list_alerts(
     project: Text | None = None,
     limit: int = Query(500, ge=1, le=10_000),
 ) -> list[dict[str, Any]]:
-    alerts = await admin.list_alerts(store, run_ids=run_id, state=state, severity=severity, project=project, limit=limit)
+    alerts = await history.list_alerts(store, run_ids=run_id, state=state, severity=severity, project=project, limit=limit)
     return [alert_json(alert) for alert in alerts]
 
 
@@ -52,7 +53,7 @@ class AckIn(BaseModel):
 @router.post("/alerts/{alert_id}/ack", dependencies=[ADMIN], responses=errors(400, 404, 429))
 async def acknowledge(alert_id: RowId, store: StoreDep, body: AckIn | None = None) -> dict[str, Any]:
     try:
-        return alert_json(await admin.acknowledge(store, alert_id, (body or AckIn()).by))
+        return alert_json(await history.acknowledge(store, alert_id, (body or AckIn()).by))
     except NotFound as exc:
         raise _missing(exc) from None
 
@@ -134,10 +135,10 @@ class SilenceIn(BaseModel):
     model_config = STRICT
     matchers: dict[Name, Name] = Field(description="label -> glob; labels: rule, run_id, run_name, project, group, metric, severity")
     duration_s: float | None = Field(
-        None, gt=0, le=admin.MAX_SILENCE_S, allow_inf_nan=False, description="from starts_at; or give ends_at"
+        None, gt=0, le=silences.MAX_SILENCE_S, allow_inf_nan=False, description="from starts_at; or give ends_at"
     )
     starts_at: UnixTime | None = Field(None, description="unix seconds; now when omitted")
-    ends_at: UnixTime | None = Field(None, description=f"unix seconds, at most {admin.MAX_SILENCE_S} s after starts_at")
+    ends_at: UnixTime | None = Field(None, description=f"unix seconds, at most {silences.MAX_SILENCE_S} s after starts_at")
     comment: Annotated[Text, Field(max_length=1000)] = ""
     created_by: Name = "anonymous"
 
@@ -151,8 +152,8 @@ async def list_silences(
 ) -> list[dict[str, Any]]:
     """Newest first, `limit` at a time; pass the last id of a page as `before_id` for the next."""
     now = time.time()
-    silences = await admin.list_silences(store, limit=limit, before_id=before_id, active=active, now=now)
-    return [admin.silence_json(s, now) for s in silences]
+    listed = await silences.list_silences(store, limit=limit, before_id=before_id, active=active, now=now)
+    return [silences.silence_json(s, now) for s in listed]
 
 
 @router.post("/silences", status_code=201, dependencies=[ADMIN], responses=errors(400, 429))
@@ -163,16 +164,16 @@ async def create_silence(body: SilenceIn, store: StoreDep) -> dict[str, Any]:
     if ends_at is None:
         raise unprocessable("give duration_s or ends_at: silences are time-bounded", "duration_s")
     try:
-        silence = await admin.create_silence(store, body.matchers, starts_at, ends_at, body.comment, body.created_by, now=now)
+        silence = await silences.create_silence(store, body.matchers, starts_at, ends_at, body.comment, body.created_by, now=now)
     except ValueError as exc:
         raise unprocessable(str(exc)) from None
-    return admin.silence_json(silence, now)
+    return silences.silence_json(silence, now)
 
 
 @router.delete("/silences/{silence_id}", dependencies=[ADMIN], responses=errors(404, 429))
 async def expire_silence(silence_id: RowId, store: StoreDep) -> dict[str, Any]:
     try:
-        return admin.silence_json(await admin.expire_silence(store, silence_id), time.time())
+        return silences.silence_json(await silences.expire_silence(store, silence_id), time.time())
     except NotFound as exc:
         raise _missing(exc) from None
 
@@ -195,21 +196,21 @@ async def create_webhook(body: WebhookIn, store: StoreDep, settings: SettingsDep
     except ValueError as exc:  # ForbiddenTarget (an InvalidRequest) included
         raise unprocessable(str(exc), "url") from None
     try:
-        hook = await admin.create_webhook(store, body.url, body.format, body.secret)
+        hook = await registry.create_webhook(store, body.url, body.format, body.secret)
     except ValueError as exc:
         raise unprocessable(str(exc)) from None
-    return {**admin.webhook_json(hook), "secret": hook.secret}
+    return {**registry.webhook_json(hook), "secret": hook.secret}
 
 
 @router.get("/webhooks", dependencies=[READ])
 async def list_webhooks(store: StoreDep) -> list[dict[str, Any]]:
-    return [admin.webhook_json(hook) for hook in await admin.list_webhooks(store)]
+    return [registry.webhook_json(hook) for hook in await registry.list_webhooks(store)]
 
 
 @router.delete("/webhooks/{hook_id}", status_code=204, dependencies=[ADMIN], responses=errors(404, 429))
 async def delete_webhook(hook_id: RowId, store: StoreDep) -> None:
     try:
-        await admin.delete_webhook(store, hook_id)
+        await registry.delete_webhook(store, hook_id)
     except NotFound as exc:
         raise _missing(exc) from None
 
@@ -219,7 +220,7 @@ async def test_webhook(
     hook_id: RowId, store: StoreDep, settings: SettingsDep, deliveries: DeliveriesDep
 ) -> dict[str, Any]:
     try:
-        delivery = await admin.queue_test_event(store, hook_id, settings.base_url)
+        delivery = await registry.queue_test_event(store, hook_id, settings.base_url)
     except NotFound as exc:
         raise _missing(exc) from None
     deliveries.wake()
@@ -229,7 +230,7 @@ async def test_webhook(
 @router.get("/webhooks/{hook_id}/deliveries", dependencies=[READ], responses=errors(404))
 async def list_deliveries(hook_id: RowId, store: StoreDep) -> list[dict[str, Any]]:
     try:
-        deliveries = await admin.list_deliveries(store, hook_id)
+        deliveries = await registry.list_deliveries(store, hook_id)
     except NotFound as exc:
         raise _missing(exc) from None
     return [

@@ -8,7 +8,7 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from starlette.types import Message
 
 from server.auth import allowed, presented_token
-from server.deps import CommittedDep, HubDep, IngestSlotsDep, ServicesDep, SettingsDep, StoreDep
+from server.deps import CommittedDep, ComponentsDep, HubDep, IngestSlotsDep, SettingsDep, StoreDep
 from server.fairlock import WRITE_OWNER
 from server.ingest import IngestSession, IngestSlots, refuse_overloaded, refuse_unauthorized
 from server.ratelimit import RateLimited, RateLimits, client_key
@@ -64,7 +64,7 @@ async def ingest(
     committed: CommittedDep,
     slots: IngestSlotsDep,
     settings: SettingsDep,
-    services: ServicesDep,
+    components: ComponentsDep,
 ) -> None:
     if slots.open >= slots.limit:  # cheap early refusal; the slot itself is taken at the hello
         await refuse_overloaded(websocket)
@@ -74,7 +74,7 @@ async def ingest(
         return
     client = client_key(websocket, settings.auth_enabled, presented_token(websocket))
     WRITE_OWNER.set(client)  # this socket's writes take their turn with other clients' (fairlock.py)
-    gate = IngestGate(websocket, slots, services.rate_limits, client)
+    gate = IngestGate(websocket, slots, components.rate_limits, client)
     gated = WebSocket(websocket.scope, receive=gate.receive, send=websocket.send)
     try:
         await gated.accept()
@@ -83,7 +83,7 @@ async def ingest(
             store,
             committed,
             settings.limits,
-            budget=services.frame_budget,
+            budget=components.frame_budget,
             hello_timeout_s=settings.ingest_hello_timeout_s,
             idle_timeout_s=settings.ingest_idle_timeout_s,
         )

@@ -1,1 +1,1 @@
-"""Webhook delivery: formats, Standard Webhooks signatures, SSRF guard, durable outbox worker."""
+"""Webhooks: their registry and outbox rows, formats, Standard Webhooks signatures, SSRF guard, durable outbox worker."""

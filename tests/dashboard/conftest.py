@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.browser import set_viewport
+
 CHROMIUM = os.environ.get("KEEL_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("KEEL_CHROMEDRIVER", "/usr/bin/chromedriver")
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts" / "dashboard"
@@ -29,14 +31,6 @@ def chromium_options(width: int = 1280, height: int = 800):  # type: ignore[no-u
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     return options
-
-
-def set_viewport(driver, width: int, height: int) -> None:  # type: ignore[no-untyped-def]
-    """The page's viewport itself (a window of 1280x800 leaves less to the page)."""
-    driver.execute_cdp_cmd(
-        "Emulation.setDeviceMetricsOverride",
-        {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
-    )
 
 
 @pytest.fixture

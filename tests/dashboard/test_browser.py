@@ -6,7 +6,7 @@ import pytest
 from selenium.webdriver.common.keys import Keys
 
 from dashboard.series import ema
-from tests.dashboard.browser import (
+from tests.support.browser import (
     charts,
     console_errors,
     drawn_at,
@@ -18,7 +18,7 @@ from tests.dashboard.browser import (
     text_of,
     wait_until,
 )
-from tests.dashboard.streams import HEADLINE, LiveRun, open_runs, toy_values
+from tests.support.toy_runs import HEADLINE, LiveRun, open_runs, toy_values
 
 pytestmark = pytest.mark.browser
 

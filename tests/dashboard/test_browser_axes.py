@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.dashboard.browser import (
+from tests.support.browser import (
     charts,
     console_errors,
     drawn_at,
@@ -22,7 +22,7 @@ from tests.dashboard.browser import (
     wait_until,
     y_axis,
 )
-from tests.dashboard.streams import LiveRun
+from tests.support.toy_runs import LiveRun
 
 pytestmark = [
     pytest.mark.browser,

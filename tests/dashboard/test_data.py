@@ -8,7 +8,7 @@ import math
 import httpx
 
 from dashboard.data import KeelApi
-from tests.dashboard.streams import LiveRun
+from tests.support.toy_runs import LiveRun
 
 
 def _api(server) -> KeelApi:  # type: ignore[no-untyped-def]

@@ -8,7 +8,7 @@ import re
 import httpx
 from websockets.sync.client import connect
 
-from tests.dashboard.streams import LiveRun
+from tests.support.toy_runs import LiveRun
 
 DASH_ENTRY = 'id="react-entry-point"'
 

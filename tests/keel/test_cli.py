@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from keel.cli import build_parser, installed_commands, main
-from tests.installs import listed_commands
+from tests.support.installs import listed_commands
 
 COMMAND_MODULE = textwrap.dedent(
     """

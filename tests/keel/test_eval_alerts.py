@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from keel.eval_alerts import CorpusRun, evaluate, score
+from keel.eval_alerts import CorpusRun, collapse_step, evaluate, score
 
 
 def _run(name: str, loss: str, collapse: int | None, steps: int = 400) -> CorpusRun:
@@ -72,3 +72,9 @@ def test_evaluate_replays_the_real_rules_and_breaks_the_union_down_by_rule() -> 
     assert by_name["  collapse risk"]["hits"] == 1 and by_name["  mismatch drift"]["hits"] == 0
     assert by_name["keel critical"]["false_alarms_unbounded"] == 0
     assert "  collapse risk" in result["text"] and result["details"] == []
+
+
+def test_collapse_label() -> None:
+    assert collapse_step([0.1, 0.3, 0.6, 0.55, 0.41, 0.39, 0.1]) == 5
+    assert collapse_step([0.1, 0.45, 0.2]) is None  # never reached 0.5
+    assert collapse_step([0.5, 0.6, 0.7, 0.65, 0.7]) is None

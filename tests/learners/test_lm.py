@@ -16,7 +16,7 @@ from learners.lm.learner import LMConfig, Recorder, learner_step, train
 from learners.lm.model import GPT, GPTConfig, KVCache
 from learners.lm.sampler import DTYPES, Rollout, Sampler, WeightBoard
 from learners.lm.task import EQUALS, VOCAB, SortTask
-from tests.trainer_hooks.monitor_support import keel
+from tests.support.monitor import keel
 
 # A few steps of a small batch: the tests check plumbing and provenance, not learning.
 FAST = LMConfig(steps=12, prompts=4, group=4, digits=4)

@@ -6,7 +6,7 @@ import pytest
 
 from learners.stream import ToyStreamer
 from learners.toy import RunSpec, ToyConfig, simulate
-from tests.trainer_hooks.monitor_support import keel, servers
+from tests.support.monitor import keel, servers
 
 make_server = pytest.fixture(name="make_server")(servers)
 

@@ -11,7 +11,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from tests.server.wire import new_run
+from tests.support.raw_client import new_run
 
 ADMIN = "keel_test_admin_token_0123456789abcdef"
 

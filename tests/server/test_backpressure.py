@@ -25,8 +25,7 @@ import psycopg
 import pytest
 from websockets.sync.client import ClientConnection, connect
 
-from tests.server.wire import hello, new_run, points
-from tests.trainer_hooks.monitor_support import (
+from tests.support.monitor import (
     FAST,
     ServerProcess,
     headline,
@@ -35,6 +34,7 @@ from tests.trainer_hooks.monitor_support import (
     spooled_steps,
     wait_until,
 )
+from tests.support.raw_client import hello, new_run, points
 from trainer_hooks.monitor import Monitor
 
 make_server = pytest.fixture(name="make_server")(servers)

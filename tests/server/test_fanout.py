@@ -12,7 +12,7 @@ import psycopg
 from websockets.sync.client import ClientConnection, connect
 
 from server.fanout import CHANNEL, MAX_PAYLOAD, Fanout, libpq_url
-from tests.server.wire import hello, new_run, open_ingest, points, recv
+from tests.support.raw_client import hello, new_run, open_ingest, points, recv
 
 
 def _until(condition: Any, timeout: float = 15.0) -> Any:
@@ -41,7 +41,7 @@ def _complete(messages: list[dict[str, Any]]) -> bool:
 
 def test_pages_on_every_replica_see_a_run_ingested_by_one(postgres_url, server_factory) -> None:
     replicas = [server_factory(postgres_url) for _ in range(2)]
-    _until(lambda: all(r.app.state.services.fanout.listening.is_set() for r in replicas))  # type: ignore[attr-defined]
+    _until(lambda: all(r.app.state.components.fanout.listening.is_set() for r in replicas))  # type: ignore[attr-defined]
     # Anything else on the channel is ignored, and does not stop the replicas listening.
     import psycopg
 

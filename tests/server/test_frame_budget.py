@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from server.ingest import FrameBudget
-from tests.server.wire import hello, new_run, open_ingest, points
+from tests.support.raw_client import hello, new_run, open_ingest, points
 
 
 def test_the_budget_lets_frames_in_only_while_they_fit() -> None:
@@ -37,7 +37,7 @@ def test_the_budget_lets_frames_in_only_while_they_fit() -> None:
 def test_blocked_sockets_hold_no_more_decoded_frames_than_the_budget(server_factory, postgres_url) -> None:
     limit = 2_000_000
     server = server_factory(postgres_url, ingest_buffer_bytes=limit)
-    budget: FrameBudget = server.app.state.services.frame_budget  # type: ignore[attr-defined]
+    budget: FrameBudget = server.app.state.components.frame_budget  # type: ignore[attr-defined]
     runs = [new_run(f"r{i}") for i in range(6)]
     sockets = [open_ingest(server) for _ in runs]
     for ws, run in zip(sockets, runs, strict=True):

@@ -8,7 +8,7 @@ import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from tests.server.wire import hello, new_run, open_ingest, points, recv, series
+from tests.support.raw_client import hello, new_run, open_ingest, points, recv, series
 
 
 def _rows(steps: range, **values: object) -> list[dict[str, object]]:

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from websockets.exceptions import ConnectionClosed
 
-from tests.server.wire import hello, new_run, open_ingest, points, recv, series
+from tests.support.raw_client import hello, new_run, open_ingest, points, recv, series
 
 scalars = st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70) | st.floats() | st.text(max_size=8)
 values = st.dictionaries(st.text(max_size=6), scalars, max_size=4)

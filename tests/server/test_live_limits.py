@@ -22,7 +22,7 @@ from websockets.sync.client import connect
 
 from keel.local import free_port
 from server.live import LiveHub
-from tests.server.wire import new_run, points
+from tests.support.raw_client import new_run, points
 
 STATUS = {"type": "status", "run_id": "r", "status": "x" * 90}
 STATUS_BYTES = len(orjson.dumps(STATUS))

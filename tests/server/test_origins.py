@@ -16,7 +16,7 @@ from server.app import create_app
 from server.commands import served_names
 from server.config import Settings
 from server.origins import SitePolicy
-from tests.server.wire import hello, new_run, open_ingest
+from tests.support.raw_client import hello, new_run, open_ingest
 
 SILENCE = {"matchers": {"run_name": "x"}, "duration_s": 60}
 EVIL = "http://evil.example"

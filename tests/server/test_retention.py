@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from server import retention
-from tests.server.wire import hello, new_run, open_ingest, points, recv, series
+from tests.support.raw_client import hello, new_run, open_ingest, points, recv, series
 
 
 def _stream(server, run: dict, steps: int, *, finish: bool = True) -> None:  # type: ignore[no-untyped-def]

@@ -13,7 +13,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection
 
-from tests.server.wire import hello, new_run, open_ingest, points, recv
+from tests.support.raw_client import hello, new_run, open_ingest, points, recv
 
 TIMEOUTS = {"http_header_timeout_s": 1.0, "http_body_timeout_s": 1.0}
 
@@ -124,7 +124,7 @@ def test_a_normal_request_and_a_steady_body_are_not_cut_off(server_factory, sqli
 
 def test_silent_ingest_socket_is_closed_after_the_hello_timeout(server_factory, sqlite_url: str) -> None:
     server = server_factory(sqlite_url, ingest_hello_timeout_s=1.0)
-    slots = server.app.state.services.ingest_slots  # type: ignore[attr-defined]
+    slots = server.app.state.components.ingest_slots  # type: ignore[attr-defined]
     start = time.monotonic()
     with open_ingest(server) as ws:
         _closes_with(ws, 4408, "timeout", "hello")
@@ -156,7 +156,7 @@ def test_ingest_slots_still_bound_streaming_clients(server_factory, sqlite_url: 
         _closes_with(second, 1013, "overloaded")
         with open_ingest(server) as third:  # while it is taken, refused at once
             _closes_with(third, 1013, "overloaded")
-    slots = server.app.state.services.ingest_slots  # type: ignore[attr-defined]
+    slots = server.app.state.components.ingest_slots  # type: ignore[attr-defined]
     _until(lambda: slots.open == 0)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.trainer_hooks.monitor_support import (
+from tests.support.monitor import (
     FAST,
     assert_every_step_once,
     headline,

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tests.trainer_hooks.monitor_support import (
+from tests.support.monitor import (
     FAST,
     assert_every_step_once,
     headline,

@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from tests.trainer_hooks.monitor_support import FAST, learner_batches, metric_per_step, servers
+from tests.support.monitor import FAST, learner_batches, metric_per_step, servers
 from trainer_hooks.monitor import Monitor
 
 make_server = pytest.fixture(name="make_server")(servers)

@@ -10,7 +10,7 @@ from textwrap import dedent
 import pytest
 
 from keel.local import free_port
-from tests.trainer_hooks.monitor_support import python_process, servers
+from tests.support.monitor import python_process, servers
 
 make_server = pytest.fixture(name="make_server")(servers)
 

@@ -7,7 +7,7 @@ from textwrap import dedent
 
 import pytest
 
-from tests.trainer_hooks.monitor_support import python_process, servers, wait_until
+from tests.support.monitor import python_process, servers, wait_until
 
 make_server = pytest.fixture(name="make_server")(servers)
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.trainer_hooks.monitor_support import FAST, assert_every_step_once, headline, servers
+from tests.support.monitor import FAST, assert_every_step_once, headline, servers
 from trainer_hooks.monitor import Monitor
 
 make_server = pytest.fixture(name="make_server")(servers)

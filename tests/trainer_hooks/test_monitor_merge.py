@@ -16,7 +16,7 @@ import httpx
 import pytest
 import torch
 
-from tests.trainer_hooks.monitor_support import (
+from tests.support.monitor import (
     FAST,
     ServerProcess,
     python_process,

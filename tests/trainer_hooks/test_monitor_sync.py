@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer_hooks.monitor_support import (
+from tests.support.monitor import (
     FAST,
     assert_every_step_once,
     headline,
@@ -29,7 +29,7 @@ make_server = pytest.fixture(name="make_server")(servers)
 
 TRAINER = """
     import sys, time
-    from tests.trainer_hooks.monitor_support import headline
+    from tests.support.monitor import headline
     from trainer_hooks.monitor import Monitor
     from trainer_hooks.sender import SenderConfig
 
@@ -173,7 +173,7 @@ def test_sync_of_a_sigkilled_trainer_that_never_reached_the_server(
     server = make_server(sqlite_url, start=False)
     code = f"""
         import time
-        from tests.trainer_hooks.monitor_support import headline
+        from tests.support.monitor import headline
         from trainer_hooks.monitor import Monitor
         from trainer_hooks.sender import SenderConfig
         monitor = Monitor({server.url!r}, run_name="offline", spool_dir={str(tmp_path)!r},

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer_hooks.monitor_support import (
+from tests.support.monitor import (
     FAST,
     assert_every_step_once,
     headline,
@@ -63,7 +63,7 @@ def test_a_sigkilled_trainer_leaves_the_spool_to_keel_sync_and_no_process_behind
     server = make_server(sqlite_url, start=False)
     code = f"""
         import time
-        from tests.trainer_hooks.monitor_support import headline
+        from tests.support.monitor import headline
         from trainer_hooks.monitor import Monitor
         from trainer_hooks.sender import SenderConfig
         monitor = Monitor({server.url!r}, run_name="orphan", spool_dir={str(tmp_path)!r},

@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from tests.trainer_hooks.monitor_support import servers
+from tests.support.monitor import servers
 from trainer_hooks.sender import ConnState, upload
 from trainer_hooks.spool import Spool
 from wire import RunInfo

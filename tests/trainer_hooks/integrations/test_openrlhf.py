@@ -21,7 +21,7 @@ import httpx
 import pytest
 import torch
 
-from tests.trainer_hooks.monitor_support import FAST
+from tests.support.monitor import FAST
 from trainer_hooks.integrations.openrlhf import (
     OPENRLHF_TO_KEEL,
     KeelLogger,

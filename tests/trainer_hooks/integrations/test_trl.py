@@ -21,7 +21,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from trl import GRPOConfig, GRPOTrainer
 
-from tests.trainer_hooks.monitor_support import FAST
+from tests.support.monitor import FAST
 from trainer_hooks.integrations.trl import (
     SOURCE_NONE,
     SOURCE_ROLLOUT,

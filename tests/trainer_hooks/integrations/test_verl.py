@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.trainer_hooks.monitor_support import FAST, REPO_ROOT
+from tests.support.monitor import FAST, REPO_ROOT
 from trainer_hooks.integrations.verl import VERL_TO_KEEL, KeelBackend, keel_metrics
 from trainer_hooks.metrics import stability_metrics
 from trainer_hooks.monitor import Monitor

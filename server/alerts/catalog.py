@@ -1,4 +1,4 @@
-"""Detector registry and the default rules every project gets."""
+"""The catalog: every detector kind by name, and the default rules every project gets."""
 
 from __future__ import annotations
 

@@ -16,8 +16,8 @@ from server.alerts.backtest import (
     rule_from_json,
     stored_rules,
 )
-from server.alerts.rules import DEFAULT_RULES, RuleSpec
-from tests.server.wire import hello, new_run, open_ingest, points, recv
+from server.alerts.catalog import DEFAULT_RULES, RuleSpec
+from tests.support.raw_client import hello, new_run, open_ingest, points, recv
 from wire import Row
 
 

@@ -87,14 +87,20 @@ def text_of(driver: Any, element_id: str) -> str:
     )
 
 
+def set_viewport(driver: Any, width: int, height: int) -> None:
+    """The page's viewport itself (a window of 1280x800 leaves less to the page)."""
+    driver.execute_cdp_cmd(
+        "Emulation.setDeviceMetricsOverride",
+        {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+    )
+
+
 def console_errors(driver: Any) -> list[str]:
     return [entry["message"] for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
 
 
 def screenshot(driver: Any, path: Path, full_page: bool = True) -> Path:
     """Save the 1280x800 viewport, or the whole page at 1280 wide."""
-    from tests.dashboard.conftest import set_viewport
-
     if full_page:
         height = int(driver.execute_script("return document.documentElement.scrollHeight"))
         set_viewport(driver, 1280, max(800, height))

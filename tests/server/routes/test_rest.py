@@ -8,7 +8,7 @@ import time
 import httpx
 from websockets.sync.client import connect
 
-from tests.server.wire import hello, new_run, open_ingest, points, recv, series
+from tests.support.raw_client import hello, new_run, open_ingest, points, recv, series
 
 
 def test_post_points_has_websocket_storage_semantics(server) -> None:

@@ -1,4 +1,4 @@
-"""Test data for the dashboard: toy runs streamed over the real ingest websocket (tests/server/wire.py)."""
+"""Test data for the dashboard: toy runs streamed over the real ingest websocket (raw_client.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 from websockets.sync.client import ClientConnection
 
-from tests.server.wire import hello, new_run, open_ingest, points, recv
+from tests.support.raw_client import hello, new_run, open_ingest, points, recv
 
 HEADLINE = ("reward/mean", "mismatch/kl", "gate/frac", "mismatch/ratio_max", "grad/norm")
 

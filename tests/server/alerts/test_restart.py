@@ -17,7 +17,7 @@ from server.alerts import engine as engine_module
 from server.db import create_engine
 from server.models import RuleState
 from server.storage import Store
-from tests.server.wire import hello, new_run, open_ingest, points, recv
+from tests.support.raw_client import hello, new_run, open_ingest, points, recv
 from wire import Row, RunInfo
 
 
@@ -63,12 +63,12 @@ def test_a_crash_that_loses_detector_state_is_caught_up_from_stored_points(serve
     run = new_run("crashed")
     first = server_factory(database_url)
     _stream(first, run, rows[:10])
-    engine = first.app.state.services.alerts  # type: ignore[attr-defined]
+    engine = first.app.state.components.alerts  # type: ignore[attr-defined]
     deadline = time.monotonic() + 15
     while not any(run_id == run["id"] and t.last_step == 9 for (_, run_id), t in engine._tracked.items()):
         assert time.monotonic() < deadline  # evaluation follows the ack
         time.sleep(0.02)
-    first.app.state.services.committed.listeners.remove(engine.on_points)  # type: ignore[attr-defined]
+    first.app.state.components.committed.listeners.remove(engine.on_points)  # type: ignore[attr-defined]
     _stream(first, run, rows[10:90], first_step=10, seq0=1)
     first.stop()
 
@@ -125,7 +125,7 @@ def test_a_new_runs_first_frames_evaluated_on_two_replicas_at_once_lose_no_step(
     assert [a[:4] for a in expected] == [("non-finite value", "firing", 3, 3)]
 
     a, b = server_factory(postgres_url), server_factory(postgres_url)
-    committed = a.app.state.services.committed  # type: ignore[attr-defined]
+    committed = a.app.state.components.committed  # type: ignore[attr-defined]
     (evaluate,) = committed.listeners
 
     async def slow(run_id: str, frame_rows: list) -> None:  # type: ignore[type-arg]
@@ -141,7 +141,7 @@ def test_a_new_runs_first_frames_evaluated_on_two_replicas_at_once_lose_no_step(
 
 
 def test_one_replica_reports_a_silent_run(postgres_url, server_factory) -> None:
-    replicas = [server_factory(postgres_url, silence_check_s=0.2) for _ in range(2)]
+    replicas = [server_factory(postgres_url, silent_run_check_s=0.2) for _ in range(2)]
     run = new_run("quiet", project="replicas")
     _stream(replicas[0], run, [{"reward/mean": 0.5}])
     rules = httpx.get(f"{replicas[0].url}/api/v1/rules", params={"project": "replicas"}).json()
@@ -199,7 +199,7 @@ def test_a_rule_deleted_on_another_replica_stops_failing_evaluation_at_the_next_
     flat = [{"mismatch/kl": 1e-3} for _ in range(10)]
     _stream(b, run, flat)  # B now holds every rule of the project, "kl high" included
     deadline = time.monotonic() + 15
-    while run["id"] not in {r for (_, r) in b.app.state.services.alerts._tracked}:  # type: ignore[attr-defined]
+    while run["id"] not in {r for (_, r) in b.app.state.components.alerts._tracked}:  # type: ignore[attr-defined]
         assert time.monotonic() < deadline  # evaluation follows the ack
         time.sleep(0.02)
     assert httpx.delete(f"{a.url}/api/v1/rules/{created.json()['id']}").status_code == 204
@@ -228,7 +228,7 @@ def test_detector_states_are_checkpointed_not_written_with_every_frame(server_fa
     (on PostgreSQL too: rewriting them with every frame cost a quarter of the evaluation),
     and a graceful stop writes what is left."""
     server = server_factory(database_url)
-    engine = server.app.state.services.alerts  # type: ignore[attr-defined]
+    engine = server.app.state.components.alerts  # type: ignore[attr-defined]
     engine.coordination.checkpoints.checkpoint_s = 3600.0
     run = new_run("checkpointed")
     _stream(server, run, [{"mismatch/kl": 1e-3, "reward/mean": 0.5}] * 100)
@@ -248,7 +248,7 @@ def test_a_state_another_replica_wrote_replaces_one_evaluated_further_but_not_wr
     copy is the evaluation that counts: this replica's next write finds it, writes nothing
     over it, reloads it and replays from there."""
     server = server_factory(postgres_url)
-    engine = server.app.state.services.alerts  # type: ignore[attr-defined]
+    engine = server.app.state.components.alerts  # type: ignore[attr-defined]
     engine.coordination.checkpoints.checkpoint_s = 3600.0
     run = new_run("overtaken")
     rows = [{"mismatch/kl": 1e-3, "reward/mean": 0.5}] * 30
@@ -321,7 +321,7 @@ def test_a_long_history_nobody_evaluated_is_replayed_only_for_its_last_steps(
 
 def _evaluated_to(server, run_id: str, step: int) -> None:  # type: ignore[no-untyped-def]
     """Wait until `server`'s engine has evaluated `run_id` up to `step` for every rule."""
-    tracked = server.app.state.services.alerts._tracked
+    tracked = server.app.state.components.alerts._tracked
     deadline = time.monotonic() + 15
     while not (steps := [t.last_step for (_, r), t in list(tracked.items()) if r == run_id]) or min(steps) < step:  # type: ignore[type-var]
         assert time.monotonic() < deadline, steps  # evaluation follows the ack
@@ -373,7 +373,7 @@ def test_a_shutdown_saves_the_states_of_a_runs_rules_after_one_was_deleted_on_an
     """B holds unsaved states (checkpoints off) for every rule of the run, one of them a rule
     A deleted since. B's shutdown writes the others' states, and none for the deleted rule."""
     a, b = server_factory(postgres_url), server_factory(postgres_url)
-    b.app.state.services.alerts.coordination.checkpoints.checkpoint_s = 3600.0  # type: ignore[attr-defined]
+    b.app.state.components.alerts.coordination.checkpoints.checkpoint_s = 3600.0  # type: ignore[attr-defined]
     run = new_run("flushed", project="flushed")
     created = httpx.post(
         f"{a.url}/api/v1/rules",
@@ -413,8 +413,8 @@ def test_a_run_idle_for_a_while_is_forgotten_and_resumes_where_it_was(server_fac
     expected = _climb_alerts(reference, ref_run["id"])
     assert expected and expected[0][0] > 90
 
-    server = server_factory(database_url, silence_check_s=0.2)
-    engine = server.app.state.services.alerts  # type: ignore[attr-defined]
+    server = server_factory(database_url, silent_run_check_s=0.2)
+    engine = server.app.state.components.alerts  # type: ignore[attr-defined]
     engine.coordination.checkpoints.checkpoint_s = 3600.0  # only the idle run's save writes step 89
     engine.idle_s = 1.0
     run = new_run("idle")

@@ -1,5 +1,6 @@
-"""Shared by the Monitor tests: a real `keel serve` in a subprocess (so a test can SIGKILL it
-and start it again on the same port), trainer subprocesses and exact-value assertions.
+"""For tests that run a Monitor (its own, the learners', the server's back-pressure): a real
+`keel serve` in a subprocess (so a test can SIGKILL it and start it again on the same port),
+trainer subprocesses and exact-value assertions.
 
 Each test module turns `servers` into its fixture: `make_server = pytest.fixture(name=...)(servers)`
 (no conftest.py, so nothing here leaks into other packages' tests).

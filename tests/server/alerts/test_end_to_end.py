@@ -9,10 +9,10 @@ import httpx
 import pytest
 from websockets.sync.client import connect
 
-from server.alerts.rules import DEFAULT_RULES
+from server.alerts.catalog import DEFAULT_RULES
 from server.webhooks import signing
-from tests.server.receiver import Receiver
-from tests.server.wire import hello, new_run, open_ingest, points, recv
+from tests.support.raw_client import hello, new_run, open_ingest, points, recv
+from tests.support.webhook_receiver import Receiver
 
 FAST = {"allow_private_webhooks": True, "webhook_retry_base_s": 0.05}
 
@@ -231,10 +231,10 @@ def test_concurrent_first_runs_of_a_project_install_rules_once_and_lose_no_evalu
 
 
 def test_run_gone_silent_fires_a_warning_and_resolves_when_data_returns(server_factory, database_url) -> None:
-    server = server_factory(database_url, silence_check_s=0.2)
-    run = new_run("quiet", project="silence")
+    server = server_factory(database_url, silent_run_check_s=0.2)
+    run = new_run("quiet", project="silent-runs")
     _stream(server, run, [{"reward/mean": 0.5}])
-    rule = _wait(lambda: [r for r in httpx.get(f"{server.url}/api/v1/rules", params={"project": "silence"}).json() if r["detector"] == "silent"])[0]
+    rule = _wait(lambda: [r for r in httpx.get(f"{server.url}/api/v1/rules", params={"project": "silent-runs"}).json() if r["detector"] == "silent"])[0]
     assert httpx.patch(f"{server.url}/api/v1/rules/{rule['id']}", json={"params": {"after_s": 0.5}}).status_code == 200
     firing = _wait(lambda: _alerts(server, run_id=run["id"], state="firing"))
     assert firing[0]["rule"] == "run went silent" and firing[0]["severity"] == "warning"

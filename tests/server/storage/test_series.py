@@ -10,7 +10,7 @@ import httpx
 
 from server import db
 from server.storage import Store
-from tests.server.wire import new_run, series
+from tests.support.raw_client import new_run, series
 from wire import Row, RunInfo
 
 N = 1_000_000
@@ -100,7 +100,7 @@ def test_downsampling_a_run_whose_steps_reach_2_to_the_62(server) -> None:
     rows = [{"step": step, "values": {"x": float(index)}} for index, step in enumerate(steps)]
     response = httpx.post(f"{server.url}/api/v1/runs/{run['id']}/points", json={"rows": rows})
     assert response.status_code == 404  # no such run yet: say hello first
-    from tests.server.wire import hello, open_ingest, points, recv
+    from tests.support.raw_client import hello, open_ingest, points, recv
 
     with open_ingest(server) as ws:
         hello(ws, run)

@@ -12,7 +12,7 @@ import httpx
 import psycopg
 from sqlalchemy.engine import make_url
 
-from tests.server.wire import hello, new_run, open_ingest, points, recv
+from tests.support.raw_client import hello, new_run, open_ingest, points, recv
 
 SECRET = "whsec_" + "c2VjcmV0LWtleS1vZi0zMi1ieXRlcy1sb25nLi4uLi4="
 

@@ -14,7 +14,7 @@ from server.alerts.coordination import for_store
 from server.alerts.engine import AlertEngine
 from server.alerts.notify import Notifier
 from server.alerts.rulebook import RuleBook
-from server.config import Settings
+from server.config import Settings, deprecated_env
 from server.fanout import Fanout
 from server.ingest import AfterCommit, FrameBudget, IngestSlots
 from server.live import LiveHub
@@ -23,13 +23,13 @@ from server.storage import Store
 from server.tokens import create_token
 from server.webhooks.delivery import DeliveryWorker, RetryPolicy
 
-__all__ = ["Services", "running"]
+__all__ = ["Components", "running"]
 
 log = logging.getLogger("keel.server")
 
 
 @dataclass(frozen=True)
-class Services:
+class Components:
     settings: Settings
     store: Store
     hub: LiveHub
@@ -58,8 +58,10 @@ async def _every(period_s: float, job: Callable[[], Awaitable[None]]) -> None:
 
 
 @asynccontextmanager
-async def running(settings: Settings, internal_token: str) -> AsyncIterator[Services]:
-    """Build the services, run their background tasks, and take it all down again."""
+async def running(settings: Settings, internal_token: str) -> AsyncIterator[Components]:
+    """Build the components, run their background tasks, and take it all down again."""
+    for old, new in deprecated_env():
+        log.warning("%s is deprecated and will stop working; set %s instead", old, new)
     if settings.migrate_on_start:
         await db.upgrade_async(settings.database_url)
     engine = db.create_engine(settings.database_url)
@@ -80,7 +82,7 @@ async def running(settings: Settings, internal_token: str) -> AsyncIterator[Serv
     coordination = for_store(store)
     rulebook = RuleBook(store, ttl_s=coordination.rules_ttl_s)
     alerts = AlertEngine(store, hub, rulebook, coordination, Notifier(settings.base_url), on_outbox=deliveries.wake)
-    services = Services(
+    components = Components(
         settings=settings,
         store=store,
         hub=hub,
@@ -98,8 +100,8 @@ async def running(settings: Settings, internal_token: str) -> AsyncIterator[Serv
         await create_token(store, "bootstrap", ["admin"], settings.bootstrap_token)
     tasks = [
         asyncio.create_task(deliveries.run_forever(), name="keel-webhooks"),
-        asyncio.create_task(_every(settings.silence_check_s, alerts.check_silent_runs), name="keel-silence"),
-        asyncio.create_task(_every(settings.silence_check_s, alerts.forget_idle_runs), name="keel-alerts-idle"),
+        asyncio.create_task(_every(settings.silent_run_check_s, alerts.check_silent_runs), name="keel-silent-runs"),
+        asyncio.create_task(_every(settings.silent_run_check_s, alerts.forget_idle_runs), name="keel-alerts-idle"),
     ]
     if fanout is not None:
         tasks += [
@@ -108,7 +110,7 @@ async def running(settings: Settings, internal_token: str) -> AsyncIterator[Serv
             asyncio.create_task(fanout.deliver_forever(hub), name="keel-fanout-deliver"),
         ]
     try:
-        yield services
+        yield components
     finally:
         for task in tasks:
             task.cancel()
