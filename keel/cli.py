@@ -41,8 +41,12 @@ _COMMAND_MODULES: Mapping[str, tuple[str, ...]] = {
     "keel.transfer": (),
 }
 
-_EXTRA_OF = {"fastapi": "server", "torch": "torch"}
-"""The extra of pyproject.toml that installs a needed module, named where it is missing."""
+_INSTALLED_BY = {
+    "fastapi": "keel-rl[server]",
+    "torch": "keel-rl[torch]",
+    "learners": "left out of this install",  # every pip install has it; the server image does not
+}
+"""What installs a needed module, named where it is missing."""
 
 CommandSpec = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
 
@@ -73,7 +77,7 @@ def installed_commands(modules: Mapping[str, tuple[str, ...]] = _COMMAND_MODULES
 
 
 def _needs(absent: tuple[str, ...]) -> str:
-    return "needs " + ", ".join(f"{name} (keel-rl[{_EXTRA_OF[name]}])" if name in _EXTRA_OF else name for name in absent)
+    return "needs " + ", ".join(f"{name} ({_INSTALLED_BY[name]})" if name in _INSTALLED_BY else name for name in absent)
 
 
 def _missing_epilog(missing: dict[str, tuple[str, ...]]) -> str | None:

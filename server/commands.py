@@ -4,10 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from server.config import Settings
 
 
 def _add_database_url(parser: argparse.ArgumentParser) -> None:
@@ -50,20 +46,6 @@ def masked_url(database_url: str) -> str:
         return "<unparsable database URL>"
 
 
-def served_names(settings: Settings) -> str:
-    """Which Host names the server answers to (server/origins.py): printed when it binds off
-    loopback, where browsers may come by names it does not know."""
-    from server.origins import SitePolicy
-
-    policy = SitePolicy.from_settings(settings)
-    if policy.any_name:
-        return "any Host name is served (KEEL_ALLOWED_HOSTS=*)"
-    return (
-        f"served as {', '.join(sorted(policy.names))} or an IP address; other Host names are refused "
-        "(add them to KEEL_ALLOWED_HOSTS)"
-    )
-
-
 def _serve(args: argparse.Namespace) -> int:
     import gc
 
@@ -80,8 +62,6 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     if settings.auth_enabled:
         print("keel: auth is on: clients need a token (keel token create --scopes ingest,read,admin)", flush=True)
-    if not is_loopback(settings.host):
-        print(f"keel: {served_names(settings)}", flush=True)
     print(f"keel: serving on http://{settings.host}:{settings.port}  (database: {masked_url(settings.database_url)})", flush=True)
     server = uvicorn.Server(uvicorn_config(create_app(settings), settings, log_level=args.log_level, keel_loggers=True))
     # What importing the server made (hundreds of thousands of objects: the dashboard, Plotly)

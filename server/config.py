@@ -40,9 +40,10 @@ class Settings(BaseSettings):
     """Base URL used in links sent out (webhooks); defaults to http://host:port. Its host
     is one of the server's names and its origin may write (below)."""
     allowed_hosts: Annotated[list[str], NoDecode] = []
-    """Names browsers may reach the server by, besides localhost, IP addresses, the name
-    it binds and public_url's host (comma-separated; "*": any name). A request for any
-    other Host is refused with 400: DNS rebinding (docs/security.md)."""
+    """With auth off, names browsers may reach the server by, besides localhost, IP
+    addresses, the name it binds and public_url's host (comma-separated; "*": any name).
+    A request for any other Host is refused with 400: DNS rebinding (docs/security.md).
+    With auth on, any name is served."""
     allowed_origins: Annotated[list[str], NoDecode] = []
     """Origins (https://app.example.com) whose pages may write and open websockets, besides
     the server's own and public_url's (comma-separated). Other pages are refused with 403."""

@@ -5,9 +5,12 @@ two attacks (docs/security.md):
 
 - DNS rebinding: a page on evil.example points its own name at 127.0.0.1 and then reads
   and writes Keel as if it were its own origin; its requests carry `Host: evil.example`.
-  The Host check refuses (400) every name that is not the server's: `localhost`, the
-  name it binds, the host of `public_url`, and `allowed_hosts`. IP addresses are always
-  served: a request for an address involved no DNS, so nothing was rebound.
+  With auth off, the Host check refuses (400) every name that is not the server's:
+  `localhost`, the name it binds, the host of `public_url`, and `allowed_hosts`. IP
+  addresses are always served: a request for an address involved no DNS, so nothing was
+  rebound. With auth on there is nothing to check: a rebound page holds neither a token
+  nor Keel's cookie (a cookie belongs to the name it was set for), so trainers and
+  proxies may reach the server by any name.
 - Cross-site writes and websocket hijacking: any page may POST to http://127.0.0.1:8750
   or open a websocket on it, and the browser sends it without asking the server first
   (a websocket is not subject to CORS at all). The browser names the page in `Origin`.
@@ -90,7 +93,8 @@ class SitePolicy:
     names: frozenset[str]
     """Host names served besides IP addresses (lowercase, no port)."""
     any_name: bool
-    """`allowed_hosts` holds "*": the Host check is off (a proxy in front checks it)."""
+    """The Host check is off: auth is on (a rebound page has no credential to use), or
+    `allowed_hosts` holds "*" (a proxy in front checks it)."""
     origins: frozenset[str]
     """Origins whose pages may write, besides the request's own (as `origin_of` gives them)."""
 
@@ -107,7 +111,8 @@ class SitePolicy:
                 raise ValueError(f"KEEL_PUBLIC_URL must be an http(s) URL, not {settings.public_url!r}")
             names.add(host_name(urlsplit(public).netloc))
             origins.add(public)
-        return cls(names=frozenset(names), any_name="*" in settings.allowed_hosts, origins=frozenset(origins))
+        any_name = settings.auth_enabled or "*" in settings.allowed_hosts
+        return cls(names=frozenset(names), any_name=any_name, origins=frozenset(origins))
 
     def serves_host(self, host: str | None) -> bool:
         # No Host at all is no browser's request (HTTP/1.1 requires one; h11 enforces it).

@@ -31,7 +31,8 @@ _PATTERNS = (
     # Authorization: Bearer <token>
     re.compile(r"(?i)(\bbearer\s+)[^\s\"',]+"),
     # A Keel API token (server/tokens.py) or webhook secret (server/webhooks/signing.py) anywhere.
-    re.compile(r"()\b(?:keel_[\w-]{20,}|whsec_[A-Za-z0-9+/=]{16,})"),
+    # (keel_ + token_urlsafe(32): exactly 43 characters, so names like keel_test_... stay legible)
+    re.compile(r"()\b(?:keel_[A-Za-z0-9_-]{43}(?![A-Za-z0-9_-])|whsec_[A-Za-z0-9+/=]{16,})"),
 )
 
 

@@ -13,7 +13,6 @@ from websockets.sync.client import ClientConnection, connect
 from websockets.typing import Origin
 
 from server.app import create_app
-from server.commands import served_names
 from server.config import Settings
 from server.origins import SitePolicy
 from tests.support.raw_client import hello, new_run, open_ingest
@@ -152,21 +151,26 @@ def test_pages_may_not_be_framed_by_other_sites(server_factory, sqlite_url: str)
         assert response.headers["x-content-type-options"] == "nosniff"
 
 
-def test_names_served_when_bound_to_every_interface() -> None:
-    # docker compose: bound to 0.0.0.0, reached as localhost or 127.0.0.1 through the port mapping.
-    policy = SitePolicy.from_settings(Settings(host="0.0.0.0", public_url="http://127.0.0.1:8750"))
-    assert all(policy.serves_host(h) for h in ("localhost:8750", "127.0.0.1:8750", "[::1]:8750", "172.18.0.3:8750"))
+def test_with_auth_off_only_the_servers_own_names_are_served() -> None:
+    policy = SitePolicy.from_settings(Settings(host="127.0.0.1", public_url="https://keel.example.com"))
+    assert all(policy.serves_host(h) for h in ("localhost:8750", "127.0.0.1:8750", "[::1]:8750", "KEEL.example.com"))
     assert not policy.serves_host("keel.lan:8750") and not policy.serves_host("evil.example")
     assert policy.trusts_origin("http://localhost:8750", "localhost:8750")
     assert not policy.trusts_origin("http://localhost:8750", "127.0.0.1:8750")
-    named = SitePolicy.from_settings(Settings(host="keel.lan", public_url="https://keel.example.com"))
-    assert named.serves_host("keel.lan:8750") and named.serves_host("KEEL.example.com")
+    named = SitePolicy.from_settings(Settings(host="keel.lan", auth=False, public_url="https://keel.example.com"))
+    assert named.serves_host("keel.lan:8750") and not named.serves_host("keel-host:8750")
     assert named.trusts_origin("https://keel.example.com", "10.0.0.7:8750")
-    # What `keel serve` says at start when bound off loopback.
-    assert served_names(Settings(host="keel.lan", public_url="https://keel.example.com")) == (
-        "served as keel.example.com, keel.lan, localhost or an IP address; other Host names are refused "
-        "(add them to KEEL_ALLOWED_HOSTS)"
-    )
+
+
+def test_with_auth_on_any_name_is_served_and_origins_are_still_checked() -> None:
+    """Trainers reach a cluster's server as http://keel-host:8750 or, in compose, http://server:8750;
+    a rebound page has no token or cookie to use, but a foreign page's write still carries the
+    user's cookie: refused."""
+    for settings in (Settings(host="0.0.0.0", public_url="http://127.0.0.1:8750"), Settings(host="127.0.0.1", auth=True)):
+        policy = SitePolicy.from_settings(settings)
+        assert all(policy.serves_host(h) for h in ("keel-host:8750", "server:8750", "evil.example", "localhost"))
+        assert not policy.trusts_origin("http://evil.example", "keel-host:8750")
+        assert policy.trusts_origin("http://keel-host:8750", "keel-host:8750")
 
 
 def test_allowed_lists_are_read_comma_separated(monkeypatch: pytest.MonkeyPatch) -> None:
