@@ -9,10 +9,8 @@ from __future__ import annotations
 import re
 import secrets
 import shlex
-import socket
 import subprocess
 import textwrap
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +20,7 @@ import httpx
 import pytest
 import yaml
 
+from keel.local import free_port
 from tests.support.installs import (
     ROOT,
     Dockerfile,
@@ -32,6 +31,7 @@ from tests.support.installs import (
     product_env,
     read_dockerfile,
 )
+from tests.support.server import ServerProcess
 
 COMPOSE_PORT = "8750"
 """The port the compose file serves on; each run here substitutes a free one."""
@@ -101,25 +101,6 @@ def _healthcheck_argv(service: dict[str, Any]) -> list[str]:
     return list(test[1:]) if test[0] == "CMD" else shlex.split(test[1])
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _wait_ready(url: str, server: subprocess.Popen[str], log: Path, timeout_s: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert server.poll() is None, f"the server exited ({server.returncode}):\n{log.read_text()}"
-        try:
-            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.25)
-    raise AssertionError(f"not ready in {timeout_s} s:\n{log.read_text()}")
-
-
 def _documented_keel_commands(compose_text: str) -> list[list[str]]:
     """`keel ...` commands the compose file's comments tell operators to run (`docker compose exec server keel ...`)."""
     return [shlex.split(command) for command in re.findall(r"`(?:docker compose exec \S+ )?(keel [^`]+)`", compose_text)]
@@ -130,7 +111,7 @@ def test_the_compose_stack_runs_on_the_image(
     image: Image, compose: dict[str, Any], postgres_url: str, tmp_path: Path
 ) -> None:
     services = compose["services"]
-    port = _free_port()
+    port = free_port()
     admin_token = secrets.token_urlsafe(32)
     variables = {"KEEL_ADMIN_TOKEN": admin_token}
     assert f"127.0.0.1:{COMPOSE_PORT}:{COMPOSE_PORT}" in services["server"]["ports"]
@@ -143,18 +124,9 @@ def test_the_compose_stack_runs_on_the_image(
     assert server_env["KEEL_MIGRATE_ON_START"] == "false" and server_env["KEEL_BOOTSTRAP_TOKEN"] == admin_token
     assert server_env["KEEL_PUBLIC_URL"] == f"http://127.0.0.1:{port}"
     log = tmp_path / "server.log"
-    with log.open("w") as log_file:
-        server = subprocess.Popen(
-            _with_port(services["server"]["command"], port),
-            cwd=image.workdir,
-            env=image.env(**server_env),
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_ready(url, server, log)
+    server_argv = _with_port(services["server"]["command"], port)
+    with ServerProcess(server_argv, port, log, env=image.env(**server_env), cwd=image.workdir) as server:
+        url = server.url
         health = image.run(_with_port(_healthcheck_argv(services["server"]), port))
         assert health.returncode == 0, health.stderr
 
@@ -172,9 +144,6 @@ def test_the_compose_stack_runs_on_the_image(
         assert httpx.get(f"{url}/api/v1/runs", headers=ingest, timeout=10).status_code == 401  # not read
         write = httpx.post(f"{url}/api/v1/runs/{uuid.uuid4()}/points", json={"rows": []}, headers=ingest, timeout=10)
         assert write.status_code == 404, write.text  # let in, and told the run is unknown
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
     assert "serving on http://0.0.0.0:" in log.read_text()
 
 

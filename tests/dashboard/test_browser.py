@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from selenium.webdriver.common.keys import Keys
 
+from bench.support import percentile
 from dashboard.series import ema
 from tests.support.browser import (
     charts,
@@ -13,7 +14,6 @@ from tests.support.browser import (
     drawn_charts,
     live_state,
     live_stats,
-    percentile,
     screenshot,
     text_of,
     wait_until,

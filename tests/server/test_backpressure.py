@@ -27,7 +27,6 @@ from websockets.sync.client import ClientConnection, connect
 
 from tests.support.monitor import (
     FAST,
-    ServerProcess,
     headline,
     python_process,
     servers,
@@ -35,6 +34,7 @@ from tests.support.monitor import (
     wait_until,
 )
 from tests.support.raw_client import hello, new_run, points
+from tests.support.server import ServerProcess
 from trainer_hooks.monitor import Monitor
 
 make_server = pytest.fixture(name="make_server")(servers)

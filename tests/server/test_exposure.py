@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 from sqlalchemy.engine import make_url
 
-from keel.local import LocalServer, free_port
+from keel.local import LocalServer
+from tests.support.server import keel_serve
 
 ADMIN = "keel_test_admin_token_0123456789abcdef"
 PASSWORD = "s3cret-Passw0rd"
@@ -46,19 +48,11 @@ def test_db_upgrade_prints_the_url_without_its_password(postgres_url: str) -> No
     assert "***@" in result.stdout
 
 
-def test_serve_prints_the_url_without_its_password(postgres_url: str) -> None:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "keel", "serve", "--port", str(free_port()), "--database-url", _url_with_password(postgres_url)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    try:
-        assert process.stdout is not None
-        line = process.stdout.readline()
-        while line and "serving on" not in line:
-            line = process.stdout.readline()
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
+def test_serve_prints_the_url_without_its_password(postgres_url: str, tmp_path: Path) -> None:
+    log = tmp_path / "serve.log"
+    with keel_serve(_url_with_password(postgres_url), log):
+        pass
+    line = next((line for line in log.read_text().splitlines() if "serving on" in line), "")
     assert "serving on" in line and "***@" in line and PASSWORD not in line
 
 

@@ -6,23 +6,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import socket
-import subprocess
-import sys
 import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
-import httpx
 import orjson
 import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from keel.local import free_port
 from server.live import LiveHub
 from tests.support.raw_client import new_run, points
+from tests.support.server import ServerProcess, keel_serve
 
 STATUS = {"type": "status", "run_id": "r", "status": "x" * 90}
 STATUS_BYTES = len(orjson.dumps(STATUS))
@@ -107,37 +105,20 @@ def _never_reading(url: str) -> Any:
 
 
 @pytest.fixture
-def serve_process(tmp_path):  # type: ignore[no-untyped-def]
-    port = free_port()
+def serve_process(tmp_path: Path) -> Iterator[ServerProcess]:
     env = {
-        **os.environ,
         "KEEL_LIVE_BUFFER_BYTES": str(BUFFER_BYTES),
         "KEEL_LIVE_TOTAL_BUFFER_BYTES": str(4 * BUFFER_BYTES),
     }
-    process = subprocess.Popen(
-        [sys.executable, "-m", "keel", "serve", "--port", str(port), "--log-level", "warning",
-         "--database-url", f"sqlite:///{tmp_path / 'keel.db'}"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert process.poll() is None and time.monotonic() < deadline, "keel serve did not start"
-        time.sleep(0.2)
-    try:
-        yield process, url, f"ws://127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
+    database_url = f"sqlite:///{tmp_path / 'keel.db'}"
+    with keel_serve(database_url, tmp_path / "serve.log", "--log-level", "warning", env=env) as server:
+        yield server
 
 
-def test_a_page_that_never_reads_holds_at_most_its_buffer(serve_process) -> None:
-    process, _, ws_url = serve_process
+def test_a_page_that_never_reads_holds_at_most_its_buffer(serve_process: ServerProcess) -> None:
+    ws_url = serve_process.ws_url
+    assert serve_process.process is not None
+    pid = serve_process.process.pid
     run = new_run("firehose")
     live_url = f"{ws_url}/api/v1/live?runs={run['id']}"
     seen_steps: list[int] = []
@@ -156,13 +137,13 @@ def test_a_page_that_never_reads_holds_at_most_its_buffer(serve_process) -> None
         ingest.send(json.dumps({"type": "hello", "protocol": 1, "run": run}))
         assert json.loads(ingest.recv(timeout=30))["type"] == "welcome"
         _ingest(ingest, 0, 40)  # warm-up: the allocator has seen this traffic already
-        baseline = _rss(process.pid)
+        baseline = _rss(pid)
         with _never_reading(live_url) as slow:
             time.sleep(0.2)
             # ~15 MB of live messages as text, ~130 MB as Python objects; up to ~4 MB of
             # text fit in the kernel's socket buffers, the rest is the server's to hold.
             _ingest(ingest, 40, 300)
-            grown = _rss(process.pid) - baseline
+            grown = _rss(pid) - baseline
             assert grown < 30 * 1024 * 1024, f"server memory grew by {grown / 2**20:.0f} MiB"
             # The page that never read gets what was in flight, then the reason.
             with pytest.raises(ConnectionClosed) as closed:

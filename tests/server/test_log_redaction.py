@@ -3,12 +3,8 @@ log read back after real requests that carry secrets in their URLs."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -20,6 +16,7 @@ from websockets.typing import Origin
 
 from keel.local import free_port
 from server.redaction import RedactSecrets, redact
+from tests.support.server import keel_serve
 
 QUERY_TOKEN = "qtok-6f1c2a9e0b7d"
 LIVE_TOKEN = "ltok-93a0c1d2e4f5"
@@ -28,40 +25,14 @@ ACCESS_TOKEN = "atok-0a1b2c3d4e5f"
 DB_PASSWORD = "dbpass-7c6b5a4d3e2f"
 WEBHOOK_SECRET = "whsec_" + "c2VjcmV0LWtleS1mb3ItdGhlLXRlc3QtMDEyMzQ1Njc="
 HOOK_TOKEN = "hooktok-1e2d3c4b5a69"
-
-
-@contextmanager
-def keel_serve(database_url: str, log: Path, *args: str) -> Iterator[str]:
-    """`keel serve` on a free port, stdout and stderr written to `log`; yields its URL."""
-    port = free_port()
-    env = {**os.environ, "KEEL_WEBHOOK_MAX_ATTEMPTS": "1"}  # a failed delivery is logged at once
-    with log.open("w") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "keel", "serve", "--port", str(port), "--database-url", database_url, *args],
-            stdout=out, stderr=subprocess.STDOUT, env=env,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert process.poll() is None, log.read_text()
-            try:
-                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.1)
-        yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
+FAIL_AT_ONCE = {"KEEL_WEBHOOK_MAX_ATTEMPTS": "1"}
+"""A failed webhook delivery is logged at once."""
 
 
 def test_secrets_in_urls_and_bodies_never_reach_the_log(sqlite_url: str, tmp_path: Path) -> None:
     log = tmp_path / "serve.log"
-    with keel_serve(sqlite_url, log, "--allow-private-webhooks") as url:
-        ws_url = url.replace("http://", "ws://")
+    with keel_serve(sqlite_url, log, "--allow-private-webhooks", env=FAIL_AT_ONCE) as server:
+        url, ws_url = server.url, server.ws_url
         assert httpx.get(f"{url}/api/v1/runs", params={"token": QUERY_TOKEN}).status_code == 200
         assert httpx.get(f"{url}/compare", params={"runs": "a,b", "token": PAGE_TOKEN}).status_code == 200
         params = {"access_token": ACCESS_TOKEN, "password": ACCESS_TOKEN, "secret": ACCESS_TOKEN}
@@ -95,8 +66,8 @@ def test_the_database_password_never_reaches_the_log(postgres_url: str, tmp_path
     # The test PostgreSQL trusts local connections: any password is accepted.
     database_url = make_url(postgres_url).set(password=DB_PASSWORD).render_as_string(hide_password=False)
     log = tmp_path / "serve.log"
-    with keel_serve(database_url, log) as url:
-        assert httpx.get(f"{url}/api/v1/runs", params={"token": QUERY_TOKEN}).status_code == 200
+    with keel_serve(database_url, log, env=FAIL_AT_ONCE) as server:
+        assert httpx.get(f"{server.url}/api/v1/runs", params={"token": QUERY_TOKEN}).status_code == 200
     text = log.read_text()
     assert "(database: postgresql://postgres:***@127.0.0.1" in text
     assert "token=***" in text

@@ -111,12 +111,6 @@ def screenshot(driver: Any, path: Path, full_page: bool = True) -> Path:
     return path
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[index]
-
-
 AXIS_JS = """
 var key = arguments[0];
 var gd = Array.from(document.querySelectorAll('.keel-graph .js-plotly-plot')).find(function (g) {

@@ -1,6 +1,6 @@
 """For tests that run a Monitor (its own, the learners', the server's back-pressure): a real
-`keel serve` in a subprocess (so a test can SIGKILL it and start it again on the same port),
-trainer subprocesses and exact-value assertions.
+`keel serve` in a subprocess (tests/support/server.py: a test can SIGKILL it and start it again
+on the same port), trainer subprocesses and exact-value assertions.
 
 Each test module turns `servers` into its fixture: `make_server = pytest.fixture(name=...)(servers)`
 (no conftest.py, so nothing here leaks into other packages' tests).
@@ -9,7 +9,6 @@ Each test module turns `servers` into its fixture: `make_server = pytest.fixture
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -19,127 +18,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from keel.local import free_port
+from tests.support.server import REPO_ROOT, ServerProcess, keel_serve
 from trainer_hooks.sender import SenderConfig
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # Short batching window and backoff so outages heal within a test's patience.
 FAST = SenderConfig(flush_interval=0.05, backoff_initial=0.05, backoff_max=0.5)
-
-
-class ServerProcess:
-    """`python -m keel serve` on a fixed port; start(), kill() (SIGKILL) and start() again."""
-
-    def __init__(
-        self, database_url: str, log_path: Path, port: int | None = None, token: str | None = None
-    ) -> None:
-        """With `token`, auth is on and `token` is an admin token (KEEL_BOOTSTRAP_TOKEN)."""
-        self.database_url = database_url
-        self.token = token
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self, timeout: float = 60.0) -> None:
-        assert self.process is None, "already running"
-        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "keel",
-                "serve",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--database-url",
-                self.database_url,
-                "--log-level",
-                "warning",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=REPO_ROOT,
-            env={**os.environ, **self._auth_env()},
-        )
-        log.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(
-                    f"keel serve exited with {self.process.returncode}:\n{self.log()}"
-                )
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        raise RuntimeError(f"keel serve did not become healthy in {timeout} s:\n{self.log()}")
-
-    def _auth_env(self) -> dict[str, str]:
-        if self.token is None:
-            return {"KEEL_AUTH": "false"}
-        return {"KEEL_AUTH": "true", "KEEL_BOOTSTRAP_TOKEN": self.token}
-
-    def _headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
-
-    def kill(self) -> None:
-        """SIGKILL: no shutdown handlers, connections die with the process."""
-        assert self.process is not None
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(timeout=30)
-        self.process = None
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=15)
-            self.process = None
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-4000:] if self.log_path.exists() else ""
-
-    # -- REST reads used by the assertions -------------------------------------------
-
-    def get(self, path: str, **params: Any) -> Any:
-        response = httpx.get(
-            f"{self.url}/api/v1{path}", params=params, headers=self._headers(), timeout=30.0
-        )
-        response.raise_for_status()
-        return response.json()
-
-    def run(self, run_id: str) -> dict[str, Any]:
-        return dict(self.get(f"/runs/{run_id}"))
-
-    def last_step(self, run_id: str) -> int:
-        """The run's last stored step; -1 while the run does not exist or holds nothing."""
-        response = httpx.get(
-            f"{self.url}/api/v1/runs/{run_id}", headers=self._headers(), timeout=30.0
-        )
-        if response.status_code == 404:
-            return -1
-        response.raise_for_status()
-        last = response.json()["last_step"]
-        return -1 if last is None else int(last)
-
-    def keys(self, run_id: str) -> dict[str, int]:
-        return {entry["key"]: entry["count"] for entry in self.get(f"/runs/{run_id}/keys")}
-
-    def series(self, run_id: str, key: str) -> tuple[list[int], list[Any]]:
-        data = self.get(f"/runs/{run_id}/series", key=key, max_points=100_000)
-        assert data["downsampled"] is False
-        return data["steps"], data["values"]
 
 
 @contextmanager
@@ -203,7 +86,8 @@ def servers(tmp_path: Path) -> Iterator[MakeServer]:
     servers: list[ServerProcess] = []
 
     def make(database_url: str, *, start: bool = True, token: str | None = None) -> ServerProcess:
-        server = ServerProcess(database_url, tmp_path / f"server{len(servers)}.log", token=token)
+        log_path = tmp_path / f"server{len(servers)}.log"
+        server = keel_serve(database_url, log_path, "--log-level", "warning", token=token)
         servers.append(server)
         if start:
             server.start()

@@ -18,12 +18,12 @@ import torch
 
 from tests.support.monitor import (
     FAST,
-    ServerProcess,
     python_process,
     servers,
     spooled_steps,
     wait_until,
 )
+from tests.support.server import ServerProcess
 from trainer_hooks.metrics import stability_metrics
 from trainer_hooks.monitor import Monitor, dashboard_url
 
