@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.imports import imported_modules
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("wire", "trainer_hooks", "learners", "server", "dashboard", "keel", "migrations")
 
@@ -35,24 +37,9 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
-def _imports(name: str, path: Path) -> Iterator[str]:
-    """Every module `name` imports, anywhere in the file, as dotted names."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            yield from (alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*anchor, base] if base else anchor)
-            yield base
-            yield from (f"{base}.{alias.name}" for alias in node.names)  # `from pkg import module`
-
-
 def _graph() -> dict[str, set[str]]:
     return {
-        name: {imported for imported in _imports(name, path) if imported in MODULES and imported != name}
+        name: {imported for imported in imported_modules(name, path) if imported in MODULES and imported != name}
         for name, path in MODULES.items()
     }
 
@@ -117,7 +104,7 @@ def _module_of(imported: str) -> str:
 def _importers(package: str) -> Iterator[tuple[str, str]]:
     for name, path in MODULES.items():
         if _top(name) == package:
-            for imported in _imports(name, path):
+            for imported in imported_modules(name, path):
                 yield name, _module_of(imported)
 
 
@@ -170,7 +157,7 @@ def test_the_alert_pipeline_reaches_neither_the_http_api_nor_the_web_framework(p
     wrong = {
         (name, imported)
         for name in reached
-        for imported in _imports(name, MODULES[name])
+        for imported in imported_modules(name, MODULES[name])
         if _top(imported) in WEB_FRAMEWORK
     }
     assert wrong == set()

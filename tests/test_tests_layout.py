@@ -4,9 +4,10 @@ another's modules (a helper two packages need is support, not one package's test
 
 from __future__ import annotations
 
-import ast
 from collections.abc import Iterator
 from pathlib import Path
+
+from tests.support.imports import imported_modules
 
 ROOT = Path(__file__).resolve().parents[1]
 SUPPORT = "tests.support"
@@ -56,27 +57,14 @@ def _module_name(root: Path, path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imported_modules(root: Path, path: Path) -> Iterator[str]:
-    """Every module `path` imports, relative imports resolved; `from pkg import name` as pkg.name."""
-    name = _module_name(root, path)
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            yield from (alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*anchor, base] if base else anchor)
-            yield from (f"{base}.{alias.name}" for alias in node.names)
-
-
 def imports_of_other_test_modules(root: Path) -> list[tuple[str, str]]:
     """(importer, imported) for every import of a test module that is not tests.support: test
     modules, conftest files and helpers left in test packages included."""
     wrong = []
     for path in sorted((root / "tests").rglob("*.py")):
-        for imported in _imported_modules(root, path):
+        names = list(dict.fromkeys(imported_modules(_module_name(root, path), path)))
+        # `from tests.server import helpers` names tests.server and tests.server.helpers: report the latter
+        for imported in (name for name in names if not any(other.startswith(f"{name}.") for other in names)):
             in_tests = imported == "tests" or imported.startswith("tests.")
             if in_tests and imported != SUPPORT and not imported.startswith(f"{SUPPORT}."):
                 wrong.append((_module_name(root, path), imported))
