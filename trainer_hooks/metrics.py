@@ -31,6 +31,7 @@ from torch import Tensor
 __all__ = [
     "LOG_RATIO_CLAMP",
     "PROB_CLAMP",
+    "UNBOUNDED_EPS",
     "Partials",
     "bernoulli_kl",
     "finalize",
@@ -46,6 +47,10 @@ LOG_RATIO_CLAMP = 30.0
 """ℓ is clamped to ±30 before exp, so r stays finite in float32."""
 PROB_CLAMP = 1e-6
 """Probabilities in the Bernoulli KL are clamped to [1e-6, 1 - 1e-6]."""
+UNBOUNDED_EPS = 0.2
+"""`mismatch/unbounded_frac` counts tokens with A < 0 and r > 1 + UNBOUNDED_EPS: there PPO's
+clipped objective (ε = 0.2, its usual value) takes the unclipped r·A, and importance
+sampling never clips, so the token's step grows with r without bound."""
 _LOG_PROB_MIN = math.log(PROB_CLAMP)
 _LOG_PROB_MAX = math.log1p(-PROB_CLAMP)
 
@@ -165,7 +170,8 @@ def stability_metrics(
         learner_logprobs: log π of the same tokens under the trained weights, [..., B, T].
         mask: 1 for loss tokens, 0 for padding, [..., B, T]; None means all tokens.
         rewards: R_i, [..., B].
-        advantages: A_i, [..., B] or [..., B, T]; only counted in `nonfinite/count`.
+        advantages: A_i, [..., B] or [..., B, T]: `mismatch/unbounded_frac`, and
+            counted in `nonfinite/count`.
         gate_mask: the loss's gated units (losses.py): [..., B, T] for token units,
             [..., B] for sequence units.
         logits: learner logits [..., B, T, V] for the exact entropy.
@@ -179,7 +185,8 @@ def stability_metrics(
     `mismatch/bkl_seq_mean`, `batch/seqs`, `batch/tokens`, `batch/len_mean`,
     `nonfinite/count`, and `policy/entropy` with logits or `policy/entropy_est`
     (token-mean −log μ) without. With quantile: `mismatch/log_ratio_p99`.
-    With rewards: `reward/mean`, `reward/std` (population std). With gate_mask:
+    With rewards: `reward/mean`, `reward/std` (population std). With advantages:
+    `mismatch/unbounded_frac`. With gate_mask:
     `gate/frac`. With both versions: `staleness/lag_mean`, `staleness/lag_max`.
 
     Padding never counts: a sequence is a row with at least one mask-1 token;
@@ -399,6 +406,9 @@ def _local_partials(
         nonfinite = nonfinite + _count_nonfinite(
             advantages, valid if per_token else seq_valid, _TOKENS if per_token else -1
         )
+        advantages_B_T = advantages if per_token else advantages.unsqueeze(-1)
+        unbounded = (advantages_B_T < 0) & (ratio > 1 + UNBOUNDED_EPS)  # a NaN A is neither
+        sums["unbounded"] = _masked_sum(unbounded.expand(ell.shape), valid)
     sums["nonfinite"] = nonfinite
     if gate_mask is not None:
         per_token = gate_mask.dim() == learner_logprobs.dim()
@@ -502,6 +512,8 @@ def _finalize(
         out["reward/std"] = (sums["reward_sq"] / seqs - mean * mean).clamp_min(0).sqrt()
     if "gated" in sums:
         out["gate/frac"] = sums["gated"] / sums["gate_units"]
+    if "unbounded" in sums:
+        out["mismatch/unbounded_frac"] = sums["unbounded"] / tokens
     if "lag" in sums:
         out["staleness/lag_mean"] = sums["lag"] / seqs
         out["staleness/lag_max"] = torch.where(seqs > 0, maxes["lag_max"], math.nan)

@@ -101,6 +101,22 @@ def test_p99_is_torch_quantile_on_the_valid_tokens(seqs: int, length: int) -> No
     assert math.isnan(empty["mismatch/log_ratio_p99"].item())
 
 
+def test_unbounded_frac_counts_negative_advantage_tokens_the_learner_likes_more() -> None:
+    """A < 0 and r > 1 + ε: the tokens whose step PPO and importance sampling do not bound."""
+    ratios = torch.tensor([[2.0, 1.1, 1.5, 100.0], [2.0, 3.0, 0.5, 0.5], [9.0, 9.0, 9.0, 9.0]])
+    sampler = torch.full_like(ratios, math.log(0.01))
+    learner = sampler + ratios.log()
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 0, 0]])  # the r = 100 token is padding
+
+    per_sequence = stability_metrics(sampler, learner, mask, advantages=torch.tensor([-1.0, 1.0, NAN]))
+    assert per_sequence["mismatch/unbounded_frac"].item() == pytest.approx(2 / 9)  # 2.0 and 1.5; 1.1 ≤ 1.2
+
+    per_token = torch.tensor([[-1.0, -1.0, 1.0, -1.0], [0.5, -0.5, -2.0, 1.0], [-1.0, 0.0, -1.0, -1.0]])
+    out = stability_metrics(sampler, learner, mask, advantages=per_token)
+    assert out["mismatch/unbounded_frac"].item() == pytest.approx(3 / 9)  # 2.0 of seq 0, 3.0 of seq 1, 9.0 of seq 2
+    assert "mismatch/unbounded_frac" not in stability_metrics(sampler, learner, mask)
+
+
 def test_sequence_gate_entropy_and_nonfinite() -> None:
     b = hand_batch()
     logits = torch.tensor(
@@ -285,6 +301,7 @@ def test_merged_partials_are_the_metrics_of_the_concatenated_batches() -> None:
                 "learner": sampler + 0.5 * torch.randn(seqs, length, generator=generator),
                 "mask": torch.rand(seqs, length, generator=generator) > 0.3,
                 "rewards": torch.rand(seqs, generator=generator),
+                "advantages": torch.randn(seqs, generator=generator),
                 "gate_mask": torch.rand(seqs, generator=generator) > 0.5,  # per sequence
                 "logits": torch.randn(seqs, length, 5, generator=generator),
             }
@@ -301,7 +318,8 @@ def test_merged_partials_are_the_metrics_of_the_concatenated_batches() -> None:
     def metrics_of(b: dict[str, torch.Tensor], fn):  # type: ignore[no-untyped-def]
         return fn(
             b["sampler"], b["learner"], b["mask"],
-            rewards=b["rewards"], gate_mask=b["gate_mask"], logits=b["logits"],
+            rewards=b["rewards"], advantages=b["advantages"], gate_mask=b["gate_mask"],
+            logits=b["logits"],
         )  # fmt: skip
 
     parts = [metrics_of(m, stability_partials) for m in micro]
@@ -312,3 +330,4 @@ def test_merged_partials_are_the_metrics_of_the_concatenated_batches() -> None:
         for key, value in expected.items():
             torch.testing.assert_close(merged[key], value, rtol=1e-6, atol=1e-7, msg=key)
     assert finalize(merge_partials(parts))["batch/seqs"].item() == 8.0
+    assert 0 < expected["mismatch/unbounded_frac"].item() < 1  # the merge is checked on a real share

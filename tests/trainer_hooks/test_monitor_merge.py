@@ -171,10 +171,14 @@ def test_micro_batches_with_per_token_and_per_sequence_inputs_still_merge(
         with Monitor(server.url, run_name="mixed", spool_dir=tmp_path, sender_config=FAST) as m:
             log_micro_batches(m, 0, [first, second])
             log_micro_batches(m, 1, [first, without_rewards])
-    # Advantages only count in nonfinite/count: the reference leaves them out and adds theirs.
+    # Advantages of other shapes do not concatenate: the reference leaves them out, adds their
+    # NaN to nonfinite/count, and their unbounded tokens (counts add) to the share.
     no_advantages = [{**b, "advantages": None} for b in (first, second)]
     expected_0 = expected_metrics(no_advantages)
     expected_0["nonfinite/count"] += 1
+    alone = [expected_metrics([batch]) for batch in (first, second)]
+    unbounded = sum(m["mismatch/unbounded_frac"] * m["batch/tokens"] for m in alone)
+    expected_0["mismatch/unbounded_frac"] = unbounded / expected_0["batch/tokens"]
     expected_1 = {
         key: value
         for key, value in expected_metrics(
