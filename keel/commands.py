@@ -172,6 +172,13 @@ def _add_eval_alerts(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--details", action="store_true", help="list every false alarm, early false alarm and miss")
     parser.add_argument("--no-rlwatch", action="store_true", help="skip rlwatch's detectors")
     parser.add_argument("--json", default=None, help="also write the scores to this file")
+    parser.add_argument("--hazard", type=float, default=None, metavar="P",
+                        help="also score the collapse hazard as a rule (hazard > P), its calibration "
+                        "and its features' separation")  # fmt: skip
+    parser.add_argument("--hazard-model", default=None, metavar="FILE",
+                        help="a hazard model file (--fit-hazard) to use instead of the built-in one")  # fmt: skip
+    parser.add_argument("--fit-hazard", default=None, metavar="FILE",
+                        help="fit the hazard on every corpus given and write the model to FILE")  # fmt: skip
 
 
 def _eval_alerts(args: argparse.Namespace) -> int:
@@ -180,6 +187,7 @@ def _eval_alerts(args: argparse.Namespace) -> int:
 
     from keel.eval_alerts import (
         MIN_HISTORY,
+        TAIL,
         WINDOW,
         build_corpus,
         evaluate,
@@ -209,14 +217,37 @@ def _eval_alerts(args: argparse.Namespace) -> int:
         if args.save_corpus:
             save_corpus(corpus, args.save_corpus)
         corpora = [("toy grid", corpus)]
+    if args.fit_hazard:
+        from keel.hazard_eval import fit, rows
+
+        data = rows([run for _, corpus in corpora for run in corpus])
+        model = fit(data, description=", ".join(name for name, _ in corpora))
+        with open(args.fit_hazard, "w", encoding="utf-8") as handle:
+            json.dump(model, handle, indent=1)
+        print(f"hazard fitted on {len(data.y)} rows ({sum(data.y)} within {model['horizon']} steps of a collapse): {args.fit_hazard}")
+    if args.hazard_model:
+        from server.alerts import hazard
+
+        with open(args.hazard_model, encoding="utf-8") as handle:
+            hazard.use_model(json.load(handle))
     print(f"scoring: a hit is a firing in the {WINDOW} steps before the collapse; collapses before step "
-          f"{MIN_HISTORY} are scored apart (no hist.); FA = runs that never collapsed but fired")  # fmt: skip
+          f"{MIN_HISTORY} are scored apart (no hist.); the last {TAIL} steps of every run are not scored; "
+          "FA = runs that never collapsed but fired")  # fmt: skip
     results = []
     for name, corpus in corpora:
-        result = evaluate(corpus, rules, details=args.details, rlwatch=not args.no_rlwatch)
+        result = evaluate(corpus, rules, hazard_p=args.hazard, details=args.details, rlwatch=not args.no_rlwatch)
         print(f"\n== {name}: {result['runs']} runs, {result['collapsing']} collapsing "
               "(reward reached >= 0.5, then fell >= 0.2 below its running peak)")  # fmt: skip
         print(result["text"])
+        if args.hazard is not None:
+            from keel.hazard_eval import calibration, feature_separation, format_calibration, format_separation, rows
+            from server.alerts.hazard import HazardModel, current_model
+
+            data = rows(corpus)
+            result["calibration"] = calibration(data, HazardModel(current_model()))
+            result["separation"] = feature_separation(data)
+            print(format_calibration(result["calibration"]))
+            print(format_separation(result["separation"]))
         for line in result.get("details", []):
             print(line)
         if not result["rlwatch_available"] and not args.no_rlwatch:

@@ -22,9 +22,10 @@ lifecycle, in-process), and each rule's firing steps are scored (docs/alerts.md,
 - a collapse before MIN_HISTORY has no history to learn a baseline from: it is
   reported apart ("no history") and left out of recall and lead.
 
-The scoring of earlier versions (a hit is any firing before the collapse, a
-false alarm any firing on a stable run) is printed beside it. rlwatch's default
-detectors are fed the same series in the same invocation.
+Only steps before `scored_until` (TAIL steps before a run's end) are scored, so
+what followed every scored firing is known. PPO is scored on its own beside the
+union (its negative-advantage hole makes it the loss that collapses most).
+rlwatch's default detectors are fed the same series in the same invocation.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ __all__ = [
     "collapse_step",
     "evaluate",
     "format_scores",
+    "hazard_rule",
     "load_corpus",
     "rule_firings",
     "save_corpus",
@@ -59,10 +61,15 @@ WINDOW = 150
 """A firing counts for a collapse when it comes at most this many steps before it."""
 MIN_HISTORY = 50
 """A collapse before this step is scored apart: no detector can have a baseline by then."""
+TAIL = 150
+"""Steps at the end of every run that are not scored: what happens after the last scored
+step is known for this long, so a firing near the end of a run that looked stable is
+judged against what came next (a run collapsing in the tail is not stable)."""
 UNBOUNDED_LOSSES = frozenset({"importance_sampling", "ppo", "dro", "gspo", "flash_reinforce"})
 """Losses whose per-token coefficient is not bounded (docs/losses.md): the ratio itself
 (IS), PPO's and GSPO's negative-advantage hole, DRO's −β·ℓ, FlashREINFORCE's sg(r)."""
 WARNING_RULE = "mismatch climbing"
+HAZARD_RULE = "collapse hazard"
 REPLAYED_KEYS = (
     "reward/mean", "reward/std", "mismatch/kl", "mismatch/ratio_max", "mismatch/ess_frac",
     "gate/frac", "grad/norm", "loss/total", "policy/entropy",
@@ -79,6 +86,15 @@ class CorpusRun:
     @property
     def steps(self) -> int:
         return len(self.series.get("reward/mean", []))
+
+    @property
+    def scored_until(self) -> int:
+        """Steps before this one are scored (TAIL steps before the end)."""
+        return max(0, self.steps - TAIL)
+
+    @property
+    def ppo(self) -> bool:
+        return str(self.config.get("loss")) == "ppo"
 
     @property
     def unbounded(self) -> bool:
@@ -116,8 +132,8 @@ class Score:
     firings_before_history: int
     """Firings at a step < MIN_HISTORY on any run (a detector without a baseline)."""
     leads: list[int] = field(default_factory=list)
-    old: dict[str, Any] = field(default_factory=dict)
-    """The scoring of earlier versions: recall (any firing before the collapse), lead, false alarms."""
+    collapsing_in_tail: int = 0
+    """Runs whose collapse came in the unscored tail: neither stable nor in the recall."""
 
     @property
     def fa_bounded_rate(self) -> float:
@@ -233,20 +249,25 @@ def score(detector: str, corpus: Sequence[CorpusRun], firings: Sequence[Sequence
     false_alarms = {True: 0, False: 0}
     unbounded_collapsing = unbounded_early = 0
     stable_steps = stable_firings = 0
-    old_leads: list[int] = []
-    old_fired_stable = 0
-    for run, fired in zip(corpus, firings, strict=True):
+    late = 0
+    for run, all_fired in zip(corpus, firings, strict=True):
+        fired = [step for step in all_fired if step < run.scored_until]
         before_history += sum(step < MIN_HISTORY for step in fired)
         c = run.collapse_step
+        if c is not None and c >= run.scored_until:  # collapses in the tail: not stable, not scored
+            late += 1
+            was_early = any(step < c - WINDOW for step in fired)
+            early += was_early
+            if run.unbounded:
+                unbounded_collapsing += 1
+                unbounded_early += was_early
+            continue
         if c is None:
             stable[run.unbounded] += 1
             false_alarms[run.unbounded] += bool(fired)
-            stable_steps += run.steps
+            stable_steps += run.scored_until
             stable_firings += len(fired)
-            old_fired_stable += bool(fired)
             continue
-        if fired and fired[0] < c:
-            old_leads.append(c - fired[0])
         if c < MIN_HISTORY:
             no_history += 1
             no_history_fired += any(step < c for step in fired)
@@ -260,9 +281,7 @@ def score(detector: str, corpus: Sequence[CorpusRun], firings: Sequence[Sequence
         if run.unbounded:
             unbounded_collapsing += 1
             unbounded_early += was_early
-    collapsing = sum(run.collapse_step is not None and run.collapse_step >= MIN_HISTORY for run in corpus)
-    all_collapsing = sum(run.collapse_step is not None for run in corpus)
-    all_stable = stable[True] + stable[False]
+    collapsing = sum(run.collapse_step is not None and MIN_HISTORY <= run.collapse_step < run.scored_until for run in corpus)
     unbounded_base = stable[True] + unbounded_collapsing
     return Score(
         detector=detector,
@@ -281,15 +300,7 @@ def score(detector: str, corpus: Sequence[CorpusRun], firings: Sequence[Sequence
         firings_per_1k_stable_steps=1000 * stable_firings / stable_steps if stable_steps else math.nan,
         firings_before_history=before_history,
         leads=sorted(leads),
-        old={
-            "recall": len(old_leads) / all_collapsing if all_collapsing else math.nan,
-            "recalled": len(old_leads),
-            "collapsing": all_collapsing,
-            "median_lead": statistics.median(old_leads) if old_leads else None,
-            "false_alarm_rate": old_fired_stable / all_stable if all_stable else math.nan,
-            "false_alarms": old_fired_stable,
-            "stable": all_stable,
-        },
+        collapsing_in_tail=late,
     )
 
 
@@ -311,26 +322,18 @@ def format_scores(scores: Sequence[Score]) -> str:
             f"{s.unbounded_rate_with_early:>6.0%} {s.firings_per_1k_stable_steps:>7.2f} {s.firings_before_history:>4d} "
             f"{s.no_history_fired:>3d}/{s.no_history:<4d}"
         )
-    lines.append("")
-    lines.append("old scoring (hit: any firing before the collapse; false alarm: any firing on a stable run):")
-    for s in scores:
-        o = s.old
-        lead = "-" if o["median_lead"] is None else f"{o['median_lead']:g} steps"
-        lines.append(
-            f"{s.detector:30s} recall {_ratio(o['recalled'], o['collapsing']):>14s}  lead {lead:>10s}  "
-            f"false alarms {_ratio(o['false_alarms'], o['stable'])}"
-        )
     return "\n".join(lines)
 
 
 def false_alarm_runs(corpus: Sequence[CorpusRun], firings: Sequence[Sequence[int]]) -> list[str]:
     """One line per stable run that fired and per collapsing run that fired early or missed."""
     lines = []
-    for run, fired in zip(corpus, firings, strict=True):
+    for run, all_fired in zip(corpus, firings, strict=True):
+        fired = [step for step in all_fired if step < run.scored_until]
         c = run.collapse_step
         if c is None and fired:
             lines.append(f"false alarm  {run.name}: fired at {fired[:5]}")
-        elif c is not None and c >= MIN_HISTORY:
+        elif c is not None and MIN_HISTORY <= c < run.scored_until:
             early = [step for step in fired if step < c - WINDOW]
             hit = any(c - WINDOW <= step < c for step in fired)
             if early or not hit:
@@ -338,14 +341,46 @@ def false_alarm_runs(corpus: Sequence[CorpusRun], firings: Sequence[Sequence[int
     return lines
 
 
-def evaluate(corpus: Sequence[CorpusRun], rules: Sequence[RuleSpec] = DEFAULT_RULES, *, details: bool = False, rlwatch: bool = True) -> dict[str, Any]:
-    """Score the critical rules, the "mismatch climbing" warning and rlwatch on `corpus`."""
+def hazard_rule(p: float) -> RuleSpec:
+    """The collapse hazard as a critical rule: fires while P(collapse within HORIZON) > p."""
+    return RuleSpec(HAZARD_RULE, "reward/mean", "hazard", "critical", for_steps=1, keep_firing_for=50, params={"p": p})
+
+
+def _split(name: str, corpus: Sequence[CorpusRun], firings: Sequence[Sequence[int]]) -> list[Score]:
+    """`name` scored on the PPO runs and on the others apart (when the corpus has both)."""
+    ppo = [index for index, run in enumerate(corpus) if run.ppo]
+    if not ppo or len(ppo) == len(corpus):
+        return []
+    rest = [index for index in range(len(corpus)) if index not in set(ppo)]
+    return [
+        score(f"  {name}: {label}", [corpus[i] for i in indices], [firings[i] for i in indices])
+        for label, indices in (("PPO", ppo), ("other losses", rest))
+    ]
+
+
+def evaluate(
+    corpus: Sequence[CorpusRun],
+    rules: Sequence[RuleSpec] = DEFAULT_RULES,
+    *,
+    hazard_p: float | None = None,
+    details: bool = False,
+    rlwatch: bool = True,
+) -> dict[str, Any]:
+    """Score the critical rules (PPO apart), the "mismatch climbing" warning, the collapse
+    hazard as a rule `hazard > hazard_p` (alone and beside the critical rules) and rlwatch."""
     started = time.perf_counter()
     critical, per_rule = critical_firings(corpus, rules)
     scores = [score("keel critical", corpus, critical)]
     names = [rule.name for rule in rules if rule.severity == "critical"]
     if len(names) > 1:  # what each critical rule contributes to the union
         scores += [score(f"  {name}", corpus, per_rule[name]) for name in names]
+    scores += _split("keel critical", corpus, critical)
+    if hazard_p is not None:
+        hazard = rule_firings(corpus, [hazard_rule(hazard_p)])[HAZARD_RULE]
+        scores.append(score(f"hazard > {hazard_p:g}", corpus, hazard))
+        scores += _split(f"hazard > {hazard_p:g}", corpus, hazard)
+        both = [sorted({*a, *b}) for a, b in zip(critical, hazard, strict=True)]
+        scores.append(score(f"keel critical + hazard > {hazard_p:g}", corpus, both))
     if WARNING_RULE in per_rule:
         scores.append(score(f"keel warning ({WARNING_RULE})", corpus, per_rule[WARNING_RULE]))
     replayed = time.perf_counter()

@@ -159,24 +159,57 @@ def _add_grid(parser: argparse.ArgumentParser) -> None:
 
 
 def _grid(args: argparse.Namespace) -> int:
-    from learners.lm.grid import (
-        format_collapses,
-        format_leads,
-        format_table,
-        grid_configs,
-        mismatch_medians,
-        run_grid,
-    )
+    from learners.lm.grid import grid_configs
 
-    base = _config(args)
-    configs = grid_configs(base, args.losses, args.lags, args.dtypes, args.seeds)
+    configs = grid_configs(_config(args), args.losses, args.lags, args.dtypes, args.seeds)
+    return _run_configs("lm-grid", args, configs)
+
+
+def _add_corpus(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--seeds", type=_seed_list, required=True,
+                        help="e.g. 100-114 or 200,201: ten runs per seed (learners/lm/corpus.py)")  # fmt: skip
+    parser.add_argument("--steps", type=int, default=500, help="learner steps (default 500)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (sampler and learner)")
+    parser.add_argument("--size", choices=("tiny", "small"), default=None,
+                        help="model size (default: tiny on cpu, small on cuda)")  # fmt: skip
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="runs in parallel, one process each (default: idle cores / 2, >= 1)")  # fmt: skip
+    parser.add_argument("--json", metavar="PATH", help="write the corpus (as keel lm-grid --json)")
+    parser.add_argument("--server", default=None, help="also stream every run live to this server")
+    parser.add_argument("--project", default="default", help="Keel project of the runs")
+    parser.add_argument("--token", default=None, help="API token (default: $KEEL_TOKEN)")
+
+
+def _seed_list(text: str) -> list[int]:
+    seeds: list[int] = []
+    for item in _str_list(text):
+        first, _, last = item.partition("-")
+        try:
+            seeds += range(int(first), int(last or first) + 1)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"expected seeds like 100-114 or 3,4, got {text!r}") from exc
+    return seeds
+
+
+def _corpus(args: argparse.Namespace) -> int:
+    from learners.lm.corpus import corpus_configs
+    from learners.lm.learner import LMConfig
+
+    size = args.size or ("small" if args.device.startswith("cuda") else "tiny")
+    base = LMConfig(device=args.device, size=size, steps=args.steps)
+    return _run_configs("lm-corpus", args, corpus_configs(base, args.seeds))
+
+
+def _run_configs(command: str, args: argparse.Namespace, configs: list[Any]) -> int:
+    from learners.lm.grid import format_collapses, format_leads, format_table, mismatch_medians, run_grid
+
     try:
         for config in configs:
             config.check()
     except ValueError as exc:
-        print(f"keel lm-grid: {exc}", file=sys.stderr)
+        print(f"keel {command}: {exc}", file=sys.stderr)
         return 2
-    if not configs or not _check_device("lm-grid", args.device):
+    if not configs or not _check_device(command, args.device):
         return 2
     # Each run is two busy threads (learner, sampler).
     jobs = args.jobs or max(1, _idle_cores() // 2)
@@ -215,5 +248,10 @@ COMMANDS = {
         "Run keel lm over losses x lags x sampler dtypes x seeds; table, lead times, corpus.",
         _add_grid,
         _grid,
+    ),
+    "lm-corpus": (
+        "The alert corpus: ten keel lm runs per seed, settings drawn from it (docs/alerts.md).",
+        _add_corpus,
+        _corpus,
     ),
 }

@@ -36,7 +36,7 @@ from tests.support.server import ServerProcess
 COMPOSE_PORT = "8750"
 """The port the compose file serves on; each run here substitutes a free one."""
 SERVER_COMMANDS = {"serve", "db", "token", "prune", "backtest"}
-LEARNER_COMMANDS = {"grid", "sim", "lm", "lm-grid", "demo", "eval-alerts"}
+LEARNER_COMMANDS = {"grid", "sim", "lm", "lm-grid", "lm-corpus", "demo", "eval-alerts"}
 
 
 @dataclass

@@ -81,7 +81,17 @@ class LMConfig:
 
     @property
     def name(self) -> str:
-        return f"{self.loss}-lag{self.lag}-{self.sampler_dtype}-s{self.seed}"
+        """`{loss}-lag{lag}-{dtype}[-lr{lr}][-clip{clip}][-d{digits}]-s{seed}`: a setting
+        is named when it differs from the default, so runs of one corpus never share a name."""
+        parts = [self.loss, f"lag{self.lag}", self.sampler_dtype]
+        default = LMConfig()
+        if self.lr != default.lr:
+            parts.append(f"lr{self.lr:g}")
+        if self.clip != default.clip:
+            parts.append(f"clip{self.clip:g}")
+        if self.digits != default.digits:
+            parts.append(f"d{self.digits}")
+        return "-".join([*parts, f"s{self.seed}"])
 
     def check(self) -> None:
         """Raise ValueError on a setting the loop cannot run."""

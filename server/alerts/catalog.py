@@ -8,13 +8,14 @@ from typing import Any
 
 from server.alerts.collapse import CollapseRisk
 from server.alerts.detectors import Climb, CoClimb, Detector, NonFinite, Silent, Threshold
+from server.alerts.hazard import Hazard
 
 __all__ = ["DETECTORS", "DEFAULT_RULES", "RuleSpec", "build_detector", "SEVERITIES"]
 
 SEVERITIES = ("info", "warning", "critical")
 
 DETECTORS: dict[str, type[Detector]] = {
-    cls.kind: cls for cls in (NonFinite, Threshold, Climb, CoClimb, CollapseRisk, Silent)
+    cls.kind: cls for cls in (NonFinite, Threshold, Climb, CoClimb, CollapseRisk, Hazard, Silent)
 }
 
 HEADLINE_AND_LOSS = "reward/mean,mismatch/kl,gate/frac,mismatch/ratio_max,grad/norm,loss/*"

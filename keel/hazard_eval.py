@@ -1,0 +1,169 @@
+"""The collapse hazard on a labelled corpus: fit it, check its calibration, and measure
+what each of its features tells apart (`keel eval-alerts --fit-hazard / --hazard`).
+
+Every run contributes one row per step t from the hazard's warm-up to the last scored
+step (keel.eval_alerts: a run is scored until TAIL steps before its end, so what happens
+after every scored step is known), stopping at its collapse: the features at t
+(server.alerts.hazard.features, exactly as the server computes them) and the label "the
+run collapses in (t, t + HORIZON]".
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from server.alerts.hazard import FEATURES, HORIZON, WARMUP, HazardModel, features
+
+__all__ = ["Rows", "auc", "calibration", "feature_separation", "fit", "format_calibration", "format_separation", "rows"]
+
+RELIABILITY_EDGES = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0)
+
+
+@dataclass
+class Rows:
+    x: list[list[float]]
+    y: list[int]
+    run: list[int]
+    """The index of the row's run in the corpus."""
+
+
+def rows(corpus: Sequence[Any]) -> Rows:
+    """The rows of every run of `corpus` (keel.eval_alerts.CorpusRun)."""
+    out = Rows([], [], [])
+    for index, run in enumerate(corpus):
+        state: dict[str, Any] = {}
+        c = run.collapse_step
+        for step, row in enumerate(run.rows()):
+            if step >= run.scored_until or (c is not None and step >= c):
+                break
+            x = features(state, row.values)
+            if state["n"] <= WARMUP:
+                continue
+            out.x.append(x)
+            out.y.append(int(c is not None and c - step <= HORIZON))
+            out.run.append(index)
+    return out
+
+
+def fit(data: Rows, *, l2: float = 1.0, description: str = "") -> dict[str, Any]:
+    """Logistic regression by Newton's method on standardised features, an L2 penalty `l2`
+    on the weights (not the intercept); the model dict of server.alerts.hazard.MODEL."""
+    import torch
+
+    x = torch.tensor(data.x, dtype=torch.float64)
+    y = torch.tensor(data.y, dtype=torch.float64)
+    means = x.mean(0)
+    scales = x.std(0).clamp_min(1e-9)
+    z = torch.cat([torch.ones(len(x), 1, dtype=torch.float64), (x - means) / scales], 1)
+    w = torch.zeros(z.shape[1], dtype=torch.float64)
+    base = float(y.mean().clamp(1e-6, 1 - 1e-6))
+    w[0] = math.log(base / (1 - base))
+    penalty = torch.full((z.shape[1],), l2, dtype=torch.float64)
+    penalty[0] = 0.0
+    for _ in range(50):
+        p = torch.sigmoid(z @ w)
+        grad = z.T @ (p - y) + penalty * w
+        hessian = (z * (p * (1 - p)).unsqueeze(1)).T @ z + torch.diag(penalty) + 1e-9 * torch.eye(z.shape[1], dtype=torch.float64)
+        step = torch.linalg.solve(hessian, grad)
+        w = w - step
+        if float(step.abs().max()) < 1e-8:
+            break
+    return {
+        "horizon": HORIZON,
+        "features": list(FEATURES),
+        "fitted_on": description,
+        "intercept": round(float(w[0]), 6),
+        "weights": [round(float(v), 6) for v in w[1:]],
+        "means": [round(float(v), 6) for v in means],
+        "scales": [round(float(v), 6) for v in scales],
+    }
+
+
+def calibration(data: Rows, model: HazardModel) -> dict[str, Any]:
+    """Reliability table (per bin of predicted hazard: rows, mean predicted, observed rate),
+    the Brier score, and the Brier score of always predicting the base rate."""
+    predicted = [model.probability(x) for x in data.x]
+    n = len(predicted)
+    base = sum(data.y) / n if n else math.nan
+    brier = sum((p - y) ** 2 for p, y in zip(predicted, data.y, strict=True)) / n if n else math.nan
+    brier_base = sum((base - y) ** 2 for y in data.y) / n if n else math.nan
+    table = []
+    for low, high in zip(RELIABILITY_EDGES, RELIABILITY_EDGES[1:], strict=False):
+        members = [(p, y) for p, y in zip(predicted, data.y, strict=True) if low <= p < high or (high == 1.0 and p == 1.0)]
+        if members:
+            table.append({
+                "bin": [low, high], "rows": len(members),
+                "predicted": sum(p for p, _ in members) / len(members),
+                "observed": sum(y for _, y in members) / len(members),
+            })  # fmt: skip
+    return {
+        "rows": n, "positives": sum(data.y), "base_rate": base, "brier": brier, "brier_base_rate": brier_base,
+        "skill": 1 - brier / brier_base if brier_base else math.nan, "auc": auc(predicted, data.y), "reliability": table,
+    }  # fmt: skip
+
+
+def auc(scores: Sequence[float], labels: Sequence[int]) -> float:
+    """ROC AUC (Mann–Whitney, ties counted half): the chance a positive row outranks a negative one."""
+    positives = sum(labels)
+    negatives = len(labels) - positives
+    if not positives or not negatives:
+        return math.nan
+    order = sorted(range(len(scores)), key=lambda i: scores[i])
+    rank_sum, i = 0.0, 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and scores[order[j + 1]] == scores[order[i]]:
+            j += 1
+        mean_rank = (i + j) / 2 + 1
+        rank_sum += mean_rank * sum(labels[order[k]] for k in range(i, j + 1))
+        i = j + 1
+    return (rank_sum - positives * (positives + 1) / 2) / (positives * negatives)
+
+
+def feature_separation(data: Rows) -> list[dict[str, Any]]:
+    """Per feature: its AUC for "collapses within HORIZON" over every row, and over the rows
+    whose mismatch is high (log_kl above the median of the rows that do not collapse soon):
+    what tells a run that will fall from one that keeps a high mismatch and learns."""
+    kl = FEATURES.index("log_kl")
+    calm = sorted(x[kl] for x, y in zip(data.x, data.y, strict=True) if not y)
+    median = calm[len(calm) // 2] if calm else math.inf
+    high = [i for i, x in enumerate(data.x) if x[kl] > median]
+    out = []
+    for index, name in enumerate(FEATURES):
+        values = [x[index] for x in data.x]
+        mean_pos = [v for v, y in zip(values, data.y, strict=True) if y]
+        mean_neg = [v for v, y in zip(values, data.y, strict=True) if not y]
+        out.append({
+            "feature": name,
+            "auc": auc(values, data.y),
+            "auc_high_mismatch": auc([values[i] for i in high], [data.y[i] for i in high]),
+            "mean_before_collapse": sum(mean_pos) / len(mean_pos) if mean_pos else math.nan,
+            "mean_otherwise": sum(mean_neg) / len(mean_neg) if mean_neg else math.nan,
+        })  # fmt: skip
+    return out
+
+
+def format_calibration(result: dict[str, Any]) -> str:
+    lines = [
+        f"hazard (collapse within {HORIZON} steps): {result['rows']} rows, {result['positives']} positive "
+        f"(base rate {result['base_rate']:.3f}); Brier {result['brier']:.4f} vs {result['brier_base_rate']:.4f} "
+        f"for the base rate (skill {result['skill']:.2f}); AUC {result['auc']:.3f}",
+        f"{'predicted':>13s} {'rows':>7s} {'mean pred.':>10s} {'observed':>9s}",
+    ]
+    for row in result["reliability"]:
+        low, high = row["bin"]
+        lines.append(f"{f'{low:.2f}-{high:.2f}':>13s} {row['rows']:>7d} {row['predicted']:>10.3f} {row['observed']:>9.3f}")
+    return "\n".join(lines)
+
+
+def format_separation(table: Sequence[dict[str, Any]]) -> str:
+    lines = [f"{'feature':18s} {'AUC':>6s} {'AUC, high KL':>12s} {'mean: before collapse':>22s} {'otherwise':>10s}"]
+    for row in table:
+        lines.append(
+            f"{row['feature']:18s} {row['auc']:>6.3f} {row['auc_high_mismatch']:>12.3f} "
+            f"{row['mean_before_collapse']:>22.3g} {row['mean_otherwise']:>10.3g}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,185 @@
+"""The collapse hazard: the probability that a run collapses within the next HORIZON steps.
+
+A logistic model on features the server computes incrementally from the metrics a run
+logs (constant work and a small JSON state per step, as every detector):
+
+- the reward: how much it has gained since the start, how far it is under its peak and
+  its trend, in initial per-sample spreads (RewardGain);
+- the sampler–learner mismatch: the level of `mismatch/kl`, its trend, and how far it and
+  the ratio tail have climbed above the level they had once the run learned (the CUSUMs of
+  the `climb` detector);
+- the ratio tail: the level of log `mismatch/ratio_max` and its persistence (the share of
+  recent steps with a ratio above e^2);
+- the share of tokens whose coefficient the loss does not bound (`mismatch/unbounded_frac`);
+- staleness (`staleness/lag_mean`), the gradient's trend and the ESS.
+
+A feature whose metric a run does not log is 0 (its mean on the corpus the model was fitted
+on is not assumed). The coefficients (MODEL) are fitted by `keel eval-alerts --fit-hazard`
+on labelled corpora (docs/alerts.md says which, and how well the hazard is calibrated on
+held-out ones). As a rule: detector `hazard`, active while the hazard exceeds `p`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from server.alerts.detectors import REWARD_ALPHA, Climb, Detector, RewardGain, Signal
+
+__all__ = ["FEATURES", "HORIZON", "MODEL", "Hazard", "HazardModel", "current_model", "features", "hazard_series", "use_model"]
+
+HORIZON = 50
+"""Steps ahead the hazard speaks about: P(the run collapses in (t, t + HORIZON])."""
+WARMUP = 30
+"""Steps before a hazard is given (no baseline yet)."""
+TAIL_LOG_RATIO = 2.0
+"""A step's ratio tail counts as large when log(ratio_max) exceeds this (r > 7.4)."""
+
+FEATURES = (
+    "gain", "drawdown", "reward_trend", "log_kl", "kl_trend", "kl_climb", "tail_climb",
+    "log_ratio_max", "tail_persistence", "unbounded_frac", "staleness", "grad_trend", "ess_loss",
+)  # fmt: skip
+
+_FAST, _SLOW = 0.3, 0.03
+_CLIMB = {"warmup": 50, "k": 1.0, "h": 1e9, "z_cap": 8.0, "min_scale": 0.05, "floor": 1e-12, "after_gain": 2.5}
+_KL_CLIMB = Climb("mismatch/kl", _CLIMB)
+_TAIL_CLIMB = Climb("mismatch/ratio_max", _CLIMB)
+
+
+def _finite(values: Mapping[str, float], key: str) -> float | None:
+    value = values.get(key)
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _ewma(state: dict[str, Any], key: str, x: float, alpha: float) -> float:
+    state[key] = x if key not in state else (1 - alpha) * state[key] + alpha * x
+    return float(state[key])
+
+
+def _clip(x: float, low: float, high: float) -> float:
+    return low if math.isnan(x) else min(high, max(low, x))
+
+
+def features(state: dict[str, Any], values: Mapping[str, float]) -> list[float]:
+    """Update `state` with one step's values; the feature vector after it (FEATURES' order)."""
+    f = state.setdefault("f", {})
+    RewardGain.update(state, values, "reward/mean", "reward/std", REWARD_ALPHA)
+    out = dict.fromkeys(FEATURES, 0.0)
+    gained = RewardGain._gained(state)
+    if gained is not None:
+        spread = gained[1] if gained[1] > 0 else 1.0
+        reward = _finite(values, "reward/mean")
+        slow = _ewma(f, "reward_slow", reward, _SLOW) if reward is not None else f.get("reward_slow", state["reward_smooth"])
+        out["gain"] = _clip(gained[0] / spread, -5, 15)
+        out["drawdown"] = _clip((state["reward_peak"] - state["reward_smooth"]) / spread, 0, 10)
+        out["reward_trend"] = _clip((state["reward_smooth"] - slow) / spread, -5, 5)
+    kl = values.get("mismatch/kl")
+    if kl is not None and not math.isnan(kl):
+        log_kl = math.log10(max(kl, 1e-6)) if math.isfinite(kl) else 3.0
+        out["log_kl"] = _clip(_ewma(f, "kl_fast", log_kl, _FAST), -6, 3)
+        out["kl_trend"] = _clip(out["log_kl"] - _ewma(f, "kl_slow", log_kl, _SLOW), -5, 5)
+    for name, climb in (("kl_climb", _KL_CLIMB), ("tail_climb", _TAIL_CLIMB)):
+        climb.observe(state.setdefault(name, {}), state, values)
+        out[name] = _clip(state[name].get("cusum", 0.0) / 20, 0, 10)
+    ratio = values.get("mismatch/ratio_max")
+    if ratio is not None and not math.isnan(ratio):
+        log_ratio = math.log(max(ratio, 1e-12)) if math.isfinite(ratio) else 50.0
+        out["log_ratio_max"] = _clip(_ewma(f, "log_ratio", log_ratio, _FAST), -5, 50) / 10
+        out["tail_persistence"] = _ewma(f, "tail", float(log_ratio > TAIL_LOG_RATIO), _SLOW)
+    unbounded = _finite(values, "mismatch/unbounded_frac")
+    if unbounded is not None:
+        out["unbounded_frac"] = _clip(100 * _ewma(f, "unbounded", unbounded, _FAST), 0, 100)
+    staleness = _finite(values, "staleness/lag_mean")
+    if staleness is not None:
+        out["staleness"] = math.log1p(max(0.0, _ewma(f, "staleness", staleness, _FAST)))
+    grad = values.get("grad/norm")
+    if grad is not None and not math.isnan(grad) and grad > 0:
+        log_grad = math.log(grad) if math.isfinite(grad) else 700.0
+        out["grad_trend"] = _clip(_ewma(f, "grad_fast", log_grad, _FAST) - _ewma(f, "grad_slow", log_grad, _SLOW), -5, 5)
+    ess = _finite(values, "mismatch/ess_frac")
+    if ess is not None:
+        out["ess_loss"] = _clip(1 - _ewma(f, "ess", ess, _FAST), 0, 1)
+    state["n"] = state.get("n", 0) + 1
+    return [out[name] for name in FEATURES]
+
+
+class HazardModel:
+    """A logistic model over FEATURES: weights on standardised features, and an intercept."""
+
+    def __init__(self, model: Mapping[str, Any]):
+        if list(model["features"]) != list(FEATURES):
+            raise ValueError(f"the hazard model's features {model['features']} are not {list(FEATURES)}")
+        self.horizon = int(model["horizon"])
+        self.intercept = float(model["intercept"])
+        self.weights = [float(w) for w in model["weights"]]
+        self.means = [float(m) for m in model["means"]]
+        self.scales = [float(s) if s > 0 else 1.0 for s in model["scales"]]
+
+    def probability(self, x: Sequence[float]) -> float:
+        z = self.intercept + sum(w * (v - m) / s for w, v, m, s in zip(self.weights, x, self.means, self.scales, strict=True))
+        return 1 / (1 + math.exp(-z)) if z > -700 else 0.0
+
+
+MODEL: dict[str, Any] = {
+    "horizon": HORIZON,
+    "features": list(FEATURES),
+    "fitted_on": "not fitted",
+    "intercept": -5.0,
+    "weights": [0.0] * len(FEATURES),
+    "means": [0.0] * len(FEATURES),
+    "scales": [1.0] * len(FEATURES),
+}
+"""Written by `keel eval-alerts --fit-hazard` (docs/alerts.md, "Collapse hazard")."""
+_ACTIVE: dict[str, Any] = {"model": MODEL}
+
+
+def use_model(model: Mapping[str, Any]) -> None:
+    """Use another fitted model in this process (`keel eval-alerts --hazard-model`)."""
+    HazardModel(model)  # check it
+    _ACTIVE["model"] = dict(model)
+
+
+def current_model() -> dict[str, Any]:
+    return dict(_ACTIVE["model"])
+
+
+def hazard_series(rows: Sequence[Mapping[str, float]], model: HazardModel | None = None) -> list[float | None]:
+    """The hazard at every step of a run's rows (None before WARMUP steps)."""
+    model = model or HazardModel(current_model())
+    state: dict[str, Any] = {}
+    out: list[float | None] = []
+    for values in rows:
+        x = features(state, values)
+        out.append(model.probability(x) if state["n"] > WARMUP else None)
+    return out
+
+
+class Hazard(Detector):
+    """Active while the collapse hazard (the probability of a collapse within HORIZON steps)
+    is above `p`. The rule's metric is ignored: the hazard reads the metrics it needs."""
+
+    kind = "hazard"
+    defaults: ClassVar[dict[str, Any]] = {"p": 0.5}
+
+    def validate(self) -> None:
+        p = self.params["p"]
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p < 1:
+            raise ValueError("parameter 'p' must be a probability strictly between 0 and 1")
+        self.model = HazardModel(current_model())
+
+    def update(self, state: dict[str, Any], step: int, values: Mapping[str, float]) -> Signal | None:
+        if not any(key in values for key in ("reward/mean", "mismatch/kl", "mismatch/ratio_max", "grad/norm")):
+            return None
+        x = features(state, values)
+        if state["n"] <= WARMUP:
+            return Signal(False, 0.0, "warming up")
+        hazard = self.model.probability(x)
+        if hazard <= self.params["p"]:
+            return Signal(False, hazard, f"collapse hazard {hazard:.0%}")
+        top = sorted(
+            ((w * (v - m) / s, name) for w, v, m, s, name in zip(self.model.weights, x, self.model.means, self.model.scales, FEATURES, strict=True)),
+            reverse=True,
+        )[:3]
+        why = ", ".join(f"{name} {value:.3g}" for _, name in top for value in [x[FEATURES.index(name)]])
+        return Signal(True, hazard, f"collapse hazard {hazard:.0%} within {self.model.horizon} steps (> {self.params['p']:g}); most: {why}")
