@@ -9,7 +9,7 @@ import pytest
 from keel.eval_alerts import CorpusRun, collapse_step, evaluate, score
 
 
-def _run(name: str, loss: str, collapse: int | None, steps: int = 400) -> CorpusRun:
+def _run(name: str, loss: str, collapse: int | None, steps: int = 500) -> CorpusRun:
     return CorpusRun(name, {"loss": loss}, {"reward/mean": [0.5] * steps}, collapse)
 
 
@@ -35,9 +35,28 @@ def test_score_counts_hits_leads_early_false_alarms_and_history_as_documented() 
     assert (s.stable_bounded, s.false_alarms_bounded, s.stable_unbounded, s.false_alarms_unbounded) == (2, 1, 2, 1)
     # (1 stable unbounded run paged + 1 unbounded collapsing run paged early) / (2 + 2 unbounded collapsing)
     assert s.unbounded_rate_with_early == pytest.approx(2 / 4)
-    assert s.firings_per_1k_stable_steps == pytest.approx(1000 * 3 / 1600)
+    assert s.firings_per_1k_stable_steps == pytest.approx(1000 * 3 / (4 * 350))  # scored steps: 500 - TAIL
     assert s.firings_before_history == 1  # the firing at step 30
-    assert s.old["recalled"] == 3 and s.old["collapsing"] == 4  # any firing before the collapse, young included
+
+
+def test_the_tail_is_not_scored_and_a_collapse_in_it_is_not_stable() -> None:
+    corpus = [
+        _run("tail-collapse", "ppo", 420),  # collapses after the last scored step (350)
+        _run("late-page", "cispo", None),  # fired only in the tail
+        _run("early-then-tail", "ppo", 440),  # fired at 100, before 440 - 150: an early false alarm
+    ]
+    s = score("x", corpus, [[340], [360, 400], [100]])
+    assert s.collapsing == 0 and s.collapsing_in_tail == 2 and math.isnan(s.recall)
+    assert (s.stable_bounded, s.false_alarms_bounded, s.stable_unbounded) == (1, 0, 0)
+    assert s.early_false_alarms == 1
+    assert s.unbounded_rate_with_early == pytest.approx(1 / 2)  # 2 unbounded collapsing runs, one paged early
+
+
+def test_ppo_is_scored_apart() -> None:
+    result = evaluate([_corpus_run("ppo-quiet", "ppo", None, {}), _corpus_run("tis-quiet", "tis", None, {})], rlwatch=False)
+    by_name = {s["detector"]: s for s in result["scores"]}
+    assert by_name["  keel critical: PPO"]["stable_unbounded"] == 1 and by_name["  keel critical: PPO"]["stable_bounded"] == 0
+    assert by_name["  keel critical: other losses"]["stable_bounded"] == 1
 
 
 def test_nothing_to_score_is_nan_not_zero() -> None:
@@ -47,7 +66,7 @@ def test_nothing_to_score_is_nan_not_zero() -> None:
 
 def _corpus_run(name: str, loss: str, collapse: int | None, kl_at: dict[int, float]) -> CorpusRun:
     """A learning run (reward 0.1 -> 0.9, spread 0.1) with a calm gradient and KL, spiking where asked."""
-    steps = 300
+    steps = 450
     series: dict[str, list[float]] = {
         "reward/mean": [min(0.9, 0.1 + i / 50) for i in range(steps)],
         "reward/std": [0.1] * steps,

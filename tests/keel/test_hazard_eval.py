@@ -1,0 +1,56 @@
+"""Fitting and checking the collapse hazard on a corpus (keel/hazard_eval.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from keel.eval_alerts import CorpusRun
+from keel.hazard_eval import Rows, auc, calibration, feature_separation, fit, rows
+from server.alerts.hazard import FEATURES, HORIZON, WARMUP, HazardModel
+
+
+def _run(collapse: int | None, steps: int = 300, kl_from: int | None = None) -> CorpusRun:
+    kl = [0.02 if kl_from is None or step < kl_from else 0.02 * 1.1 ** (step - kl_from) for step in range(steps)]
+    series = {
+        "reward/mean": [min(0.9, 0.1 + step / 50) for step in range(steps)], "reward/std": [0.1] * steps,
+        "mismatch/kl": kl, "mismatch/ratio_max": [3.0] * steps, "grad/norm": [1.0] * steps,
+    }  # fmt: skip
+    return CorpusRun("r", {"loss": "ppo"}, series, collapse)
+
+
+def test_auc_is_the_chance_a_positive_outranks_a_negative() -> None:
+    assert auc([1, 2, 3, 4], [0, 0, 1, 1]) == 1.0
+    assert auc([3, 1, 2], [0, 1, 0]) == 0.0
+    assert auc([1, 1, 2], [0, 1, 1]) == pytest.approx((0.5 + 1) / 2)  # a tie counts half
+
+
+def test_rows_stop_at_the_collapse_and_at_the_scored_span() -> None:
+    data = rows([_run(120), _run(None)])  # 300 steps: scored until 150
+    collapsing = [y for y, run in zip(data.y, data.run, strict=True) if run == 0]
+    assert len(collapsing) == 120 - WARMUP and sum(collapsing) == HORIZON  # steps 70..119 are within 50 steps of 120
+    assert data.run.count(1) == 150 - WARMUP and all(y == 0 for y, run in zip(data.y, data.run, strict=True) if run == 1)
+    assert all(len(x) == len(FEATURES) for x in data.x)
+
+
+def test_the_fit_is_calibrated_in_sample_and_learns_the_sign_of_the_evidence() -> None:
+    corpus = [_run(200, steps=400, kl_from=150) for _ in range(3)] + [_run(None, steps=400) for _ in range(3)]
+    data = rows(corpus)
+    model = fit(data, description="test")
+    assert model["features"] == list(FEATURES) and model["fitted_on"] == "test"
+    assert model["weights"][FEATURES.index("kl_climb")] > 0
+    result = calibration(data, HazardModel(model))
+    assert result["rows"] == len(data.y) and sum(row["rows"] for row in result["reliability"]) == len(data.y)
+    mean_predicted = sum(row["predicted"] * row["rows"] for row in result["reliability"]) / result["rows"]
+    assert mean_predicted == pytest.approx(result["base_rate"], abs=1e-4)  # a logistic fit with an intercept
+    assert result["brier"] < result["brier_base_rate"] and result["auc"] > 0.9
+
+
+def test_separation_ranks_the_feature_that_moves_before_a_collapse() -> None:
+    table = {row["feature"]: row for row in feature_separation(rows([_run(200, steps=400, kl_from=150), _run(None, steps=400)]))}
+    assert table["kl_climb"]["auc"] > 0.9 and table["log_kl"]["mean_before_collapse"] > table["log_kl"]["mean_otherwise"]
+    assert table["unbounded_frac"]["auc"] == 0.5  # not logged: no evidence either way
+
+
+def test_an_empty_corpus_gives_nan_not_an_error() -> None:
+    result = feature_separation(Rows([], [], []))
+    assert len(result) == len(FEATURES)

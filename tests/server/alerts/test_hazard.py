@@ -1,0 +1,110 @@
+"""The collapse hazard (server/alerts/hazard.py): its features, its model, its detector."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+
+import pytest
+
+from server.alerts import hazard
+from server.alerts.catalog import build_detector
+from server.alerts.hazard import FEATURES, HORIZON, WARMUP, Hazard, HazardModel, features, hazard_series
+
+
+def _model(**weights: float) -> dict[str, object]:
+    return {
+        "horizon": HORIZON, "features": list(FEATURES), "fitted_on": "test", "intercept": -4.0,
+        "weights": [weights.get(name, 0.0) for name in FEATURES],
+        "means": [0.0] * len(FEATURES), "scales": [1.0] * len(FEATURES),
+    }  # fmt: skip
+
+
+@pytest.fixture
+def kl_model() -> Iterator[dict[str, object]]:
+    """A model that only looks at how far the mismatch climbed above its learned level."""
+    saved = hazard.current_model()
+    model = _model(kl_climb=4.0)
+    hazard.use_model(model)
+    yield model
+    hazard.use_model(saved)
+
+
+def _step(step: int, *, kl: float = 0.02, reward: float | None = None, **extra: float) -> dict[str, float]:
+    return {
+        "reward/mean": reward if reward is not None else min(0.9, 0.1 + step / 50), "reward/std": 0.1,
+        "mismatch/kl": kl, "mismatch/ratio_max": 3.0, "grad/norm": 1.0, "mismatch/ess_frac": 0.9, **extra,
+    }  # fmt: skip
+
+
+def test_features_read_what_a_run_logs_and_are_zero_for_what_it_does_not() -> None:
+    state: dict[str, object] = {}
+    for step in range(300):
+        x = dict(zip(FEATURES, features(state, _step(step, **{"mismatch/unbounded_frac": 0.05, "staleness/lag_mean": 3.0})), strict=True))
+    assert x["gain"] == pytest.approx((0.9 - 0.14) / 0.1)  # peak EWMA 0.9 over the mean of the first 5 steps, in spreads
+    assert x["drawdown"] == pytest.approx(0.0) and x["reward_trend"] == pytest.approx(0.0, abs=1e-2)
+    assert x["log_kl"] == pytest.approx(math.log10(0.02)) and x["kl_trend"] == pytest.approx(0.0)
+    assert x["unbounded_frac"] == pytest.approx(5.0)  # percent of the loss tokens
+    assert x["staleness"] == pytest.approx(math.log1p(3.0))
+    assert x["ess_loss"] == pytest.approx(0.1)
+    assert x["tail_persistence"] == pytest.approx(0.0)  # ratio 3 < e^2
+    bare: dict[str, object] = {}
+    assert features(bare, {"grad/norm": 2.0}) == [0.0] * len(FEATURES)
+
+
+def test_a_mismatch_climbing_after_learning_raises_the_climb_features_and_a_fall_the_drawdown() -> None:
+    state: dict[str, object] = {}
+    for step in range(150):
+        x = features(state, _step(step))
+    calm = dict(zip(FEATURES, x, strict=True))
+    for step in range(150, 190):
+        x = features(state, _step(step, kl=0.02 * 1.1 ** (step - 149), reward=0.9 - 0.01 * (step - 149)))
+    climbed = dict(zip(FEATURES, x, strict=True))
+    assert calm["kl_climb"] == 0.0 and climbed["kl_climb"] > 1.0
+    assert climbed["kl_trend"] > 0.5 and climbed["drawdown"] > 2.0 and climbed["reward_trend"] < 0
+
+
+def test_the_model_is_a_logistic_on_standardised_features() -> None:
+    model = HazardModel({**_model(gain=2.0), "means": [1.0] * len(FEATURES), "scales": [0.5] * len(FEATURES)})
+    x = [0.0] * len(FEATURES)
+    x[FEATURES.index("gain")] = 2.0
+    assert model.probability(x) == pytest.approx(1 / (1 + math.exp(-(-4.0 + 2.0 * (2.0 - 1.0) / 0.5))))
+    with pytest.raises(ValueError, match="features"):
+        HazardModel({**_model(), "features": ["gain"]})
+
+
+def test_the_series_starts_after_the_warm_up_and_rises_before_a_drift(kl_model: dict[str, object]) -> None:
+    rows = [_step(step) for step in range(150)] + [_step(step, kl=0.02 * 1.1 ** (step - 149)) for step in range(150, 200)]
+    series = hazard_series(rows)
+    assert series[:WARMUP] == [None] * WARMUP and series[WARMUP] is not None
+    assert series[149] == pytest.approx(1 / (1 + math.exp(4.0)))
+    assert series[-1] is not None and series[-1] > 0.99
+
+
+def test_the_detector_fires_above_p_says_why_and_resumes_from_its_json_state(kl_model: dict[str, object]) -> None:
+    detector = build_detector("hazard", "reward/mean", {"p": 0.5})
+    assert isinstance(detector, Hazard)
+    rows = [_step(step) for step in range(150)] + [_step(step, kl=0.02 * 1.1 ** (step - 149)) for step in range(150, 200)]
+    state: dict[str, object] = detector.initial_state()
+    fired, resumed = [], []
+    for step, values in enumerate(rows):
+        signal = detector.update(state, step, values)
+        assert signal is not None
+        if signal.active:
+            fired.append(step)
+            assert "collapse hazard" in signal.message and "kl_climb" in signal.message
+        state = json.loads(json.dumps(state))  # as the engine stores it
+    again: dict[str, object] = {}
+    for step, values in enumerate(rows):
+        signal = detector.update(again, step, values)
+        if signal is not None and signal.active:
+            resumed.append(step)
+    assert fired and fired == resumed and 150 < fired[0] < 200
+    assert detector.update({}, 0, {"policy/entropy": 1.0}) is None  # nothing it reads
+
+
+@pytest.mark.parametrize("p", [0, 1, 1.5, -0.1, True, "0.5"])
+def test_p_must_be_a_probability(p: object) -> None:
+    with pytest.raises(ValueError, match="probability"):
+        build_detector("hazard", "reward/mean", {"p": p})
