@@ -134,6 +134,10 @@ class Score:
     leads: list[int] = field(default_factory=list)
     collapsing_in_tail: int = 0
     """Runs whose collapse came in the unscored tail: neither stable nor in the recall."""
+    leads_at_bound: int = 0
+    """Hits whose lead is at least the physical bound of a one-update collapse, lag - 1 steps
+    (at least 1), out of `hits_with_lag` (the hits on runs whose config gives their lag)."""
+    hits_with_lag: int = 0
 
     @property
     def fa_bounded_rate(self) -> float:
@@ -249,7 +253,7 @@ def score(detector: str, corpus: Sequence[CorpusRun], firings: Sequence[Sequence
     false_alarms = {True: 0, False: 0}
     unbounded_collapsing = unbounded_early = 0
     stable_steps = stable_firings = 0
-    late = 0
+    late = with_lag = at_bound = 0
     for run, all_fired in zip(corpus, firings, strict=True):
         fired = [step for step in all_fired if step < run.scored_until]
         before_history += sum(step < MIN_HISTORY for step in fired)
@@ -276,6 +280,10 @@ def score(detector: str, corpus: Sequence[CorpusRun], firings: Sequence[Sequence
         if in_window:
             hits += 1
             leads.append(c - in_window[0])
+            lag = run.config.get("lag")
+            if isinstance(lag, int):
+                with_lag += 1
+                at_bound += c - in_window[0] >= max(1, lag - 1)
         was_early = any(step < c - WINDOW for step in fired)
         early += was_early
         if run.unbounded:
@@ -301,6 +309,8 @@ def score(detector: str, corpus: Sequence[CorpusRun], firings: Sequence[Sequence
         firings_before_history=before_history,
         leads=sorted(leads),
         collapsing_in_tail=late,
+        leads_at_bound=at_bound,
+        hits_with_lag=with_lag,
     )
 
 
@@ -310,17 +320,18 @@ def _ratio(count: int, total: int) -> str:
 
 def format_scores(scores: Sequence[Score]) -> str:
     header = (
-        f"{'detector':30s} {'recall':>14s} {'med. lead':>9s} {'early FA':>8s} {'FA bounded':>14s} "
-        f"{'FA unbounded':>14s} {'+early':>6s} {'/1k st.':>7s} {'<50':>4s} {'no hist.':>8s}"
+        f"{'detector':36s} {'recall':>14s} {'med. lead':>9s} {'>=lag-1':>7s} {'early FA':>8s} {'FA bounded':>14s} "
+        f"{'FA unbounded':>14s} {'+early':>6s} {'/1k st.':>7s} {'<50':>4s} {'no hist.':>8s} {'tail':>4s}"
     )
     lines = [header]
     for s in scores:
         lead = "-" if s.median_lead is None else f"{s.median_lead:g}"
+        bound = f"{s.leads_at_bound / s.hits_with_lag:.0%}" if s.hits_with_lag else "-"
         lines.append(
-            f"{s.detector:30s} {_ratio(s.hits, s.collapsing):>14s} {lead:>9s} {s.early_false_alarms:>8d} "
+            f"{s.detector:36s} {_ratio(s.hits, s.collapsing):>14s} {lead:>9s} {bound:>7s} {s.early_false_alarms:>8d} "
             f"{_ratio(s.false_alarms_bounded, s.stable_bounded):>14s} {_ratio(s.false_alarms_unbounded, s.stable_unbounded):>14s} "
             f"{s.unbounded_rate_with_early:>6.0%} {s.firings_per_1k_stable_steps:>7.2f} {s.firings_before_history:>4d} "
-            f"{s.no_history_fired:>3d}/{s.no_history:<4d}"
+            f"{s.no_history_fired:>3d}/{s.no_history:<4d} {s.collapsing_in_tail:>4d}"
         )
     return "\n".join(lines)
 

@@ -9,8 +9,8 @@ import pytest
 from keel.eval_alerts import CorpusRun, collapse_step, evaluate, score
 
 
-def _run(name: str, loss: str, collapse: int | None, steps: int = 500) -> CorpusRun:
-    return CorpusRun(name, {"loss": loss}, {"reward/mean": [0.5] * steps}, collapse)
+def _run(name: str, loss: str, collapse: int | None, steps: int = 500, lag: int = 8) -> CorpusRun:
+    return CorpusRun(name, {"loss": loss, "lag": lag}, {"reward/mean": [0.5] * steps}, collapse)
 
 
 CORPUS = [
@@ -29,6 +29,7 @@ FIRINGS = [[280], [100, 290], [310], [30], [], [50, 200], [], [60]]
 def test_score_counts_hits_leads_early_false_alarms_and_history_as_documented() -> None:
     s = score("x", CORPUS, FIRINGS)
     assert (s.collapsing, s.hits, s.leads, s.median_lead) == (3, 2, [10, 20], 15)
+    assert (s.leads_at_bound, s.hits_with_lag) == (2, 2)  # leads of 10 and 20 at lag 8: >= lag - 1
     assert s.recall == pytest.approx(2 / 3)
     assert s.early_false_alarms == 1
     assert (s.no_history, s.no_history_fired) == (1, 1)
@@ -97,3 +98,8 @@ def test_collapse_label() -> None:
     assert collapse_step([0.1, 0.3, 0.6, 0.55, 0.41, 0.39, 0.1]) == 5
     assert collapse_step([0.1, 0.45, 0.2]) is None  # never reached 0.5
     assert collapse_step([0.5, 0.6, 0.7, 0.65, 0.7]) is None
+
+
+def test_a_lead_under_lag_minus_one_is_not_at_the_physical_bound() -> None:
+    s = score("x", [_run("short", "ppo", 300, lag=8), _run("long", "ppo", 300, lag=2)], [[297], [299]])
+    assert s.leads == [1, 3] and (s.leads_at_bound, s.hits_with_lag) == (1, 2)  # 3 < 7 at lag 8; 1 >= max(1, 1) at lag 2

@@ -15,7 +15,7 @@ def test_ten_runs_per_seed_drawn_from_the_seed_alone_with_unique_names() -> None
     assert len(configs) == 10 * 30 and len({c.name for c in configs}) == len(configs)
     assert Counter(c.loss for c in configs) == Counter({loss: 30 * MIX.count(loss) for loss in MIX})
     assert {c.lag for c in configs} == set(LAGS)  # every lag 0..16
-    assert {c.lr for c in configs} == set(LRS) and {c.digits for c in configs} == set(DIGITS)
+    assert {c.lr for c in configs} == {lr for lr, _ in LRS} and {c.digits for c in configs} == set(DIGITS)
     assert {c.clip for c in configs} == {0.0, 1.0} and {c.sampler_dtype for c in configs} == {"bf16", "fp32"}
     assert all(c.steps == 500 for c in configs)
     # a seed's runs do not depend on which other seeds are asked for
