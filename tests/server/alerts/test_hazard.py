@@ -108,3 +108,17 @@ def test_the_detector_fires_above_p_says_why_and_resumes_from_its_json_state(kl_
 def test_p_must_be_a_probability(p: object) -> None:
     with pytest.raises(ValueError, match="probability"):
         build_detector("hazard", "reward/mean", {"p": p})
+
+
+def test_backtest_replays_a_hazard_rule_as_the_engine_would(kl_model: dict[str, object]) -> None:
+    from server.alerts.backtest import backtest_rule
+    from server.alerts.catalog import RuleSpec
+    from wire import Row
+
+    rows = [_step(step) for step in range(150)] + [_step(step, kl=0.02 * 1.1 ** (step - 149)) for step in range(150, 200)]
+    series = hazard_series(rows)
+    first = next(step for step, h in enumerate(series) if h is not None and h > 0.5)
+    rule = RuleSpec("collapse hazard", "reward/mean", "hazard", "critical", keep_firing_for=50, params={"p": 0.5})
+    result = backtest_rule(rule, [Row(step=step, time=None, values=values) for step, values in enumerate(rows)])
+    assert result.fired_steps == [first]
+    assert "collapse hazard" in result.episodes[0].message and result.episodes[0].value == pytest.approx(series[first])
