@@ -14,6 +14,8 @@ __all__ = [
     "shell",
     "chart_controls",
     "metric_graph",
+    "hazard_graph",
+    "HAZARD_GRAPH",
     "badge",
     "display_status",
     "empty_state",
@@ -25,6 +27,9 @@ GRAPH_TYPE = "metric-graph"
 """Pattern-matching id type of every metric chart: {"type": GRAPH_TYPE, "key": <metric key>}."""
 ZOOM_TYPE = "metric-zoom"
 """The store beside each chart holding its last x-axis relayout (a zoom or a reset)."""
+HAZARD_GRAPH = "hazard-graph"
+"""Id (and class) of the collapse hazard chart. Not a `keel-graph`: the live updater does not
+append to it; the server redraws it on the pages' data ticks (views/charts.py)."""
 
 STATUS_LABELS = {
     "running": "live",
@@ -174,6 +179,24 @@ def metric_graph(key: str, height: int) -> html.Div:
                 },
             ),
         ],
+        className="chart-card",
+    )
+
+
+def hazard_graph(height: int) -> html.Div:
+    return html.Div(
+        dcc.Graph(
+            id=HAZARD_GRAPH,
+            figure=message_figure("Loading…", height),
+            className=HAZARD_GRAPH,
+            style={"height": f"{height}px"},
+            config={
+                "displaylogo": False,
+                "responsive": True,
+                "modeBarButtons": [["toImage", "zoom2d", "pan2d", "resetScale2d"]],
+                "toImageButtonOptions": {"format": "png", "scale": 2, "filename": "collapse_hazard"},
+            },
+        ),
         className="chart-card",
     )
 

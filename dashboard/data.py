@@ -92,6 +92,15 @@ class KeelApi:
         response.raise_for_status()
         return Series.from_json(response.json())
 
+    async def hazard(self, run_id: str, *, max_points: int = 2000) -> dict[str, Any] | None:
+        """The run's collapse hazard, `{"run_id", "horizon", "steps", "hazard"}`; None for an
+        unknown run (or a server without the hazard API)."""
+        response = await self._get(f"/runs/{run_id}/hazard", max_points=max_points)
+        if response.status_code == 404:
+            return None
+        response.raise_for_status()
+        return dict(response.json())
+
     async def latest(self, run_id: str, keys: Iterable[str]) -> dict[str, Series]:
         """The last point of each key, as one-point series, in one read (keys without points omitted)."""
         response = await self._get(f"/runs/{run_id}/latest", keys=",".join(keys))

@@ -35,6 +35,7 @@ from dashboard.traces import (
     drawable,
     group_of,
     group_traces,
+    plain,
     run_styles,
     run_traces,
 )
@@ -45,6 +46,8 @@ __all__ = [
     "Style",
     "run_styles",
     "metric_figure",
+    "hazard_figure",
+    "HAZARD_TITLE",
     "message_figure",
     "flat_range",
     "FLAT_SPAN",
@@ -261,6 +264,49 @@ def metric_figure(
         "last_steps": {line.run_id: line.series.last_step for line in lines},
         "edge": {kind: [EDGE_Y[kind], EDGE_SYMBOL[kind], EDGE_LABEL[kind]] for kind in EDGE_Y},
     }
+    return {"data": traces, "layout": layout}
+
+
+HAZARD_TITLE = "collapse hazard"
+_AXIS_TITLE_CHAR_PX = 6.5
+"""About how wide a character of an axis title is (12 px font)."""
+_VERTICAL_MARGINS = 112
+"""The plot's top and bottom margins (_base_layout): what of a chart's height the y axis lacks."""
+
+
+def hazard_figure(
+    lines: Sequence[RunLine], horizon: int | None, height: int = 300, render_id: str = ""
+) -> Figure:
+    """The runs' collapse hazard (GET /runs/{id}/hazard), one line per run in the run's
+    colour and dash as on the metric charts, on a fixed [0, 1] axis. `horizon` None: the
+    server said none (no run known)."""
+    unit = f"P(collapse within {horizon} steps)" if horizon is not None else "P(collapse)"
+    if len(unit) * _AXIS_TITLE_CHAR_PX > height - _VERTICAL_MARGINS:
+        unit = unit.replace(" within ", " within<br>")  # two lines rather than over the title
+    layout = _base_layout(f"<b>{HAZARD_TITLE}</b>", unit, height, False)
+    layout["yaxis"].update(range=[0, 1], autorange=False)
+    styles = run_styles(lines)
+    traces: list[Figure] = [
+        {
+            "type": "scatter",
+            "mode": "lines",
+            "x": list(line.series.steps),
+            "y": list(line.series.values),
+            "name": plain(line.name),
+            "line": {"color": styles[line.run_id].colour, "dash": styles[line.run_id].dash, "width": 2},
+            "hovertemplate": "%{y:.3f}",
+            "meta": {"run": line.run_id, "role": "hazard"},
+        }
+        for line in lines
+    ]
+    empty = not any(line.series.steps for line in lines)
+    if not lines:
+        layout["annotations"].append(_annotation("No runs selected"))
+    elif empty:
+        layout["annotations"].append(_annotation("No hazard yet — it starts once a run has logged its first steps"))
+    # A refresh keeps the user's zoom while the same runs are shown.
+    layout["uirevision"] = f"hazard|{','.join(sorted(line.run_id for line in lines))}"
+    layout["meta"] = {"chart": "hazard", "horizon": horizon, "render_id": render_id, "empty": empty}
     return {"data": traces, "layout": layout}
 
 

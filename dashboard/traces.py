@@ -21,6 +21,7 @@ __all__ = [
     "group_of",
     "run_traces",
     "drawable",
+    "plain",
     "group_traces",
     "alert_overlays",
     "EDGE_Y",

@@ -170,6 +170,16 @@ class SeriesOut(BaseModel):
         return out
 
 
+class HazardOut(BaseModel):
+    """A run's collapse hazard: at each step past the warm-up, the estimated probability that
+    the run collapses within the next `horizon` steps (docs/read-api.md)."""
+
+    run_id: str
+    horizon: int = Field(description="steps ahead the hazard speaks about")
+    steps: list[int] = Field(description="ascending; a bucket's entry is the step of its highest hazard")
+    hazard: list[float] = Field(description="probabilities in [0, 1], one per step (the highest of each bucket)")
+
+
 _LIMITS = Limits()
 POINTS_BODY = {
     "required": True,

@@ -1,9 +1,14 @@
-"""The one callback that draws every metric chart (compare and run pages).
+"""The one callback that draws every metric chart (compare and run pages), and the one
+that draws the collapse hazard chart beside them.
 
 Each chart fetches its own series, so charts fill in independently. It redraws
 on page/option changes, on zoom (re-fetching the visible range at full
 resolution), and on the structural live ticks (alerts, reconnects, aggregated
 charts). Plain live points never come here: the browser appends them.
+
+The hazard is a function of every step so far (the server recomputes it), so the browser
+cannot append to it: it is redrawn on the data tick, which live points bump at most every
+few seconds (as the tables beside the charts are).
 """
 
 from __future__ import annotations
@@ -16,17 +21,19 @@ from typing import Any
 from dash import MATCH, Dash, Input, Output, State, ctx
 from dash.exceptions import PreventUpdate
 
-from dashboard.components import GRAPH_TYPE, ZOOM_TYPE
+from dashboard.components import GRAPH_TYPE, HAZARD_GRAPH, ZOOM_TYPE
 from dashboard.data import KeelApi
-from dashboard.figures import ChartOptions, RunLine, metric_figure
-from dashboard.series import Alert
+from dashboard.figures import ChartOptions, RunLine, hazard_figure, metric_figure
+from dashboard.series import Alert, Series
 
-__all__ = ["register", "zoom_range", "HISTORY_POINTS", "ZOOM_POINTS", "UNCHANGED"]
+__all__ = ["register", "zoom_range", "load_hazard", "HISTORY_POINTS", "HAZARD_POINTS", "ZOOM_POINTS", "UNCHANGED"]
 
 HISTORY_POINTS = 1000
 """Buckets per series for the first draw (the SQL keeps min/max per bucket)."""
 ZOOM_POINTS = 5000
 """Points per series for a zoomed range: raw points unless the range holds more."""
+HAZARD_POINTS = 2000
+"""Buckets of a run's hazard (the server keeps each bucket's highest hazard)."""
 
 UNCHANGED = "unchanged"
 RESET = None
@@ -124,6 +131,34 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         )
         lines, alerts = await load_lines(api, state.get("runs", []), graph_id["key"], x_range)
         return metric_figure(graph_id["key"], lines, alerts, options, render_id=uuid.uuid4().hex, backtest=replayed)
+
+    @dash_app.callback(
+        Output(HAZARD_GRAPH, "figure"),
+        Input("page-state", "data"),
+        Input("live-data-tick", "data"),
+    )
+    async def draw_hazard(state: dict[str, Any] | None, _tick: Any) -> dict[str, Any]:
+        if not state or state.get("page") not in ("run", "compare"):
+            raise PreventUpdate
+        lines, horizon = await load_hazard(api, state.get("runs", []))
+        return hazard_figure(lines, horizon, int(state.get("height", 300)), render_id=uuid.uuid4().hex)
+
+
+async def load_hazard(api: KeelApi, run_ids: list[str]) -> tuple[list[RunLine], int | None]:
+    """Each known run's hazard as a line (empty while it warms up), and the horizon the
+    server speaks about (None when no run answered)."""
+    infos = await api.runs_by_id(run_ids)
+    known = [run_id for run_id in dict.fromkeys(run_ids) if infos.get(run_id)]
+    answers = await asyncio.gather(*(api.hazard(r, max_points=HAZARD_POINTS) for r in known))
+    lines, horizon = [], None
+    for run_id, answer in zip(known, answers, strict=True):
+        info = infos[run_id] or {}
+        series = Series.empty()
+        if answer is not None:
+            horizon = int(answer["horizon"])
+            series = Series(list(answer["steps"]), [float(v) for v in answer["hazard"]])
+        lines.append(RunLine(run_id, str(info.get("name", run_id)), info.get("group"), series))
+    return lines, horizon
 
 
 async def load_lines(

@@ -1,4 +1,5 @@
-"""/compare?runs=a,b,c — the headline charts of several runs side by side, with a summary."""
+"""/compare?runs=a,b,c — the headline charts and the collapse hazard of several runs side by
+side, with a summary."""
 
 from __future__ import annotations
 
@@ -8,7 +9,14 @@ from typing import Any
 import dash_ag_grid as dag
 from dash import Dash, Input, Output, State, dcc, html
 
-from dashboard.components import chart_controls, empty_state, live_target, metric_graph, page_state
+from dashboard.components import (
+    chart_controls,
+    empty_state,
+    hazard_graph,
+    live_target,
+    metric_graph,
+    page_state,
+)
 from dashboard.data import KeelApi
 from dashboard.figures import RunLine, run_styles
 from dashboard.series import Series
@@ -88,7 +96,9 @@ def layout(run_ids: list[str]) -> html.Div:
             html.Div(id="compare-notice"),
             chart_controls(aggregate=True, extra_metrics=True),
             html.Div(
-                [metric_graph(key, CHART_HEIGHT) for key in HEADLINE_KEYS], className="charts"
+                [metric_graph(key, CHART_HEIGHT) for key in HEADLINE_KEYS]
+                + [hazard_graph(CHART_HEIGHT)],
+                className="charts",
             ),
             html.Div(id="compare-extra", className="charts", style={"marginTop": "12px"}),
             html.Div(

@@ -1,4 +1,5 @@
-"""/runs/<id> — one run: overview, alerts, config, and a chart for every metric it logs."""
+"""/runs/<id> — one run: overview, alerts, config, a chart for every metric it logs, and its
+collapse hazard after the headline charts."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from dashboard.components import (
     chart_controls,
     display_status,
     empty_state,
+    hazard_graph,
     live_target,
     metric_graph,
     page_state,
@@ -309,11 +311,13 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         run = await api.run(state["runs"][0])
         note = mismatch_note((run or {}).get("config") or {})
         sections: list[Any] = [note] if note is not None else []
-        for name, section_keys in order_keys(keys):
+        ordered = order_keys(keys)
+        if not ordered or ordered[0][0] != "headline":
+            ordered.insert(0, ("headline", []))  # the hazard still comes first
+        for name, section_keys in ordered:
+            graphs = [metric_graph(k, CHART_HEIGHT) for k in section_keys]
+            if name == "headline":
+                graphs.append(hazard_graph(CHART_HEIGHT))  # after the headline charts
             sections.append(html.Div(name, className="namespace"))
-            sections.append(
-                html.Div(
-                    [metric_graph(k, CHART_HEIGHT) for k in section_keys], className="charts small"
-                )
-            )
+            sections.append(html.Div(graphs, className="charts small"))
         return sections, keys

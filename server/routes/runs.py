@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import math
 import time
+from collections.abc import Sequence
 from typing import Annotated, Literal
 
 import orjson
 from fastapi import APIRouter, HTTPException, Path, Query, Request
 
+from server.alerts.backtest import stored_rows
+from server.alerts.hazard import HazardModel, current_model, hazard_series
 from server.auth import ADMIN, INGEST, READ, presented_token
 from server.deps import CommittedDep, SettingsDep, StoreDep
 from server.errors import Conflict, UnknownRun
@@ -18,6 +23,7 @@ from server.schemas import (
     MAX_STEP,
     POINTS_BODY,
     ApiRoute,
+    HazardOut,
     KeyOut,
     PointsWritten,
     RunDetail,
@@ -27,7 +33,7 @@ from server.schemas import (
     errors,
     unprocessable,
 )
-from wire import CLOSE_TOO_LARGE, ProtocolError, encode_value, parse_rows
+from wire import CLOSE_TOO_LARGE, ProtocolError, Row, encode_value, parse_rows
 
 router = APIRouter(tags=["runs"], route_class=ApiRoute, responses=errors(401))
 
@@ -101,6 +107,49 @@ async def run_series(
     except UnknownRun:
         raise _not_found(run_id) from None
     return SeriesOut.from_data(data)
+
+
+HAZARD_POINTS = 2000
+"""Points of a hazard answer by default; a longer run is answered in buckets."""
+
+
+def max_per_bucket(steps: Sequence[int], values: Sequence[float], max_points: int) -> tuple[list[int], list[float]]:
+    """At most `max_points` points: consecutive runs of ceil(n / max_points) points, each
+    answered by its highest value and that value's step (the first, on a tie), so no spike
+    is averaged or sampled away."""
+    if len(steps) <= max_points:
+        return list(steps), list(values)
+    size = math.ceil(len(steps) / max_points)
+    kept_steps, kept_values = [], []
+    for start in range(0, len(steps), size):
+        top = max(range(start, min(start + size, len(steps))), key=values.__getitem__)
+        kept_steps.append(steps[top])
+        kept_values.append(values[top])
+    return kept_steps, kept_values
+
+
+def hazard_points(rows: Sequence[Row], model: HazardModel, max_points: int) -> tuple[list[int], list[float]]:
+    """The steps past the warm-up and their collapse hazard, bucketed to `max_points`."""
+    hazard = hazard_series([row.values for row in rows], model)
+    defined = [(row.step, value) for row, value in zip(rows, hazard, strict=True) if value is not None]
+    return max_per_bucket([step for step, _ in defined], [value for _, value in defined], max_points)
+
+
+@router.get("/runs/{run_id}/hazard", response_model=HazardOut, dependencies=[READ], responses=errors(404))
+async def run_hazard(
+    run_id: RunId,
+    store: StoreDep,
+    max_points: int = Query(HAZARD_POINTS, ge=1, le=100_000, description="buckets of a longer answer; each keeps its highest hazard"),
+) -> HazardOut:
+    """The run's collapse hazard, recomputed from its stored points: at each step past the
+    warm-up, the estimated probability that the run collapses within the next `horizon` steps."""
+    try:
+        rows = await stored_rows(store, run_id)
+    except UnknownRun:
+        raise _not_found(run_id) from None
+    model = HazardModel(current_model())  # the one model in use now, for the values and their horizon
+    steps, hazard = await asyncio.to_thread(hazard_points, rows, model, max_points)
+    return HazardOut(run_id=run_id, horizon=model.horizon, steps=steps, hazard=hazard)
 
 
 @router.post(

@@ -7,17 +7,22 @@ from selenium.webdriver.common.keys import Keys
 
 from bench.support import percentile
 from dashboard.series import ema
+from server.alerts.hazard import HORIZON, WARMUP, hazard_series
 from tests.support.browser import (
+    chart_order,
     charts,
     console_errors,
     drawn_at,
     drawn_charts,
+    hazard_chart,
+    line_styles,
     live_state,
     live_stats,
     screenshot,
     text_of,
     wait_until,
 )
+from tests.support.hazard import collapsing_values, hazard_model, stable_values
 from tests.support.toy_runs import HEADLINE, LiveRun, open_runs, toy_values
 
 pytestmark = pytest.mark.browser
@@ -358,3 +363,70 @@ def test_a_backtest_shows_where_a_rule_would_have_fired_on_the_run_page(server, 
     assert "nope" in refused
     assert console_errors(browser) == []
     run.close()
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_the_collapse_hazard_is_charted_after_the_headline_charts_and_follows_live_points(
+    server, browser, artifacts
+) -> None:
+    """Run page and compare page: one hazard line per run, the server's hazard_series past the
+    warm-up, in the run's colour and dash as on the metric charts, redrawn as points arrive."""
+
+    def rows(values, steps: range) -> list[dict]:  # type: ignore[no-untyped-def]
+        return [{"step": s, "values": values(s)} for s in steps]
+
+    def expected(values, steps: int) -> list[float | None]:  # type: ignore[no-untyped-def]
+        return hazard_series([values(s) for s in range(steps)])[WARMUP:]
+
+    with hazard_model():
+        collapsing = LiveRun(server, "collapsing", "cispo")
+        stable = LiveRun(server, "stable", "is")
+        collapsing.send(rows(collapsing_values, range(150)))
+        stable.send(rows(stable_values, range(150)))
+
+        browser.get(f"{server.url}/runs/{collapsing.id}")
+        chart = wait_until(lambda: hazard_chart(browser), message="hazard chart on the run page")
+        assert "collapse hazard" in chart["title"]
+        # The run page's short chart breaks the label in two lines rather than run over its title.
+        assert chart["ytitle"] == f"P(collapse within<br>{HORIZON} steps)" and chart["yrange"] == [0, 1]
+        (line,) = chart["traces"]
+        assert line["run"] == collapsing.id and line["name"] == "collapsing"
+        assert line["x"] == list(range(WARMUP, 150))
+        assert line["y"] == pytest.approx(expected(collapsing_values, 150), rel=1e-12)
+        drawn_charts(browser, 5)  # the 4 headline metrics it logs, and reward/std
+        assert chart_order(browser) == ["reward/mean", "mismatch/kl", "mismatch/ratio_max", "grad/norm", "hazard", "reward/std"]
+
+        # Live: the chart is recomputed by the server on the page's data tick.
+        wait_until(lambda: live_state(browser) == "live", message="live websocket")
+        collapsing.send(rows(collapsing_values, range(150, 200)))
+
+        def grown() -> dict | None:
+            found = hazard_chart(browser)
+            return found if found and found["traces"][0]["x"][-1] == 199 else None
+
+        line = wait_until(grown, timeout=30, message="hazard redrawn with the live points")["traces"][0]
+        assert line["x"] == list(range(WARMUP, 200))
+        assert line["y"] == pytest.approx(expected(collapsing_values, 200), rel=1e-12)
+        assert line["y"][-1] > 0.5 > line["y"][0]  # the collapse shows
+        screenshot(browser, artifacts / "run-hazard.png")
+
+        browser.get(f"{server.url}/compare?runs={collapsing.id},{stable.id}")
+        chart = wait_until(
+            lambda: (lambda c: c if c and len(c["traces"]) == 2 else None)(hazard_chart(browser)),
+            message="hazard chart on the compare page",
+        )
+        drawn_charts(browser, 5)
+        assert chart_order(browser) == [*HEADLINE, "hazard"]
+        assert chart["ytitle"] == f"P(collapse within {HORIZON} steps)" and chart["yrange"] == [0, 1]
+        styles = line_styles(browser, "reward/mean")
+        by_run = {t["run"]: t for t in chart["traces"]}
+        for run, values, steps in ((collapsing, collapsing_values, 200), (stable, stable_values, 150)):
+            assert by_run[run.id]["x"] == list(range(WARMUP, steps))
+            assert by_run[run.id]["y"] == pytest.approx(expected(values, steps), rel=1e-12)
+            assert [by_run[run.id]["colour"], by_run[run.id]["dash"]] == styles[run.id]
+        assert by_run[collapsing.id]["colour"] != by_run[stable.id]["colour"]
+        assert max(by_run[stable.id]["y"]) < 0.05
+        assert console_errors(browser) == []
+        screenshot(browser, artifacts / "compare-hazard.png")
+        collapsing.close()
+        stable.close()

@@ -8,6 +8,7 @@ import math
 import httpx
 
 from dashboard.data import KeelApi
+from server.alerts.hazard import HORIZON, WARMUP
 from tests.support.toy_runs import LiveRun
 
 
@@ -34,6 +35,11 @@ def test_reads_runs_series_and_last_values(server) -> None:
         assert tail.steps == [50] and tail.values == [math.inf]
         assert (await api.series("missing", "reward/mean")).steps == []
         assert await api.alerts(run.id) is not None  # the alerts API exists on this server
+        hazard = await api.hazard(run.id, max_points=5)
+        assert hazard is not None and hazard["run_id"] == run.id and hazard["horizon"] == HORIZON
+        assert len(hazard["steps"]) == 5 and hazard["steps"][0] >= WARMUP and hazard["steps"][-1] <= 50
+        assert all(0 <= p <= 1 for p in hazard["hazard"])
+        assert await api.hazard("missing") is None
 
     asyncio.run(read())
 

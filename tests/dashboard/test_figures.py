@@ -8,7 +8,14 @@ import math
 import plotly.graph_objects as go
 import pytest
 
-from dashboard.figures import ChartOptions, flat_range, message_figure, metric_figure
+from dashboard.figures import (
+    HAZARD_TITLE,
+    ChartOptions,
+    flat_range,
+    hazard_figure,
+    message_figure,
+    metric_figure,
+)
 from dashboard.series import Alert, Series
 from dashboard.traces import EDGE_SYMBOL, EDGE_Y, RunLine, run_styles
 
@@ -272,3 +279,33 @@ def test_a_log_chart_with_nothing_positive_is_drawn_linear_with_a_note() -> None
     )
     # The note is about the log axis only.
     assert metric_figure("reward/mean", [_line("a", None, [0.0])])["layout"]["annotations"] == []
+
+
+def test_hazard_figure_one_line_per_run_in_its_colour_on_a_probability_axis() -> None:
+    lines = [
+        RunLine("a", "a", "cispo", Series([30, 31, 32], [0.01, 0.2, 0.9])),
+        RunLine("b", "b", "cispo", Series([30, 31], [0.02, 0.03])),
+        RunLine("c", "c", "is", Series.empty()),  # still warming up: a line with no points
+    ]
+    figure = hazard_figure(lines, 50, height=330, render_id="h1")
+    go.Figure(figure)
+    json.dumps(figure, allow_nan=False)
+    layout = figure["layout"]
+    assert HAZARD_TITLE == "collapse hazard" and HAZARD_TITLE in layout["title"]["text"]
+    assert layout["yaxis"]["title"]["text"] == "P(collapse within 50 steps)"
+    assert layout["yaxis"]["range"] == [0, 1] and layout["yaxis"]["autorange"] is False
+    traces = figure["data"]
+    assert [(t["meta"]["run"], t["meta"]["role"]) for t in traces] == [("a", "hazard"), ("b", "hazard"), ("c", "hazard")]
+    assert traces[0]["x"] == [30, 31, 32] and traces[0]["y"] == [0.01, 0.2, 0.9] and traces[2]["x"] == []
+    # The colours and dashes of the metric charts: colour by group, dash by run within it.
+    styles = run_styles(lines)
+    assert [(t["line"]["color"], t["line"]["dash"]) for t in traces] == [(styles[r].colour, styles[r].dash) for r in "abc"]
+    assert traces[0]["line"]["color"] == traces[1]["line"]["color"] != traces[2]["line"]["color"]
+    assert layout["meta"]["render_id"] == "h1" and not layout["meta"]["empty"] and not layout["annotations"]
+    # A short chart breaks its label in two; no run known: no horizon, and a note.
+    assert hazard_figure(lines, 50, height=260)["layout"]["yaxis"]["title"]["text"] == "P(collapse within<br>50 steps)"
+    empty = hazard_figure([], None)
+    assert empty["data"] == [] and empty["layout"]["yaxis"]["title"]["text"] == "P(collapse)"
+    assert empty["layout"]["annotations"][0]["text"] == "No runs selected"
+    waiting = hazard_figure([RunLine("c", "c", None, Series.empty())], 50)
+    assert waiting["layout"]["meta"]["empty"] and "No hazard yet" in waiting["layout"]["annotations"][0]["text"]

@@ -150,3 +150,61 @@ def path_points(d: str) -> list[tuple[float, float]]:
     """The (x, y) pixel vertices of an SVG line path as Plotly writes it ("M x,y L x,y ...")."""
     number = r"(-?[\d.]+(?:e[-+]?\d+)?)"
     return [(float(x), float(y)) for x, y in re.findall(f"{number},{number}", d)]
+
+
+HAZARD_JS = """
+var gd = document.querySelector('.hazard-graph .js-plotly-plot');
+if (!gd || !gd.layout || !gd._fullLayout) return null;
+var meta = gd.layout.meta || {};
+return {
+  render: meta.render_id || null,
+  title: gd._fullLayout.title ? gd._fullLayout.title.text : null,
+  ytitle: gd._fullLayout.yaxis.title ? gd._fullLayout.yaxis.title.text : null,
+  yrange: gd._fullLayout.yaxis.range.slice(),
+  traces: (gd.data || []).map(function (t) {
+    var m = t.meta || {};
+    return {role: m.role || null, run: m.run || null, name: t.name,
+            colour: t.line ? t.line.color : null, dash: t.line ? t.line.dash : null,
+            x: Array.from(t.x || []), y: Array.from(t.y || [])};
+  }),
+};
+"""
+
+LINE_STYLES_JS = """
+var key = arguments[0];
+var gd = Array.from(document.querySelectorAll('.keel-graph .js-plotly-plot')).find(function (g) {
+  return g.layout && g.layout.meta && g.layout.meta.key === key;
+});
+if (!gd) return null;
+var styles = {};
+(gd.data || []).forEach(function (t) {
+  var m = t.meta || {};
+  if (m.role === 'raw' && t.line) styles[m.run] = [t.line.color, t.line.dash];
+});
+return styles;
+"""
+
+
+def hazard_chart(driver: Any) -> dict[str, Any] | None:
+    """The collapse hazard chart as drawn from server data (None before that): its render id,
+    title, y axis title and range, and per trace its run, name, colour, dash, x and y."""
+    chart = driver.execute_script(HAZARD_JS)
+    return chart if chart and chart["render"] else None
+
+
+def line_styles(driver: Any, key: str) -> dict[str, list[str]] | None:
+    """run id -> [colour, dash] of each run's raw line on the chart of `key`."""
+    return driver.execute_script(LINE_STYLES_JS, key)  # type: ignore[no-any-return]
+
+
+def chart_order(driver: Any) -> list[str | None]:
+    """The page's charts in document order: each metric chart's key, "hazard" for the
+    collapse hazard chart (None for a chart still loading)."""
+    return list(
+        driver.execute_script(
+            "return Array.from(document.querySelectorAll('.chart-card')).map(function (card) {"
+            "  if (card.querySelector('.hazard-graph')) return 'hazard';"
+            "  var gd = card.querySelector('.js-plotly-plot');"
+            "  return gd && gd.layout && gd.layout.meta ? gd.layout.meta.key || null : null; })"
+        )
+    )

@@ -1,13 +1,17 @@
-"""REST: run listing, POST points, health, stale status, live push."""
+"""REST: run listing, POST points, health, stale status, live push, the collapse hazard."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
 import httpx
+import pytest
 from websockets.sync.client import connect
 
+from server.alerts.hazard import HORIZON, WARMUP, hazard_series
+from tests.support.hazard import SPIKE_STEP, collapsing_values, hazard_model
 from tests.support.raw_client import hello, new_run, open_ingest, points, recv, series
 
 
@@ -107,3 +111,75 @@ def test_latest_point_per_key(server) -> None:
     latest = httpx.get(f"{server.url}/api/v1/runs/{run['id']}/latest", params={"keys": "a,b,missing"}).json()
     assert latest == {"a": {"step": 7, "value": "-inf"}, "b": {"step": 4, "value": "nan"}}
     assert httpx.get(f"{server.url}/api/v1/runs/nope/latest", params={"keys": "a"}).status_code == 404
+
+
+def test_collapse_hazard_of_a_run(server) -> None:
+    """GET /runs/{id}/hazard: the hazard the server computes from the stored points, exactly
+    hazard_series over the same rows, past the warm-up; buckets keep their highest hazard."""
+    run = new_run("collapsing")
+    values = [collapsing_values(step) for step in range(200)]
+    with hazard_model(), open_ingest(server) as ws:
+        hello(ws, run)
+        for seq, first in enumerate(range(0, 200, 50)):
+            ws.send(points(seq, [{"step": s, "values": values[s]} for s in range(first, first + 50)]))
+            assert recv(ws)["type"] == "ack"
+        url = f"{server.url}/api/v1/runs/{run['id']}/hazard"
+        whole = httpx.get(url)
+        assert whole.status_code == 200, whole.text
+        body = whole.json()
+        expected = hazard_series(values)
+        bucketed = httpx.get(url, params={"max_points": 7}).json()
+    assert body["run_id"] == run["id"] and body["horizon"] == HORIZON == 50
+    assert body["steps"] == list(range(WARMUP, 200))  # the warm-up has no hazard
+    assert expected[:WARMUP] == [None] * WARMUP
+    assert body["hazard"] == expected[WARMUP:]
+    hazard = body["hazard"]
+    assert hazard[0] < 0.01 and hazard[-1] > 0.5 and max(hazard) == hazard[-1]  # it rises to the collapse
+    # 170 points in 7 buckets of 25 consecutive steps: each answered by its highest hazard and
+    # that hazard's step, so the one-step spike survives as its own bucket's point.
+    assert bucketed["run_id"] == run["id"] and bucketed["horizon"] == HORIZON
+    chunks = [list(zip(body["steps"], hazard, strict=True))[i : i + 25] for i in range(0, 170, 25)]
+    tops = [max(chunk, key=lambda point: point[1]) for chunk in chunks]
+    assert list(zip(bucketed["steps"], bucketed["hazard"], strict=True)) == tops
+    assert len(tops) == 7 and SPIKE_STEP in bucketed["steps"] and max(bucketed["hazard"]) == max(hazard)
+    spike = body["steps"].index(SPIKE_STEP)
+    assert hazard[spike] > 5 * hazard[spike - 1]
+
+
+def test_collapse_hazard_errors(server) -> None:
+    assert httpx.get(f"{server.url}/api/v1/runs/nope/hazard").status_code == 404
+    run = new_run("short")
+    with open_ingest(server) as ws:
+        hello(ws, run)
+        ws.send(points(0, [{"step": s, "values": {"reward/mean": 0.5}} for s in range(WARMUP)]))
+        assert recv(ws)["type"] == "ack"
+    url = f"{server.url}/api/v1/runs/{run['id']}/hazard"
+    assert httpx.get(url).json() == {"run_id": run["id"], "horizon": HORIZON, "steps": [], "hazard": []}
+    assert httpx.get(url, params={"max_points": 0}).status_code == 422
+    assert httpx.get(url, params={"max_points": 100_001}).status_code == 422
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_collapse_hazard_needs_the_read_scope(server_factory, database_url) -> None:
+    from server import db
+    from server.storage import Store
+    from server.tokens import create_token
+
+    secured = server_factory(database_url, auth=True, bootstrap_token="keel_test_admin_token_0123456789abcdef")
+
+    async def tokens() -> tuple[str, str]:
+        store = Store(db.create_engine(database_url))
+        try:
+            return await create_token(store, "ingest only", ["ingest"]), await create_token(store, "reader", ["read"])
+        finally:
+            await store.close()
+
+    ingest, read = asyncio.run(tokens())
+    url = f"{secured.url}/api/v1/runs/nope/hazard"
+    assert httpx.get(url).status_code == 401
+    assert httpx.get(url, headers={"Authorization": f"Bearer {ingest}"}).status_code == 401
+    assert httpx.get(url, headers={"Authorization": f"Bearer {read}"}).status_code == 404  # let in, no such run
+    schema = httpx.get(f"{secured.url}/openapi.json").json()
+    operation = schema["paths"]["/api/v1/runs/{run_id}/hazard"]["get"]
+    assert set(operation["responses"]) >= {"200", "401", "404", "422"}
+    assert operation["responses"]["200"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/HazardOut"}
