@@ -240,7 +240,13 @@ def _eval_alerts(args: argparse.Namespace) -> int:
               "(reward reached >= 0.5, then fell >= 0.2 below its running peak)")  # fmt: skip
         print(result["text"])
         if args.hazard is not None:
-            from keel.hazard_eval import calibration, feature_separation, format_calibration, format_separation, rows
+            from keel.hazard_eval import (
+                calibration,
+                feature_separation,
+                format_calibration,
+                format_separation,
+                rows,
+            )
             from server.alerts.hazard import HazardModel, current_model
 
             data = rows(corpus)

@@ -22,8 +22,9 @@ lifecycle, in-process), and each rule's firing steps are scored (docs/alerts.md,
 - a collapse before MIN_HISTORY has no history to learn a baseline from: it is
   reported apart ("no history") and left out of recall and lead.
 
-Only steps before `scored_until` (TAIL steps before a run's end) are scored, so
-what followed every scored firing is known. PPO is scored on its own beside the
+A stable run is scored until TAIL steps before its end (`scored_until`), so what
+followed every firing counted as a false alarm is known: TAIL steps without a
+collapse. A collapsing run is scored up to its collapse, wherever it comes. PPO is scored on its own beside the
 union (its negative-advantage hole makes it the loss that collapses most).
 rlwatch's default detectors are fed the same series in the same invocation.
 """
@@ -62,9 +63,10 @@ WINDOW = 150
 MIN_HISTORY = 50
 """A collapse before this step is scored apart: no detector can have a baseline by then."""
 TAIL = 150
-"""Steps at the end of every run that are not scored: what happens after the last scored
-step is known for this long, so a firing near the end of a run that looked stable is
-judged against what came next (a run collapsing in the tail is not stable)."""
+"""The last steps of a run that never collapsed are not scored: a firing there cannot be
+judged, since the run might have collapsed just after its end; a firing before them is a
+false alarm, because the run went on at least TAIL steps without collapsing. A run that
+collapses, in the tail too, is scored up to its collapse."""
 UNBOUNDED_LOSSES = frozenset({"importance_sampling", "ppo", "dro", "gspo", "flash_reinforce"})
 """Losses whose per-token coefficient is not bounded (docs/losses.md): the ratio itself
 (IS), PPO's and GSPO's negative-advantage hole, DRO's −β·ℓ, FlashREINFORCE's sg(r)."""
@@ -89,7 +91,7 @@ class CorpusRun:
 
     @property
     def scored_until(self) -> int:
-        """Steps before this one are scored (TAIL steps before the end)."""
+        """A stable run's firings are scored before this step (TAIL steps before its end)."""
         return max(0, self.steps - TAIL)
 
     @property
@@ -132,8 +134,6 @@ class Score:
     firings_before_history: int
     """Firings at a step < MIN_HISTORY on any run (a detector without a baseline)."""
     leads: list[int] = field(default_factory=list)
-    collapsing_in_tail: int = 0
-    """Runs whose collapse came in the unscored tail: neither stable nor in the recall."""
     leads_at_bound: int = 0
     """Hits whose lead is at least the physical bound of a one-update collapse, lag - 1 steps
     (at least 1), out of `hits_with_lag` (the hits on runs whose config gives their lag)."""
@@ -253,19 +253,11 @@ def score(detector: str, corpus: Sequence[CorpusRun], firings: Sequence[Sequence
     false_alarms = {True: 0, False: 0}
     unbounded_collapsing = unbounded_early = 0
     stable_steps = stable_firings = 0
-    late = with_lag = at_bound = 0
+    with_lag = at_bound = 0
     for run, all_fired in zip(corpus, firings, strict=True):
-        fired = [step for step in all_fired if step < run.scored_until]
-        before_history += sum(step < MIN_HISTORY for step in fired)
         c = run.collapse_step
-        if c is not None and c >= run.scored_until:  # collapses in the tail: not stable, not scored
-            late += 1
-            was_early = any(step < c - WINDOW for step in fired)
-            early += was_early
-            if run.unbounded:
-                unbounded_collapsing += 1
-                unbounded_early += was_early
-            continue
+        fired = list(all_fired) if c is not None else [step for step in all_fired if step < run.scored_until]
+        before_history += sum(step < MIN_HISTORY for step in fired)
         if c is None:
             stable[run.unbounded] += 1
             false_alarms[run.unbounded] += bool(fired)
@@ -289,7 +281,7 @@ def score(detector: str, corpus: Sequence[CorpusRun], firings: Sequence[Sequence
         if run.unbounded:
             unbounded_collapsing += 1
             unbounded_early += was_early
-    collapsing = sum(run.collapse_step is not None and MIN_HISTORY <= run.collapse_step < run.scored_until for run in corpus)
+    collapsing = sum(run.collapse_step is not None and run.collapse_step >= MIN_HISTORY for run in corpus)
     unbounded_base = stable[True] + unbounded_collapsing
     return Score(
         detector=detector,
@@ -308,7 +300,6 @@ def score(detector: str, corpus: Sequence[CorpusRun], firings: Sequence[Sequence
         firings_per_1k_stable_steps=1000 * stable_firings / stable_steps if stable_steps else math.nan,
         firings_before_history=before_history,
         leads=sorted(leads),
-        collapsing_in_tail=late,
         leads_at_bound=at_bound,
         hits_with_lag=with_lag,
     )
@@ -321,7 +312,7 @@ def _ratio(count: int, total: int) -> str:
 def format_scores(scores: Sequence[Score]) -> str:
     header = (
         f"{'detector':36s} {'recall':>14s} {'med. lead':>9s} {'>=lag-1':>7s} {'early FA':>8s} {'FA bounded':>14s} "
-        f"{'FA unbounded':>14s} {'+early':>6s} {'/1k st.':>7s} {'<50':>4s} {'no hist.':>8s} {'tail':>4s}"
+        f"{'FA unbounded':>14s} {'+early':>6s} {'/1k st.':>7s} {'<50':>4s} {'no hist.':>8s}"
     )
     lines = [header]
     for s in scores:
@@ -331,7 +322,7 @@ def format_scores(scores: Sequence[Score]) -> str:
             f"{s.detector:36s} {_ratio(s.hits, s.collapsing):>14s} {lead:>9s} {bound:>7s} {s.early_false_alarms:>8d} "
             f"{_ratio(s.false_alarms_bounded, s.stable_bounded):>14s} {_ratio(s.false_alarms_unbounded, s.stable_unbounded):>14s} "
             f"{s.unbounded_rate_with_early:>6.0%} {s.firings_per_1k_stable_steps:>7.2f} {s.firings_before_history:>4d} "
-            f"{s.no_history_fired:>3d}/{s.no_history:<4d} {s.collapsing_in_tail:>4d}"
+            f"{s.no_history_fired:>3d}/{s.no_history:<4d}"
         )
     return "\n".join(lines)
 
@@ -340,11 +331,11 @@ def false_alarm_runs(corpus: Sequence[CorpusRun], firings: Sequence[Sequence[int
     """One line per stable run that fired and per collapsing run that fired early or missed."""
     lines = []
     for run, all_fired in zip(corpus, firings, strict=True):
-        fired = [step for step in all_fired if step < run.scored_until]
         c = run.collapse_step
+        fired = list(all_fired) if c is not None else [step for step in all_fired if step < run.scored_until]
         if c is None and fired:
             lines.append(f"false alarm  {run.name}: fired at {fired[:5]}")
-        elif c is not None and MIN_HISTORY <= c < run.scored_until:
+        elif c is not None and c >= MIN_HISTORY:
             early = [step for step in fired if step < c - WINDOW]
             hit = any(c - WINDOW <= step < c for step in fired)
             if early or not hit:

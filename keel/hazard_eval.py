@@ -1,9 +1,9 @@
 """The collapse hazard on a labelled corpus: fit it, check its calibration, and measure
 what each of its features tells apart (`keel eval-alerts --fit-hazard / --hazard`).
 
-Every run contributes one row per step t from the hazard's warm-up to the last scored
-step (keel.eval_alerts: a run is scored until TAIL steps before its end, so what happens
-after every scored step is known), stopping at its collapse: the features at t
+Every run contributes one row per step t from the hazard's warm-up up to its collapse,
+or, on a run that never collapsed, up to TAIL steps before its end (keel.eval_alerts:
+what follows every row is then known): the features at t
 (server.alerts.hazard.features, exactly as the server computes them) and the label "the
 run collapses in (t, t + HORIZON]".
 """
@@ -37,7 +37,7 @@ def rows(corpus: Sequence[Any]) -> Rows:
         state: dict[str, Any] = {}
         c = run.collapse_step
         for step, row in enumerate(run.rows()):
-            if step >= run.scored_until or (c is not None and step >= c):
+            if (c is None and step >= run.scored_until) or (c is not None and step >= c):
                 break
             x = features(state, row.values)
             if state["n"] <= WARMUP:

@@ -201,7 +201,13 @@ def _corpus(args: argparse.Namespace) -> int:
 
 
 def _run_configs(command: str, args: argparse.Namespace, configs: list[Any]) -> int:
-    from learners.lm.grid import format_collapses, format_leads, format_table, mismatch_medians, run_grid
+    from learners.lm.grid import (
+        format_collapses,
+        format_leads,
+        format_table,
+        mismatch_medians,
+        run_grid,
+    )
 
     try:
         for config in configs:

@@ -40,17 +40,16 @@ def test_score_counts_hits_leads_early_false_alarms_and_history_as_documented() 
     assert s.firings_before_history == 1  # the firing at step 30
 
 
-def test_the_tail_is_not_scored_and_a_collapse_in_it_is_not_stable() -> None:
+def test_a_stable_runs_tail_is_not_scored_and_a_collapse_in_it_is_a_collapse() -> None:
     corpus = [
-        _run("tail-collapse", "ppo", 420),  # collapses after the last scored step (350)
-        _run("late-page", "cispo", None),  # fired only in the tail
+        _run("tail-collapse", "ppo", 420),  # collapses after 350 (500 - TAIL): scored to its collapse
+        _run("late-page", "cispo", None),  # fired only in the tail: not judged
         _run("early-then-tail", "ppo", 440),  # fired at 100, before 440 - 150: an early false alarm
     ]
-    s = score("x", corpus, [[340], [360, 400], [100]])
-    assert s.collapsing == 0 and s.collapsing_in_tail == 2 and math.isnan(s.recall)
+    s = score("x", corpus, [[360], [360, 400], [100]])
+    assert (s.collapsing, s.hits, s.leads) == (2, 1, [60])
     assert (s.stable_bounded, s.false_alarms_bounded, s.stable_unbounded) == (1, 0, 0)
     assert s.early_false_alarms == 1
-    assert s.unbounded_rate_with_early == pytest.approx(1 / 2)  # 2 unbounded collapsing runs, one paged early
 
 
 def test_ppo_is_scored_apart() -> None:

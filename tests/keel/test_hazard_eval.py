@@ -24,11 +24,12 @@ def test_auc_is_the_chance_a_positive_outranks_a_negative() -> None:
     assert auc([1, 1, 2], [0, 1, 1]) == pytest.approx((0.5 + 1) / 2)  # a tie counts half
 
 
-def test_rows_stop_at_the_collapse_and_at_the_scored_span() -> None:
-    data = rows([_run(120), _run(None)])  # 300 steps: scored until 150
+def test_rows_stop_at_the_collapse_or_before_a_stable_runs_tail() -> None:
+    data = rows([_run(120), _run(None), _run(280)])  # 300 steps: a stable run is scored until 150
     collapsing = [y for y, run in zip(data.y, data.run, strict=True) if run == 0]
     assert len(collapsing) == 120 - WARMUP and sum(collapsing) == HORIZON  # steps 70..119 are within 50 steps of 120
     assert data.run.count(1) == 150 - WARMUP and all(y == 0 for y, run in zip(data.y, data.run, strict=True) if run == 1)
+    assert data.run.count(2) == 280 - WARMUP  # a collapsing run up to its collapse, in the tail too
     assert all(len(x) == len(FEATURES) for x in data.x)
 
 
