@@ -24,7 +24,8 @@ RELIABILITY_EDGES = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0)
 
 @dataclass
 class Rows:
-    x: list[list[float]]
+    x: list[list[float | None]]
+    """Features per row; None where the run never logged what a feature needs."""
     y: list[int]
     run: list[int]
     """The index of the row's run in the corpus."""
@@ -53,23 +54,40 @@ def fit(data: Rows, *, l2: float = 1.0, description: str = "") -> dict[str, Any]
     on the weights (not the intercept); the model dict of server.alerts.hazard.MODEL."""
     import torch
 
-    x = torch.tensor(data.x, dtype=torch.float64)
+    x = torch.tensor([[math.nan if v is None else v for v in row] for row in data.x], dtype=torch.float64)
     y = torch.tensor(data.y, dtype=torch.float64)
-    means = x.mean(0)
-    scales = x.std(0).clamp_min(1e-9)
+    present = ~x.isnan()
+    means = torch.where(present, x, 0).sum(0) / present.sum(0).clamp_min(1)
+    x = torch.where(present, x, means)  # a feature never logged is taken at its mean, as HazardModel does
+    scales = x.std(0).nan_to_num(1.0).clamp_min(1e-9)
     z = torch.cat([torch.ones(len(x), 1, dtype=torch.float64), (x - means) / scales], 1)
     w = torch.zeros(z.shape[1], dtype=torch.float64)
     base = float(y.mean().clamp(1e-6, 1 - 1e-6))
     w[0] = math.log(base / (1 - base))
     penalty = torch.full((z.shape[1],), l2, dtype=torch.float64)
     penalty[0] = 0.0
-    for _ in range(50):
+    def objective(w: torch.Tensor) -> float:
+        logits = z @ w
+        nll = torch.nn.functional.binary_cross_entropy_with_logits(logits, y, reduction="sum")
+        return float(nll + 0.5 * (penalty * w * w).sum())
+
+    current = objective(w)
+    for _ in range(100):  # Newton's method, step halved until the penalised loss falls
         p = torch.sigmoid(z @ w)
         grad = z.T @ (p - y) + penalty * w
-        hessian = (z * (p * (1 - p)).unsqueeze(1)).T @ z + torch.diag(penalty) + 1e-9 * torch.eye(z.shape[1], dtype=torch.float64)
+        hessian = (z * (p * (1 - p)).unsqueeze(1)).T @ z + torch.diag(penalty) + 1e-6 * torch.eye(z.shape[1], dtype=torch.float64)
         step = torch.linalg.solve(hessian, grad)
-        w = w - step
-        if float(step.abs().max()) < 1e-8:
+        scale = 1.0
+        while scale > 1e-6:
+            candidate = w - scale * step
+            value = objective(candidate)
+            if value <= current:
+                break
+            scale /= 2
+        else:
+            break
+        w, improvement, current = candidate, current - value, value
+        if improvement < 1e-9 * max(1.0, abs(current)):
             break
     return {
         "horizon": HORIZON,
@@ -128,18 +146,20 @@ def feature_separation(data: Rows) -> list[dict[str, Any]]:
     whose mismatch is high (log_kl above the median of the rows that do not collapse soon):
     what tells a run that will fall from one that keeps a high mismatch and learns."""
     kl = FEATURES.index("log_kl")
-    calm = sorted(x[kl] for x, y in zip(data.x, data.y, strict=True) if not y)
+    calm = sorted(v for x, y in zip(data.x, data.y, strict=True) if not y and (v := x[kl]) is not None)
     median = calm[len(calm) // 2] if calm else math.inf
-    high = [i for i, x in enumerate(data.x) if x[kl] > median]
+    high = {i for i, x in enumerate(data.x) if (v := x[kl]) is not None and v > median}
     out = []
     for index, name in enumerate(FEATURES):
-        values = [x[index] for x in data.x]
-        mean_pos = [v for v, y in zip(values, data.y, strict=True) if y]
-        mean_neg = [v for v, y in zip(values, data.y, strict=True) if not y]
+        logged = [i for i, x in enumerate(data.x) if x[index] is not None]
+        values = [float(data.x[i][index]) for i in logged]  # type: ignore[arg-type]
+        labels = [data.y[i] for i in logged]
+        mean_pos = [v for v, y in zip(values, labels, strict=True) if y]
+        mean_neg = [v for v, y in zip(values, labels, strict=True) if not y]
         out.append({
             "feature": name,
-            "auc": auc(values, data.y),
-            "auc_high_mismatch": auc([values[i] for i in high], [data.y[i] for i in high]),
+            "auc": auc(values, labels),
+            "auc_high_mismatch": auc([v for v, i in zip(values, logged, strict=True) if i in high], [data.y[i] for i in logged if i in high]),
             "mean_before_collapse": sum(mean_pos) / len(mean_pos) if mean_pos else math.nan,
             "mean_otherwise": sum(mean_neg) / len(mean_neg) if mean_neg else math.nan,
         })  # fmt: skip

@@ -13,8 +13,9 @@ logs (constant work and a small JSON state per step, as every detector):
 - the share of tokens whose coefficient the loss does not bound (`mismatch/unbounded_frac`);
 - staleness (`staleness/lag_mean`), the gradient's trend and the ESS.
 
-A feature whose metric a run does not log is 0 (its mean on the corpus the model was fitted
-on is not assumed). The coefficients (MODEL) are fitted by `keel eval-alerts --fit-hazard`
+A feature whose metric a run has never logged is taken at its mean on the corpus the model
+was fitted on, so it neither raises nor lowers the hazard; one not logged at a step keeps
+its last value. The coefficients (MODEL) are fitted by `keel eval-alerts --fit-hazard`
 on labelled corpora (docs/alerts.md says which, and how well the hazard is calibrated on
 held-out ones). As a rule: detector `hazard`, active while the hazard exceeds `p`.
 """
@@ -33,6 +34,9 @@ HORIZON = 50
 """Steps ahead the hazard speaks about: P(the run collapses in (t, t + HORIZON])."""
 WARMUP = 30
 """Steps before a hazard is given (no baseline yet)."""
+GAIN_CAP = 4.0
+"""The reward's gain saturates here (initial spreads): past it a run has learned enough to
+lose, and a larger gain says nothing more about a collapse."""
 TAIL_LOG_RATIO = 2.0
 """A step's ratio tail counts as large when log(ratio_max) exceeds this (r > 7.4)."""
 
@@ -61,27 +65,28 @@ def _clip(x: float, low: float, high: float) -> float:
     return low if math.isnan(x) else min(high, max(low, x))
 
 
-def features(state: dict[str, Any], values: Mapping[str, float]) -> list[float]:
-    """Update `state` with one step's values; the feature vector after it (FEATURES' order)."""
+def features(state: dict[str, Any], values: Mapping[str, float]) -> list[float | None]:
+    """Update `state` with one step's values; the feature vector after it (FEATURES' order).
+    None: the run has never logged the metric a feature needs."""
     f = state.setdefault("f", {})
     RewardGain.update(state, values, "reward/mean", "reward/std", REWARD_ALPHA)
-    out = dict.fromkeys(FEATURES, 0.0)
+    out: dict[str, float | None] = dict.fromkeys(FEATURES)
     gained = RewardGain._gained(state)
     if gained is not None:
         spread = gained[1] if gained[1] > 0 else 1.0
         reward = _finite(values, "reward/mean")
         slow = _ewma(f, "reward_slow", reward, _SLOW) if reward is not None else f.get("reward_slow", state["reward_smooth"])
-        out["gain"] = _clip(gained[0] / spread, -5, 15)
+        out["gain"] = _clip(gained[0] / spread, -5, GAIN_CAP)
         out["drawdown"] = _clip((state["reward_peak"] - state["reward_smooth"]) / spread, 0, 10)
         out["reward_trend"] = _clip((state["reward_smooth"] - slow) / spread, -5, 5)
     kl = values.get("mismatch/kl")
     if kl is not None and not math.isnan(kl):
         log_kl = math.log10(max(kl, 1e-6)) if math.isfinite(kl) else 3.0
         out["log_kl"] = _clip(_ewma(f, "kl_fast", log_kl, _FAST), -6, 3)
-        out["kl_trend"] = _clip(out["log_kl"] - _ewma(f, "kl_slow", log_kl, _SLOW), -5, 5)
+        out["kl_trend"] = _clip(log_kl - _ewma(f, "kl_slow", log_kl, _SLOW), -5, 5)
     for name, climb in (("kl_climb", _KL_CLIMB), ("tail_climb", _TAIL_CLIMB)):
-        climb.observe(state.setdefault(name, {}), state, values)
-        out[name] = _clip(state[name].get("cusum", 0.0) / 20, 0, 10)
+        if climb.observe(state.setdefault(name, {}), state, values) is not None:
+            out[name] = _clip(state[name].get("cusum", 0.0) / 20, 0, 10)
     ratio = values.get("mismatch/ratio_max")
     if ratio is not None and not math.isnan(ratio):
         log_ratio = math.log(max(ratio, 1e-12)) if math.isfinite(ratio) else 50.0
@@ -100,6 +105,12 @@ def features(state: dict[str, Any], values: Mapping[str, float]) -> list[float]:
     ess = _finite(values, "mismatch/ess_frac")
     if ess is not None:
         out["ess_loss"] = _clip(1 - _ewma(f, "ess", ess, _FAST), 0, 1)
+    last = state.setdefault("last", {})
+    for name in FEATURES:  # a metric not logged at this step keeps its last value
+        if out[name] is None:
+            out[name] = last.get(name)
+        else:
+            last[name] = out[name]
     state["n"] = state.get("n", 0) + 1
     return [out[name] for name in FEATURES]
 
@@ -116,8 +127,9 @@ class HazardModel:
         self.means = [float(m) for m in model["means"]]
         self.scales = [float(s) if s > 0 else 1.0 for s in model["scales"]]
 
-    def probability(self, x: Sequence[float]) -> float:
-        z = self.intercept + sum(w * (v - m) / s for w, v, m, s in zip(self.weights, x, self.means, self.scales, strict=True))
+    def probability(self, x: Sequence[float | None]) -> float:
+        """A feature that is None (never logged) is taken at its mean: it says nothing."""
+        z = self.intercept + sum(w * (v - m) / s for w, v, m, s in zip(self.weights, x, self.means, self.scales, strict=True) if v is not None)
         return 1 / (1 + math.exp(-z)) if z > -700 else 0.0
 
 
@@ -178,8 +190,8 @@ class Hazard(Detector):
         if hazard <= self.params["p"]:
             return Signal(False, hazard, f"collapse hazard {hazard:.0%}")
         top = sorted(
-            ((w * (v - m) / s, name) for w, v, m, s, name in zip(self.model.weights, x, self.model.means, self.model.scales, FEATURES, strict=True)),
+            ((w * (v - m) / s, name) for w, v, m, s, name in zip(self.model.weights, x, self.model.means, self.model.scales, FEATURES, strict=True) if v is not None),
             reverse=True,
         )[:3]
-        why = ", ".join(f"{name} {value:.3g}" for _, name in top for value in [x[FEATURES.index(name)]])
+        why = ", ".join(f"{name} {x[FEATURES.index(name)]:.3g}" for _, name in top)
         return Signal(True, hazard, f"collapse hazard {hazard:.0%} within {self.model.horizon} steps (> {self.params['p']:g}); most: {why}")

@@ -42,7 +42,7 @@ def test_features_read_what_a_run_logs_and_are_zero_for_what_it_does_not() -> No
     state: dict[str, object] = {}
     for step in range(300):
         x = dict(zip(FEATURES, features(state, _step(step, **{"mismatch/unbounded_frac": 0.05, "staleness/lag_mean": 3.0})), strict=True))
-    assert x["gain"] == pytest.approx((0.9 - 0.14) / 0.1)  # peak EWMA 0.9 over the mean of the first 5 steps, in spreads
+    assert x["gain"] == hazard.GAIN_CAP  # (0.9 - 0.14) / 0.1 = 7.6 spreads gained, saturated
     assert x["drawdown"] == pytest.approx(0.0) and x["reward_trend"] == pytest.approx(0.0, abs=1e-2)
     assert x["log_kl"] == pytest.approx(math.log10(0.02)) and x["kl_trend"] == pytest.approx(0.0)
     assert x["unbounded_frac"] == pytest.approx(5.0)  # percent of the loss tokens
@@ -50,7 +50,9 @@ def test_features_read_what_a_run_logs_and_are_zero_for_what_it_does_not() -> No
     assert x["ess_loss"] == pytest.approx(0.1)
     assert x["tail_persistence"] == pytest.approx(0.0)  # ratio 3 < e^2
     bare: dict[str, object] = {}
-    assert features(bare, {"grad/norm": 2.0}) == [0.0] * len(FEATURES)
+    assert features(bare, {"grad/norm": 2.0}) == [0.0 if name == "grad_trend" else None for name in FEATURES]
+    assert features(bare, {}) == [0.0 if name == "grad_trend" else None for name in FEATURES]  # kept from the last step
+    assert HazardModel(_model(unbounded_frac=9.0)).probability([None] * len(FEATURES)) == pytest.approx(1 / (1 + math.exp(4.0)))
 
 
 def test_a_mismatch_climbing_after_learning_raises_the_climb_features_and_a_fall_the_drawdown() -> None:
