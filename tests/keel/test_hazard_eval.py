@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -57,3 +59,26 @@ def test_separation_ranks_the_feature_that_moves_before_a_collapse() -> None:
 def test_an_empty_corpus_gives_nan_not_an_error() -> None:
     result = feature_separation(Rows([], [], []))
     assert len(result) == len(FEATURES)
+
+
+def test_keel_eval_alerts_fits_a_hazard_scores_it_and_writes_its_calibration(tmp_path: Path) -> None:
+    from keel.cli import main
+    from keel.eval_alerts import save_corpus
+    from server.alerts import hazard
+
+    corpus_path, model_path, out_path = tmp_path / "corpus.json", tmp_path / "model.json", tmp_path / "scores.json"
+    save_corpus([_run(200, steps=400, kl_from=150) for _ in range(3)] + [_run(None, steps=400) for _ in range(3)], str(corpus_path))
+    saved = hazard.current_model()
+    try:
+        code = main(["eval-alerts", "--corpus", str(corpus_path), "--fit-hazard", str(model_path), "--hazard-model",
+                     str(model_path), "--hazard", "0.5", "--no-rlwatch", "--json", str(out_path)])  # fmt: skip
+        assert code == 0
+        model = json.loads(model_path.read_text())
+        assert hazard.current_model()["weights"] == model["weights"] and model["fitted_on"] == str(corpus_path)
+    finally:
+        hazard.use_model(saved)
+    (result,) = json.loads(out_path.read_text())
+    scores = {s["detector"]: s for s in result["scores"]}
+    assert scores["hazard > 0.5"]["hits"] == 3 and scores["hazard > 0.5"]["false_alarms_unbounded"] == 0
+    assert result["calibration"]["brier"] < result["calibration"]["brier_base_rate"]
+    assert [row["feature"] for row in result["separation"]] == list(FEATURES)
