@@ -10,7 +10,15 @@ import pytest
 
 from server.alerts import hazard
 from server.alerts.catalog import build_detector
-from server.alerts.hazard import FEATURES, HORIZON, WARMUP, Hazard, HazardModel, features, hazard_series
+from server.alerts.hazard import (
+    FEATURES,
+    HORIZON,
+    WARMUP,
+    Hazard,
+    HazardModel,
+    features,
+    hazard_series,
+)
 
 
 def _model(**weights: float) -> dict[str, object]:
