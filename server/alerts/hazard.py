@@ -34,6 +34,8 @@ HORIZON = 50
 """Steps ahead the hazard speaks about: P(the run collapses in (t, t + HORIZON])."""
 WARMUP = 30
 """Steps before a hazard is given (no baseline yet)."""
+READS = ("reward/mean", "mismatch/kl", "mismatch/ratio_max", "grad/norm")
+"""A step that logs none of these is skipped: it neither advances nor changes the hazard."""
 GAIN_CAP = 4.0
 """The reward's gain saturates here (initial spreads): past it a run has learned enough to
 lose, and a larger gain says nothing more about a collapse."""
@@ -163,9 +165,17 @@ def hazard_series(rows: Sequence[Mapping[str, float]], model: HazardModel | None
     state: dict[str, Any] = {}
     out: list[float | None] = []
     for values in rows:
+        if not reads(values):  # as the detector: a step without them is not a step of the hazard
+            out.append(None)
+            continue
         x = features(state, values)
         out.append(model.probability(x) if state["n"] > WARMUP else None)
     return out
+
+
+def reads(values: Mapping[str, float]) -> bool:
+    """Does this step log anything the hazard reads (the reward, the mismatch, the gradient)?"""
+    return any(key in values for key in READS)
 
 
 class Hazard(Detector):
@@ -182,7 +192,7 @@ class Hazard(Detector):
         self.model = HazardModel(current_model())
 
     def update(self, state: dict[str, Any], step: int, values: Mapping[str, float]) -> Signal | None:
-        if not any(key in values for key in ("reward/mean", "mismatch/kl", "mismatch/ratio_max", "grad/norm")):
+        if not reads(values):
             return None
         x = features(state, values)
         if state["n"] <= WARMUP:

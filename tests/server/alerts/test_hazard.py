@@ -132,3 +132,10 @@ def test_backtest_replays_a_hazard_rule_as_the_engine_would(kl_model: dict[str, 
     result = backtest_rule(rule, [Row(step=step, time=None, values=values) for step, values in enumerate(rows)])
     assert result.fired_steps == [first]
     assert "collapse hazard" in result.episodes[0].message and result.episodes[0].value == pytest.approx(series[first])
+
+
+def test_a_step_with_nothing_the_hazard_reads_is_skipped_by_the_series_as_by_the_detector(kl_model: dict[str, object]) -> None:
+    rows = [_step(step) for step in range(150)] + [_step(step, kl=0.02 * 1.1 ** (step - 149)) for step in range(150, 200)]
+    padded = [row for values in rows for row in (values, {"policy/entropy": 1.0})]
+    series, padded_series = hazard_series(rows), hazard_series(padded)
+    assert padded_series[1::2] == [None] * len(rows) and padded_series[0::2] == series
