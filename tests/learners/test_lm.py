@@ -240,8 +240,8 @@ def test_keel_lm_grid_writes_a_labelled_corpus(tmp_path) -> None:
     assert "collapsed" in result.stdout and "4 runs x 8 steps" in result.stdout
     corpus = json.loads(path.read_text())
     names = [run["name"] for run in corpus["runs"]]
-    assert names == ["reinforce-lag0-bf16-s0", "reinforce-lag2-bf16-s0", "ppo-lag0-bf16-s0",
-                     "ppo-lag2-bf16-s0"]  # fmt: skip
+    assert names == ["reinforce-lag0-bf16-d3-s0", "reinforce-lag2-bf16-d3-s0", "ppo-lag0-bf16-d3-s0",
+                     "ppo-lag2-bf16-d3-s0"]  # fmt: skip
     for run in corpus["runs"]:
         assert run["spec"]["steps"] == 8 and run["spec"]["digits"] == 3
         rewards = run["series"]["reward/mean"]

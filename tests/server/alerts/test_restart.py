@@ -323,7 +323,8 @@ def _evaluated_to(server, run_id: str, step: int) -> None:  # type: ignore[no-un
     """Wait until `server`'s engine has evaluated `run_id` up to `step` for every rule."""
     tracked = server.app.state.components.alerts._tracked
     deadline = time.monotonic() + 15
-    while not (steps := [t.last_step for (_, r), t in list(tracked.items()) if r == run_id]) or min(steps) < step:  # type: ignore[type-var]
+    # a rule tracked but not yet evaluated has no last step (None): wait for it as well
+    while not (steps := [t.last_step for (_, r), t in list(tracked.items()) if r == run_id]) or any(s is None or s < step for s in steps):
         assert time.monotonic() < deadline, steps  # evaluation follows the ack
         time.sleep(0.02)
 
