@@ -417,10 +417,10 @@ def test_a_run_idle_for_a_while_is_forgotten_and_resumes_where_it_was(server_fac
     server = server_factory(database_url, silent_run_check_s=0.2)
     engine = server.app.state.components.alerts  # type: ignore[attr-defined]
     engine.coordination.checkpoints.checkpoint_s = 3600.0  # only the idle run's save writes step 89
-    engine.idle_s = 1.0
     run = new_run("idle")
     _stream(server, run, rows[:90])
     _evaluated_to(server, run["id"], 89)
+    engine.idle_s = 1.0  # only now: a run forgotten before the wait above would look never evaluated
     deadline = time.monotonic() + 15
     while run["id"] in engine._runs or run["id"] in engine._active:
         assert time.monotonic() < deadline
