@@ -29,7 +29,8 @@ def in_process_client(app: Any, token: str | None = None) -> httpx.AsyncClient:
     When auth is on, pages are already behind the login; their reads carry the
     process-local internal `token` (server.auth), never the user's.
     """
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    # Identity: compressing a response only to decompress it in this process is work for nothing.
+    headers = {"Accept-Encoding": "identity", **({"Authorization": f"Bearer {token}"} if token else {})}
     return httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app),
         base_url="http://localhost",  # a name the server serves (server/origins.py): this process

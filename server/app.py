@@ -7,10 +7,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
+from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.responses import RedirectResponse, Response
 from starlette.requests import HTTPConnection
 
 from dashboard import mount_dashboard
+from server import compression
 from server.auth import allowed, presented_token
 from server.components import running
 from server.config import Settings
@@ -92,6 +94,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return await call_next(request)
 
     mount_dashboard(app, internal_token=internal_token)
+    # gzip for browsers and API clients that accept it; Dash's immutable files compressed once.
+    app.add_middleware(GZipMiddleware, minimum_size=compression.MINIMUM_SIZE, compresslevel=compression.LEVEL)
+    app.add_middleware(compression.StaticGzip)
     # Added last, so outermost (outside Dash's middleware too): a request for a foreign
     # Host, or a foreign page's write or websocket, reaches nothing else.
     app.add_middleware(OriginGuard, policy=site_policy)

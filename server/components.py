@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from server import db
 from server.alerts.coordination import for_store
 from server.alerts.engine import AlertEngine
+from server.alerts.hazard import HazardCache
 from server.alerts.notify import Notifier
 from server.alerts.rulebook import RuleBook
 from server.config import Settings, deprecated_env
@@ -46,6 +47,8 @@ class Components:
     """Lets the dashboard's in-process API reads through when auth is on (read scope only)."""
     fanout: Fanout | None
     """Live fan-out to other replicas (PostgreSQL); None with SQLite's one process."""
+    hazards: HazardCache
+    """Each read run's collapse hazard so far (GET /runs/{id}/hazard extends it)."""
 
 
 async def _every(period_s: float, job: Callable[[], Awaitable[None]]) -> None:
@@ -95,6 +98,7 @@ async def running(settings: Settings, internal_token: str) -> AsyncIterator[Comp
         rate_limits=RateLimits.from_settings(settings),
         internal_token=internal_token,
         fanout=fanout,
+        hazards=HazardCache(),
     )
     if settings.bootstrap_token:
         await create_token(store, "bootstrap", ["admin"], settings.bootstrap_token)

@@ -22,13 +22,21 @@ held-out ones). As a rule: detector `hazard`, active while the hazard exceeds `p
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import math
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from server.alerts.detectors import REWARD_ALPHA, Climb, Detector, RewardGain, Signal
+from wire import Row
 
-__all__ = ["FEATURES", "HORIZON", "MODEL", "Hazard", "HazardModel", "current_model", "features", "hazard_series", "use_model"]
+__all__ = [
+    "FEATURES", "HORIZON", "INPUTS", "MODEL", "Hazard", "HazardCache", "HazardModel", "current_model", "features",
+    "hazard_series", "use_model",
+]  # fmt: skip
 
 HORIZON = 50
 """Steps ahead the hazard speaks about: P(the run collapses in (t, t + HORIZON])."""
@@ -36,6 +44,8 @@ WARMUP = 30
 """Steps before a hazard is given (no baseline yet)."""
 READS = ("reward/mean", "mismatch/kl", "mismatch/ratio_max", "grad/norm")
 """A step that logs none of these is skipped: it neither advances nor changes the hazard."""
+INPUTS = (*READS, "reward/std", "mismatch/unbounded_frac", "staleness/lag_mean", "mismatch/ess_frac")
+"""Every metric the features read: the hazard of a run depends on these points only."""
 GAIN_CAP = 4.0
 """The reward's gain saturates here (initial spreads): past it a run has learned enough to
 lose, and a larger gain says nothing more about a collapse."""
@@ -128,6 +138,7 @@ class HazardModel:
         self.weights = [float(w) for w in model["weights"]]
         self.means = [float(m) for m in model["means"]]
         self.scales = [float(s) if s > 0 else 1.0 for s in model["scales"]]
+        self.fingerprint = (self.horizon, self.intercept, *self.weights, *self.means, *self.scales)
 
     def probability(self, x: Sequence[float | None]) -> float:
         """A feature that is None (never logged) is taken at its mean: it says nothing."""
@@ -163,14 +174,66 @@ def hazard_series(rows: Sequence[Mapping[str, float]], model: HazardModel | None
     """The hazard at every step of a run's rows (None before WARMUP steps)."""
     model = model or HazardModel(current_model())
     state: dict[str, Any] = {}
-    out: list[float | None] = []
-    for values in rows:
-        if not reads(values):  # as the detector: a step without them is not a step of the hazard
-            out.append(None)
-            continue
-        x = features(state, values)
-        out.append(model.probability(x) if state["n"] > WARMUP else None)
-    return out
+    # As the detector: a step without any of READS is not a step of the hazard.
+    return [_step(state, values, model) for values in rows]
+
+
+@dataclass
+class _Track:
+    state: dict[str, Any] = field(default_factory=dict)
+    """The features' state after `through`."""
+    through: int = -1
+    steps: list[int] = field(default_factory=list)
+    hazard: list[float] = field(default_factory=list)
+
+
+class HazardCache:
+    """Each run's hazard series as far as it was read, extended by the rows stored after it,
+    so a page that redraws the hazard every few seconds costs the new steps only.
+
+    A run's newest step may still get values (a step split over frames), so it is computed
+    on a copy of the state and read again next time; the steps before it are kept. A run
+    deleted and created again (another `started_at`) or another model starts afresh.
+    """
+
+    def __init__(self, runs: int = 512):
+        self.runs = runs
+        self.lock = asyncio.Lock()
+        """Held from `after` to `extend`: two reads of one run must not both add its rows."""
+        self._tracks: OrderedDict[tuple[str, float, tuple[float, ...]], _Track] = OrderedDict()
+
+    def after(self, run_id: str, started_at: float, model: HazardModel) -> int:
+        """The last step already kept for this run (-1: none): read the rows after it."""
+        track = self._tracks.get((run_id, started_at, model.fingerprint))
+        return track.through if track is not None else -1
+
+    def extend(self, run_id: str, started_at: float, model: HazardModel, rows: Sequence[Row]) -> tuple[list[int], list[float]]:
+        """The run's (step, hazard) past the warm-up, `rows` (in step order, after `after()`) added."""
+        key = (run_id, started_at, model.fingerprint)
+        track = self._tracks.pop(key, None) or _Track()
+        self._tracks[key] = track
+        while len(self._tracks) > self.runs:
+            self._tracks.popitem(last=False)
+        kept, newest = (rows[:-1], rows[-1:]) if rows else ([], [])
+        for row in kept:
+            value = _step(track.state, row.values, model)
+            track.through = row.step
+            if value is not None:
+                track.steps.append(row.step)
+                track.hazard.append(value)
+        steps, hazard = track.steps, track.hazard
+        for row in newest:
+            value = _step(copy.deepcopy(track.state), row.values, model)
+            if value is not None:
+                steps, hazard = [*steps, row.step], [*hazard, value]
+        return steps, hazard
+
+
+def _step(state: dict[str, Any], values: Mapping[str, float], model: HazardModel) -> float | None:
+    if not reads(values):
+        return None
+    x = features(state, values)
+    return model.probability(x) if state["n"] > WARMUP else None
 
 
 def reads(values: Mapping[str, float]) -> bool:

@@ -11,10 +11,10 @@ from typing import Annotated, Literal
 import orjson
 from fastapi import APIRouter, HTTPException, Path, Query, Request
 
-from server.alerts.backtest import stored_rows
-from server.alerts.hazard import HazardModel, current_model, hazard_series
+from server.alerts.backtest import ROWS_PER_READ
+from server.alerts.hazard import INPUTS, HazardModel, current_model
 from server.auth import ADMIN, INGEST, READ, presented_token
-from server.deps import CommittedDep, SettingsDep, StoreDep
+from server.deps import CommittedDep, ComponentsDep, SettingsDep, StoreDep
 from server.errors import Conflict, UnknownRun
 from server.fairlock import WRITE_OWNER
 from server.ratelimit import client_key
@@ -128,27 +128,28 @@ def max_per_bucket(steps: Sequence[int], values: Sequence[float], max_points: in
     return kept_steps, kept_values
 
 
-def hazard_points(rows: Sequence[Row], model: HazardModel, max_points: int) -> tuple[list[int], list[float]]:
-    """The steps past the warm-up and their collapse hazard, bucketed to `max_points`."""
-    hazard = hazard_series([row.values for row in rows], model)
-    defined = [(row.step, value) for row, value in zip(rows, hazard, strict=True) if value is not None]
-    return max_per_bucket([step for step, _ in defined], [value for _, value in defined], max_points)
-
-
 @router.get("/runs/{run_id}/hazard", response_model=HazardOut, dependencies=[READ], responses=errors(404))
 async def run_hazard(
     run_id: RunId,
-    store: StoreDep,
+    components: ComponentsDep,
     max_points: int = Query(HAZARD_POINTS, ge=1, le=100_000, description="buckets of a longer answer; each keeps its highest hazard"),
 ) -> HazardOut:
-    """The run's collapse hazard, recomputed from its stored points: at each step past the
-    warm-up, the estimated probability that the run collapses within the next `horizon` steps."""
+    """The run's collapse hazard from its stored points: at each step past the warm-up, the
+    estimated probability that the run collapses within the next `horizon` steps."""
+    store, cache = components.store, components.hazards
     try:
-        rows = await stored_rows(store, run_id)
+        run = await store.get_run(run_id)
     except UnknownRun:
         raise _not_found(run_id) from None
     model = HazardModel(current_model())  # the one model in use now, for the values and their horizon
-    steps, hazard = await asyncio.to_thread(hazard_points, rows, model, max_points)
+    async with cache.lock:
+        rows: list[Row] = []
+        after = cache.after(run_id, run.started_at, model)
+        while page := await store.rows(run_id, after=after, before=2**62, max_points=ROWS_PER_READ, keys=INPUTS):
+            rows.extend(page)
+            after = page[-1].step
+        steps, hazard = await asyncio.to_thread(cache.extend, run_id, run.started_at, model, rows)
+    steps, hazard = max_per_bucket(steps, hazard, max_points)
     return HazardOut(run_id=run_id, horizon=model.horizon, steps=steps, hazard=hazard)
 
 

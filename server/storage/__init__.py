@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 
 from sqlalchemy import text
@@ -113,15 +114,22 @@ class Store:
             return await reads.keys(session, run_id)
 
     async def rows(
-        self, run_id: str, *, after: int, before: int, max_points: int = 200_000, session: AsyncSession | None = None
+        self,
+        run_id: str,
+        *,
+        after: int,
+        before: int,
+        max_points: int = 200_000,
+        keys: Sequence[str] | None = None,
+        session: AsyncSession | None = None,
     ) -> list[Row]:
         """The stored rows of a run with after < step < before, in step order (at most
-        `max_points` points, whole steps). Read in `session` when given (inside the
-        caller's transaction)."""
+        `max_points` points, whole steps), only `keys` when given. Read in `session` when
+        given (inside the caller's transaction)."""
         if session is not None:
-            return await reads.rows(session, run_id, after=after, before=before, max_points=max_points)
+            return await reads.rows(session, run_id, after=after, before=before, max_points=max_points, keys=keys)
         async with self.sessions() as own:
-            return await reads.rows(own, run_id, after=after, before=before, max_points=max_points)
+            return await reads.rows(own, run_id, after=after, before=before, max_points=max_points, keys=keys)
 
     async def latest(self, run_id: str, keys: list[str]) -> dict[str, tuple[int, float]]:
         """The last (step, value) of each of these keys that has points."""

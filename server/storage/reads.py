@@ -9,7 +9,7 @@ rollup blocks (server/storage/rollups.py) that cover it exactly. NaN is stored a
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,13 +83,19 @@ async def keys(session: AsyncSession, run_id: str) -> list[KeyInfo]:
     return [KeyInfo(key, int(count), last) for key, count, last in result]
 
 
-async def rows(session: AsyncSession, run_id: str, *, after: int, before: int, max_points: int) -> list[Row]:
-    """The stored rows of a run with after < step < before, in step order. At most
-    `max_points` points; when that cuts a step, the rows end before it."""
+async def rows(
+    session: AsyncSession, run_id: str, *, after: int, before: int, max_points: int, keys: Sequence[str] | None = None
+) -> list[Row]:
+    """The stored rows of a run with after < step < before, in step order; only `keys` when
+    given (a step with none of them is left out). At most `max_points` points; when that
+    cuts a step, the rows end before it."""
+    where = [Series.run_id == run_id, Point.step > after, Point.step < before]
+    if keys is not None:
+        where.append(Series.key.in_(list(keys)))
     query = (
         select(Point.step, Series.key, Point.value)
         .join(Series, Point.series_id == Series.id)
-        .where(Series.run_id == run_id, Point.step > after, Point.step < before)
+        .where(*where)
         .order_by(Point.step)
         .limit(max_points + 1)
     )

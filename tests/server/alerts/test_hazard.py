@@ -139,3 +139,27 @@ def test_a_step_with_nothing_the_hazard_reads_is_skipped_by_the_series_as_by_the
     padded = [row for values in rows for row in (values, {"policy/entropy": 1.0})]
     series, padded_series = hazard_series(rows), hazard_series(padded)
     assert padded_series[1::2] == [None] * len(rows) and padded_series[0::2] == series
+
+
+def test_the_cache_extends_a_run_read_in_pieces_to_the_series_read_at_once(kl_model: dict[str, object]) -> None:
+    """A page re-reads the hazard every few seconds: each read adds the rows stored since,
+    and the newest step (which may still get values) is computed again when read again."""
+    from wire import Row
+
+    values = [_step(s, kl=0.02 if s < 205 else 0.02 * 1.03 ** (s - 205)) for s in range(220)]
+    whole = hazard_series(values, HazardModel(kl_model))
+    expected = ([s for s, v in enumerate(whole) if v is not None], [v for v in whole if v is not None])
+    cache, model = hazard.HazardCache(runs=2), HazardModel(kl_model)
+    answer: tuple[list[int], list[float]] = ([], [])
+    for start, end in ((0, 20), (20, 21), (21, 120), (120, 220)):
+        after = cache.after("run", 1.0, model)
+        assert after == start - 2 if start else after == -1  # the last row read is read again
+        rows = [Row(step=s, time=None, values=values[s]) for s in range(after + 1, end)]
+        answer = cache.extend("run", 1.0, model, rows)
+    assert answer[0] == expected[0] and answer[1] == pytest.approx(expected[1], rel=1e-12)
+    # The newest step got one more value after it was first read: the next read sees it.
+    late = {**values[219], "reward/mean": 0.0, "mismatch/kl": 1e-4}
+    again = hazard_series([*values[:219], late], HazardModel(kl_model))[-1]
+    assert again != whole[-1] and cache.extend("run", 1.0, model, [Row(step=219, time=None, values=late)])[1][-1] == again
+    # Another incarnation of the run (started again) and another model start afresh.
+    assert cache.after("run", 2.0, model) == -1 and cache.after("run", 1.0, HazardModel(_model())) == -1
