@@ -46,7 +46,7 @@ def display_status(status: str) -> str:
 
 
 def _data(**attributes: str) -> dict[str, Any]:
-    """data-* attributes for a Dash html component (read by keel_live.js and CSS)."""
+    """data-* attributes for a Dash html component (read by the live updater (assets/live/) and CSS)."""
     return {f"data-{name.replace('_', '-')}": value for name, value in attributes.items()}
 
 
@@ -86,7 +86,7 @@ def page_state(page: str, runs: list[str], height: int) -> dcc.Store:
 
 
 def live_target(runs: list[str] | str) -> html.Div:
-    """Tells keel_live.js which runs to subscribe to ("*" for all)."""
+    """Tells the live updater (assets/live/) which runs to subscribe to ("*" for all)."""
     target = runs if isinstance(runs, str) else ",".join(runs)
     return html.Div(id="live-target", hidden=True, **_data(live_runs=target))
 

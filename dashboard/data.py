@@ -52,8 +52,11 @@ class KeelApi:
         async with self._limit:
             return await self.client.get(f"/api/v1{path}", params=query)
 
-    async def runs(self) -> list[dict[str, Any]]:
-        response = await self._get("/runs")
+    async def runs(self, *, latest: Iterable[str] = ()) -> list[dict[str, Any]]:
+        """Every run, newest first; with `latest` keys, each run's last point of each under
+        "latest" (`{key: {"step", "value"}}`)."""
+        keys = ",".join(latest)
+        response = await self._get("/runs", latest=keys or None)
         response.raise_for_status()
         return list(response.json())
 
@@ -65,9 +68,14 @@ class KeelApi:
         return dict(response.json())
 
     async def runs_by_id(self, run_ids: Iterable[str]) -> dict[str, dict[str, Any] | None]:
+        """These runs (as the runs list gives them) in one read; None for an unknown id."""
         ids = list(dict.fromkeys(run_ids))
-        found = await asyncio.gather(*(self.run(run_id) for run_id in ids))
-        return dict(zip(ids, found, strict=True))
+        if not ids:
+            return {}
+        response = await self._get("/runs", run_id=ids)
+        response.raise_for_status()
+        found = {run["id"]: run for run in response.json()}
+        return {run_id: found.get(run_id) for run_id in ids}
 
     async def keys(self, run_id: str) -> list[str]:
         response = await self._get(f"/runs/{run_id}/keys")
@@ -92,6 +100,24 @@ class KeelApi:
             return Series.empty()
         response.raise_for_status()
         return Series.from_json(response.json())
+
+    async def series_of_runs(
+        self,
+        run_ids: Iterable[str],
+        key: str,
+        *,
+        max_points: int = 1000,
+        start: int | None = None,
+        end: int | None = None,
+    ) -> dict[str, Series]:
+        """One metric of several runs in one read; a run without it (or unknown) is empty."""
+        ids = list(dict.fromkeys(run_ids))
+        if not ids:
+            return {}
+        response = await self._get("/series", key=key, run_id=ids, max_points=max_points, start=start, end=end)
+        response.raise_for_status()
+        found = response.json()["runs"]
+        return {run_id: Series.from_json(found[run_id]) if run_id in found else Series.empty() for run_id in ids}
 
     async def hazard(self, run_id: str, *, max_points: int = 2000) -> dict[str, Any] | None:
         """The run's collapse hazard, `{"run_id", "horizon", "steps", "hazard"}`; None for an

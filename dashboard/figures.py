@@ -1,6 +1,6 @@
 """Figure builders: points in, Plotly figure (a plain dict) out. No I/O.
 
-Conventions the browser relies on (assets/keel_live.js appends live points):
+Conventions the browser relies on (assets/live/ appends live points):
 - `layout.meta` = {"key", "render_id", "aggregate", "smoothing", "empty", "y_extent",
   "flat", "log_fallback", ...};
 - each trace's `meta` = {"run", "role", "last_step", ...} with role one of
@@ -102,7 +102,7 @@ def _base_layout(title: str, unit: str, height: int, log_y: bool) -> Figure:
     return {
         "title": {"text": title, "x": 0.01, "xanchor": "left", "y": 0.97, "font": {"size": 14}},
         "height": height,
-        "margin": {"l": 64, "r": 16, "t": 36, "b": 76},
+        "margin": {"l": 64, "r": 16, "t": 36, "b": 48},
         "font": {"family": FONT, "size": 12, "color": INK},
         "paper_bgcolor": "#ffffff",
         "plot_bgcolor": "#ffffff",
@@ -115,14 +115,9 @@ def _base_layout(title: str, unit: str, height: int, log_y: bool) -> Figure:
             "exponentformat": "power" if log_y else "SI",
         },
         "yaxis2": {"overlaying": "y", "range": [0, 1], "visible": False, "fixedrange": True},
-        "legend": {
-            "orientation": "h",
-            "x": 0,
-            "y": -0.3,
-            "yanchor": "top",
-            "font": {"size": 11},
-            "bgcolor": "rgba(0,0,0,0)",
-        },
+        # One legend per page (the run chips above the charts), not one under every chart:
+        # five copies of it cost room and a share of every live redraw.
+        "showlegend": False,
         "shapes": [],
         "annotations": [],
     }
@@ -270,7 +265,7 @@ def metric_figure(
 HAZARD_TITLE = "collapse hazard"
 _AXIS_TITLE_CHAR_PX = 6.5
 """About how wide a character of an axis title is (12 px font)."""
-_VERTICAL_MARGINS = 112
+_VERTICAL_MARGINS = 84
 """The plot's top and bottom margins (_base_layout): what of a chart's height the y axis lacks."""
 
 

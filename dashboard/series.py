@@ -1,7 +1,7 @@
 """Pure data operations behind the charts: wire values, smoothing, group bands, non-finite points.
 
 No I/O and no Plotly here; everything takes lists and returns lists so it can be
-tested exactly. The same EMA runs in the browser (assets/keel_live.js) for live
+tested exactly. The same EMA runs in the browser (assets/live/) for live
 points; `EmaState` is what the page hands over to continue it.
 """
 

@@ -309,7 +309,7 @@ def _alert_marks(
             head = f"{plain(f'backtest · {alert.severity} · {alert.rule}')} would fire ({until})"
         else:
             # A firing range is named after its run: the live updater stretches it with the
-            # points it appends (keel_live.js).
+            # points it appends (assets/live/).
             name = f"firing:{alert.run_id}" if alert.resolved_step is None else "resolved"
             fill, outline = _rgba(colour, 0.06), {"width": 0}
             state = "firing" if alert.resolved_step is None else f"resolved at {alert.resolved_step}"

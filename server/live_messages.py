@@ -1,5 +1,5 @@
 """The live pushes, server -> browser, on `/api/v1/live` (docs/protocol.md, "Live"):
-what `dashboard/assets/keel_live.js` reads. Rows are encoded as in an ingest frame."""
+what `dashboard/assets/live/` reads. Rows are encoded as in an ingest frame."""
 
 from __future__ import annotations
 

@@ -93,6 +93,11 @@ class ApiRoute(APIRoute):
         return handle
 
 
+class LatestPoint(BaseModel):
+    step: int
+    value: WireValue
+
+
 class RunOut(BaseModel):
     id: str
     name: str
@@ -105,6 +110,8 @@ class RunOut(BaseModel):
     last_seen_at: str
     finished_at: str | None
     tags: list[str]
+    latest: dict[str, LatestPoint] | None = None
+    """Only when asked for (`GET /runs?latest=k1,k2`): the last point of each of these keys."""
 
     @classmethod
     def from_run(cls, run: Run, *, now: float, stale_after_s: float) -> RunOut:
@@ -168,6 +175,14 @@ class SeriesOut(BaseModel):
             out.min = [encode_value(v) for v in data.mins or []]
             out.max = [encode_value(v) for v in data.maxs or []]
         return out
+
+
+class SeriesOfRuns(BaseModel):
+    """One metric of several runs (GET /series): the runs that have it, each as GET
+    /runs/{id}/series answers."""
+
+    key: str
+    runs: dict[str, SeriesOut]
 
 
 class HazardOut(BaseModel):

@@ -195,11 +195,12 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         run_ids = state["runs"]
         infos = await api.runs_by_id(run_ids)
         known = [r for r in run_ids if infos.get(r)]
-        per_run = await asyncio.gather(*(_run_series(api, r) for r in known))
+        by_key = await asyncio.gather(*(api.series_of_runs(known, key, max_points=1000) for key in SUMMARY_KEYS))
         alerts = await api.alerts(known) or []
         summaries = []
-        for run_id, series in zip(known, per_run, strict=True):
+        for run_id in known:
             info = infos[run_id] or {}
+            series = {key: of_runs[run_id] for key, of_runs in zip(SUMMARY_KEYS, by_key, strict=True)}
             run_alerts = [a for a in alerts if a.run_id == run_id]
             summaries.append(
                 summarise_run(info.get("name", run_id), info.get("group"), series, run_alerts)
@@ -213,13 +214,6 @@ def register(dash_app: Dash, api: KeelApi) -> None:
                 summarise_group(g, members).row() for g, members in sorted(groups.items())
             ] + rows
         return rows
-
-
-async def _run_series(api: KeelApi, run_id: str) -> dict[str, Series]:
-    fetched = await asyncio.gather(
-        *(api.series(run_id, key, max_points=1000) for key in SUMMARY_KEYS)
-    )
-    return dict(zip(SUMMARY_KEYS, fetched, strict=True))
 
 
 def _identity(run_id: str, info: dict[str, Any]) -> RunLine:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
@@ -181,7 +180,7 @@ def layout() -> html.Div:
             dag.AgGrid(
                 id="runs-grid",
                 columnDefs=_columns(),
-                rowData=[],
+                rowData=None,  # the grid's loading overlay until the first read: not "No runs yet"
                 getRowId="params.data.id",
                 defaultColDef={
                     "sortable": True,
@@ -220,11 +219,16 @@ def register(dash_app: Dash, api: KeelApi) -> None:
     )
     async def table(*args: Any) -> tuple[Any, ...]:
         chosen = dict(zip(filters, args[: len(filters)], strict=True))
-        runs = await api.runs()
+        runs = await api.runs(latest=HEADLINE_KEYS)
         shown = filter_runs(runs, chosen)
-        tails, firing = await asyncio.gather(
-            _last_values(api, shown), api.alerts([r["id"] for r in shown], "firing")
-        )
+        firing = await api.alerts([r["id"] for r in shown], "firing")
+        tails = {
+            run["id"]: {
+                key: Series.from_json({"steps": [point["step"]], "values": [point["value"]]})
+                for key, point in (run.get("latest") or {}).items()
+            }
+            for run in shown
+        }
         by_run = None if firing is None else _group_alerts(firing)
         options = {
             "project": sorted({r["project"] for r in runs}),
@@ -257,10 +261,3 @@ def _group_alerts(alerts: Sequence[Alert]) -> dict[str, list[Alert]]:
         if alert.state == "firing":
             grouped.setdefault(alert.run_id, []).append(alert)
     return grouped
-
-
-async def _last_values(
-    api: KeelApi, runs: Sequence[Mapping[str, Any]]
-) -> dict[str, dict[str, Series]]:
-    results = await asyncio.gather(*(api.latest(run["id"], HEADLINE_KEYS) for run in runs))
-    return {run["id"]: result for run, result in zip(runs, results, strict=True)}

@@ -25,9 +25,11 @@ from server.schemas import (
     ApiRoute,
     HazardOut,
     KeyOut,
+    LatestPoint,
     PointsWritten,
     RunDetail,
     RunOut,
+    SeriesOfRuns,
     SeriesOut,
     Text,
     errors,
@@ -40,26 +42,60 @@ router = APIRouter(tags=["runs"], route_class=ApiRoute, responses=errors(401))
 RunId = Annotated[Text, Path(description="the run's id, as its client chose it")]
 StepBound = Annotated[int | None, Query(ge=0, le=MAX_STEP)]
 RunStatus = Literal["running", "finished", "failed", "killed", "stale"]
+MAX_RUNS_PER_READ = 1000
+"""Runs one read may name."""
+MAX_KEYS_PER_READ = 1000
+"""Keys one `latest` read may name."""
 
 
 def _not_found(run_id: str) -> HTTPException:
     return HTTPException(status_code=404, detail=f"run {run_id!r} not found")
 
 
-@router.get("/runs", response_model=list[RunOut], dependencies=[READ])
+@router.get("/runs", response_model=list[RunOut], response_model_exclude_unset=True, dependencies=[READ])
 async def list_runs(
     store: StoreDep,
     settings: SettingsDep,
     project: Text | None = None,
     group: Text | None = None,
     status: RunStatus | None = None,
+    run_id: Annotated[list[Text] | None, Query(max_length=MAX_RUNS_PER_READ, description="only these runs (repeat the parameter)")] = None,
+    latest: Annotated[Text | None, Query(description="comma-separated metric keys: each run's last point of each, as `latest`")] = None,
 ) -> list[RunOut]:
+    """The runs, newest first; with `latest`, each with the last point of those keys (the runs
+    table's one read)."""
     now = time.time()
     runs = [
         RunOut.from_run(run, now=now, stale_after_s=settings.stale_after_s)
-        for run in await store.list_runs(project=project, group=group)
+        for run in await store.list_runs(project=project, group=group, ids=run_id)
     ]
-    return [run for run in runs if status is None or run.status == status]
+    runs = [run for run in runs if status is None or run.status == status]
+    if latest is not None:
+        keys = [key for key in latest.split(",") if key][:MAX_KEYS_PER_READ]
+        points = await store.latest_of_runs([run.id for run in runs], keys) if runs and keys else {}
+        for run in runs:
+            run.latest = {key: LatestPoint(step=step, value=encode_value(value)) for key, (step, value) in points.get(run.id, {}).items()}
+    return runs
+
+
+@router.get("/series", response_model=SeriesOfRuns, response_model_exclude_none=True, dependencies=[READ])
+async def series_of_runs(
+    store: StoreDep,
+    key: Text,
+    run_id: Annotated[list[Text], Query(max_length=MAX_RUNS_PER_READ, description="the runs (repeat the parameter)")],
+    max_points: int = Query(1000, ge=1, le=100_000),
+    start: StepBound = None,
+    end: StepBound = None,
+) -> SeriesOfRuns:
+    """One metric of several runs in one read, each as `GET /runs/{id}/series` answers it;
+    unknown runs are left out (a chart of many runs asks once, not once per run)."""
+    found: dict[str, SeriesOut] = {}
+    for one in dict.fromkeys(run_id):
+        try:
+            found[one] = SeriesOut.from_data(await store.series(one, key, max_points=max_points, start=start, end=end))
+        except UnknownRun:
+            continue
+    return SeriesOfRuns(key=key, runs=found)
 
 
 @router.get("/runs/{run_id}", response_model=RunDetail, dependencies=[READ], responses=errors(404))
@@ -85,7 +121,7 @@ async def run_latest(
 ) -> dict[str, dict[str, int | float | str]]:
     """The last logged point of each key: `{key: {"step", "value"}}` (keys without points are left out)."""
     try:
-        latest = await store.latest(run_id, [key for key in keys.split(",") if key][:1000])
+        latest = await store.latest(run_id, [key for key in keys.split(",") if key][:MAX_KEYS_PER_READ])
     except UnknownRun:
         raise _not_found(run_id) from None
     return {key: {"step": step, "value": encode_value(value)} for key, (step, value) in latest.items()}

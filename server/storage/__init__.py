@@ -136,6 +136,11 @@ class Store:
         async with self.sessions() as session:
             return await reads.latest(session, run_id, keys)
 
+    async def latest_of_runs(self, run_ids: list[str], keys: list[str]) -> dict[str, dict[str, tuple[int, float]]]:
+        """The last (step, value) of each of these keys, for each of these runs, in one read."""
+        async with self.sessions() as session:
+            return await reads.latest_of_runs(session, run_ids, keys)
+
     async def series(
         self, run_id: str, key: str, *, max_points: int, start: int | None = None, end: int | None = None
     ) -> SeriesData:

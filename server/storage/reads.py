@@ -124,6 +124,22 @@ async def latest(session: AsyncSession, run_id: str, keys: list[str]) -> dict[st
     return {key: (step, loaded(value)) for key, step, value in await session.execute(query)}
 
 
+async def latest_of_runs(session: AsyncSession, run_ids: list[str], keys: list[str]) -> dict[str, dict[str, tuple[int, float]]]:
+    """`latest` for many runs in one query: run id -> key -> (step, value); runs and keys
+    without points left out."""
+    inner = aliased(Point)
+    last_step = select(func.max(inner.step)).where(inner.series_id == Series.id).correlate(Series).scalar_subquery()
+    query = (
+        select(Series.run_id, Series.key, Point.step, Point.value)
+        .join(Point, Point.series_id == Series.id)
+        .where(Series.run_id.in_(run_ids), Series.key.in_(keys), Point.step == last_step)
+    )
+    found: dict[str, dict[str, tuple[int, float]]] = {}
+    for run_id, key, step, value in await session.execute(query):
+        found.setdefault(run_id, {})[key] = (step, loaded(value))
+    return found
+
+
 async def series(
     session: AsyncSession,
     dialect: Dialect,

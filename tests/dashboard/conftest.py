@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.browser import set_viewport
+from tests.support.browser import instrument, set_viewport
 
 CHROMIUM = os.environ.get("KEEL_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("KEEL_CHROMEDRIVER", "/usr/bin/chromedriver")
@@ -47,6 +47,7 @@ def browser() -> Iterator[object]:
 
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=chromium_options())
     driver.set_page_load_timeout(30)
+    instrument(driver)
     set_viewport(driver, 1280, 800)
     try:
         yield driver

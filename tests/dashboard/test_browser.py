@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from selenium.webdriver.common.keys import Keys
 
@@ -19,6 +21,7 @@ from tests.support.browser import (
     live_state,
     live_stats,
     screenshot,
+    set_viewport,
     text_of,
     wait_until,
 )
@@ -29,9 +32,11 @@ pytestmark = pytest.mark.browser
 
 ARMS = [("cispo-lag8-s0", "cispo"), ("cispo-lag8-s1", "cispo"), ("is-lag8-s0", "is")]
 LIVE_POINTS = 20
-# The test's allowance, generous for a loaded CI box; bench/live_latency.py measures the
-# p95 against the 250 ms target.
-LATENCY_BOUND_MS = 2000
+LIVE_PERIOD_S = 1.0
+# The test's allowance, generous for a loaded CI box: there a chart's redraw costs tens of
+# ms, and the live updater keeps its draws to a share of the main thread, so points wait
+# for their turn. bench/live_latency.py measures the p95 against the target.
+LATENCY_BOUND_MS = 3000
 
 
 def _compare_url(server, runs: list[LiveRun]) -> str:  # type: ignore[no-untyped-def]
@@ -52,29 +57,40 @@ def test_compare_page_renders_and_appends_live_points(server, browser, artifacts
         assert sorted(t["name"] for t in raw) == sorted(name for name, _ in ARMS), chart["key"]
         assert all(len(t["x"]) == 300 for t in raw)
     assert {c["key"]: c["yaxis"] for c in drawn}["mismatch/kl"] == "log"
-    legend = browser.execute_script(
-        "return Array.from(document.querySelectorAll('.legendtext')).map(e => e.textContent)"
+    # One legend for the page: the run chips above the charts, none under each chart.
+    chips = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#compare-chips .chip')).map(e => e.firstChild.nextSibling.textContent)"
     )
-    assert set(legend) >= {name for name, _ in ARMS}
+    assert sorted(chips) == sorted(name for name, _ in ARMS)
+    assert browser.execute_script("return document.querySelectorAll('.legendtext').length") == 0
     wait_until(lambda: live_state(browser) == "live", message="live websocket")
     before = live_stats(browser)
 
-    # Live: one point per run per step over the ingest websocket; each must be painted quickly.
-    def painted(step: int) -> dict[tuple[str, int], float] | None:
-        seen = drawn_at(browser, "reward/mean")
-        return seen if all((run.id, step) in seen for run in runs) else None
-
-    latencies: list[float] = []
-    for step in range(300, 300 + LIVE_POINTS):
-        sent = {
-            run.id: run.send([{"step": step, "values": toy_values(step, run.seed)}]) for run in runs
-        }
-        seen = wait_until(
-            lambda step=step: painted(step), timeout=10, interval=0.01, message=f"step {step}"
-        )
-        latencies += [seen[(run_id, step)] - sent_at * 1000 for run_id, sent_at in sent.items()]
-    # Every point is appended to the raw and smoothed line of its run on all 5 charts (charts
-    # scrolled out of view catch up within a second; a redraw may replay what it missed).
+    # Live: one point per run per step over the ingest websocket, a step a second as a
+    # trainer sends them; each must be painted quickly.
+    sent: dict[tuple[str, int], float] = {}
+    started = time.monotonic()
+    for k, step in enumerate(range(300, 300 + LIVE_POINTS)):
+        time.sleep(max(0.0, started + k * LIVE_PERIOD_S - time.monotonic()))
+        for run in runs:
+            sent[(run.id, step)] = run.send([{"step": step, "values": toy_values(step, run.seed)}])
+    seen = wait_until(
+        lambda: (lambda d: d if all(k in d for k in sent) else None)(drawn_at(browser, "reward/mean")),
+        timeout=10,
+        message="every live point painted",
+    )
+    latencies = [seen[k] - sent_at * 1000 for k, sent_at in sent.items()]
+    # Charts out of view draw nothing: they catch up once in view.
+    below = browser.execute_script(
+        "return Array.from(document.querySelectorAll('.keel-graph .js-plotly-plot'))"
+        ".filter(g => g.getBoundingClientRect().top >= window.innerHeight).map(g => g.layout.meta.key)"
+    )
+    assert below and "reward/mean" not in below  # the page is taller than the window
+    time.sleep(0.5)
+    assert all(step < 300 for key in below for (_, step) in drawn_at(browser, key))
+    set_viewport(browser, 1280, 2400)  # every chart in view
+    # Every point is appended to the raw and smoothed line of its run on all 5 charts (a
+    # redraw may replay what it missed).
     expected = before["appended"] + LIVE_POINTS * 3 * 5 * 2
     during = wait_until(
         lambda: (lambda s: s if s["appended"] >= expected else None)(live_stats(browser))
@@ -241,6 +257,7 @@ def test_a_firing_alert_range_grows_with_live_points(server, browser) -> None:
     flat = {"reward/mean": 0.5, "mismatch/kl": 1e-3, "mismatch/ratio_max": 1.5, "grad/norm": 1.0}
     run.send([{"step": s, "values": flat} for s in range(60)])
     run.send([{"step": 60, "values": {**flat, "grad/norm": "nan"}}])  # non-finite: critical at once
+    set_viewport(browser, 1280, 2400)  # the grad/norm chart in view: charts out of view wait
     browser.get(f"{server.url}/compare?runs={run.id}")
 
     def grad_chart() -> dict:

@@ -303,7 +303,7 @@ def test_hazard_figure_one_line_per_run_in_its_colour_on_a_probability_axis() ->
     assert traces[0]["line"]["color"] == traces[1]["line"]["color"] != traces[2]["line"]["color"]
     assert layout["meta"]["render_id"] == "h1" and not layout["meta"]["empty"] and not layout["annotations"]
     # A short chart breaks its label in two; no run known: no horizon, and a note.
-    assert hazard_figure(lines, 50, height=260)["layout"]["yaxis"]["title"]["text"] == "P(collapse within<br>50 steps)"
+    assert hazard_figure(lines, 50, height=220)["layout"]["yaxis"]["title"]["text"] == "P(collapse within<br>50 steps)"
     empty = hazard_figure([], None)
     assert empty["data"] == [] and empty["layout"]["yaxis"]["title"]["text"] == "P(collapse)"
     assert empty["layout"]["annotations"][0]["text"] == "No runs selected"

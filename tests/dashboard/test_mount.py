@@ -20,8 +20,9 @@ def test_pages_are_served_with_the_live_script(server) -> None:
         assert response.status_code == 200, path
         assert response.headers["content-type"].startswith("text/html")
         assert DASH_ENTRY in response.text and "<title>Keel</title>" in response.text
-        assert re.search(r'src="/assets/keel_live\.js\?m=\d+', response.text), path
-    script = httpx.get(f"{server.url}/assets/keel_live.js")
+        parts = re.findall(r'src="/assets/live/(\d_\w+)\.js\?m=\d+', response.text)
+        assert parts == ["1_math", "2_charts", "3_scheduler", "4_socket", "5_start"], path  # in this order
+    script = httpx.get(f"{server.url}/assets/live/2_charts.js")
     assert script.status_code == 200 and "extendTraces" in script.text
     assert httpx.get(f"{server.url}/_dash-layout").json()["type"] == "Div"
 

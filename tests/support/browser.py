@@ -62,6 +62,12 @@ def live_state(driver: Any) -> str | None:
     )  # type: ignore[no-any-return]
 
 
+def instrument(driver: Any) -> None:
+    """Turn on the live updater's instrumentation (keelLive.stats, keelLive.drawn) in every
+    page this browser opens from now on."""
+    driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": "window.keelInstrument = true;"})
+
+
 def live_stats(driver: Any) -> dict[str, int]:
     return dict(driver.execute_script("return JSON.parse(JSON.stringify(window.keelLive.stats))"))
 

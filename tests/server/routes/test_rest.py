@@ -113,6 +113,42 @@ def test_latest_point_per_key(server) -> None:
     assert httpx.get(f"{server.url}/api/v1/runs/nope/latest", params={"keys": "a"}).status_code == 404
 
 
+def test_runs_with_their_latest_points_and_one_metric_of_several_runs_in_one_read(server) -> None:
+    """What a page of many runs reads: GET /runs?latest= (the runs table) and GET /series
+    (one chart of many runs), each the same numbers as the per-run reads."""
+    first, second, third = new_run("one"), new_run("two"), new_run("three")
+    for run, rows in (
+        (first, [{"step": s, "values": {"a": float(s), "b": "nan" if s == 4 else 1.0}} for s in range(5)]),
+        (second, [{"step": s, "values": {"a": -float(s)}} for s in range(3000)]),
+        (third, [{"step": 0, "values": {"c": 2.0}}]),
+    ):
+        with open_ingest(server) as ws:
+            hello(ws, run)
+            ws.send(points(0, rows))
+            assert recv(ws)["type"] == "ack"
+    api = f"{server.url}/api/v1"
+    listed = httpx.get(f"{api}/runs", params={"latest": "a,b,missing"}).json()
+    by_id = {run["id"]: run for run in listed}
+    assert by_id[first["id"]]["latest"] == {"a": {"step": 4, "value": 4.0}, "b": {"step": 4, "value": "nan"}}
+    assert by_id[second["id"]]["latest"] == {"a": {"step": 2999, "value": -2999.0}}
+    assert by_id[third["id"]]["latest"] == {}
+    plain = httpx.get(f"{api}/runs").json()
+    assert all("latest" not in run for run in plain) and [r["id"] for r in plain] == [r["id"] for r in listed]
+    only = httpx.get(f"{api}/runs", params={"run_id": [first["id"], third["id"], "nope"]}).json()
+    assert sorted(r["id"] for r in only) == sorted([first["id"], third["id"]])
+
+    ids = [first["id"], second["id"], third["id"], "nope"]
+    for params in ({"max_points": 100}, {"max_points": 5000}, {"start": 10, "end": 20}):
+        batch = httpx.get(f"{api}/series", params={"key": "a", "run_id": ids, **params})
+        assert batch.status_code == 200, batch.text
+        body = batch.json()
+        assert body["key"] == "a" and set(body["runs"]) == set(ids[:3])  # unknown runs left out
+        for run_id in ids[:3]:
+            one = httpx.get(f"{api}/runs/{run_id}/series", params={"key": "a", **params}).json()
+            assert body["runs"][run_id] == one
+    assert httpx.get(f"{api}/series", params={"key": "a"}).status_code == 422  # no run named
+
+
 def test_collapse_hazard_of_a_run(server) -> None:
     """GET /runs/{id}/hazard: the hazard the server computes from the stored points, exactly
     hazard_series over the same rows, past the warm-up; buckets keep their highest hazard."""

@@ -1,0 +1,74 @@
+/*
+ * Keel live updates, part 1 of 5: the arithmetic the browser shares with Python.
+ *
+ * The live updater (dashboard/assets/live/) appends pushed points to the charts the
+ * server drew. Its parts, loaded in this order (Dash loads assets sorted by name):
+ *   1_math.js       values, smoothing and the y range, as dashboard/series.py and
+ *                   dashboard/figures.py compute them (tests/dashboard check both on
+ *                   the same vectors)
+ *   2_charts.js     what a chart is waiting to draw, and drawing it
+ *   3_scheduler.js  when each chart draws: a share of the main thread, visible charts only
+ *   4_socket.js     the websocket, and the server redraws it asks for
+ *   5_start.js      wiring: which runs, which charts, page visibility, instrumentation
+ * Every part adds its functions to window.keelLive; none keeps state on DOM nodes.
+ */
+(function (live) {
+  "use strict";
+
+  function parseValue(raw) {
+    if (typeof raw === "number") return raw;
+    if (raw === "inf" || raw === "+inf") return Infinity;
+    if (raw === "-inf") return -Infinity;
+    return NaN;
+  }
+
+  function nonFiniteKind(value) {
+    if (Number.isNaN(value)) return "nan";
+    return value > 0 ? "+inf" : "-inf";
+  }
+
+  /* Whether the main y axis can place a value: finite, and positive on a log axis (traces.drawable). */
+  function drawable(value, logAxis) {
+    return Number.isFinite(value) && (value > 0 || !logAxis);
+  }
+
+  /* The y range that shows a flat series flat (figures.flat_range); null when it varies. */
+  function flatRange(extent, logAxis, flat) {
+    if (!extent || !flat) return null;
+    var lo = extent[0], hi = extent[1];
+    var size = Math.max(Math.abs(lo), Math.abs(hi));
+    if (size === 0 || hi - lo >= flat.span * size) return null;
+    var middle = (lo + hi) / 2;
+    if (logAxis) return [Math.log10(middle) - flat.pad, Math.log10(middle) + flat.pad];
+    return [middle - flat.pad * Math.abs(middle), middle + flat.pad * Math.abs(middle)];
+  }
+
+  /*
+   * One step of the debiased EMA (series.EmaState): `state` = {value, count} is updated
+   * with a finite `value` and the smoothed value returned. Exact for a constant.
+   */
+  function emaStep(state, value, weight) {
+    state.count += 1;
+    var gain = (1 - weight) / (1 - Math.pow(weight, state.count));
+    state.value = gain >= 1 ? value : state.value + gain * (value - state.value);
+    return state.value;
+  }
+
+  /* series.ema over a list: a non-finite value is a gap (null) and leaves the state alone. */
+  function ema(values, weight, state) {
+    state = state || { value: 0, count: 0 };
+    var out = values.map(function (v) {
+      return Number.isFinite(v) ? emaStep(state, v, weight) : null;
+    });
+    return { values: out, state: state };
+  }
+
+  live.math = {
+    parseValue: parseValue,
+    nonFiniteKind: nonFiniteKind,
+    drawable: drawable,
+    flatRange: flatRange,
+    emaStep: emaStep,
+    ema: ema,
+  };
+})(window.keelLive = window.keelLive || {});

@@ -1,0 +1,240 @@
+/*
+ * Keel live updates, part 2 of 5: what a chart is waiting to draw, and drawing it.
+ *
+ * Chart conventions come from dashboard/figures.py: layout.meta says what the chart
+ * shows; each trace's meta its run and role ("raw", "smooth", "nonfinite", ...). Pushed
+ * rows become pending appends per chart (`take`); `draw` puts them on the chart with one
+ * Plotly.extendTraces. A chart's own state lives in a WeakMap.
+ */
+(function (live) {
+  "use strict";
+
+  var math = live.math;
+  var states = new WeakMap();
+
+  /* The live state of one chart element (created on first use). */
+  function state(gd) {
+    var s = states.get(gd);
+    if (!s) {
+      s = {
+        render: null, // the figure (layout.meta.render_id) the state belongs to
+        pending: null, // {idx, x, y}: appends not drawn yet
+        received: [], // [run, steps, received at] of the pending appends (instrumentation)
+        visible: true, // until the IntersectionObserver says otherwise
+        observed: false,
+        lastDraw: -Infinity, // performance.now() of the last draw
+      };
+      states.set(gd, s);
+    }
+    return s;
+  }
+
+  function byStep(a, b) {
+    return a.step - b.step;
+  }
+
+  /*
+   * Take the rows of one run into one chart's pending appends. Returns the steps that
+   * will be drawn on its raw lines; calls `ask(reason)` when only a server redraw can
+   * show them (group means, a log axis that must change).
+   */
+  function take(gd, runId, rows, ask) {
+    var meta = gd.layout && gd.layout.meta;
+    if (!meta || !meta.key || !gd.data) return [];
+    var s = state(gd);
+    if (s.pending && s.pending.render !== meta.render_id) {
+      // The figure was replaced since these appends were computed: their trace indices are void.
+      s.pending = null;
+      s.received = [];
+    }
+    var key = meta.key;
+    var relevant = rows.filter(function (row) {
+      return row.values && Object.prototype.hasOwnProperty.call(row.values, key);
+    });
+    if (!relevant.length) return [];
+    if (meta.aggregate) {
+      // Group means cannot be appended to; ask for a redraw when a run got past its drawn end.
+      var drawnTo = meta.last_steps || (meta.last_steps = {});
+      var newest = relevant.reduce(function (m, row) { return Math.max(m, row.step); }, -Infinity);
+      var known = drawnTo[runId] === null || drawnTo[runId] === undefined ? -Infinity : drawnTo[runId];
+      if (newest > known) {
+        drawnTo[runId] = newest;
+        ask("aggregate");
+      }
+      return [];
+    }
+    relevant.sort(byStep);
+    var weight = meta.smoothing || 0;
+    var logAxis = !!(gd.layout.yaxis && gd.layout.yaxis.type === "log");
+    var axisChange = false;
+    var edge = meta.edge || {};
+    var lines = { idx: [], x: [], y: [], marks: [] };
+    var drawnSteps = [];
+    for (var i = 0; i < gd.data.length; i++) {
+      var tm = gd.data[i].meta;
+      if (!tm || tm.run !== runId) continue;
+      if (tm.role !== "raw" && tm.role !== "smooth" && tm.role !== "nonfinite") continue;
+      var last = tm.last_step === null || tm.last_step === undefined ? -Infinity : tm.last_step;
+      var xs = [], ys = [], symbols = [], texts = [];
+      for (var r = 0; r < relevant.length; r++) {
+        var row = relevant[r];
+        if (row.step <= last) continue;
+        last = row.step;
+        var value = math.parseValue(row.values[key]);
+        var finite = Number.isFinite(value);
+        if (tm.role === "raw") {
+          xs.push(row.step);
+          // null is a gap; on a log axis 0 and negatives would plunge off the bottom edge.
+          ys.push(math.drawable(value, logAxis) ? value : null);
+          drawnSteps.push(row.step);
+          // The server chose the axis from the values it had: a first positive value on a
+          // chart drawn linear for want of one, or a first value ≤ 0 on a log chart with
+          // nothing drawn yet, needs its redraw (log axis again / the note and linear axis).
+          if (meta.log_fallback && finite && value > 0) axisChange = true;
+          if (logAxis && !meta.y_extent && finite && value <= 0) axisChange = true;
+        } else if (tm.role === "smooth") {
+          var ema = tm.ema || (tm.ema = { value: 0, count: 0 });
+          xs.push(row.step);
+          if (finite) {
+            var smoothed = math.emaStep(ema, value, weight);
+            ys.push(math.drawable(smoothed, logAxis) ? smoothed : null);
+          } else {
+            ys.push(null);
+          }
+        } else if (!finite) {
+          var mark = edge[math.nonFiniteKind(value)] || [0.95, "x", "NaN"];
+          xs.push(row.step);
+          ys.push(mark[0]);
+          symbols.push(mark[1]);
+          texts.push(mark[2]);
+        }
+      }
+      if (last !== -Infinity) tm.last_step = last;
+      if (!xs.length) continue;
+      if (tm.role === "nonfinite") {
+        lines.marks.push([i, xs, ys, symbols, texts]);
+      } else {
+        lines.idx.push(i);
+        lines.x.push(xs);
+        lines.y.push(ys);
+      }
+    }
+    if (axisChange) ask("log-axis");
+    if (lines.idx.length || lines.marks.length) {
+      s.pending = s.pending || { render: meta.render_id, idx: [], x: [], y: [], marks: {} };
+      var p = s.pending;
+      lines.marks.forEach(function (mark) {
+        var m = p.marks[mark[0]] || (p.marks[mark[0]] = { x: [], y: [], symbol: [], text: [] });
+        m.x = m.x.concat(mark[1]);
+        m.y = m.y.concat(mark[2]);
+        m.symbol = m.symbol.concat(mark[3]);
+        m.text = m.text.concat(mark[4]);
+      });
+      for (var j = 0; j < lines.idx.length; j++) {
+        var at = p.idx.indexOf(lines.idx[j]);
+        if (at < 0) {
+          p.idx.push(lines.idx[j]);
+          p.x.push(lines.x[j]);
+          p.y.push(lines.y[j]);
+        } else {
+          p.x[at] = p.x[at].concat(lines.x[j]);
+          p.y[at] = p.y[at].concat(lines.y[j]);
+        }
+      }
+    }
+    return drawnSteps;
+  }
+
+  /* The relayout that stretches each still-firing alert range to its run's newest appended step. */
+  function stretchFiring(gd, p) {
+    var layout = {};
+    var shapes = gd.layout.shapes || [];
+    if (!shapes.length) return layout;
+    var newest = {};
+    for (var i = 0; i < p.idx.length; i++) {
+      var run = gd.data[p.idx[i]].meta.run;
+      var top = Math.max.apply(null, p.x[i]);
+      if (!(run in newest) || top > newest[run]) newest[run] = top;
+    }
+    for (var s = 0; s < shapes.length; s++) {
+      var name = shapes[s].name || "";
+      if (name.indexOf("firing:") !== 0) continue;
+      var step = newest[name.slice(7)];
+      if (step !== undefined && step > shapes[s].x1) layout["shapes[" + s + "].x1"] = step;
+    }
+    return layout;
+  }
+
+  /*
+   * The relayout that keeps the y axis off rounding error (figures.flat_range) once the
+   * appended points have widened the chart's extent: the flat range, or autorange again
+   * when the series stopped being flat; {} when nothing changes (a user's y zoom stays).
+   */
+  function keepFlatAxis(gd, p) {
+    var meta = gd.layout.meta;
+    var extent = meta.y_extent ? meta.y_extent.slice() : null;
+    for (var i = 0; i < p.y.length; i++) {
+      for (var j = 0; j < p.y[i].length; j++) {
+        var y = p.y[i][j];
+        if (y === null || y === undefined) continue;
+        if (!extent) extent = [y, y];
+        else if (y < extent[0]) extent[0] = y;
+        else if (y > extent[1]) extent[1] = y;
+      }
+    }
+    meta.y_extent = extent;
+    var flat = meta.flat;
+    if (!flat) return {};
+    var range = math.flatRange(extent, !!(gd.layout.yaxis && gd.layout.yaxis.type === "log"), flat);
+    var before = flat.range;
+    if (range === null ? before === null || before === undefined
+        : before && range[0] === before[0] && range[1] === before[1]) {
+      return {};
+    }
+    flat.range = range;
+    return range === null ? { "yaxis.autorange": true } : { "yaxis.range": range, "yaxis.autorange": false };
+  }
+
+  /*
+   * Draw what is pending on one chart: one extendTraces for all its traces (and a relayout
+   * when an alert range or the y axis must follow). Returns the appends drawn, as
+   * {points, received: [[run, steps, received at]...], done: promise}, or null.
+   */
+  function draw(gd) {
+    var s = state(gd);
+    var p = s.pending;
+    var received = s.received;
+    s.pending = null;
+    s.received = [];
+    if (!p || !gd.layout.meta || p.render !== gd.layout.meta.render_id) return null;
+    var marked = Object.keys(p.marks);
+    if (marked.length) {
+      // Rare: rewrite the marker traces so per-point symbols stay aligned with x.
+      var update = { x: [], y: [], "marker.symbol": [], text: [] };
+      marked.forEach(function (i) {
+        var trace = gd.data[i], m = p.marks[i];
+        var symbol = trace.marker && Array.isArray(trace.marker.symbol) ? trace.marker.symbol : [];
+        update.x.push((trace.x || []).concat(m.x));
+        update.y.push((trace.y || []).concat(m.y));
+        update["marker.symbol"].push(symbol.concat(m.symbol));
+        update.text.push((trace.text || []).concat(m.text));
+      });
+      window.Plotly.restyle(gd, update, marked.map(Number));
+    }
+    if (!p.idx.length) return { points: 0, received: received, done: Promise.resolve() };
+    var wasEmpty = gd.layout.meta.empty;
+    gd.layout.meta.empty = false;
+    var layout = Object.assign(stretchFiring(gd, p), keepFlatAxis(gd, p));
+    var done = window.Plotly.extendTraces(gd, { x: p.x, y: p.y }, p.idx);
+    if (wasEmpty) layout.annotations = [];
+    if (Object.keys(layout).length) window.Plotly.relayout(gd, layout);
+    s.lastDraw = performance.now();
+    return {
+      points: p.x.reduce(function (n, xs) { return n + xs.length; }, 0),
+      received: received,
+      done: Promise.resolve(done),
+    };
+  }
+
+  live.charts = { state: state, take: take, draw: draw };
+})(window.keelLive = window.keelLive || {});

@@ -1,0 +1,128 @@
+/*
+ * Keel live updates, part 4 of 5: the websocket, and the server redraws it asks for.
+ *
+ * One WebSocket to /api/v1/live per page, subscribed to the runs the page names in its
+ * [data-live-runs] element ("*" = every run); reconnects with backoff. Points go to the
+ * scheduler. What appending cannot show (group means, alert changes, the tables beside
+ * the charts, what a reconnect missed) is redrawn by the server: asked for by bumping
+ * the "live-tick" (charts) or "live-data-tick" (tables, the hazard) store, at most once
+ * per REFRESH_MS / DATA_REFRESH_MS, and not at all while the tab is hidden (once when it
+ * is shown again).
+ */
+(function (live) {
+  "use strict";
+
+  var scheduler = live.scheduler;
+  var REFRESH_MS = 2000;
+  var DATA_REFRESH_MS = 5000; // tables beside charts (summary, run header, hazard)
+
+  var socket = null;
+  var target = null;
+  var retry = 0;
+  var timers = {}; // store -> pending refresh timer
+  var deferred = {}; // store -> reason, asked for while the tab was hidden
+
+  function indicator(state) {
+    var el = document.getElementById("live-indicator");
+    if (el && el.getAttribute("data-state") !== state) el.setAttribute("data-state", state);
+  }
+
+  /* Ask the server to redraw `store`'s outputs, at most once per `delay` ms. */
+  function refresh(store, reason, delay) {
+    if (document.hidden) {
+      deferred[store] = reason;
+      return;
+    }
+    if (timers[store]) return;
+    timers[store] = setTimeout(function () {
+      timers[store] = null;
+      live.note("refreshes", 1);
+      live.note("ticks." + store, 1);
+      if (window.dash_clientside && window.dash_clientside.set_props) {
+        window.dash_clientside.set_props(store, { data: { reason: reason, t: Date.now() } });
+      }
+    }, delay);
+  }
+
+  /* What was asked for while the tab was hidden, now that it is shown. */
+  function catchUp() {
+    Object.keys(deferred).forEach(function (store) {
+      refresh(store, deferred[store], 0);
+    });
+    deferred = {};
+  }
+
+  function askRedraw(reason) {
+    refresh("live-tick", reason, reason === "log-axis" ? 0 : REFRESH_MS);
+  }
+
+  function onMessage(message) {
+    live.note("messages", 1);
+    if (message.type === "points") {
+      var rows = message.rows || [];
+      scheduler.remember(message.run_id, rows);
+      scheduler.push(message.run_id, rows, Date.now());
+      refresh("live-data-tick", "points", target === "*" ? REFRESH_MS : DATA_REFRESH_MS);
+    } else if (message.type === "status") {
+      refresh("live-data-tick", "status", REFRESH_MS);
+    } else if (message.type === "alert") {
+      refresh("live-tick", "alert", REFRESH_MS);
+      refresh("live-data-tick", "alert", REFRESH_MS);
+    }
+  }
+
+  /* Follow `runs` ("*", a comma-separated list, or null for none). */
+  function connect(runs, attempt) {
+    if (socket) {
+      socket.onclose = null;
+      socket.close();
+      socket = null;
+    }
+    if (runs !== target) scheduler.forget();
+    target = runs;
+    retry = attempt || 0;
+    if (!runs) {
+      indicator("off");
+      return;
+    }
+    var scheme = window.location.protocol === "https:" ? "wss:" : "ws:";
+    var query = runs === "*" ? "" : "?runs=" + encodeURIComponent(runs);
+    var opened = new WebSocket(scheme + "//" + window.location.host + "/api/v1/live" + query);
+    socket = opened;
+    indicator("connecting");
+    opened.onopen = function () {
+      // Charts drawn before the socket listened may have missed points in between.
+      var missed = retry > 0 || live.drawnBefore();
+      retry = 0;
+      indicator("live");
+      if (missed) {
+        refresh("live-tick", "reconnect", 0);
+        refresh("live-data-tick", "reconnect", 0);
+      }
+    };
+    opened.onmessage = function (event) {
+      onMessage(JSON.parse(event.data));
+    };
+    opened.onerror = function () {
+      indicator("reconnecting");
+    };
+    opened.onclose = function () {
+      if (socket !== opened) return;
+      socket = null;
+      indicator("reconnecting");
+      var delay = Math.min(10000, 500 * Math.pow(2, retry));
+      retry += 1;
+      var again = retry;
+      setTimeout(function () {
+        if (target === runs && socket === null) connect(runs, again);
+      }, delay);
+    };
+  }
+
+  live.socket = {
+    connect: connect,
+    target: function () { return target; },
+    askRedraw: askRedraw,
+    catchUp: catchUp,
+  };
+})(window.keelLive = window.keelLive || {});

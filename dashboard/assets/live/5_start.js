@@ -1,0 +1,115 @@
+/*
+ * Keel live updates, part 5 of 5: wiring.
+ *
+ * Watches the page (Dash replaces it on navigation) for the live target and for new
+ * figures; follows which charts are in view and whether the tab is shown.
+ *
+ * Instrumentation (counters in keelLive.stats, and when each pushed point was painted in
+ * keelLive.drawn) is off unless the page is opened with window.keelInstrument set (tests
+ * and bench/ set it before the page loads).
+ */
+(function (live) {
+  "use strict";
+
+  var charts = live.charts;
+  var scheduler = live.scheduler;
+  var DRAWN_LOG = 20000; // (run, key, step, time) records kept for latency measurement
+  var instrument = !!window.keelInstrument;
+  var observer = null;
+  var everDrawn = false;
+
+  live.stats = instrument ? { messages: 0, appended: 0, renders: 0, refreshes: 0, frames: 0, draws: 0, drawMs: 0, ticks: {} } : null;
+  live.drawn = instrument ? [] : null;
+
+  /* Count an event (instrumentation only): "ticks.<store>" counts per store. */
+  live.note = function (name, n) {
+    if (!instrument) return;
+    if (name.indexOf("ticks.") === 0) {
+      var store = name.slice(6);
+      live.stats.ticks[store] = (live.stats.ticks[store] || 0) + n;
+    } else {
+      live.stats[name] += n;
+    }
+  };
+
+  /* A chart drew its pending appends: when they are painted, log it (instrumentation only). */
+  live.drew = function (gd, drawn) {
+    if (!instrument) return;
+    live.stats.appended += drawn.points;
+    var key = gd.layout.meta.key;
+    drawn.done.then(function () {
+      requestAnimationFrame(function () { // painted by the next frame
+        var now = Date.now();
+        drawn.received.forEach(function (item) {
+          for (var i = 0; i < item[1].length; i++) {
+            live.drawn.push({ key: key, run: item[0], step: item[1][i], t: now, received: item[2] });
+          }
+        });
+        if (live.drawn.length > DRAWN_LOG) live.drawn.splice(0, live.drawn.length - DRAWN_LOG);
+      });
+    });
+  };
+
+  /* Whether a figure was drawn on this page before the socket listened. */
+  live.drawnBefore = function () {
+    return everDrawn;
+  };
+
+  /* New figures (first draw, zoom, smoothing change): replay what arrived while they were drawn. */
+  function scanGraphs() {
+    scheduler.plots().forEach(function (gd) {
+      var s = charts.state(gd);
+      if (!s.observed && observer) {
+        s.observed = true;
+        observer.observe(gd);
+      }
+      var meta = gd.layout && gd.layout.meta;
+      if (!meta || !meta.render_id || s.render === meta.render_id) return;
+      s.render = meta.render_id;
+      everDrawn = true;
+      live.note("renders", 1);
+      scheduler.replay(gd);
+    });
+  }
+
+  function sync() {
+    var el = document.querySelector("[data-live-runs]");
+    var runs = el ? el.getAttribute("data-live-runs") : null;
+    if (runs !== live.socket.target()) {
+      everDrawn = false;
+      live.socket.connect(runs, 0);
+    }
+    scanGraphs();
+  }
+
+  var queued = false;
+  function queueSync() {
+    if (queued) return;
+    queued = true;
+    setTimeout(function () {
+      queued = false;
+      sync();
+    }, 0);
+  }
+
+  function start() {
+    if (window.IntersectionObserver) {
+      observer = new IntersectionObserver(function (entries) {
+        entries.forEach(function (entry) {
+          charts.state(entry.target).visible = entry.isIntersecting;
+          if (entry.isIntersecting) scheduler.wake(0);
+        });
+      });
+    }
+    document.addEventListener("visibilitychange", function () {
+      if (document.hidden) return;
+      live.socket.catchUp();
+      scheduler.wake(0);
+    });
+    new MutationObserver(queueSync).observe(document.body, { childList: true, subtree: true });
+    queueSync();
+  }
+
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
+  else start();
+})(window.keelLive = window.keelLive || {});
