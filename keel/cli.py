@@ -39,6 +39,7 @@ _COMMAND_MODULES: Mapping[str, tuple[str, ...]] = {
     "keel.commands": ("fastapi", "torch", "learners"),  # demo, eval-alerts: a server and the learners
     "keel.sync": (),
     "keel.transfer": (),
+    "keel.watch": (),
 }
 
 _INSTALLED_BY = {

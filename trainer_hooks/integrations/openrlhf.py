@@ -29,6 +29,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from trainer_hooks.integrations.common import as_metric, log_converted
+from trainer_hooks.integrations.names import MAPS
 from trainer_hooks.monitor import Monitor
 
 __all__ = [
@@ -46,19 +47,7 @@ TESTED_OPENRLHF_VERSIONS = ("0.11.2",)
 
 DEFAULT_SERVER_URL = "http://127.0.0.1:8750"
 
-OPENRLHF_TO_KEEL: dict[str, str] = {
-    # models/loss.py PolicyLoss, with --algo.advantage.is_correction_level token|seq:
-    # masked_mean(rollout_log_probs − old_log_probs) over the micro-batch's tokens, then
-    # token-weighted over micro-batches (ppo_actor.ppo_train): the batch's token mean.
-    "vllm_kl": "mismatch/kl_k1",
-    "is_filter_ratio": "gate/frac",  # units the IS correction masked or clipped (not PPO's clip)
-    "actor_grad_norm": "grad/norm",  # the step's last optimizer step (ppo_train keeps the last)
-    "policy_loss": "loss/pg",
-    "actor_lr": "optim/lr",
-    "kl": "ref/kl",  # KL to the reference model, not the sampler-learner mismatch
-    "rollout/reward_mean": "reward/mean",  # all the step's samples, before dynamic batching
-    "timing/step_total": "perf/step_s",
-}
+OPENRLHF_TO_KEEL: dict[str, str] = MAPS["openrlhf"].to_keel(native=True)
 """OpenRLHF train-log names that mean what a Keel name means. Any other name `x` is stored
 as `openrlhf/x`; eval logs `eval_x` (or `x`) as `eval/x`. `rollout/reward_std` is a sample
 std (Keel's `reward/std` is the population's), so it stays `openrlhf/rollout/reward_std`."""

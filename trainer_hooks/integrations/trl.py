@@ -33,6 +33,7 @@ from torch import Tensor
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from trl import GRPOTrainer
 
+from trainer_hooks.integrations.names import MAPS
 from trainer_hooks.monitor import Monitor
 
 __all__ = [
@@ -58,14 +59,7 @@ logger = logging.getLogger("keel")
 TESTED_TRL_VERSIONS = ("1.12.0", "1.16.0")
 """TRL releases whose GRPOTrainer internals KeelGRPOMixin was tested against."""
 
-TRL_TO_KEEL: dict[str, str] = {
-    "grad_norm": "grad/norm",
-    "loss": "loss/total",
-    "learning_rate": "optim/lr",
-    "entropy": "policy/entropy",
-    "kl": "ref/kl",  # KL to the reference model, not the sampler-learner mismatch/kl
-    "step_time": "perf/step_s",
-}
+TRL_TO_KEEL: dict[str, str] = MAPS["trl"].to_keel(native=True)  # cited in integrations/names.py
 """TRL (and transformers.Trainer) log names that have a Keel name. Any other name `x` is
 stored as `trl/x`, and `eval_x` as `eval/` + the name of `x`."""
 

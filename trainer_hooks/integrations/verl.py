@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from trainer_hooks.integrations.common import as_metric, log_converted
+from trainer_hooks.integrations.names import MAPS
 from trainer_hooks.monitor import Monitor
 
 __all__ = [
@@ -53,26 +54,11 @@ TESTED_VERL_VERSIONS = ("0.9.1",)
 
 DEFAULT_SERVER_URL = "http://127.0.0.1:8750"
 
-VERL_TO_KEEL: dict[str, str] = {
-    # rollout_corr_helper.compute_offpolicy_metrics: old_log_prob is the trainer's
-    # recomputation under the weights about to be trained (π), rollout_log_prob the
-    # inference engine's (μ); both are token means over the whole batch, as Keel's are.
-    "rollout_corr/k3_kl": "mismatch/kl",  # mean of e^ℓ − ℓ − 1, ℓ = log π − log μ
-    "rollout_corr/kl": "mismatch/kl_k1",  # mean of log μ − log π
-    "critic/score/mean": "reward/mean",  # sequence scores, aborted samples left out
-    "actor/grad_norm": "grad/norm",  # mean over the step's mini-batch updates
-    "actor/entropy": "policy/entropy",  # of the trainer's forward pass, verl's loss_agg_mode
-    "actor/pg_loss": "loss/pg",
-    "actor/lr": "optim/lr",
-    # (global_steps − 1) − the newest weight version a trajectory was sampled with
-    "training/off_policy/trajectory_staleness/mean": "staleness/lag_mean",
-    "training/off_policy/trajectory_staleness/max": "staleness/lag_max",
-    "timing_s/step": "perf/step_s",
-}
-"""verl metric names that mean what a Keel name means. Any other name `x` is stored as
-`verl/x`. Not here on purpose: `rollout_corr/rollout_is_max`, `_min` and
-`rollout_is_eff_sample_size` are taken from the IS weights after verl's truncation (token
-mode) or per sequence, so they are not Keel's raw `mismatch/ratio_max` / `ess_frac`."""
+VERL_TO_KEEL: dict[str, str] = MAPS["verl"].to_keel(native=True)
+"""verl metric names that mean what a Keel name means, from the shared maps
+(trainer_hooks/integrations/names.py, where each entry cites verl's source and says what the
+number is, and `not_mapped` says why `rollout_corr/rollout_is_max` and the like are left out).
+Any other name `x` is stored as `verl/x`."""
 
 
 def keel_metrics(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:

@@ -1,0 +1,344 @@
+"""Incremental readers of a trainer's logs while it writes them (`keel watch`, keel/watch.py).
+
+Each reader keeps a cursor: the byte offset just past the last record it handed out, so a
+reader built again from a saved cursor goes on exactly where the last one stopped. A record
+that is not all there yet (the logger is mid-write) is not consumed: the next read tries it
+again. A record that is all there and still cannot be read (a bad checksum, a payload its
+parser refuses) is counted and skipped, never a crash.
+
+- wandb: the run's transaction log `run-<id>.wandb` (keel/importers.py describes the
+  framing: LevelDB's log format, 32 KiB blocks). After a corrupt record the reader resumes at
+  the next block, as LevelDB's reader does. Records are decoded with wandb's own protobuf
+  classes (`wandb.proto.wandb_internal_pb2`).
+- TensorBoard: each event file is a sequence of TFRecords, `length u64 | masked crc32c of
+  the length u32 | data | masked crc32c of the data u32`, each data an `Event` protobuf
+  (decoded with tensorboard's classes). A record whose length checksum is wrong leaves no
+  way to find the next one: the rest of that file is reported and left.
+
+Standard library only at module level (see keel/cli.py).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import struct
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["HistoryRow", "TensorboardTail", "WandbTail", "masked_crc32c"]
+
+_WANDB_HEADER = struct.pack("<4sHB", b":W&B", 0xBEE1, 0)
+_BLOCK = 32 * 1024
+_RECORD_HEAD = struct.Struct("<IHB")
+_FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
+_READ_LIMIT = 8 * 1024 * 1024
+"""Bytes read from one file per poll at most (a long backlog is read over several polls)."""
+
+
+@dataclass
+class HistoryRow:
+    step: int | None
+    time: float | None
+    items: dict[str, Any]
+
+
+@dataclass
+class WandbRead:
+    rows: list[HistoryRow] = field(default_factory=list)
+    run: dict[str, Any] | None = None
+    """id, name, project, tags of the run record, when this read met it."""
+    config: dict[str, Any] = field(default_factory=dict)
+    exit_code: int | None = None
+    corrupt: int = 0
+
+
+def _wandb_pb2() -> Any:
+    try:  # by name: the module re-exports the protobuf classes of the installed protobuf
+        return importlib.import_module("wandb.proto.wandb_internal_pb2")
+    except ImportError:
+        raise RuntimeError("following wandb runs needs `pip install wandb`") from None
+
+
+def _value(value_json: str) -> Any:
+    try:
+        return float(value_json)  # the common case, NaN and Infinity included, without json
+    except ValueError:
+        return json.loads(value_json)
+
+
+def wandb_items(items: Any, *, metrics: bool = False) -> Iterator[tuple[str, Any]]:
+    """(key, value) of wandb's items; `metrics`: numbers as floats (json keeps config ints)."""
+    decode = _value if metrics else json.loads  # json reads wandb's NaN and Infinity
+    for item in items:
+        yield item.key or ".".join(item.nested_key), decode(item.value_json)
+
+
+class WandbTail:
+    """Reads a growing `.wandb` file from `cursor` on."""
+
+    def __init__(self, path: str, cursor: int = 0) -> None:
+        self.path = path
+        self.cursor = cursor
+        self.size_seen = -1
+        self.waiting = 0
+        """Bytes past the cursor that were not a whole record at the last read."""
+        self._pb2 = _wandb_pb2()
+
+    def read(self) -> WandbRead:
+        out = WandbRead()
+        try:
+            size = os.path.getsize(self.path)
+        except OSError:
+            return out
+        if size == self.size_seen or size <= self.cursor:
+            return out
+        with open(self.path, "rb") as handle:
+            if self.cursor == 0:
+                head = handle.read(len(_WANDB_HEADER))
+                if len(head) < len(_WANDB_HEADER):
+                    return out  # not even the header yet
+                if head != _WANDB_HEADER:
+                    raise ValueError(f"{self.path} is not a wandb transaction log (the header is not ':W&B')")
+                self.cursor = len(_WANDB_HEADER)
+            handle.seek(self.cursor)
+            data = handle.read(min(size - self.cursor, _READ_LIMIT))
+        whole = self.cursor + len(data) == size
+        payloads, consumed, corrupt = self._frame(data, self.cursor)
+        self.cursor += consumed
+        self.waiting = max(0, len(data) - consumed)
+        self.size_seen = size if whole else -1
+        out.corrupt = corrupt
+        for payload in payloads:
+            self._decode(payload, out)
+        return out
+
+    def _frame(self, data: bytes, base: int) -> tuple[list[bytes], int, int]:
+        """(whole records, bytes consumed, corrupt records skipped) of `data`, which starts at
+        file offset `base`, a record boundary."""
+        records: list[bytes] = []
+        pending: bytes | None = None
+        pos = good_end = 0
+        corrupt = 0
+        while pos + _RECORD_HEAD.size <= len(data):
+            room = _BLOCK - (base + pos) % _BLOCK
+            if room < _RECORD_HEAD.size:  # a block's zero-filled trailer
+                if pos + room > len(data):
+                    break
+                pos += room
+                if pending is None:
+                    good_end = pos
+                continue
+            checksum, length, kind = _RECORD_HEAD.unpack_from(data, pos)
+            if kind == 0 and length == 0 and checksum == 0:
+                # Zero padding: the rest of the block, or bytes not yet written (wait).
+                if pos + room > len(data):
+                    break
+                pos += room
+                if pending is None:
+                    good_end = pos
+                continue
+            end = pos + _RECORD_HEAD.size + length
+            bad_head = kind not in (_FULL, _FIRST, _MIDDLE, _LAST) or _RECORD_HEAD.size + length > room
+            if not bad_head and end > len(data):
+                break  # a record still being written
+            if bad_head or zlib.crc32(data[pos + _RECORD_HEAD.size : end], zlib.crc32(bytes([kind]))) != checksum:
+                if not bad_head and end == len(data):
+                    break  # possibly torn by a write in progress: look again next time
+                corrupt += 1 + (pending is not None)
+                pending = None
+                # A sound head with a bad payload: skip that record alone. A head that cannot
+                # be one: resume at the next block, as LevelDB's reader does (the position may
+                # lie past the bytes read: read() waits until the file gets there).
+                pos = pos + room if bad_head else end
+                good_end = pos
+                continue
+            payload = data[pos + _RECORD_HEAD.size : end]
+            pos = end
+            if kind == _FULL:
+                if pending is not None:
+                    corrupt += 1
+                    pending = None
+                records.append(payload)
+                good_end = pos
+            elif kind == _FIRST:
+                if pending is not None:
+                    corrupt += 1
+                pending = payload
+            elif pending is None:  # a MIDDLE or LAST without its FIRST
+                corrupt += 1
+                good_end = pos
+            elif kind == _MIDDLE:
+                pending += payload
+            else:
+                records.append(pending + payload)
+                pending = None
+                good_end = pos
+        return records, good_end, corrupt
+
+    def _decode(self, payload: bytes, out: WandbRead) -> None:
+        record = self._pb2.Record()
+        try:
+            record.ParseFromString(payload)
+            kind = record.WhichOneof("record_type")
+            if kind == "history":
+                history = record.history
+                items = dict(wandb_items(history.item, metrics=True))
+                step = history.step.num if history.HasField("step") else None
+                stamp = items.get("_timestamp")
+                out.rows.append(HistoryRow(step, float(stamp) if isinstance(stamp, (int, float)) else None, items))
+            elif kind == "run":
+                run = record.run
+                out.run = {"id": run.run_id, "name": run.display_name, "project": run.project, "tags": list(run.tags)}
+                out.config.update(wandb_items(run.config.update))
+            elif kind == "config":
+                out.config.update(wandb_items(record.config.update))
+            elif kind == "exit":
+                out.exit_code = int(record.exit.exit_code)
+        except Exception:  # a payload wandb's own parser refuses, or a value that is not JSON
+            out.corrupt += 1
+
+
+# -- TensorBoard ------------------------------------------------------------------------
+
+
+def _crc32c_table() -> list[int]:
+    table = []
+    for byte in range(256):
+        crc = byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1
+        table.append(crc)
+    return table
+
+
+_CRC32C = _crc32c_table()
+
+
+def masked_crc32c(data: bytes) -> int:
+    crc = 0xFFFFFFFF
+    table = _CRC32C
+    for byte in data:
+        crc = table[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    crc ^= 0xFFFFFFFF
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+@dataclass
+class Scalar:
+    step: int
+    time: float
+    tag: str
+    value: Any
+
+
+@dataclass
+class TensorboardRead:
+    scalars: list[Scalar] = field(default_factory=list)
+    not_scalars: set[str] = field(default_factory=set)
+    """`kind 'tag'` of values left out (histograms, images, text...)."""
+    corrupt: int = 0
+    broken: list[str] = field(default_factory=list)
+    """Files whose rest cannot be read (a bad length checksum)."""
+
+
+class TensorboardTail:
+    """Reads every event file of one directory, each from its own cursor.
+
+    `cursors` maps file name -> offset (-1: the rest of the file is unreadable); `plugins`
+    maps tag -> plugin name, which an event file gives only with a tag's first value.
+    """
+
+    def __init__(self, directory: str, cursors: dict[str, int] | None = None, plugins: dict[str, str] | None = None) -> None:
+        self.directory = directory
+        self.cursors = dict(cursors or {})
+        self.plugins = dict(plugins or {})
+        self.sizes: dict[str, int] = {}
+        self.waiting = 0
+        try:
+            self._event_pb2: Any = importlib.import_module("tensorboard.compat.proto.event_pb2")
+            self._tensor_util: Any = importlib.import_module("tensorboard.util.tensor_util")
+        except ImportError:
+            raise RuntimeError("following TensorBoard logs needs `pip install tensorboard`") from None
+
+    def files(self) -> list[str]:
+        try:
+            return sorted(name for name in os.listdir(self.directory) if "tfevents" in name)
+        except OSError:
+            return []
+
+    def read(self) -> TensorboardRead:
+        out = TensorboardRead()
+        self.waiting = 0
+        for name in self.files():
+            path = os.path.join(self.directory, name)
+            cursor = self.cursors.setdefault(name, 0)
+            if cursor < 0:
+                continue
+            try:
+                size = os.path.getsize(path)
+            except OSError:
+                continue
+            if size == self.sizes.get(name):
+                continue
+            with open(path, "rb") as handle:
+                handle.seek(cursor)
+                data = handle.read(min(size - cursor, _READ_LIMIT))
+            consumed = self._records(data, out, name)
+            if consumed < 0:
+                self.cursors[name] = -1
+                out.broken.append(name)
+                continue
+            self.cursors[name] = cursor + consumed
+            self.waiting += len(data) - consumed
+            if cursor + len(data) == size:
+                self.sizes[name] = size
+        return out
+
+    def _records(self, data: bytes, out: TensorboardRead, name: str) -> int:
+        pos = 0
+        while pos + 12 <= len(data):
+            head = data[pos : pos + 8]
+            (length,) = struct.unpack("<Q", head)
+            (length_crc,) = struct.unpack_from("<I", data, pos + 8)
+            if masked_crc32c(head) != length_crc:
+                if pos + 12 == len(data):
+                    break  # perhaps still being written
+                out.corrupt += 1
+                return -1 if pos == 0 else pos  # nothing after it can be found; stop here next time too
+            end = pos + 12 + length + 4
+            if end > len(data):
+                break
+            payload = data[pos + 12 : pos + 12 + length]
+            (data_crc,) = struct.unpack_from("<I", data, end - 4)
+            pos = end
+            if masked_crc32c(payload) != data_crc:
+                out.corrupt += 1
+                continue
+            try:
+                self._event(payload, out)
+            except Exception:
+                out.corrupt += 1
+        return pos
+
+    def _event(self, payload: bytes, out: TensorboardRead) -> None:
+        event = self._event_pb2.Event()
+        event.ParseFromString(payload)
+        if event.WhichOneof("what") != "summary":
+            return
+        for value in event.summary.value:
+            kind = value.WhichOneof("value")
+            if value.HasField("metadata") and value.metadata.plugin_data.plugin_name:
+                self.plugins[value.tag] = value.metadata.plugin_data.plugin_name
+            if kind == "simple_value":
+                out.scalars.append(Scalar(event.step, event.wall_time, value.tag, float(value.simple_value)))
+            elif kind == "tensor" and self.plugins.get(value.tag) == "scalars":
+                array = self._tensor_util.make_ndarray(value.tensor)
+                number = float(array.reshape(-1)[0]) if array.size == 1 else None
+                out.scalars.append(Scalar(event.step, event.wall_time, value.tag, number))
+            else:
+                plugin = self.plugins.get(value.tag) or {"histo": "histograms", "image": "images", "audio": "audio"}.get(kind or "", kind or "value")
+                out.not_scalars.add(f"{plugin} {value.tag!r}")
