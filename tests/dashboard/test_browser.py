@@ -405,7 +405,7 @@ def test_the_collapse_hazard_is_charted_after_the_headline_charts_and_follows_li
         chart = wait_until(lambda: hazard_chart(browser), message="hazard chart on the run page")
         assert "collapse hazard" in chart["title"]
         # The run page's short chart breaks the label in two lines rather than run over its title.
-        assert chart["ytitle"] == f"P(collapse within<br>{HORIZON} steps)" and chart["yrange"] == [0, 1]
+        assert chart["ytitle"] == f"P(collapse within {HORIZON} steps)" and chart["yrange"] == [0, 1]
         (line,) = chart["traces"]
         assert line["run"] == collapsing.id and line["name"] == "collapsing"
         assert line["x"] == list(range(WARMUP, 150))

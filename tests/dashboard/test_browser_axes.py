@@ -19,6 +19,7 @@ from tests.support.browser import (
     live_state,
     path_points,
     screenshot,
+    set_viewport,
     wait_until,
     y_axis,
 )
@@ -154,6 +155,7 @@ def _comb(step: int) -> float:
 def test_zeros_on_a_log_axis_are_gaps_not_a_comb(server, browser, artifacts) -> None:
     run = LiveRun(server, "skips", "cispo")
     run.send([{"step": s, "values": {"grad/norm": _comb(s)}} for s in range(1, 60)])
+    set_viewport(browser, 1280, 2400)  # the grad/norm chart in view: charts out of view wait
     browser.get(f"{server.url}/runs/{run.id}")
     drawn_charts(browser, 1)
     axis = wait_until(lambda: y_axis(browser, "grad/norm"), message="grad/norm chart")
