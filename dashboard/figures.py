@@ -152,6 +152,25 @@ def _y_extent(traces: Sequence[Figure], log_y: bool) -> tuple[float, float] | No
     return (min(drawn), max(drawn)) if drawn else None
 
 
+DRAWN_PRECISION = 1e-5
+"""A drawn value is kept to this fraction of the chart's y span (a 300-pixel chart resolves
+about 1/300; hover shows 4 significant digits): the digits beyond are weight, not data."""
+
+
+def _drop_invisible_digits(traces: Sequence[Figure], extent: tuple[float, float] | None) -> None:
+    """Round the main axis' lines to DRAWN_PRECISION of the span they are drawn over (in
+    place; a flat chart, drawn over its own fixed range, keeps every digit). About half a
+    figure's JSON is digits no pixel shows."""
+    if extent is None or extent[1] <= extent[0]:
+        return
+    size = max(abs(extent[0]), abs(extent[1]))
+    digits = min(17, max(4, 1 + math.ceil(math.log10(size / ((extent[1] - extent[0]) * DRAWN_PRECISION)))))
+    for trace in traces:
+        if trace.get("yaxis", "y") != "y" or trace.get("meta", {}).get("role") == "hazard":
+            continue
+        trace["y"] = [float(f"{v:.{digits}g}") if isinstance(v, float) and math.isfinite(v) else v for v in trace["y"]]
+
+
 def _log_fallback_note(lines: Sequence[RunLine]) -> str | None:
     """Why a log axis cannot draw these lines (finite values, none positive), or None if it can."""
     finite = [
@@ -222,6 +241,8 @@ def metric_figure(
     y_range = flat_range(extent, log_y)
     if y_range is not None:
         layout["yaxis"].update(range=y_range, autorange=False)
+    else:
+        _drop_invisible_digits(traces, extent)
     counts: dict[str, int] = {}
     for line in lines:
         for point in nonfinite_points(line.series):
