@@ -97,6 +97,25 @@ def _drawable_or_none(values: Sequence[float | None], log_y: bool) -> list[float
     return [v if drawable(v, log_y) else None for v in values]
 
 
+ENVELOPE_POINTS = 300
+"""Buckets of a line's min–max band: the band is a translucent area, so half the line's
+resolution draws the same picture with half its points, and merging buckets keeps every
+spike (the merged max is the largest of the maxima)."""
+
+
+def _coarser(buckets: list[tuple[int, float, float]], most: int) -> list[tuple[int, float, float]]:
+    """At most `most` (step, min, max) buckets: runs of consecutive ones merged, each at its
+    last step, with the smallest min and the largest max."""
+    if len(buckets) <= most:
+        return buckets
+    size = -(-len(buckets) // most)
+    merged = []
+    for start in range(0, len(buckets), size):
+        part = buckets[start : start + size]
+        merged.append((part[-1][0], min(lo for _, lo, _ in part), max(hi for _, _, hi in part)))
+    return merged
+
+
 def _envelope(line: RunLine, colour: str, log_y: bool) -> Figure | None:
     series = line.series
     if not series.downsampled or series.mins is None or series.maxs is None:
@@ -111,6 +130,7 @@ def _envelope(line: RunLine, colour: str, log_y: bool) -> Figure | None:
         kept.append((s, lo, hi))
     if not kept:
         return None
+    kept = _coarser(kept, ENVELOPE_POINTS)
     steps = [s for s, _, _ in kept]
     return {
         "type": "scatter",

@@ -33,7 +33,7 @@ HISTORY_POINTS = 600
 SQL keeps each bucket's min and max, drawn as a band: spikes survive)."""
 ZOOM_POINTS = 5000
 """Points per series for a zoomed range: raw points unless the range holds more."""
-HAZARD_POINTS = 2000
+HAZARD_POINTS = 600
 """Buckets of a run's hazard (the server keeps each bucket's highest hazard)."""
 
 UNCHANGED = "unchanged"

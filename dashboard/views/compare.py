@@ -22,6 +22,7 @@ from dashboard.figures import RunLine, run_styles
 from dashboard.series import Series
 from dashboard.summary import SUMMARY_KEYS, summarise_group, summarise_run
 from dashboard.theme import HEADLINE_KEYS
+from dashboard.views.charts import HISTORY_POINTS
 
 __all__ = ["layout", "register", "parse_runs"]
 
@@ -195,7 +196,7 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         run_ids = state["runs"]
         infos = await api.runs_by_id(run_ids)
         known = [r for r in run_ids if infos.get(r)]
-        by_key = await asyncio.gather(*(api.series_of_runs(known, key, max_points=1000) for key in SUMMARY_KEYS))
+        by_key = await asyncio.gather(*(api.series_of_runs(known, key, max_points=HISTORY_POINTS) for key in SUMMARY_KEYS))
         alerts = await api.alerts(known) or []
         summaries = []
         for run_id in known:

@@ -309,3 +309,17 @@ def test_hazard_figure_one_line_per_run_in_its_colour_on_a_probability_axis() ->
     assert empty["layout"]["annotations"][0]["text"] == "No runs selected"
     waiting = hazard_figure([RunLine("c", "c", None, Series.empty())], 50)
     assert waiting["layout"]["meta"]["empty"] and "No hazard yet" in waiting["layout"]["annotations"][0]["text"]
+
+
+def test_a_long_band_is_drawn_at_half_the_line_resolution_and_keeps_every_spike() -> None:
+    from dashboard.traces import ENVELOPE_POINTS
+
+    n = 2 * ENVELOPE_POINTS + 1
+    steps = list(range(10, 10 * n + 1, 10))
+    series = Series(steps, [1.0] * n, mins=[0.5] * n, maxs=[100.0 if i == 301 else 2.0 for i in range(n)])
+    (envelope,) = _roles(metric_figure("reward/mean", [RunLine("a", "a", None, series)], options=ChartOptions(log_y=False)), "envelope")
+    half = len(envelope["x"]) // 2
+    assert half <= ENVELOPE_POINTS and envelope["x"][:half] == envelope["x"][half:][::-1]
+    upper = envelope["y"][:half]
+    assert upper.count(100.0) == 1 and max(upper) == 100.0 and min(envelope["y"][half:]) == 0.5
+    assert envelope["x"][half - 1] == steps[-1]  # the band reaches the line's last step
