@@ -5,9 +5,9 @@
  * laptop, whatever the number of points appended. So pushed rows are taken into each
  * chart's pending appends at once (cheap), and charts draw them out of a budget: the
  * page earns BUSY_SHARE ms of drawing per ms of wall time (up to BURST_MS saved), and a
- * draw spends what it cost. A point that arrives on a quiet page is drawn at once; a page
+ * draw spends what its script took. A point that arrives on a quiet page is drawn at once; a page
  * flooded with points draws each chart less often, so that live drawing keeps to about
- * BUSY_SHARE of the main thread whatever streams. Charts out of view and pages in a
+ * twice BUSY_SHARE of the main thread (script, then style, layout and paint) whatever streams. Charts out of view and pages in a
  * hidden tab draw nothing; they catch up when seen. Within a frame, charts draw until
  * FRAME_BUDGET_MS is spent, the one that drew longest ago first.
  */
@@ -16,7 +16,9 @@
 
   var charts = live.charts;
   var BUFFER_ROWS = 5000; // per run; replayed into charts drawn after the rows arrived
-  var BUSY_SHARE = 0.1; // of the main thread, for the live draws of all charts together
+  // Of the main thread, for the live draws of all charts together: the scripted part of a
+  // draw, which the browser's style, layout and paint of the new SVG about double.
+  var BUSY_SHARE = 0.05;
   var BURST_MS = 300; // drawing time a quiet page saves up for the next burst
   var MIN_INTERVAL_MS = 100; // a chart draws at most this often, however cheap
   var FRAME_BUDGET_MS = 12;
