@@ -34,9 +34,10 @@ ARMS = [("cispo-lag8-s0", "cispo"), ("cispo-lag8-s1", "cispo"), ("is-lag8-s0", "
 LIVE_POINTS = 20
 LIVE_PERIOD_S = 1.0
 # The test's allowance, generous for a loaded CI box: there a chart's redraw costs tens of
-# ms, and the live updater keeps its draws to a share of the main thread, so points wait
-# for their turn. bench/live_latency.py measures the p95 against the target.
-LATENCY_BOUND_MS = 3000
+# ms (the server runs in the test's process), and the live updater keeps its draws to a
+# share of the main thread, so points wait for their chart's turn. bench/live_latency.py
+# measures the p95 against its target on a quiet machine.
+LATENCY_BOUND_MS = 10_000
 
 
 def _compare_url(server, runs: list[LiveRun]) -> str:  # type: ignore[no-untyped-def]
