@@ -321,7 +321,9 @@ def make_runs(count: int, prefix: str = "") -> list[BenchRun]:
 
 
 def hello(ws_url: str, run: BenchRun, writer: str) -> ClientConnection:
-    ws = connect(f"{ws_url}/api/v1/ingest", max_size=None, open_timeout=30)
+    # No keepalive pings: a server busy drawing a heavy page answered them late and the client
+    # closed the socket (1011); the frames themselves keep the connection alive.
+    ws = connect(f"{ws_url}/api/v1/ingest", max_size=None, open_timeout=30, ping_interval=None)
     info = RunInfo(id=run.id, name=run.name, project="pagebench", group=run.group, tags=["bench"])
     ws.send(json.dumps({**hello_message(info), "writer": writer}))
     reply = json.loads(ws.recv(timeout=30))
@@ -387,6 +389,7 @@ class Streamer:
         self.sent = 0
         self.late_s = 0.0
         """The most the schedule fell behind (the sender itself could not keep up)."""
+        self.error: Exception | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -413,6 +416,17 @@ class Streamer:
             self.acked[i] += 1
 
     def _loop(self) -> None:
+        try:
+            self._send_steps()
+        except Exception as exc:  # reported by check(), not lost in the thread
+            self.error = exc
+
+    def check(self) -> None:
+        """Raises if the streaming stopped: a busy figure measured without it would be wrong."""
+        if self.error is not None:
+            raise RuntimeError(f"the live streamer stopped: {self.error!r}") from self.error
+
+    def _send_steps(self) -> None:
         period = 1.0 / self.rate
         began = time.monotonic()
         k = 0
@@ -786,10 +800,12 @@ def part_live(
             streaming = live_busy(
                 driver, compare, compare_probe, "compare (live) shown", args.seconds
             )
+            streamer.check()
             results.details["live/compare"] = streaming
             results.add("live", f"compare page {n} runs streaming {args.rate:g} steps/s each: busy", 100 * streaming["busy"], "%",
                         "<= 15", lambda v: v <= 15, _drawn_note(streaming, args.seconds))  # fmt: skip
             hidden = hidden_tab(driver, streamer, ids, args.hidden_seconds)
+            streamer.check()
             results.details["live/hidden"] = hidden
             results.add("live", f"compare page in a background tab (visibilityState {hidden['visibility']}): busy",
                         100 * hidden["busy"], "%", "~0 (<= 1)", lambda v: v <= 1, _drawn_note(hidden, args.hidden_seconds))  # fmt: skip
@@ -799,6 +815,7 @@ def part_live(
             run_page = live_busy(
                 driver, f"{base}/runs/{ids[0]}", run_probe, "run page (live) shown", args.seconds
             )
+            streamer.check()
             results.details["live/run"] = run_page
             results.add("live", f"run page, {n} runs streaming {args.rate:g} steps/s each: busy", 100 * run_page["busy"], "%",
                         "<= 15", lambda v: v <= 15, _drawn_note(run_page, args.seconds))  # fmt: skip
@@ -827,6 +844,7 @@ def part_many(args: argparse.Namespace, scratch: Path, keys: list[str], results:
         ):
             figures = live_busy(driver, f"{server.url}/compare?runs={','.join(ids)}", probe("keel", HEADLINE_KEYS, ids),
                                 "compare (many runs, live) shown", args.seconds)  # fmt: skip
+            streamer.check()
             results.details["live/many"] = {**figures, "late_s": streamer.late_s}
         results.add("live", f"compare page {len(runs)} runs streaming {args.many_rate:g} step/s each: busy",
                     100 * figures["busy"], "%", "<= 25", lambda v: v <= 25, _drawn_note(figures, args.seconds))  # fmt: skip
