@@ -91,6 +91,7 @@ from selenium import webdriver
 from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
 from bench import peers as peer_venvs
@@ -324,7 +325,9 @@ def make_runs(count: int, prefix: str = "") -> list[BenchRun]:
                      GROUPS[i // per_group % len(GROUPS)]) for i in range(count)]  # fmt: skip
 
 
-def hello(ws_url: str, run: BenchRun, writer: str) -> ClientConnection:
+def hello(
+    ws_url: str, run: BenchRun, writer: str, welcomes: list[int] | None = None
+) -> ClientConnection:
     # No keepalive pings: a server busy drawing a heavy page answered them late and the client
     # closed the socket (1011); the frames themselves keep the connection alive.
     ws = connect(f"{ws_url}/api/v1/ingest", max_size=None, open_timeout=30, ping_interval=None)
@@ -333,6 +336,8 @@ def hello(ws_url: str, run: BenchRun, writer: str) -> ClientConnection:
     reply = json.loads(ws.recv(timeout=30))
     if reply.get("type") != "welcome":
         raise RuntimeError(f"hello refused: {reply}")
+    if welcomes is not None:
+        welcomes.append(int(reply["acked_seq"]))
     return ws
 
 
@@ -384,8 +389,12 @@ class Streamer:
         self, ws_url: str, runs: list[BenchRun], keys: list[str], rate: float, first_step: int
     ):
         self.runs, self.keys, self.rate = runs, keys, rate
-        writer = f"live-{uuid.uuid4().hex[:8]}"
-        self.sockets = [hello(ws_url, run, writer) for run in runs]
+        self.ws_url = ws_url
+        self.writer = writer = f"live-{uuid.uuid4().hex[:8]}"
+        self.welcomes: list[int] = []
+        self.dropped: list[str] = []
+        """The server closed a live socket (reconnected): its close frames."""
+        self.sockets = [hello(ws_url, run, writer, self.welcomes) for run in runs]
         self.seqs = [0] * len(runs)
         self.acked = [0] * len(runs)
         self.step = first_step
@@ -448,10 +457,20 @@ class Streamer:
                     time=time.time(),
                     values=step_values(run.index, self.step, self.keys),
                 )
-                self.sockets[i].send(json.dumps(points_message(self.seqs[i], [row])))
-                self.seqs[i] += 1
-                self.sent += 1
-                self._drain(i)
+                try:
+                    self.sockets[i].send(json.dumps(points_message(self.seqs[i], [row])))
+                    self.seqs[i] += 1
+                    self.sent += 1
+                    self._drain(i)
+                except ConnectionClosed as exc:
+                    # As the Monitor does: reconnect and go on after the last acked frame. On
+                    # the landed dashboard a heavy page stalls the server's event loop past its
+                    # websocket keepalive (20 s) and it drops ingest sockets with 1011.
+                    self.dropped.append(repr(exc.rcvd or exc.sent))
+                    with contextlib.suppress(Exception):
+                        self.sockets[i].close()
+                    self.sockets[i] = hello(self.ws_url, run, self.writer, self.welcomes)
+                    self.seqs[i] = self.acked[i] = int(self.welcomes.pop()) + 1
             self.step += 1
             k += 1
 
@@ -840,7 +859,19 @@ def part_live(
                         "<= 15", lambda v: v <= 15, _drawn_note(run_page, args.seconds))  # fmt: skip
             if streamer.late_s > 0.5:
                 print(f"    (the streamer fell up to {streamer.late_s:.1f} s behind its schedule)")
-            results.details["live/streamer"] = {"frames": streamer.sent, "late_s": streamer.late_s}
+            results.details["live/streamer"] = {
+                "frames": streamer.sent,
+                "late_s": streamer.late_s,
+                "dropped": streamer.dropped,
+            }
+            results.add(
+                "live",
+                f"ingest sockets the server dropped while the pages were open ({n} runs)",
+                len(streamer.dropped),
+                note=f"({', '.join(sorted(set(streamer.dropped)))[:120]})"
+                if streamer.dropped
+                else "",
+            )
 
 
 def _drawn_note(figures: dict[str, Any], seconds: float) -> str:
@@ -864,7 +895,16 @@ def part_many(args: argparse.Namespace, scratch: Path, keys: list[str], results:
             figures = live_busy(driver, f"{server.url}/compare?runs={','.join(ids)}", probe("keel", HEADLINE_KEYS, ids),
                                 "compare (many runs, live) shown", args.seconds)  # fmt: skip
             streamer.check()
-            results.details["live/many"] = {**figures, "late_s": streamer.late_s}
+            results.details["live/many"] = {
+                **figures,
+                "late_s": streamer.late_s,
+                "dropped": streamer.dropped,
+            }
+            results.add(
+                "live",
+                f"ingest sockets the server dropped while the page was open ({len(runs)} runs)",
+                len(streamer.dropped),
+            )
         results.add("live", f"compare page {len(runs)} runs streaming {args.many_rate:g} step/s each: busy",
                     100 * figures["busy"], "%", "<= 25", lambda v: v <= 25, _drawn_note(figures, args.seconds))  # fmt: skip
         results.add(
