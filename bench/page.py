@@ -434,6 +434,16 @@ class Streamer:
         except Exception as exc:  # reported by check(), not lost in the thread
             self.error = exc
 
+    def _reconnect(self, run: BenchRun, tries: int = 5) -> ClientConnection:
+        """A new socket for `run`; a stalled server may take longer than one hello's 30 s."""
+        for attempt in range(tries):
+            try:
+                return hello(self.ws_url, run, self.writer, self.welcomes)
+            except (TimeoutError, OSError, ConnectionClosed):
+                if attempt == tries - 1 or self._stop.is_set():
+                    raise
+        raise AssertionError("unreachable")
+
     def check(self) -> None:
         """Raises if the streaming stopped: a busy figure measured without it would be wrong."""
         if self.error is not None:
@@ -469,7 +479,7 @@ class Streamer:
                     self.dropped.append(repr(exc.rcvd or exc.sent))
                     with contextlib.suppress(Exception):
                         self.sockets[i].close()
-                    self.sockets[i] = hello(self.ws_url, run, self.writer, self.welcomes)
+                    self.sockets[i] = self._reconnect(run)
                     self.seqs[i] = self.acked[i] = int(self.welcomes.pop()) + 1
             self.step += 1
             k += 1
