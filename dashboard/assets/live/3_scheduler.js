@@ -74,11 +74,12 @@
 
   function push(runId, rows, receivedAt) {
     incoming.push([runId, rows, receivedAt]);
-    wake();
+    if (!document.hidden) wake(); // a hidden tab keeps the rows until it is shown
   }
 
   function tick() {
     frame = null;
+    if (document.hidden) return; // shown again: start() wakes the scheduler
     live.note("frames", 1);
     var started = performance.now();
     var batch = incoming;
