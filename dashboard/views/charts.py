@@ -137,6 +137,7 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         Output(HAZARD_GRAPH, "figure"),
         Input("page-state", "data"),
         Input("live-data-tick", "data"),
+        prevent_initial_call=True,  # first on the "drawn" tick: after the metric charts
     )
     async def draw_hazard(state: dict[str, Any] | None, _tick: Any) -> dict[str, Any]:
         if not state or state.get("page") not in ("run", "compare"):

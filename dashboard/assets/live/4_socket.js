@@ -120,6 +120,7 @@
   }
 
   live.socket = {
+    refresh: refresh,
     connect: connect,
     target: function () { return target; },
     askRedraw: askRedraw,

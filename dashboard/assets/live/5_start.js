@@ -55,9 +55,29 @@
     return everDrawn;
   };
 
+  var drawnFor = null; // the page (path and query) whose charts all got their first figure
+
+  /*
+   * Once every chart of a page has its first figure, what the page shows beside them (the
+   * summary table, the collapse hazard) is asked for: drawn first, it would queue before
+   * the charts on the server and in the browser.
+   */
+  function allDrawn(plots) {
+    var page = window.location.pathname + window.location.search;
+    if (!plots.length || drawnFor === page) return;
+    for (var i = 0; i < plots.length; i++) {
+      var meta = plots[i].layout && plots[i].layout.meta;
+      if (!meta || !meta.render_id) return;
+    }
+    drawnFor = page;
+    live.socket.refresh("live-data-tick", "drawn", 0);
+  }
+
   /* New figures (first draw, zoom, smoothing change): replay what arrived while they were drawn. */
   function scanGraphs() {
-    scheduler.plots().forEach(function (gd) {
+    var plots = scheduler.plots();
+    allDrawn(plots);
+    plots.forEach(function (gd) {
       var s = charts.state(gd);
       if (!s.observed && observer) {
         s.observed = true;
