@@ -152,9 +152,9 @@ def _y_extent(traces: Sequence[Figure], log_y: bool) -> tuple[float, float] | No
     return (min(drawn), max(drawn)) if drawn else None
 
 
-DRAWN_PRECISION = 1e-4
-"""A drawn value is kept to this fraction of the chart's y span (a 300-pixel chart resolves
-about 1/300; hover shows 4 significant digits): the digits beyond are weight, not data."""
+DRAWN_PRECISION = 5e-4
+"""A drawn value is kept to this fraction of the chart's y span (a sixth of a pixel of a
+330-pixel chart; hover shows 4 significant digits): the digits beyond are weight, not data."""
 
 
 def _drop_invisible_digits(traces: Sequence[Figure], extent: tuple[float, float] | None) -> None:

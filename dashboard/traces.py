@@ -97,7 +97,7 @@ def _drawable_or_none(values: Sequence[float | None], log_y: bool) -> list[float
     return [v if drawable(v, log_y) else None for v in values]
 
 
-ENVELOPE_POINTS = 300
+ENVELOPE_POINTS = 250
 """Buckets of a line's min–max band: the band is a translucent area, so half the line's
 resolution draws the same picture with half its points, and merging buckets keeps every
 spike (the merged max is the largest of the maxima)."""

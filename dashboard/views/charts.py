@@ -28,7 +28,7 @@ from dashboard.series import Alert, Series
 
 __all__ = ["register", "zoom_range", "load_hazard", "HISTORY_POINTS", "HAZARD_POINTS", "ZOOM_POINTS", "UNCHANGED"]
 
-HISTORY_POINTS = 600
+HISTORY_POINTS = 500
 """Buckets per series for the first draw, about one per horizontal pixel of a chart (the
 SQL keeps each bucket's min and max, drawn as a band: spikes survive)."""
 ZOOM_POINTS = 5000
