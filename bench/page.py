@@ -381,6 +381,11 @@ def ingest(
     return time.monotonic() - began
 
 
+def _close_quietly(ws: ClientConnection) -> None:
+    with contextlib.suppress(Exception):
+        ws.close()
+
+
 class Streamer:
     """Every run sends one points frame per step at `rate` steps/s (phases spread over the
     period), from step `first_step` on, in a background thread; acks drained as they come."""
@@ -413,9 +418,14 @@ class Streamer:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(timeout=30)
-        for ws in self.sockets:
-            with contextlib.suppress(Exception):
-                ws.close()
+        # A socket whose unread acks filled its queue never sees the server's close (its
+        # reader waits for room), and close() would wait for that reader forever: close each
+        # in a thread of its own and give up on it after a while.
+        closers = [threading.Thread(target=_close_quietly, args=(ws,), daemon=True) for ws in self.sockets]
+        for closer in closers:
+            closer.start()
+        for closer in closers:
+            closer.join(timeout=5)
 
     def _drain(self, i: int) -> None:
         ws = self.sockets[i]
