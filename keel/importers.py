@@ -140,11 +140,11 @@ def _name(sub: str, override: str | None, *, single: bool, base: str | None = No
     return "/".join(part for part in (override or base, sub) if part)
 
 
-def _flatten(prefix: str, value: Any) -> Iterator[tuple[str, Any]]:
+def flatten(prefix: str, value: Any) -> Iterator[tuple[str, Any]]:
     """Nested dicts as wandb shows them: {"a": {"b": 1}} -> ("a.b", 1); media stay whole."""
     if isinstance(value, dict) and "_type" not in value:
         for key, inner in value.items():
-            yield from _flatten(f"{prefix}.{key}" if prefix else str(key), inner)
+            yield from flatten(f"{prefix}.{key}" if prefix else str(key), inner)
     else:
         yield prefix, value
 
@@ -324,7 +324,7 @@ def _add_history_row(table: PointTable, items: Mapping[str, Any], default_step: 
         if column.startswith("_"):  # _runtime and the like: wandb's, not the user's metrics
             table.skipped[(column, "wandb's own bookkeeping column")] += 1
             continue
-        for key, value in _flatten(column, raw):
+        for key, value in flatten(column, raw):
             table.add(step, key, value, wall_time)
 
 

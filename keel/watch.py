@@ -241,7 +241,7 @@ class Follower:
             self._request_finish(f"wandb exit code {exit_code}")
 
     def _read_wandb(self) -> tuple[Any, int | None, int]:
-        from keel.importers import PointTable
+        from keel.importers import PointTable, flatten
         from keel.tailing import WandbTail
 
         assert isinstance(self.tail, WandbTail)
@@ -266,7 +266,7 @@ class Follower:
                 if column.startswith("_"):  # _runtime and the like: wandb's, not the trainer's
                     table.skipped[(column, "wandb's own bookkeeping column")] += 1
                     continue
-                for key, value in _flatten(column, raw):
+                for key, value in flatten(column, raw):
                     table.add(step, self._keel_name(key), value, row.time)
         return table, read.exit_code, read.corrupt
 
@@ -425,13 +425,6 @@ class Follower:
             self.spool.close()
         os.close(self._lock_fd)
 
-
-def _flatten(prefix: str, value: Any) -> Iterator[tuple[str, Any]]:
-    if isinstance(value, dict) and "_type" not in value:
-        for key, inner in value.items():
-            yield from _flatten(f"{prefix}.{key}" if prefix else str(key), inner)
-    else:
-        yield prefix, value
 
 
 class Watcher:
