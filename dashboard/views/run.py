@@ -76,6 +76,7 @@ def layout(run_id: str) -> html.Div:
             backtest_panel(),
             html.Div(chart_controls(aggregate=False, extra_metrics=False), className="section"),
             html.Div(id="run-charts"),
+            html.Div(id="run-more-charts"),
         ]
     )
 
@@ -291,6 +292,7 @@ def register(dash_app: Dash, api: KeelApi) -> None:
 
     @dash_app.callback(
         Output("run-charts", "children"),
+        Output("run-more-charts", "children"),
         Output("run-keys", "data"),
         Input("page-state", "data"),
         Input("live-data-tick", "data"),
@@ -298,26 +300,35 @@ def register(dash_app: Dash, api: KeelApi) -> None:
     )
     async def charts(
         state: dict[str, Any] | None, _tick: Any, shown: list[str] | None
-    ) -> tuple[Any, Any]:
+    ) -> tuple[Any, Any, Any]:
+        """The headline charts (and the hazard) first; every other metric's charts once the
+        page has drawn those (the "drawn" tick, assets/live/5_start.js): a run that logs 40
+        metrics would otherwise queue 40 charts beside the five a researcher looks at first.
+        `run-keys` holds the keys whose charts are on the page."""
         if not state or state.get("page") != "run":
-            return no_update, no_update
-        keys = sorted(await api.keys(state["runs"][0]))
+            return no_update, no_update, no_update
+        run_id = state["runs"][0]
+        keys = sorted(await api.keys(run_id))
         if shown is not None and keys == shown:
-            return no_update, no_update  # a new metric appears only now and then; redraw only then
+            return no_update, no_update, no_update  # a new metric appears only now and then
         if not keys:
             return empty_state(
                 "No metrics yet", "Charts appear as soon as the run logs its first step."
-            ), keys
-        run = await api.run(state["runs"][0])
-        note = mismatch_note((run or {}).get("config") or {})
-        sections: list[Any] = [note] if note is not None else []
+            ), [], keys
         ordered = order_keys(keys)
-        if not ordered or ordered[0][0] != "headline":
-            ordered.insert(0, ("headline", []))  # the hazard still comes first
-        for name, section_keys in ordered:
-            graphs = [metric_graph(k, CHART_HEIGHT) for k in section_keys]
-            if name == "headline":
-                graphs.append(hazard_graph(CHART_HEIGHT))  # after the headline charts
-            sections.append(html.Div(name, className="namespace"))
-            sections.append(html.Div(graphs, className="charts small"))
-        return sections, keys
+        headline = ordered[0][1] if ordered[0][0] == "headline" else []
+        rest = ordered[1:] if ordered[0][0] == "headline" else ordered
+        more: list[Any] = []
+        for name, section_keys in rest:
+            more.append(html.Div(name, className="namespace"))
+            more.append(html.Div([metric_graph(k, CHART_HEIGHT) for k in section_keys], className="charts small"))
+        if shown is not None and [k for k in shown if k in HEADLINE_KEYS] == headline:
+            return no_update, more, keys  # the headline charts stay as drawn
+        run = await api.run(run_id)
+        note = mismatch_note((run or {}).get("config") or {})
+        top: list[Any] = [note] if note is not None else []
+        top.append(html.Div("headline", className="namespace"))
+        top.append(html.Div([metric_graph(k, CHART_HEIGHT) for k in headline] + [hazard_graph(CHART_HEIGHT)], className="charts small"))
+        if shown is None and headline:
+            return top, [], headline  # the rest on the "drawn" tick, once these are drawn
+        return top, more, keys
