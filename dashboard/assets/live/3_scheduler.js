@@ -5,9 +5,9 @@
  * laptop, whatever the number of points appended. So pushed rows are taken into each
  * chart's pending appends at once (cheap), and charts draw them out of a budget: the
  * page earns BUSY_SHARE ms of drawing per ms of wall time (up to BURST_MS saved), and a
- * draw spends what its script took. A point that arrives on a quiet page is drawn at once; a page
+ * draw spends what its script took, and the frame's rendering after it. A point that arrives on a quiet page is drawn at once; a page
  * flooded with points draws each chart less often, so that live drawing keeps to about
- * twice BUSY_SHARE of the main thread (script, then style, layout and paint) whatever streams. Charts out of view and pages in a
+ * BUSY_SHARE of the main thread (script, then style, layout and paint) whatever streams. Charts out of view and pages in a
  * hidden tab draw nothing; they catch up when seen. Within a frame, charts draw until
  * FRAME_BUDGET_MS is spent, the one that drew longest ago first.
  */
@@ -16,8 +16,8 @@
 
   var charts = live.charts;
   var BUFFER_ROWS = 5000; // per run; replayed into charts drawn after the rows arrived
-  // Of the main thread, for the live draws of all charts together: the scripted part of a
-  // draw, which the browser's style, layout and paint of the new SVG about double.
+  // Of the main thread, for the live draws of all charts together: their script, and the
+  // browser's style, layout and paint of the frame they changed (a bigger page costs more).
   var BUSY_SHARE = 0.05;
   var BURST_MS = 300; // drawing time a quiet page saves up for the next burst
   var MIN_INTERVAL_MS = 100; // a chart draws at most this often, however cheap
@@ -95,6 +95,7 @@
     // The chart that drew longest ago first, while the budget lasts.
     waiting.sort(function (a, b) { return charts.state(a).lastDraw - charts.state(b).lastDraw; });
     var next = Infinity;
+    var drewAt = null;
     for (var i = 0; i < waiting.length; i++) {
       var gd = waiting[i];
       var now = performance.now();
@@ -109,11 +110,30 @@
       var drawn = charts.draw(gd);
       var spent = performance.now() - before;
       credit -= spent;
+      drewAt = performance.now();
       live.note("draws", 1);
       live.note("drawMs", spent);
       if (drawn) live.drew(gd, drawn);
     }
+    if (drewAt !== null) chargeRendering(drewAt);
     if (next < Infinity) wakeAt(next);
+  }
+
+  /*
+   * The frame's rendering runs after this animation-frame callback; a message posted now is
+   * handled once it is done, so the time until then is what the draws cost the browser
+   * beyond their script. It is spent from the budget too.
+   */
+  var channel = new MessageChannel();
+  var renderFrom = null;
+  channel.port1.onmessage = function () {
+    if (renderFrom === null) return;
+    credit -= performance.now() - renderFrom;
+    renderFrom = null;
+  };
+  function chargeRendering(from) {
+    renderFrom = from;
+    channel.port2.postMessage(null);
   }
 
   /* A new figure (first draw, zoom, option change): replay what arrived while it was drawn. */
