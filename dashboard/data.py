@@ -84,23 +84,6 @@ class KeelApi:
         response.raise_for_status()
         return [str(item["key"]) for item in response.json()]
 
-    async def series(
-        self,
-        run_id: str,
-        key: str,
-        *,
-        max_points: int = 1000,
-        start: int | None = None,
-        end: int | None = None,
-    ) -> Series:
-        response = await self._get(
-            f"/runs/{run_id}/series", key=key, max_points=max_points, start=start, end=end
-        )
-        if response.status_code == 404:
-            return Series.empty()
-        response.raise_for_status()
-        return Series.from_json(response.json())
-
     async def series_of_runs(
         self,
         run_ids: Iterable[str],
@@ -127,21 +110,6 @@ class KeelApi:
             return None
         response.raise_for_status()
         return dict(response.json())
-
-    async def latest(self, run_id: str, keys: Iterable[str]) -> dict[str, Series]:
-        """The last point of each key, as one-point series, in one read (keys without points omitted)."""
-        response = await self._get(f"/runs/{run_id}/latest", keys=",".join(keys))
-        if response.status_code == 404:
-            return {}
-        response.raise_for_status()
-        return {
-            key: Series.from_json({"steps": [point["step"]], "values": [point["value"]]})
-            for key, point in response.json().items()
-        }
-
-    async def last_value(self, run_id: str, key: str) -> Series:
-        """The latest point of one metric (empty when it has none)."""
-        return (await self.latest(run_id, [key])).get(key, Series.empty())
 
     async def alerts(
         self, run_ids: str | Iterable[str], state: str | None = None

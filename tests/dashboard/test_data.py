@@ -29,11 +29,12 @@ def test_reads_runs_series_and_last_values(server) -> None:
         found = await api.runs_by_id([run.id, "missing"])
         assert found[run.id]["name"] == "reader" and found["missing"] is None
         assert "reward/mean" in await api.keys(run.id) and await api.keys("missing") == []
-        series = await api.series(run.id, "reward/mean", max_points=10)
+        of_runs = await api.series_of_runs([run.id, "missing"], "reward/mean", max_points=10)
+        series = of_runs[run.id]
         assert series.downsampled and len(series.steps) <= 10 and math.isnan(series.maxs[-1])
-        tail = await api.last_value(run.id, "grad/norm")
-        assert tail.steps == [50] and tail.values == [math.inf]
-        assert (await api.series("missing", "reward/mean")).steps == []
+        (listed,) = await api.runs(latest=["grad/norm"])
+        assert listed["latest"]["grad/norm"] == {"step": 50, "value": "inf"}
+        assert of_runs["missing"].steps == []
         assert await api.alerts(run.id) is not None  # the alerts API exists on this server
         hazard = await api.hazard(run.id, max_points=5)
         assert hazard is not None and hazard["run_id"] == run.id and hazard["horizon"] == HORIZON
