@@ -10,7 +10,8 @@
 # `run` prints each check's figures and writes them under $OUT:
 #   nvidia-smi.txt   the GPU
 #   tests.txt        tests/trainer_hooks/test_monitor_device.py (log/log_batch only queue GPU
-#                    work, values exact) and the merged-partials and device tests of test_metrics
+#                    work, values exact), the merged-partials and device tests of test_metrics,
+#                    and the step details computed on the GPU (test_details)
 #   log_overhead.txt python -m bench.log_overhead --device cuda (log() host time, a GPU step
 #                    with and without log_batch)
 #   lm.txt           keel lm --device cuda against a local keel serve (a real learner streaming)
@@ -45,7 +46,7 @@ run() {
     "$py" -c "import torch; assert torch.cuda.is_available(), 'no CUDA'; print(torch.__version__, torch.cuda.get_device_name())" \
         || exit 1
     "$py" -m pytest -q -p no:cacheprovider tests/trainer_hooks/test_monitor_device.py \
-        tests/trainer_hooks/test_metrics.py -k "device or merged or partials" 2>&1 | tee "$out/tests.txt"
+        tests/trainer_hooks/test_details.py tests/trainer_hooks/test_metrics.py -k "device or merged or partials" 2>&1 | tee "$out/tests.txt"
     timeout 300 "$py" -m bench.log_overhead --device cuda --rounds "${ROUNDS:-10}" 2>&1 | tee "$out/log_overhead.txt"
     local port=8751 db
     db="sqlite:///$(mktemp -d)/keel.db"

@@ -7,10 +7,12 @@
    mismatch/ratio_max, grad/norm) as 0-dim tensors, called back to back: median,
    p90 and p99 in microseconds (target: median <= 10 us).
 2. A CPU learner loop (embedding + MLP policy, cispo loss, backward, clip, SGD) sized
-   to ~50 ms per step on a quiet 2-core machine, in four variants run side by side:
+   to ~50 ms per step on a quiet 2-core machine, in five variants run side by side:
    plain; + `stability_metrics` (computed, not logged); + `stability_metrics` + `log()`
-   on the training thread; and `Monitor.log_batch()` (the same metrics and row, computed
-   by the Monitor's worker process from copies of the inputs). Every round runs each
+   on the training thread; `Monitor.log_batch()` (the same metrics and row, computed
+   by the Monitor's worker process from copies of the inputs, with the step details); and
+   the same with `token_ids`, advantages and `decode` (the worst sequences' tokens as
+   text, the unbounded-token histogram). Every round runs each
    variant for a block of 20 consecutive steps, blocks in random order, so drift in
    machine load hits all alike; the Monitor's leftover work is waited for between blocks.
    Reports the median block of each and the overhead against plain, plus the median of
@@ -133,7 +135,8 @@ class Learner:
             self._sync()
             return 0.0, 0.0
         started = time.perf_counter()
-        if variant == "batch":
+        if variant in ("batch", "tokens"):
+            tokens = variant == "tokens"
             monitor.log_batch(
                 index,
                 sampler_logp_B_T,
@@ -142,6 +145,9 @@ class Learner:
                 rewards=rewards_B,
                 gate_mask=gate_B_T,
                 metrics={"grad/norm": grad_norm, "loss/total": loss},
+                advantages=advantages_B if tokens else None,
+                token_ids=sampled_B_T if tokens else None,
+                decode=token_texts if tokens else None,
             )
             spent = 1000 * (time.perf_counter() - started)
             self._sync()
@@ -164,7 +170,12 @@ class Learner:
             torch.cuda.synchronize(self.device)
 
 
-VARIANTS = ("plain", "metrics", "monitored", "batch")
+VARIANTS = ("plain", "metrics", "monitored", "batch", "tokens")
+
+
+def token_texts(token_ids: list[int]) -> list[str]:
+    """The bench's `decode`: a tokenizer's convert_ids_to_tokens, in shape."""
+    return [f"tok{token}" for token in token_ids]
 
 
 def settle(monitor: Monitor) -> None:
@@ -222,7 +233,7 @@ def bench_loop(server: str, spool: Path, rounds: int, block: int, learner: Learn
     # process, which on a shared VM swings wall time by several %).
     wall_ms: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
     cpu_ms: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
-    metrics_ms, log_ms, log_batch_ms = [], [], []
+    metrics_ms, log_ms, log_batch_ms, tokens_ms = [], [], [], []
     # CPU time of the Monitor's worker process per step (sending; log_batch's metrics).
     background_ms: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
     step = 2 * len(VARIANTS)  # after the warm-up's steps: each step is logged once
@@ -246,6 +257,8 @@ def bench_loop(server: str, spool: Path, rounds: int, block: int, learner: Learn
                     log_ms.append(inside[1])
                 elif variant == "batch":
                     log_batch_ms.append(inside[1])
+                elif variant == "tokens":
+                    tokens_ms.append(inside[1])
                 step += 1
             wall_ms[variant].append(statistics.fmean(block_wall[1:]))
             cpu_ms[variant].append(statistics.fmean(block_cpu[1:]))
@@ -274,6 +287,7 @@ def bench_loop(server: str, spool: Path, rounds: int, block: int, learner: Learn
         "metrics": "+ stability_metrics",
         "monitored": "+ stability_metrics + log()",
         "batch": "+ log_batch() (metrics in the worker)",
+        "tokens": "+ log_batch(token_ids=, decode=)",
     }
     lines = [
         f"learner loop on {learner.device}, {rounds} rounds of {block}-step blocks, torch "
@@ -284,7 +298,7 @@ def bench_loop(server: str, spool: Path, rounds: int, block: int, learner: Learn
         lines += [f"    {names[v]:36s} {overhead(samples, v)}" for v in VARIANTS[1:]]
     lines.append(
         f"  timed inside the steps: stability_metrics {share(metrics_ms)}, log() {share(log_ms)}, "
-        f"log_batch() {share(log_batch_ms)}"
+        f"log_batch() {share(log_batch_ms)}, with tokens {share(tokens_ms)}"
     )
     lines.append(
         "  the Monitor's worker process, CPU per step: "

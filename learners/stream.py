@@ -7,7 +7,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from learners.toy import RunSpec
+from learners.toy import RunSpec, ToyBatch, token_texts
 from trainer_hooks.monitor import Monitor, status_for_exit
 
 __all__ = ["ToyStreamer"]
@@ -72,6 +72,26 @@ class ToyStreamer:
             values_R_K = torch.stack([metrics[key].float() for key in keys], dim=1).tolist()
             for monitor, values in zip(self.monitors, values_R_K, strict=True):
                 monitor.log(step, dict(zip(keys, values, strict=True)))
+        if self.step_delay > 0:
+            time.sleep(self.step_delay)
+
+    def on_batch(self, step: int, metrics: dict[str, Any], batch: ToyBatch) -> None:
+        """`on_step` through `Monitor.log_batch`: the worker computes the stability metrics
+        from the batch (the toy's own win) and the step details, with the toy's tokens."""
+        for run, monitor in enumerate(self.monitors):
+            monitor.log_batch(
+                step,
+                batch.sampler_logp_R_B_T[run],
+                batch.learner_logp_R_B_T[run],
+                None,
+                rewards=batch.rewards_R_B[run],
+                advantages=batch.advantages_R_B[run],
+                sampler_version=batch.sampler_version_R[run].expand(batch.rewards_R_B.shape[1]),
+                learner_version=batch.learner_version,
+                token_ids=batch.tokens_R_B_T[run],
+                decode=token_texts,
+                metrics={key: value[run] for key, value in metrics.items()},
+            )
         if self.step_delay > 0:
             time.sleep(self.step_delay)
 

@@ -44,12 +44,15 @@ __all__ = [
     "MISMATCH_LEVELS",
     "MismatchLevel",
     "RunSpec",
+    "BatchCallback",
     "StepCallback",
+    "ToyBatch",
     "ToyConfig",
     "ToyGrid",
     "ToyResult",
     "grid_specs",
     "simulate",
+    "token_texts",
     "weight_gradient",
 ]
 
@@ -118,6 +121,29 @@ class ToyConfig:
 
 StepCallback = Callable[[int, dict[str, Tensor]], None]
 """on_step(step, metrics): metric name -> tensor [R] on the grid's device."""
+
+
+@dataclass(frozen=True)
+class ToyBatch:
+    """One step's sampled batch of every run, as `Monitor.log_batch` takes it (per run r:
+    `sampler_logp_R_B_T[r]`, ...): what `keel sim` streams with the step details."""
+
+    sampler_logp_R_B_T: Tensor
+    learner_logp_R_B_T: Tensor
+    tokens_R_B_T: Tensor
+    rewards_R_B: Tensor
+    advantages_R_B: Tensor
+    sampler_version_R: Tensor
+    learner_version: int
+
+
+BatchCallback = Callable[[int, dict[str, Tensor], ToyBatch], None]
+"""on_batch(step, metrics, batch): `on_step` with the step's batch."""
+
+
+def token_texts(token_ids: list[int]) -> list[str]:
+    """The toy's tokens have no text: "v0" … "v7" (the `decode` of `keel sim`)."""
+    return [f"v{token}" for token in token_ids]
 
 
 @dataclass
@@ -304,6 +330,15 @@ class ToyGrid:
             learner_version=s,
             quantile=False,  # a sort of every run's tokens would cost more than the step
         )
+        self.batch = ToyBatch(
+            sampler_logp_R_B_T=sampler_logp_R_G_N.view(seq_shape),
+            learner_logp_R_B_T=learner_logp_R_G_N.view(seq_shape),
+            tokens_R_B_T=tokens_R_G_N.view(seq_shape),
+            rewards_R_B=reward_R_G_P.view(runs, -1),
+            advantages_R_B=adv_R_B_1.squeeze(-1),
+            sampler_version_R=(s - self.lag_R).clamp_min(0),
+            learner_version=s,
+        )
         del metrics["policy/entropy_est"]  # the exact entropy is cheap here
         metrics["policy/entropy"] = -(pi_R_V_N * logpi_R_V_N).sum(1).mean(-1)
         metrics["gate/frac"] = gate_frac_R
@@ -346,9 +381,11 @@ def simulate(
     *,
     device: str | torch.device = "cpu",
     on_step: StepCallback | None = None,
+    on_batch: BatchCallback | None = None,
     keep_history: bool = False,
 ) -> ToyResult:
-    """Run the grid to the end; stream each step to `on_step`; keep [R, steps] histories if asked.
+    """Run the grid to the end; stream each step to `on_step` (and with its batch to
+    `on_batch`); keep [R, steps] histories if asked.
 
     Metric keys per step: `reward/mean`, `reward/std`, `mismatch/kl`,
     `mismatch/kl_k1`, `mismatch/kl_k2`, `mismatch/ratio_max`,
@@ -375,6 +412,8 @@ def simulate(
                 history[key][:, step] = value
         if on_step is not None:
             on_step(step, metrics)
+        if on_batch is not None:
+            on_batch(step, metrics, grid.batch)
     final_reward = reward_R_S[:, -config.final_window :].mean(1)
     if grid.device.type == "cuda":
         torch.cuda.synchronize(grid.device)  # note: wall time must include the queued kernels

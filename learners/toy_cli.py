@@ -229,7 +229,7 @@ def _sim(args: argparse.Namespace) -> int:
         token=args.token,
         step_delay=args.step_delay,
     ) as streamer:
-        result = simulate([spec], config, device=args.device, on_step=streamer.on_step)
+        result = simulate([spec], config, device=args.device, on_batch=streamer.on_batch)
         delivered = streamer.finish()
     print(
         f"keel sim: run {streamer.monitors[0].run_id} ({spec.name}): final reward "

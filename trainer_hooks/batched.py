@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from trainer_hooks.details import DetailPartials, detail_partials
 from trainer_hooks.metrics import Partials, stability_metrics, stability_partials
 
 __all__ = ["BatchInputs", "compute", "concat"]
@@ -42,10 +43,20 @@ class BatchInputs:
     logits: Tensor | None = None
     sampler_version: Tensor | None = None
     learner_version: Tensor | int | None = None
+    token_ids: Tensor | None = None
+    """The sampled token ids [B, T], for the step details' samples (`details.py`)."""
+    seq_ids: Tensor | None = None
+    """The caller's sequence ids [B] (integers), for the samples."""
 
     def arguments(self) -> dict[str, Any]:
-        """The keyword arguments of `stability_metrics`."""
+        """Every input, by name (what is shipped to the worker and copied)."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def metric_arguments(self) -> dict[str, Any]:
+        """The keyword arguments of `stability_metrics`."""
+        arguments = self.arguments()
+        del arguments["token_ids"], arguments["seq_ids"]
+        return arguments
 
     def copy(self) -> BatchInputs:
         """Snapshot the tensors (one copy each), so the caller may reuse its buffers at once."""
@@ -79,6 +90,8 @@ class BatchInputs:
             "advantages": (per_seq, tokens),
             "gate_mask": (per_seq, tokens),
             "sampler_version": (per_seq,),
+            "token_ids": (tokens,),
+            "seq_ids": (per_seq,),
         }
         for name, allowed in shapes.items():
             value = getattr(self, name)
@@ -90,10 +103,24 @@ class BatchInputs:
         return self.logits is None or tuple(self.logits.shape[:2]) == tokens
 
     def compute(self) -> dict[str, Tensor]:
-        return stability_metrics(**self.arguments())
+        return stability_metrics(**self.metric_arguments())
 
     def partials(self) -> Partials:
-        return stability_partials(**self.arguments())
+        return stability_partials(**self.metric_arguments())
+
+    def details(self, worst: int) -> DetailPartials:
+        """The step details of this batch (`details.py`), `worst` samples at most."""
+        return detail_partials(
+            self.sampler_logprobs,
+            self.learner_logprobs,
+            self.mask,
+            token_ids=self.token_ids,
+            seq_ids=self.seq_ids,
+            rewards=self.rewards,
+            advantages=self.advantages,
+            sampler_version=self.sampler_version,
+            worst=worst,
+        )
 
 
 def concat(batches: Sequence[BatchInputs]) -> BatchInputs:
@@ -106,7 +133,7 @@ def concat(batches: Sequence[BatchInputs]) -> BatchInputs:
     if len(batches) == 1:
         return batches[0]
     # The same inputs given, with the same dtypes and ranks; a mask may be left out (all 1).
-    kinds = {(*b.signature()[:2], *b.signature()[3:-1], b.learner_version is None) for b in batches}
+    kinds = {_joinable_kind(b) for b in batches}
     if len(kinds) != 1 or not all(b.stackable() for b in batches):
         raise ValueError("the log_batch calls of a step give different kinds of inputs")
     length = max(b.learner_logprobs.shape[-1] for b in batches)
@@ -128,6 +155,16 @@ def concat(batches: Sequence[BatchInputs]) -> BatchInputs:
         else:
             joined[field.name] = torch.cat([_pad_length(v, length) for v in values])
     return BatchInputs(**joined)
+
+
+def _joinable_kind(batch: BatchInputs) -> tuple[Any, ...]:
+    """What must agree for batches to join: every input's kind but the mask's (a left-out
+    mask is all ones) and the learner version's (only whether one is given)."""
+    names = [f.name for f in fields(BatchInputs)]
+    kinds = dict(zip(names, batch.signature(), strict=True))
+    del kinds["mask"]
+    kinds["learner_version"] = batch.learner_version is None
+    return tuple(kinds.values())
 
 
 def _mask_of(batch: BatchInputs) -> Tensor:

@@ -59,6 +59,12 @@ class WorkerStart:
     token: str | None
     sender_config: SenderConfig
     step_timeout: float
+    samples: int = 4
+    """Worst sequences per step in the step details (0: none)."""
+    sample_bytes: int = 16 * 1024
+    """Bytes of JSON the samples of one step may take."""
+    decoder: bytes | None = None
+    """The pickled `decode` of log_batch (token ids to strings), once one was given."""
 
 
 def encode(header: tuple[Any, ...], body: Sequence[Buffer] = ()) -> list[Buffer]:

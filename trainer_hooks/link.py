@@ -295,7 +295,8 @@ class Link:
         on_drop: Callable[[str, int, str], None],
         name: str,
     ) -> None:
-        self._worker_start = worker_start
+        self.worker_start = worker_start
+        """Sent to each worker started; `Monitor` updates it (the decoder) for restarts."""
         self._feed = feed
         self._on_drop = on_drop
         self._name = name
@@ -347,7 +348,7 @@ class Link:
                 name=f"keel-replies-{self._name}",
                 daemon=True,
             ).start()
-            self._feed.connect(inbox_write, encode(("start", self._worker_start)))
+            self._feed.connect(inbox_write, encode(("start", self.worker_start)))
 
     def _spawn(self, inbox: int, replies: int) -> subprocess.Popen[bytes]:
         path = os.environ.get("PYTHONPATH")

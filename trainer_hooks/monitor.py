@@ -32,6 +32,7 @@ import atexit
 import json
 import logging
 import os
+import pickle
 import shlex
 import signal
 import sys
@@ -39,6 +40,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -125,6 +127,10 @@ class Monitor:
             `log_batch` calls is complete and sent (another step's log_batch, a later
             step's log, or finish() completes it at once). Raise it above the time
             between two micro-batches of one step.
+        samples: the worst sequences of each `log_batch` step sent with their tokens
+            (docs/metrics.md, "Where the mismatch lives"); 0 sends none.
+        sample_bytes: the most JSON those samples may take per step (windows around the
+            worst tokens are narrowed, then the least bad samples left out, to fit).
 
     Under torch.distributed (or a launcher that sets RANK) only rank 0 sends; on every
     other rank the Monitor does nothing. Used as a context manager, an exception marks
@@ -147,7 +153,13 @@ class Monitor:
         spool_dir: str | os.PathLike[str] | None = None,
         sender_config: SenderConfig | None = None,
         step_timeout: float = 30.0,
+        samples: int = 4,
+        sample_bytes: int = 16 * 1024,
     ) -> None:
+        if samples < 0 or sample_bytes < 0:
+            raise ValueError("samples and sample_bytes must be >= 0")
+        self.samples = samples
+        self._decode: Any = None  # the last decode given to log_batch (sent to the worker)
         self.run_id = run_id or str(uuid.uuid4())
         self.server_url = server_url
         self.enabled = _is_rank_zero()
@@ -196,6 +208,8 @@ class Monitor:
             token=token if token is not None else os.environ.get("KEEL_TOKEN"),
             sender_config=self._config,
             step_timeout=step_timeout,
+            samples=samples,
+            sample_bytes=sample_bytes,
         )
         self._link = Link(worker_start, self._feed, on_drop=self._drop, name=run_name)
         self._link.start()  # returns at once; calls wait in the pipe while it starts
@@ -258,6 +272,9 @@ class Monitor:
         logits: Any = None,
         sampler_version: Any = None,
         learner_version: Any = None,
+        token_ids: Any = None,
+        seq_ids: Any = None,
+        decode: Any = None,
     ) -> None:
         """`log(step, {**stability_metrics(sampler_logprobs, ...), **metrics})`, cheaper.
 
@@ -272,6 +289,14 @@ class Monitor:
 
         Calls for the same step (micro-batches) are merged: the step's metrics are those
         of its batches concatenated along the batch dim, sent once the step is complete.
+
+        The step also sends where its mismatch lives (docs/metrics.md): histograms of ℓ,
+        (length, Σℓ) pairs and its `samples` worst sequences with the tokens around their
+        worst token. `token_ids` [B, T] are the sampled ids; `seq_ids` [B] integer ids of
+        the sequences (else their row in the step's batch); `decode` maps a list of ids to
+        a list of strings (a Hugging Face tokenizer's `convert_ids_to_tokens`). `decode`
+        is pickled once and runs in the worker; without it (or if it cannot be pickled)
+        the samples show ids.
         """
         if self._closed or os.getpid() != self._pid:
             return
@@ -291,7 +316,11 @@ class Monitor:
                 logits=logits,
                 sampler_version=sampler_version,
                 learner_version=learner_version,
+                token_ids=token_ids,
+                seq_ids=seq_ids,
             )
+            if decode is not None and decode is not self._decode and self.enabled:
+                self._send_decoder(decode)
             parallel = data_parallel()  # then every rank takes part in the all-reduces
             if not (self.enabled or parallel):
                 return
@@ -299,11 +328,27 @@ class Monitor:
                 self._send_batch(torch, step, metrics or {}, inputs)
                 return
             partials = inputs.partials()  # queued kernels on a GPU; all-reduced on every rank
+            details = inputs.details(self.samples)  # likewise
             if self.enabled:
                 packed, layout = partials.pack()
-                self._send_partials(torch, step, metrics or {}, layout, to_host(torch, packed))
+                packed_details, details_layout = details.pack()
+                whole = torch.cat([packed, packed_details.to(packed.dtype)])
+                layouts = (layout, packed.numel(), details_layout)
+                self._send_partials(torch, step, metrics or {}, layouts, to_host(torch, whole))
         except Exception as exc:  # a bad input must never stop training
             self._drop("error", 1, f"log_batch({step!r}) dropped: {exc!r}")
+
+    def _send_decoder(self, decode: Any) -> None:
+        """Give the worker `decode` (pickled), now and at any restart."""
+        self._decode = decode
+        try:
+            blob = pickle.dumps(decode, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:
+            self._drop("error", 1, f"decode cannot be pickled ({exc!r}); samples show token ids")
+            return
+        self._link.worker_start = replace(self._link.worker_start, decoder=blob)
+        if not self._feed.put(encode(("decoder", blob)), always=True):
+            self._drop("queue_full", 1, "the send queue is full (is the worker stalled?)")
 
     def _ships(self, inputs: BatchInputs) -> bool:
         """Send the inputs themselves (the worker computes), not partials computed here?"""

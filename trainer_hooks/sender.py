@@ -34,6 +34,7 @@ from websockets.sync.client import connect
 
 from trainer_hooks.spool import Spool
 from wire import (
+    ACCEPTS,
     CLOSE_AUTH,
     CLOSE_CONFLICT,
     CLOSE_IDLE,
@@ -134,6 +135,8 @@ class Sender:
         self._outage_logged = False
         self.rejected_frames = 0
         """Frames the server refused as malformed (copied to the spool's rejected file)."""
+        self._accepts: frozenset[str] = frozenset(ACCEPTS)  # the welcome says
+        self._left_out: set[int] = set()  # frames whose details were kept aside already
 
     # -- driving ------------------------------------------------------------------------
 
@@ -200,6 +203,7 @@ class Sender:
             if welcome.get("type") != "welcome":
                 raise RuntimeError(f"expected welcome, got {str(welcome)[:200]}")
             acked_seq = int(welcome["acked_seq"])
+            self._accepts = frozenset(welcome.get("accepts") or ())
         except InvalidStatus as exc:
             status = exc.response.status_code
             self._disconnect(exc, rejected=status in (401, 403))
@@ -233,8 +237,35 @@ class Sender:
             self._send_offset = frame.end_offset
             if frame.n < 0:  # a corrupt line kept in the log; nothing to send
                 continue
-            self._ws.send(points_frame(base + frame.n, frame.rows_json))
+            rows_json = frame.rows_json
+            if not self._accepts.issuperset(ACCEPTS) and any(
+                f'"{name}":' in rows_json for name in ACCEPTS
+            ):
+                rows_json = self._without_details(frame.n, rows_json)
+            self._ws.send(points_frame(base + frame.n, rows_json))
             self._inflight.append((frame.n, start, frame.end_offset, time.monotonic()))
+
+    def _without_details(self, n: int, rows_json: str) -> str:
+        """A frame's rows without the step details a server (older Keel) does not store:
+        those are appended to the spool's rejected file, with one warning per run."""
+        rows = json.loads(rows_json)
+        left_out = []
+        for row in rows:
+            kept = {name: row.pop(name) for name in ACCEPTS if name in row and name not in self._accepts}
+            if kept:
+                left_out.append({"step": row["step"], **kept})
+        if left_out and n not in self._left_out:
+            self._left_out.add(n)
+            path = self._spool.keep_left_out({"n": n, "left_out": left_out})
+            if len(self._left_out) == 1:
+                logger.warning(
+                    "keel: the server at %s does not store step details (histograms, samples, "
+                    "sequences: it is older than this Monitor); the points go on without them "
+                    "and the details are kept in %s",
+                    self.url,
+                    path,
+                )
+        return json.dumps(rows, separators=(",", ":"))
 
     def _maybe_send_finish(self) -> None:
         if (

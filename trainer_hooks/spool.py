@@ -280,6 +280,15 @@ class Spool:
             os.fsync(out.fileno())
         return self.rejected_path
 
+    def keep_left_out(self, record: dict[str, Any]) -> Path:
+        """Append `record` (what a server would not store of a frame) to `rejected_path`."""
+        self.rejected_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.rejected_path, "a", encoding="utf-8") as out:
+            out.write(json.dumps(record, separators=(",", ":")) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+        return self.rejected_path
+
     @property
     def status(self) -> str | None:
         """The finish status the owner asked for, if it got that far."""

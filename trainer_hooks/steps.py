@@ -17,10 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from wire import Row
+from wire import Histogram, Row, Sequences
 
 if TYPE_CHECKING:  # batched and metrics import torch, which a floats-only run does without
     from trainer_hooks.batched import BatchInputs
+    from trainer_hooks.details import DetailPartials, Details
     from trainer_hooks.metrics import Partials
 
 __all__ = ["Call", "StepMerger"]
@@ -43,6 +44,8 @@ class Call:
     """log_batch(): the inputs, whose metrics are computed when the step closes."""
     partials: Partials | None = None
     """log_batch() whose partials the trainer computed (data parallel, logits, backlog)."""
+    details: DetailPartials | None = None
+    """The step details the trainer computed with those partials."""
     received: float = 0.0
     """When the worker read it: `step_timeout` counts from here, so a worker that lags
     (importing torch for its first batch) does not take the lag for a silent step."""
@@ -59,6 +62,18 @@ class _OpenStep:
     """The callers' own metrics, the first value of each key."""
     inputs: list[BatchInputs] = field(default_factory=list)
     partials: list[Partials] = field(default_factory=list)
+    details: list[DetailPartials] = field(default_factory=list)
+
+
+@dataclass
+class DetailOptions:
+    """How the worker finalises a step's details (`details.finalize_details`)."""
+
+    worst: int = 4
+    """Worst sequences kept per step; 0 sends no samples (histograms and pairs still)."""
+    max_sample_bytes: int = 16 * 1024
+    decode: Callable[[list[int]], list[str]] | None = None
+    """Token ids to strings (the trainer's `decode`, unpickled), or None: ids only."""
 
 
 class StepMerger:
@@ -69,7 +84,9 @@ class StepMerger:
         drop: Callable[[str, int, str], None],
         warn: Callable[[str], None],
         step_timeout: float,
+        details: DetailOptions | None = None,
     ) -> None:
+        self.details = details or DetailOptions()
         self._drop = drop
         self._warn = warn
         self._warned: set[str] = set()
@@ -119,6 +136,8 @@ class StepMerger:
             open_step.inputs.append(call.inputs)
         if call.partials is not None:
             open_step.partials.append(call.partials)
+        if call.details is not None:
+            open_step.details.append(call.details)
 
     def close(self, *, everything: bool, now: float = 0.0) -> None:
         """Emit the complete steps: those a later step completed, those without a call for
@@ -131,8 +150,31 @@ class StepMerger:
             return
         steps, self._complete = self._complete, []
         for open_step, values in zip(steps, self._metrics_of(steps), strict=True):
+            details = self._details_of(open_step)
+            if details is not None:
+                values.update(details.values)
             # The callers' own metrics win over computed ones of the same name.
-            self._emit(open_step.step, open_step.time, {**values, **open_step.values}, merged=True)
+            values = {**values, **open_step.values}
+            self._emit(open_step.step, open_step.time, values, merged=True, details=details)
+
+    def _details_of(self, open_step: _OpenStep) -> Details | None:
+        """The step's details: its calls' merged (`details.merge_details`), finalised."""
+        if not (open_step.details or open_step.inputs):
+            return None
+        from trainer_hooks.details import finalize_details, merge_details
+
+        options = self.details
+        try:
+            parts = list(open_step.details)
+            parts.extend(inputs.details(options.worst) for inputs in open_step.inputs)
+            return finalize_details(
+                merge_details(parts),
+                decode=options.decode,
+                max_sample_bytes=options.max_sample_bytes if options.worst else 0,
+            )
+        except Exception as exc:
+            self._drop("error", 1, f"step {open_step.step}: step details lost: {exc!r}")
+            return None
 
     def _metrics_of(self, steps: list[_OpenStep]) -> list[dict[str, float]]:
         """The stability metrics of each complete step: the CPU inputs of a step joined
@@ -185,7 +227,13 @@ class StepMerger:
             self._warn(message)
 
     def _emit(
-        self, step: int, wall_time: float, values: dict[str, float], *, merged: bool = False
+        self,
+        step: int,
+        wall_time: float,
+        values: dict[str, float],
+        *,
+        merged: bool = False,
+        details: Details | None = None,
     ) -> None:
         """A row, without the keys already sent for the step (the server would keep their
         first values and ignore these). `merged`: a step whose log_batch() calls were merged."""
@@ -208,7 +256,7 @@ class StepMerger:
                         "of a step one after another; raise step_timeout for slow ones)",
                     )
                 values = {key: value for key, value in values.items() if key not in sent}
-        if not values:
+        if not values and details is None:
             return
         keys = frozenset(values) if sent is None else sent.union(values)
         if len(self._key_sets) >= _KEY_SETS:
@@ -216,5 +264,14 @@ class StepMerger:
         self._sent[step] = self._key_sets.setdefault(keys, keys)
         if len(self._sent) > _SENT_STEPS:
             del self._sent[next(iter(self._sent))]
-        self.rows.append(Row(step=step, time=wall_time, values=values))
+        row = Row(step=step, time=wall_time, values=values)
+        if details is not None:
+            row.histograms = {
+                key: Histogram(h["edges"], h["counts"], h.get("nan", 0))
+                for key, h in details.histograms.items()
+            } or None
+            row.samples = details.samples or None
+            pairs = details.sequences
+            row.sequences = Sequences(pairs["length"], pairs["log_ratio"]) if pairs["length"] else None
+        self.rows.append(row)
         self.rows_values += len(values)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import signal
 import sys
 import threading
@@ -35,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from trainer_hooks.channel import Reader, WorkerStart, encode, write_all
 from trainer_hooks.sender import ConnState, Sender
 from trainer_hooks.spool import Spool
-from trainer_hooks.steps import Call, StepMerger
+from trainer_hooks.steps import Call, DetailOptions, StepMerger
 from wire import encode_rows
 
 if TYPE_CHECKING:
@@ -90,6 +91,7 @@ class Worker:
         self._calls: deque[Call] = deque()  # waiting for the batching window
         self._finish: tuple[str, float] | None = None  # (status, deadline)
         self._start: WorkerStart | None = None
+        self._decoder: bytes | None = None  # the latest "decoder" message
 
     def reply(self, message: tuple[Any, ...]) -> None:
         try:
@@ -119,7 +121,13 @@ class Worker:
         self._sender = Sender(
             spool, start.server_url, token=start.token, config=start.sender_config
         )
-        self._merger = StepMerger(self._drop, self._warn, start.step_timeout)
+        self._merger = StepMerger(
+            self._drop,
+            self._warn,
+            start.step_timeout,
+            DetailOptions(worst=start.samples, max_sample_bytes=start.sample_bytes),
+        )
+        self._set_decoder(self._decoder or start.decoder)
         os.set_blocking(self._inbox, False)
         self.reply(("ready",))
         orphaned = False
@@ -204,6 +212,10 @@ class Worker:
                 self._start = header[1]
             elif kind == "finish":
                 self._finish = (header[1], header[2])
+            elif kind == "decoder":
+                self._decoder = header[1]
+                if self._start is not None and hasattr(self, "_merger"):
+                    self._set_decoder(self._decoder)
             else:
                 try:
                     call = _call(header, body)
@@ -211,6 +223,15 @@ class Worker:
                     self._calls.append(call)
                 except Exception as exc:
                     self._drop("error", 1, f"step {header[1]} lost: {exc!r}")
+
+    def _set_decoder(self, blob: bytes | None) -> None:
+        """log_batch's `decode`, pickled by the trainer: token ids to strings."""
+        if blob is None:
+            return
+        try:
+            self._merger.details.decode = pickle.loads(blob)
+        except Exception as exc:  # the samples then carry token ids without text
+            self._drop("error", 1, f"decode could not be loaded in the worker: {exc!r}")
 
     def _drain(self, *, force: bool) -> None:
         """Calls -> the merger. Unless `force`d, waits (like the frame window) until the
@@ -274,10 +295,16 @@ def _call(header: tuple[Any, ...], body: memoryview) -> Call:
     if kind == "partials":
         import torch
 
+        from trainer_hooks.details import DetailPartials
         from trainer_hooks.metrics import Partials
 
         packed = torch.frombuffer(bytearray(body), dtype=torch.float64)
-        return Call(step, wall_time, values, partials=Partials.unpack(packed, header[4]))
+        layout, details_at, details_layout = header[4]
+        partials = Partials.unpack(packed[:details_at], layout)
+        details = None
+        if details_layout is not None:
+            details = DetailPartials.unpack(packed[details_at:], details_layout)
+        return Call(step, wall_time, values, partials=partials, details=details)
     raise ValueError(f"unknown message {kind!r}")
 
 

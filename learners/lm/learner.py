@@ -27,7 +27,7 @@ from torch import Tensor
 
 from learners.lm.model import GPT, SIZES, GPTConfig
 from learners.lm.sampler import DTYPES, Rollout, Sampler, WeightBoard
-from learners.lm.task import VOCAB, SortTask
+from learners.lm.task import VOCAB, SortTask, token_texts
 from trainer_hooks.losses import (
     LOSSES,
     aggregation_weights,
@@ -129,6 +129,9 @@ class MetricSink(Protocol):
         logits: Any = None,
         sampler_version: Any = None,
         learner_version: Any = None,
+        token_ids: Any = None,
+        seq_ids: Any = None,
+        decode: Any = None,
     ) -> None: ...
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None: ...
@@ -154,7 +157,10 @@ class Recorder:
         logits: Any = None,
         sampler_version: Any = None,
         learner_version: Any = None,
-    ) -> None:
+        token_ids: Any = None,
+        seq_ids: Any = None,
+        decode: Any = None,
+    ) -> None:  # the step details are the Monitor's: this records the scalars
         values = stability_metrics(
             sampler_logprobs, learner_logprobs, mask, rewards=rewards, advantages=advantages,
             gate_mask=gate_mask, logits=logits, sampler_version=sampler_version,
@@ -192,12 +198,16 @@ class Tee:
         logits: Any = None,
         sampler_version: Any = None,
         learner_version: Any = None,
+        token_ids: Any = None,
+        seq_ids: Any = None,
+        decode: Any = None,
     ) -> None:
         for sink in self.sinks:
             sink.log_batch(
                 step, sampler_logprobs, learner_logprobs, mask, metrics=metrics, rewards=rewards,
                 advantages=advantages, gate_mask=gate_mask, logits=logits,
                 sampler_version=sampler_version, learner_version=learner_version,
+                token_ids=token_ids, seq_ids=seq_ids, decode=decode,
             )  # fmt: skip
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
@@ -276,6 +286,10 @@ def train(
                     logits=out.logits_B_T_V,  # keel: exact policy/entropy
                     sampler_version=rollout.version_B,  # keel: staleness/* from provenance
                     learner_version=step,
+                    # keel: the worst sequences' tokens, and their ids
+                    token_ids=rollout.tokens_B_L[:, -out.learner_logp_B_T.shape[1] :],
+                    seq_ids=rollout.seq_id_B,
+                    decode=token_texts,
                     metrics={
                         "grad/norm": out.grad_norm,
                         "loss/total": out.loss,

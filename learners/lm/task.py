@@ -18,11 +18,16 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["EQUALS", "VOCAB", "SortTask"]
+__all__ = ["EQUALS", "VOCAB", "SortTask", "token_texts"]
 
 EQUALS = 10
 """Token id of "=", which ends the prompt; 0..9 are the digits."""
 VOCAB = 11
+
+
+def token_texts(token_ids: list[int]) -> list[str]:
+    """The text of each token: its digit, or "=" (the `decode` Keel's samples show)."""
+    return ["=" if t == EQUALS else str(t) for t in token_ids]
 
 
 @dataclass(frozen=True)

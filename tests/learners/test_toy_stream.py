@@ -42,10 +42,25 @@ def test_keel_sim_streams_one_toy_run(make_server, sqlite_url, tmp_path) -> None
         "steps": STEPS,
     }
     expected = _history([RunSpec("cispo", 2, "mild", 1)])
-    assert set(server.keys(run["id"])) == set(expected)
+    # log_batch adds what the toy leaves out: the p99, the unbounded share, the sampler's
+    # entropy estimate, the tail.
+    added = {
+        "mismatch/log_ratio_p99",
+        "mismatch/unbounded_frac",
+        "policy/entropy_est",
+        "mismatch/tail_frac",
+    }
+    assert set(server.keys(run["id"])) == set(expected) | added
     assert all(count == STEPS for count in server.keys(run["id"]).values())
     for key in ("reward/mean", "mismatch/kl", "gate/frac", "mismatch/ratio_max", "grad/norm"):
         assert server.series(run["id"], key) == (list(range(STEPS)), expected[key][0]), key
+    # The step details, with the toy's tokens by name.
+    samples = server.get(f"/runs/{run['id']}/samples")
+    assert samples["step"] == STEPS - 1 and len(samples["samples"]) == 4
+    assert all(token.startswith("v") for token in samples["samples"][0]["tokens"])
+    histograms = server.get(f"/runs/{run['id']}/distributions", key="mismatch/log_ratio")
+    assert histograms["steps"] == list(range(STEPS))
+    assert all(sum(counts) == 8 * 32 * 12 for counts in histograms["counts"])
 
 
 def test_keel_sim_name_group_and_bad_loss(make_server, sqlite_url, tmp_path) -> None:

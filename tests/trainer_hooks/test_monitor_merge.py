@@ -78,7 +78,14 @@ def expected_metrics(batches: list[MicroBatch]) -> dict[str, float]:
     whole = concatenated(batches)
     args = dict(whole)
     tensors = (args.pop("sampler_logprobs"), args.pop("learner_logprobs"), args.pop("mask"))
-    return {key: value.item() for key, value in stability_metrics(*tensors, **args).items()}
+    metrics = {key: value.item() for key, value in stability_metrics(*tensors, **args).items()}
+    return {**metrics, "mismatch/tail_frac": tail_frac(*tensors)}
+
+
+def tail_frac(sampler: torch.Tensor, learner: torch.Tensor, mask: torch.Tensor) -> float:
+    """The step details' `mismatch/tail_frac`: the share of the mask's tokens with |ℓ| ≥ 1."""
+    ell = (learner - sampler)[mask != 0]
+    return float((ell.abs() >= 1).double().mean())
 
 
 def plain_metrics(batch: MicroBatch) -> dict[str, float]:

@@ -247,6 +247,8 @@ class MicroBatch:
     """global_step before this update."""
     source: str
     """A SOURCE_* constant: where sampler_logprobs came from."""
+    token_ids: Tensor | None = None
+    """[B, T]: the completion's token ids (the step details' samples show them as text)."""
 
 
 def concat_micro_batches(batches: list[MicroBatch]) -> dict[str, Any]:
@@ -275,6 +277,9 @@ def concat_micro_batches(batches: list[MicroBatch]) -> dict[str, Any]:
     versions = [b.sampler_version for b in batches if b.sampler_version is not None]
     if len(versions) == len(batches):
         out["sampler_version"] = torch.cat(versions)
+    token_ids = [b.token_ids for b in batches if b.token_ids is not None]
+    if len(token_ids) == len(batches):
+        out["token_ids"] = cat(token_ids)
     return out
 
 
@@ -322,15 +327,18 @@ class KeelCallback(TrainerCallback):
         self.monitor_kwargs = monitor_kwargs
         self.monitor: Monitor | None = None
         self._source: str | None = None  # set by KeelGRPOMixin: per-token metrics will come
+        self._decode: Any = None  # likewise: the tokenizer's convert_ids_to_tokens
         self._gate_unit: str | None = None
         self._pending: list[MicroBatch] = []
         self._sent: tuple[int, set[str]] = (-1, set())  # keys already logged at that step
         self._warned: set[str] = set()
 
-    def attach(self, *, source: str, gate_unit: str) -> None:
-        """Called by KeelGRPOMixin: micro-batches will come, their sampler log-probs from `source`."""
+    def attach(self, *, source: str, gate_unit: str, decode: Any = None) -> None:
+        """Called by KeelGRPOMixin: micro-batches will come, their sampler log-probs from
+        `source`; `decode` (the tokenizer's `convert_ids_to_tokens`) names their tokens."""
         self._source = source
         self._gate_unit = gate_unit
+        self._decode = decode
 
     def add_micro_batch(self, batch: MicroBatch) -> None:
         """Queue one micro-batch for the current optimizer step (sent at `on_step_end`)."""
@@ -388,6 +396,7 @@ class KeelCallback(TrainerCallback):
                 inputs.pop("sampler_logprobs"),
                 inputs.pop("learner_logprobs"),
                 inputs.pop("mask"),
+                decode=self._decode,
                 **inputs,
             )
 
@@ -482,7 +491,12 @@ class KeelGRPOMixin(_TrainerBase):
             )
         self.keel_callback = callbacks[0]
         self._keel_gate = GateParams.from_trainer(self)
-        self.keel_callback.attach(source=_expected_source(self), gate_unit=self._keel_gate.unit)
+        tokenizer = getattr(self.processing_class, "tokenizer", self.processing_class)
+        self.keel_callback.attach(
+            source=_expected_source(self),
+            gate_unit=self._keel_gate.unit,
+            decode=getattr(tokenizer, "convert_ids_to_tokens", None),
+        )
         self._keel_rewards_per_func: Tensor | None = None
         self._keel_capture: list[tuple[Tensor, Tensor | None]] | None = None
 
@@ -586,6 +600,7 @@ class KeelGRPOMixin(_TrainerBase):
             sampler_version=inputs.get("keel_sampler_version"),
             learner_version=self.state.global_step,
             source=source,
+            token_ids=inputs.get("completion_ids"),
         )
 
 
