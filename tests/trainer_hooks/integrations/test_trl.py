@@ -188,6 +188,14 @@ def test_stores_trl_logs_and_keel_metrics_per_optimizer_step(
         3: trainer.state.log_history[-1]["train_loss"]
     }
     assert "ref/kl" not in keys_of(server.url, run_id)  # beta = 0: TRL logs no kl
+    # The step details: the completions' tokens, named by the trainer's tokenizer.
+    response = httpx.get(f"{server.url}/api/v1/runs/{run_id}/samples", params={"step": 3})
+    samples = response.json()["samples"]
+    assert len(samples) == 4
+    vocabulary = tiny_tokenizer().convert_ids_to_tokens
+    for sample in samples:
+        assert sample["tokens"] == vocabulary(sample["token_ids"])
+        assert set(sample["tokens"]) <= {*CHARS, "<pad>", "<eos>"}
 
 
 def test_reused_generations_are_stale_and_gated_as_trl_clips(
