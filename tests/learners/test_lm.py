@@ -222,6 +222,17 @@ def test_keel_lm_streams_every_headline_metric_and_the_provenance(
     assert [s - v for s, v in enumerate(versions)] == lags
     assert all(0 <= lag <= 2 for lag in lags)
     assert all(0 <= r <= 1 for r in series("reward/mean"))
+    # The step details: the worst answers as text, named by their sequence ids.
+    samples = _get(server.url, f"/runs/{run['id']}/samples", step=9)
+    assert samples["step"] == 9  # type: ignore[index]
+    worst = samples["samples"]  # type: ignore[index]
+    assert len(worst) == 4
+    assert all(16 * 9 <= s["seq_id"] < 16 * 10 for s in worst)  # the batch's own ids
+    # (the policy may answer "=": it is in the vocabulary)
+    assert all(set(s["tokens"]) <= set("0123456789=") and len(s["tokens"]) == 4 for s in worst)
+    assert [s["max_log_ratio"] for s in worst] == sorted(
+        (s["max_log_ratio"] for s in worst), reverse=True
+    )
 
 
 def test_keel_lm_rejects_bad_arguments() -> None:
