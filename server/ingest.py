@@ -29,6 +29,7 @@ from server.live import LiveHub
 from server.live_messages import live_points_message, live_status_message
 from server.storage import FrameRef, Store
 from wire import (
+    ACCEPTS,
     CLOSE_AUTH,
     CLOSE_CONFLICT,
     CLOSE_IDLE,
@@ -237,7 +238,7 @@ class IngestSession:
             acked_seq, self.session_id = await self.store.open_run(info, time.time(), writer=self.writer)
             self.run_id = info.id
             self.state = IngestState.STREAMING
-            await self._send({"type": "welcome", "run_id": info.id, "acked_seq": acked_seq})
+            await self._send({"type": "welcome", "run_id": info.id, "acked_seq": acked_seq, "accepts": list(ACCEPTS)})
             return
         assert self.run_id is not None
         if kind == "points":

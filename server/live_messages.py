@@ -1,5 +1,6 @@
 """The live pushes, server -> browser, on `/api/v1/live` (docs/protocol.md, "Live"):
-what `dashboard/assets/live/` reads. Rows are encoded as in an ingest frame."""
+what `dashboard/assets/live/` reads. Rows are encoded as in an ingest frame, without their
+step details (up to 64 KiB of samples a step: pages read those over REST)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ __all__ = ["live_alert_message", "live_points_message", "live_status_message"]
 
 
 def live_points_message(run_id: str, rows: list[Row]) -> dict[str, Any]:
-    return {"type": "points", "run_id": run_id, "rows": encode_rows(rows)}
+    return {"type": "points", "run_id": run_id, "rows": encode_rows(rows, details=False)}
 
 
 def live_alert_message(run_id: str, alert: dict[str, Any]) -> dict[str, Any]:

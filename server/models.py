@@ -8,12 +8,14 @@ from sqlalchemy import (
     JSON,
     BigInteger,
     Boolean,
+    CheckConstraint,
     Double,
     ForeignKey,
     Integer,
     MetaData,
     SmallInteger,
     String,
+    Text,
     UniqueConstraint,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -118,6 +120,30 @@ class PointRollup(Base):
     point_count: Mapped[int] = mapped_column(Integer)
     last_step: Mapped[int] = mapped_column(BigInteger)
     """The block's highest stored step."""
+
+
+DETAIL_KINDS = ("histogram", "samples", "sequences")
+"""What a `StepDetail` holds: one histogram (by its key), the step's samples, its sequences."""
+
+
+class StepDetail(Base):
+    """A step's details (docs/protocol.md, "Step details"): one histogram of a key, or the
+    step's samples or sequences (key ""), as the JSON the wire carries them in. `size` is
+    how many entries the body holds (bins, samples or sequences).
+
+    Like points, no foreign key to the run (migration 0006): a write locks its run's row
+    first, and run deletion takes the same lock before it deletes the last of them
+    (server/retention.py)."""
+
+    __tablename__ = "step_details"
+    __table_args__ = (CheckConstraint("kind IN ('histogram', 'samples', 'sequences')", name="kind"),)
+
+    run_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16), primary_key=True)
+    key: Mapped[str] = mapped_column(String(200), primary_key=True)
+    step: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    size: Mapped[int] = mapped_column(Integer)
+    body: Mapped[str] = mapped_column(Text)
 
 
 class Project(Base):

@@ -195,7 +195,53 @@ class HazardOut(BaseModel):
     hazard: list[float] = Field(description="probabilities in [0, 1], one per step (the highest of each bucket)")
 
 
+class DistributionsOut(BaseModel):
+    """A histogram key of a run per step (GET /runs/{id}/distributions, docs/protocol.md)."""
+
+    key: str
+    edges: list[float] = Field(description="the newest step's bin edges ([] for a key without histograms)")
+    steps: list[int] = Field(description="ascending; a bucket's entry is its last step")
+    counts: list[list[int]] = Field(description="per step (or bucket, summed): one count per bin")
+    nan: list[int] = Field(description="per step (or bucket, summed): the tokens whose value was NaN")
+    bucketed: bool = Field(description="whether each entry is a bucket of consecutive steps")
+    left_out: int = Field(description="steps left out because their edges differ from the newest step's")
+
+
+class SamplesOut(BaseModel):
+    """A step's worst sequences (GET /runs/{id}/samples)."""
+
+    step: int | None = Field(description="the step they are of; null when there is none")
+    samples: list[dict[str, Any]] = Field(description="worst first, each as the wire carried it (docs/protocol.md)")
+
+
+class SampleStepsOut(BaseModel):
+    steps: list[int] = Field(description="the steps that have samples, ascending")
+
+
+class FitOut(BaseModel):
+    slope_per_1k: WireValue = Field(description="Σℓ per 1,000 tokens of length")
+    intercept: WireValue
+    n: int = Field(description="the finite pairs the line was fitted to")
+
+
+class SequencesOut(BaseModel):
+    """(length, Σℓ) pairs of a run's sequences (GET /runs/{id}/sequences)."""
+
+    steps: list[int] = Field(description="each pair's step")
+    length: list[int]
+    log_ratio: list[WireValue]
+    fit: FitOut | None = Field(description="least squares of log_ratio on length over the finite pairs answered; null with fewer than 2 distinct lengths")
+
+
+class DetailsPage(BaseModel):
+    """A page of a run's stored step details (GET /runs/{id}/details), for export."""
+
+    rows: list[dict[str, Any]] = Field(description="wire rows of one detail each (`values` empty), as POST /runs/{id}/points takes them")
+    cursor: str | None = Field(description="pass it back for the next page; null on the last")
+
+
 _LIMITS = Limits()
+_WIRE_NUMBER: dict[str, Any] = {"anyOf": [{"type": "number"}, {"type": "string", "enum": ["nan", "inf", "-inf"]}]}
 POINTS_BODY = {
     "required": True,
     "content": {
@@ -218,8 +264,35 @@ POINTS_BODY = {
                                     "type": "object",
                                     "maxProperties": _LIMITS.max_keys_per_row,
                                     "propertyNames": {"minLength": 1, "maxLength": _LIMITS.max_key_length, "pattern": "^[^\\x00]*$"},
+                                    "additionalProperties": _WIRE_NUMBER,
+                                },
+                                "histograms": {
+                                    "type": "object",
+                                    "maxProperties": _LIMITS.max_histograms_per_row,
+                                    "description": "step details: histograms by key (docs/protocol.md)",
                                     "additionalProperties": {
-                                        "anyOf": [{"type": "number"}, {"type": "string", "enum": ["nan", "inf", "-inf"]}]
+                                        "type": "object",
+                                        "required": ["edges", "counts"],
+                                        "properties": {
+                                            "edges": {"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems": _LIMITS.max_histogram_edges},
+                                            "counts": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+                                            "nan": {"type": "integer", "minimum": 0},
+                                        },
+                                    },
+                                },
+                                "samples": {
+                                    "type": "array",
+                                    "maxItems": _LIMITS.max_samples_per_row,
+                                    "items": {"type": "object"},
+                                    "description": "step details: the step's worst sequences, worst first (docs/protocol.md)",
+                                },
+                                "sequences": {
+                                    "type": "object",
+                                    "required": ["length", "log_ratio"],
+                                    "description": "step details: (length, sum of log ratios) of some of the step's sequences",
+                                    "properties": {
+                                        "length": {"type": "array", "items": {"type": "integer", "minimum": 0}, "maxItems": _LIMITS.max_sequences_per_row},
+                                        "log_ratio": {"type": "array", "items": _WIRE_NUMBER, "maxItems": _LIMITS.max_sequences_per_row},
                                     },
                                 },
                             },

@@ -6,27 +6,39 @@ errors and close codes are in wire/errors.py.
 
 A metric value on the wire is a JSON number or one of the strings "nan",
 "inf", "-inf" (JSON has no non-finite numbers). Non-finite values are data.
+
+A row may also carry step details (`histograms`, `samples`, `sequences`): validated here
+with the row, all or nothing, and only looked for when the row has keys beyond `step`,
+`time` and `values`, so rows without them cost what they did.
 """
 
 from __future__ import annotations
 
+import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from wire.errors import CLOSE_TOO_LARGE, ProtocolError
 
 __all__ = [
+    "ACCEPTS",
     "FINISH_STATUSES",
     "MAX_CONFIG_DEPTH",
     "MAX_SEQ",
     "MAX_STEP",
     "PROTOCOL_VERSION",
+    "SAMPLE_FIELDS",
+    "Histogram",
     "Limits",
     "Row",
     "RunInfo",
+    "Sequences",
     "decode_value",
+    "encode_details",
     "encode_rows",
+    "encode_samples",
     "encode_value",
     "finish_message",
     "hello_message",
@@ -51,6 +63,12 @@ WRITER_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXY
 
 FINISH_STATUSES = ("finished", "failed", "killed")
 
+ACCEPTS = ("histograms", "samples", "sequences")
+"""The step details a row may carry, as the server's welcome lists them (`accepts`)."""
+
+MAX_DETAIL_INT = 2**63 - 1
+"""Largest integer a step detail holds (a count, a token id, a position): a 64-bit integer."""
+
 _NON_FINITE_IN = {"nan": math.nan, "inf": math.inf, "+inf": math.inf, "-inf": -math.inf}
 
 
@@ -68,6 +86,20 @@ class Limits:
     """Characters in one metric key."""
     max_name_length: int = 200
     """Characters in a run name, project, group or tag."""
+    max_histograms_per_row: int = 16
+    """Keys in one row's `histograms`."""
+    max_histogram_edges: int = 1025
+    """Edges of one histogram (its bins are one fewer)."""
+    max_samples_per_row: int = 64
+    """Sequences in one row's `samples`."""
+    max_samples_bytes: int = 64 * 1024
+    """One row's `samples`, as compact UTF-8 JSON."""
+    max_sample_tokens: int = 1024
+    """Tokens shown of one sample (the length of each of its per-token lists)."""
+    max_token_length: int = 200
+    """Characters in one of a sample's `tokens`, and in a string `seq_id`."""
+    max_sequences_per_row: int = 4096
+    """(length, log ratio) pairs in one row's `sequences`."""
 
 
 @dataclass
@@ -91,10 +123,57 @@ class RunInfo:
 
 
 @dataclass
+class Histogram:
+    """Counts of a quantity over a step's tokens: `counts[i]` in [edges[i], edges[i + 1])
+    (the last bin closed; values outside the edges in the end bins), `nan` tokens in none."""
+
+    edges: list[float]
+    counts: list[int]
+    nan: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        """As the wire (and the server's storage) carries it."""
+        return _histogram_json(self)
+
+
+@dataclass
+class Sequences:
+    """(length, Σ log ratio) of some of a step's sequences: aligned lists."""
+
+    length: list[int]
+    log_ratio: list[float]
+
+    def to_json(self) -> dict[str, Any]:
+        """As the wire (and the server's storage) carries it: non-finite sums as strings."""
+        return _sequences_json(self)
+
+
+SAMPLE_FIELDS = (
+    "seq_id", "version", "reward", "advantage", "length", "seq_log_ratio", "max_log_ratio",
+    "start", "worst", "tokens", "token_ids", "log_ratio", "sampler_logprob", "learner_logprob",
+)
+"""The fields of a sample (one of a step's worst sequences), in the order they are kept."""
+_SAMPLE_INTS = frozenset(("length", "start", "worst"))
+_SAMPLE_NUMBERS = frozenset(("version", "reward", "advantage", "seq_log_ratio", "max_log_ratio"))
+_TOKEN_NUMBERS = ("log_ratio", "sampler_logprob", "learner_logprob")
+_TOKEN_LISTS = ("tokens", "token_ids", *_TOKEN_NUMBERS)
+
+
+@dataclass
 class Row:
     step: int
     time: float | None
     values: dict[str, float]
+    histograms: dict[str, Histogram] | None = None
+    """Step details (docs/protocol.md): None when the row has none."""
+    samples: list[dict[str, Any]] | None = None
+    """The step's worst sequences, worst first: dicts of `SAMPLE_FIELDS` (those given),
+    numbers as floats (ints kept as ints), per-token lists as lists."""
+    sequences: Sequences | None = None
+
+    @property
+    def has_details(self) -> bool:
+        return bool(self.histograms or self.samples or self.sequences)
 
 
 def encode_value(value: float) -> float | str:
@@ -111,7 +190,10 @@ def decode_value(raw: Any) -> float:
     if isinstance(raw, bool):
         raise ProtocolError("metric values must be numbers, not booleans")
     if isinstance(raw, (int, float)):
-        return float(raw)
+        try:
+            return float(raw)
+        except OverflowError:
+            raise ProtocolError("metric value is an integer too large for a float") from None
     if isinstance(raw, str):
         decoded = _NON_FINITE_IN.get(raw.strip().lower())
         if decoded is not None:
@@ -239,8 +321,229 @@ def parse_rows(rows: Any, limits: Limits = Limits()) -> list[Row]:
                 decoded[key] = decode_value(raw)
             except ProtocolError as exc:
                 raise ProtocolError(f"rows[{index}].values[{key!r}]: {exc}") from None
-        parsed.append(Row(step=step, time=wall_time, values=decoded))
+        parsed_row = Row(step, wall_time, decoded)
+        # Step details are looked for only in a row with keys beyond step, time and values.
+        if len(row) > 2 and (len(row) > 3 or "time" not in row):
+            _parse_details(row, parsed_row, index, limits)
+        parsed.append(parsed_row)
     return parsed
+
+
+# -- step details ----------------------------------------------------------------------
+
+
+def _too_large(message: str) -> ProtocolError:
+    return ProtocolError(message, code="too_large", close_code=CLOSE_TOO_LARGE)
+
+
+def _parse_details(row: dict[str, Any], parsed: Row, index: int, limits: Limits) -> None:
+    """Validate the row's step details into `parsed`; raise ProtocolError naming the field."""
+    histograms = row.get("histograms")
+    if histograms is not None:
+        parsed.histograms = _parse_histograms(histograms, f"rows[{index}].histograms", limits) or None
+    samples = row.get("samples")
+    if samples is not None:
+        parsed.samples = _parse_samples(samples, f"rows[{index}].samples", limits) or None
+    sequences = row.get("sequences")
+    if sequences is not None:
+        parsed.sequences = _parse_sequences(sequences, f"rows[{index}].sequences", limits)
+
+
+def _count(raw: Any, what: str) -> int:
+    if type(raw) is not int or not 0 <= raw <= MAX_DETAIL_INT:
+        raise ProtocolError(f"{what} must be a non-negative integer")
+    return raw
+
+
+def _parse_histograms(raw: Any, what: str, limits: Limits) -> dict[str, Histogram]:
+    if not isinstance(raw, dict):
+        raise ProtocolError(f"{what} must be a JSON object of histograms by key")
+    if len(raw) > limits.max_histograms_per_row:
+        raise _too_large(f"{what} has {len(raw)} keys; the limit is {limits.max_histograms_per_row}")
+    parsed: dict[str, Histogram] = {}
+    for key, histogram in raw.items():
+        if not isinstance(key, str) or not key or len(key) > limits.max_key_length or "\x00" in key:
+            raise ProtocolError(f"{what}: a key must be 1..{limits.max_key_length} characters, no NUL")
+        parsed[key] = _parse_histogram(histogram, f"{what}[{key!r}]", limits)
+    return parsed
+
+
+def _parse_histogram(raw: Any, what: str, limits: Limits) -> Histogram:
+    if not isinstance(raw, dict):
+        raise ProtocolError(f"{what} must be a JSON object {{\"edges\": [...], \"counts\": [...]}}")
+    edges, counts = raw.get("edges"), raw.get("counts")
+    if not isinstance(edges, list) or not 2 <= len(edges) <= limits.max_histogram_edges:
+        if isinstance(edges, list) and len(edges) > limits.max_histogram_edges:
+            raise _too_large(f"{what}.edges has {len(edges)} edges; the limit is {limits.max_histogram_edges}")
+        raise ProtocolError(f"{what}.edges must be a list of 2..{limits.max_histogram_edges} numbers")
+    parsed_edges: list[float] = []
+    previous = -math.inf
+    for position, edge in enumerate(edges):
+        if type(edge) is not float:
+            if type(edge) is not int:
+                raise ProtocolError(f"{what}.edges[{position}] must be a finite number")
+            try:
+                edge = float(edge)
+            except OverflowError:
+                raise ProtocolError(f"{what}.edges[{position}] must be a finite number") from None
+        if not math.isfinite(edge):
+            raise ProtocolError(f"{what}.edges[{position}] must be a finite number")
+        if edge <= previous:
+            raise ProtocolError(f"{what}.edges must be strictly increasing (edges[{position}] is not)")
+        parsed_edges.append(edge)
+        previous = edge
+    if not isinstance(counts, list) or len(counts) != len(edges) - 1:
+        raise ProtocolError(f"{what}.counts must be a list of one count per bin ({len(edges) - 1})")
+    for position, count in enumerate(counts):
+        if type(count) is not int or not 0 <= count <= MAX_DETAIL_INT:
+            raise ProtocolError(f"{what}.counts[{position}] must be a non-negative integer")
+    nan = raw.get("nan")
+    return Histogram(parsed_edges, list(counts), 0 if nan is None else _count(nan, f"{what}.nan"))
+
+
+def _number(raw: Any, what: str) -> float:
+    """A wire number (or "nan", "inf", "-inf") as a float."""
+    if type(raw) is float:
+        return raw
+    try:
+        return decode_value(raw)
+    except ProtocolError as exc:
+        raise ProtocolError(f"{what}: {exc}") from None
+
+
+def _numbers(raw: list[Any], what: str) -> list[float]:
+    out: list[float] = []
+    for position, item in enumerate(raw):
+        out.append(item if type(item) is float else _number(item, f"{what}[{position}]"))
+    return out
+
+
+def _parse_samples(raw: Any, what: str, limits: Limits) -> list[dict[str, Any]]:
+    if not isinstance(raw, list):
+        raise ProtocolError(f"{what} must be a list of samples")
+    if len(raw) > limits.max_samples_per_row:
+        raise _too_large(f"{what} has {len(raw)} samples; the limit is {limits.max_samples_per_row}")
+    parsed = [_parse_sample(sample, f"{what}[{position}]", limits) for position, sample in enumerate(raw)]
+    if parsed:
+        try:
+            size = len(json.dumps(encode_samples(parsed), separators=(",", ":"), ensure_ascii=False).encode())
+        except UnicodeEncodeError:
+            raise ProtocolError(f"{what}: a string is not valid Unicode (a lone surrogate)") from None
+        if size > limits.max_samples_bytes:
+            raise _too_large(f"{what} are {size} bytes as JSON; the limit is {limits.max_samples_bytes}")
+    return parsed
+
+
+def _parse_sample(raw: Any, what: str, limits: Limits) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise ProtocolError(f"{what} must be a JSON object")
+    sample: dict[str, Any] = {}
+    tokens = -1
+    for name in SAMPLE_FIELDS:
+        value = raw.get(name)
+        if value is None:
+            if name in raw and name not in _TOKEN_LISTS:
+                sample[name] = None
+            continue
+        field_what = f"{what}.{name}"
+        if name == "seq_id":
+            if isinstance(value, str):
+                if len(value) > limits.max_token_length:
+                    raise ProtocolError(f"{field_what} is longer than {limits.max_token_length} characters")
+            elif type(value) is not int or not -MAX_DETAIL_INT - 1 <= value <= MAX_DETAIL_INT:
+                raise ProtocolError(f"{field_what} must be a string or a 64-bit integer")
+        elif name in _SAMPLE_INTS:
+            value = _count(value, field_what)
+        elif name in _SAMPLE_NUMBERS:
+            if type(value) is not int or not -MAX_DETAIL_INT - 1 <= value <= MAX_DETAIL_INT:
+                value = _number(value, field_what)
+        else:  # a per-token list
+            if not isinstance(value, list):
+                raise ProtocolError(f"{field_what} must be a list")
+            if len(value) > limits.max_sample_tokens:
+                raise _too_large(f"{field_what} has {len(value)} tokens; the limit is {limits.max_sample_tokens}")
+            if tokens >= 0 and len(value) != tokens:
+                raise ProtocolError(f"{what}: the per-token lists must be aligned ({name} has {len(value)}, not {tokens})")
+            tokens = len(value)
+            if name == "tokens":
+                for position, token in enumerate(value):
+                    if not isinstance(token, str) or len(token) > limits.max_token_length:
+                        raise ProtocolError(f"{field_what}[{position}] must be a string of at most {limits.max_token_length} characters")
+                value = list(value)
+            elif name == "token_ids":
+                for position, token_id in enumerate(value):
+                    if type(token_id) is not int or not -MAX_DETAIL_INT - 1 <= token_id <= MAX_DETAIL_INT:
+                        raise ProtocolError(f"{field_what}[{position}] must be a 64-bit integer")
+                value = list(value)
+            else:
+                value = _numbers(value, field_what)
+        sample[name] = value
+    return sample
+
+
+def _parse_sequences(raw: Any, what: str, limits: Limits) -> Sequences | None:
+    if not isinstance(raw, dict):
+        raise ProtocolError(f"{what} must be a JSON object {{\"length\": [...], \"log_ratio\": [...]}}")
+    length, log_ratio = raw.get("length"), raw.get("log_ratio")
+    if not isinstance(length, list) or not isinstance(log_ratio, list):
+        raise ProtocolError(f"{what}.length and {what}.log_ratio must be lists")
+    if len(length) != len(log_ratio):
+        raise ProtocolError(f"{what}: length and log_ratio must be aligned ({len(length)} and {len(log_ratio)})")
+    if len(length) > limits.max_sequences_per_row:
+        raise _too_large(f"{what} has {len(length)} sequences; the limit is {limits.max_sequences_per_row}")
+    for position, item in enumerate(length):
+        if type(item) is not int or not 0 <= item <= MAX_DETAIL_INT:
+            raise ProtocolError(f"{what}.length[{position}] must be a non-negative integer")
+    if not length:
+        return None
+    return Sequences(list(length), _numbers(log_ratio, f"{what}.log_ratio"))
+
+
+def _histogram_json(histogram: Histogram | Mapping[str, Any]) -> dict[str, Any]:
+    if isinstance(histogram, Mapping):  # a client's own dict, in the wire's shape
+        histogram = Histogram(list(histogram["edges"]), list(histogram["counts"]), int(histogram.get("nan") or 0))
+    out: dict[str, Any] = {"edges": list(histogram.edges), "counts": list(histogram.counts)}
+    if histogram.nan:
+        out["nan"] = histogram.nan
+    return out
+
+
+def _sequences_json(sequences: Sequences | Mapping[str, Any]) -> dict[str, Any]:
+    if isinstance(sequences, Mapping):
+        sequences = Sequences(list(sequences["length"]), list(sequences["log_ratio"]))
+    return {"length": list(sequences.length), "log_ratio": [_wire_number(v) for v in sequences.log_ratio]}
+
+
+def _wire_number(value: Any) -> Any:
+    """A float as the wire carries it; anything else (an int, a string, None) as it is."""
+    return encode_value(value) if type(value) is float else value
+
+
+def encode_samples(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Samples as the wire (and the server's storage) carries them: non-finite numbers as
+    "nan", "inf", "-inf"."""
+    encoded = []
+    for sample in samples:
+        out: dict[str, Any] = {}
+        for name, value in sample.items():
+            if name in _TOKEN_NUMBERS and isinstance(value, list):
+                out[name] = [_wire_number(v) for v in value]
+            else:
+                out[name] = _wire_number(value)
+        encoded.append(out)
+    return encoded
+
+
+def encode_details(row: Row) -> dict[str, Any]:
+    """The row's step details as the wire carries them (only those it has)."""
+    out: dict[str, Any] = {}
+    if row.histograms:
+        out["histograms"] = {key: _histogram_json(histogram) for key, histogram in row.histograms.items()}
+    if row.samples:
+        out["samples"] = encode_samples(row.samples)
+    if row.sequences:
+        out["sequences"] = _sequences_json(row.sequences)
+    return out
 
 
 def parse_seq(msg: dict[str, Any]) -> int:
@@ -268,9 +571,10 @@ def hello_message(run: RunInfo, writer: str = "") -> dict[str, Any]:
     return message
 
 
-def encode_rows(rows: list[Row]) -> list[dict[str, Any]]:
-    """Rows as every points message carries them (ingest frames and live pushes alike)."""
-    return [
+def encode_rows(rows: list[Row], *, details: bool = True) -> list[dict[str, Any]]:
+    """Rows as every points message carries them (ingest frames and live pushes alike);
+    with their step details unless `details` is False."""
+    encoded = [
         {
             "step": row.step,
             **({"time": row.time} if row.time is not None else {}),
@@ -278,6 +582,11 @@ def encode_rows(rows: list[Row]) -> list[dict[str, Any]]:
         }
         for row in rows
     ]
+    if details:
+        for row, out in zip(rows, encoded, strict=True):
+            if row.histograms or row.samples or row.sequences:
+                out.update(encode_details(row))
+    return encoded
 
 
 def points_message(seq: int, rows: list[Row]) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Annotated, Literal
 
 import orjson
-from fastapi import APIRouter, HTTPException, Path, Query, Request
+from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
 
 from server.alerts.backtest import ROWS_PER_READ
 from server.alerts.hazard import INPUTS, HazardModel, current_model
@@ -23,18 +23,24 @@ from server.schemas import (
     MAX_STEP,
     POINTS_BODY,
     ApiRoute,
+    DetailsPage,
+    DistributionsOut,
     HazardOut,
     KeyOut,
     LatestPoint,
     PointsWritten,
     RunDetail,
     RunOut,
+    SamplesOut,
+    SampleStepsOut,
+    SequencesOut,
     SeriesOfRuns,
     SeriesOut,
     Text,
     errors,
     unprocessable,
 )
+from server.storage.details import parse_cursor
 from wire import CLOSE_TOO_LARGE, ProtocolError, Row, encode_value, parse_rows
 
 router = APIRouter(tags=["runs"], route_class=ApiRoute, responses=errors(401))
@@ -187,6 +193,127 @@ async def run_hazard(
         steps, hazard = await asyncio.to_thread(cache.extend, run_id, run.started_at, model, rows)
     steps, hazard = max_per_bucket(steps, hazard, max_points)
     return HazardOut(run_id=run_id, horizon=model.horizon, steps=steps, hazard=hazard)
+
+
+# -- step details ----------------------------------------------------------------------------
+
+From = Annotated[int | None, Query(alias="from", ge=0, le=MAX_STEP, description="first step (inclusive); `start` is the same")]
+To = Annotated[int | None, Query(alias="to", ge=0, le=MAX_STEP, description="last step (inclusive); `end` is the same")]
+DETAILS_PAGE = 100
+"""Details per page of GET /runs/{id}/details by default."""
+
+
+def _json(content: bytes) -> Response:
+    """A body already encoded (by orjson, or joined from stored JSON): the response model
+    documents it, and nothing converts it again."""
+    return Response(content=content, media_type="application/json")
+
+
+@router.get("/runs/{run_id}/distributions", response_model=DistributionsOut, dependencies=[READ], responses=errors(404))
+async def run_distributions(
+    run_id: RunId,
+    store: StoreDep,
+    key: Text,
+    from_: From = None,
+    to: To = None,
+    start: StepBound = None,
+    end: StepBound = None,
+    max_steps: int = Query(500, ge=1, le=5000, description="more steps than this are answered in buckets, counts summed"),
+) -> Response:
+    """A histogram key's counts per step (docs/protocol.md, "Step details"): steps whose edges
+    differ from the newest step's are left out; more than `max_steps` steps are answered in
+    buckets of consecutive steps (each its last step), their counts summed exactly."""
+    try:
+        data = await store.distributions(
+            run_id, key, start=start if from_ is None else from_, end=end if to is None else to, max_steps=max_steps
+        )
+    except UnknownRun:
+        raise _not_found(run_id) from None
+    body = {
+        "key": data.key, "edges": data.edges, "steps": data.steps, "counts": data.counts, "nan": data.nans,
+        "bucketed": data.bucketed, "left_out": data.left_out,
+    }
+    return _json(await asyncio.to_thread(orjson.dumps, body))
+
+
+@router.get("/runs/{run_id}/samples", response_model=SamplesOut, dependencies=[READ], responses=errors(404))
+async def run_samples(
+    run_id: RunId,
+    store: StoreDep,
+    step: Annotated[int | None, Query(ge=0, le=MAX_STEP, description="the latest step at or before this one that has samples")] = None,
+) -> Response:
+    """The worst sequences of the latest step <= `step` that has samples (the run's latest
+    such step without `step`), worst first; `{"step": null, "samples": []}` when none."""
+    try:
+        found = await store.samples(run_id, step)
+    except UnknownRun:
+        raise _not_found(run_id) from None
+    return _json(b'{"step":' + orjson.dumps(found.step) + b',"samples":' + found.samples_json.encode() + b"}")
+
+
+@router.get("/runs/{run_id}/samples/steps", response_model=SampleStepsOut, dependencies=[READ], responses=errors(404))
+async def run_sample_steps(run_id: RunId, store: StoreDep) -> Response:
+    """The steps that have samples, ascending."""
+    try:
+        steps = await store.sample_steps(run_id)
+    except UnknownRun:
+        raise _not_found(run_id) from None
+    return _json(orjson.dumps({"steps": steps}))
+
+
+@router.get("/runs/{run_id}/sequences", response_model=SequencesOut, dependencies=[READ], responses=errors(404))
+async def run_sequences(
+    run_id: RunId,
+    store: StoreDep,
+    from_: From = None,
+    to: To = None,
+    start: StepBound = None,
+    end: StepBound = None,
+    max_points: int = Query(5000, ge=1, le=100_000, description="an even subsample of this many pairs when there are more"),
+) -> Response:
+    """The (length, Σℓ) pairs of steps `from`..`to`, and the least-squares line of Σℓ on
+    length through the finite ones answered (`slope_per_1k`: Σℓ per 1,000 tokens)."""
+    try:
+        data = await store.sequences(
+            run_id, start=start if from_ is None else from_, end=end if to is None else to, max_points=max_points
+        )
+    except UnknownRun:
+        raise _not_found(run_id) from None
+    fit = None
+    if data.fit is not None:
+        fit = {"slope_per_1k": encode_value(data.fit.slope_per_1k), "intercept": encode_value(data.fit.intercept), "n": data.fit.n}
+    body = {"steps": data.steps, "length": data.length, "log_ratio": [encode_value(v) for v in data.log_ratio], "fit": fit}
+    return _json(await asyncio.to_thread(orjson.dumps, body))
+
+
+@router.get("/runs/{run_id}/details", response_model=DetailsPage, dependencies=[READ], responses=errors(404))
+async def run_details(
+    run_id: RunId,
+    store: StoreDep,
+    cursor: Annotated[Text | None, Query(description="the previous page's `cursor`")] = None,
+    limit: int = Query(DETAILS_PAGE, ge=1, le=1000, description="details per page"),
+) -> Response:
+    """Every stored step detail of the run, a page at a time, each as a wire row of its own
+    (`values` empty): what `keel export` writes, and POST /runs/{id}/points takes back."""
+    after = None
+    if cursor is not None:
+        try:
+            after = parse_cursor(cursor)
+        except ValueError as exc:
+            raise HTTPException(422, [{"loc": ["query", "cursor"], "msg": str(exc), "type": "value_error"}]) from None
+    try:
+        found = await store.stored_details(run_id, after=after, limit=limit)
+    except UnknownRun:
+        raise _not_found(run_id) from None
+    rows = []
+    for detail in found:
+        head = b'{"step":%d,"values":{},' % detail.step
+        if detail.kind == "histogram":
+            rows.append(head + b'"histograms":{' + orjson.dumps(detail.key) + b":" + detail.body.encode() + b"}}")
+        else:
+            rows.append(head + orjson.dumps(detail.kind) + b":" + detail.body.encode() + b"}")
+    next_cursor = found[-1].cursor if len(found) == limit else None
+    return _json(b'{"rows":[' + b",".join(rows) + b'],"cursor":' + orjson.dumps(next_cursor) + b"}")
 
 
 @router.post(

@@ -7,7 +7,9 @@
   one interface behind which SQLite (sqlite.py) and PostgreSQL (postgres.py) differ,
   chosen once here;
 - rollups.py: the rollup scheme, and the SQL that keeps and reads it per database;
-- reads.py: runs, keys, rows, and series downsampled from the rollups.
+- reads.py: runs, keys, rows, and series downsampled from the rollups;
+- details.py: step details (histograms, samples, sequences), written with the points of
+  their rows, and their reads.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from server.db import is_sqlite, session_factory
 from server.models import Run
-from server.storage import reads, writes
+from server.storage import details, reads, writes
 from server.storage.admission import FrameRef, open_run
+from server.storage.details import Distributions, Fit, SequencePairs, StepSamples, StoredDetail
 from server.storage.postgres import PostgresWritePath
 from server.storage.reads import KeyInfo, SeriesData
 from server.storage.rollups import ROLLUP_BITS, ROLLUP_LEVELS
@@ -31,6 +34,7 @@ from wire import Row, RunInfo
 
 __all__ = [
     "FrameRef", "Store", "WriteResult", "SeriesData", "KeyInfo",
+    "Distributions", "Fit", "SequencePairs", "StepSamples", "StoredDetail",
     "POINTS_PER_TRANSACTION", "ROLLUP_BITS", "ROLLUP_LEVELS",
 ]
 
@@ -149,3 +153,40 @@ class Store:
             return await reads.series(
                 session, self._writes.dialect, run_id, key, max_points=max_points, start=start, end=end
             )
+
+    # -- step details -------------------------------------------------------------------
+
+    async def distributions(
+        self, run_id: str, key: str, *, start: int | None = None, end: int | None = None, max_steps: int = 500
+    ) -> Distributions:
+        """The histograms of `key` at steps start..end, in at most `max_steps` entries (buckets
+        of consecutive steps, counts summed, when more steps have one); steps whose edges
+        differ from the newest step's are left out (counted in `left_out`)."""
+        async with self.sessions() as session:
+            return await details.distributions(session, run_id, key, start=start, end=end, max_steps=max_steps)
+
+    async def samples(self, run_id: str, step: int | None = None) -> StepSamples:
+        """The samples of the latest step <= `step` that has some (the run's latest without it)."""
+        async with self.sessions() as session:
+            return await details.samples(session, run_id, step)
+
+    async def sample_steps(self, run_id: str) -> list[int]:
+        """The steps that have samples, ascending."""
+        async with self.sessions() as session:
+            return await details.sample_steps(session, run_id)
+
+    async def sequences(
+        self, run_id: str, *, start: int | None = None, end: int | None = None, max_points: int = 5000
+    ) -> SequencePairs:
+        """The (length, Σℓ) pairs of steps start..end (an even subsample of `max_points` when
+        there are more) and the least-squares line through the finite ones."""
+        async with self.sessions() as session:
+            return await details.sequences(session, run_id, start=start, end=end, max_points=max_points)
+
+    async def stored_details(
+        self, run_id: str, *, after: tuple[str, str, int] | None = None, limit: int = 100
+    ) -> list[StoredDetail]:
+        """Up to `limit` of the run's stored details as the wire carried them, in (kind, key,
+        step) order, after `after` (a previous page's last `StoredDetail.cursor`)."""
+        async with self.sessions() as session:
+            return await details.stored_details(session, run_id, after=after, limit=limit)

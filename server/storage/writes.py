@@ -32,6 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from server.errors import UnknownRun
 from server.models import Run, Series
 from server.storage.admission import FrameRef, admit, advance
+from server.storage.details import has_details, insert_details
 from server.storage.rollups import Dialect
 from wire import Row
 
@@ -143,7 +144,7 @@ async def write_points(
 ) -> WriteResult:
     """`Store.write_points`: the frame in one statement if the database can, else in
     transactions of at most `POINTS_PER_TRANSACTION` points, the last one acking it."""
-    if frame is not None:
+    if frame is not None and not has_details(rows):
         written = await path.write_frame(run_id, rows, now, frame, series)
         if written is not None:
             return written
@@ -180,6 +181,8 @@ async def _write_chunk(
             update = RunUpdate(run_id, stored_last_step, frame)
             if frame is not None:
                 acked_seq = frame.seq
+        if has_details(chunk):
+            await insert_details(session, run_id, chunk)
         await path.insert_points(session, chunk, series_ids, now, update)
     series.remember(run_id, head.started_at, series_ids)  # committed
     return WriteResult(stored=True, acked_seq=acked_seq, last_step=stored_last_step, started_at=head.started_at)
