@@ -40,8 +40,9 @@ MIS_CAP = 2.0
 DRO_BETA = 0.05
 GSPO_CLIP_EPS = (3e-4, 4e-4)
 FLASH_DELTA = 3e-3
-_LOG_PROB_MIN, _LOG_PROB_MAX = -30.0, -1e-7
-"""Log-probs clamped before the Bernoulli KL, as trainer_hooks.metrics does (p in (0, 1))."""
+PROB_CLAMP = 1e-6
+"""Probabilities in the Bernoulli KL are clamped to [1e-6, 1 − 1e-6] (trainer_hooks.metrics)."""
+_LOG_PROB_MIN, _LOG_PROB_MAX = math.log(PROB_CLAMP), math.log1p(-PROB_CLAMP)
 
 
 @dataclass(frozen=True)
@@ -52,8 +53,8 @@ class TokenContext:
     """A of the token's sequence."""
     log_ratio: float
     """ℓ_t = log π_t − log μ_t."""
-    seq_log_ratio: float
-    """Σ_t ℓ_t over the whole sequence (MIS's ρ = exp of it)."""
+    seq_log_ratio: float | None
+    """Σ_t ℓ_t over the whole sequence (MIS's ρ = exp of it); None when unknown."""
     length: int
     """Tokens in the sequence (GSPO's s = exp(Σℓ / length))."""
     seq_drift: float | None = None
@@ -79,12 +80,16 @@ def _ppo(t: TokenContext) -> float:
     return r * a if active else 0.0
 
 
-def _mis(t: TokenContext) -> float:
+def _mis(t: TokenContext) -> float | None:
+    if t.seq_log_ratio is None:
+        return None
     rho = math.exp(_clip(t.seq_log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
     return rho * t.advantage if rho <= MIS_CAP else 0.0
 
 
-def _gspo(t: TokenContext) -> float:
+def _gspo(t: TokenContext) -> float | None:
+    if t.seq_log_ratio is None:
+        return None
     s, a = math.exp(t.seq_log_ratio / max(t.length, 1)), t.advantage
     low, high = GSPO_CLIP_EPS
     active = (a > 0 and s < 1 + high) or (a < 0 and s > 1 - low)

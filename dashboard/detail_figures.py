@@ -13,7 +13,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dashboard.distributions import QUANTILES, histogram_quantile, occupied_bins, shares, signed_log_ticks
+from dashboard.distributions import (
+    QUANTILES,
+    histogram_quantile,
+    occupied_bins,
+    shares,
+    signed_log_ticks,
+)
 from dashboard.figures import base_layout
 from dashboard.theme import INK
 

@@ -1,0 +1,430 @@
+"""The run page's step details: where the sampler–learner mismatch lives, below the headline
+charts and the hazard (docs/dashboard.md, "Step details").
+
+- the distribution of ℓ = log π − log μ over steps, as a heatmap with its tail quantiles;
+- Σℓ of each sequence against its length, with the least-squares slope per 1,000 tokens;
+- the token view: a step's worst sequences, each token coloured by ℓ.
+
+All three draw first on the page's "drawn" tick (assets/live/5_start.js), after the charts
+above them, and again on the data tick while the run streams: at most every few seconds, and
+never while the tab is hidden. A click on any chart of the page opens the token view at the
+step clicked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import uuid
+from typing import Any
+
+from dash import ALL, Dash, Input, Output, State, ctx, dcc, html
+from dash.exceptions import PreventUpdate
+
+from dashboard.components import GRAPH_TYPE, HAZARD_GRAPH
+from dashboard.data import KeelApi
+from dashboard.detail_figures import Distribution, distribution_figure, sequences_figure
+from dashboard.figures import message_figure
+from dashboard.tokens import colour_legend, sample_card
+from dashboard.views.charts import X_AXIS_ONLY, zoom_range
+
+__all__ = [
+    "section",
+    "register",
+    "parse_step",
+    "NO_DETAILS",
+    "LOG_RATIO_KEY",
+    "UNBOUNDED_KEY",
+    "DIST_STEPS",
+    "RECENT_STEPS",
+]
+
+LOG_RATIO_KEY = "mismatch/log_ratio"
+UNBOUNDED_KEY = "mismatch/log_ratio_unbounded"
+"""ℓ of the tokens no ratio clip bounds: negative advantage and r > 1 (docs/metrics.md)."""
+NO_DETAILS = "No step details: this run's client does not send them (Monitor.log_batch does)"
+DIST_STEPS = 500
+"""Columns of the heatmap: about one per horizontal pixel of its half-width panel (the server
+sums the counts of consecutive steps beyond that)."""
+RECENT_STEPS = 50
+"""The length scatter's default range: the run's last this many steps."""
+SEQUENCE_POINTS = 3000
+"""Points of the length scatter (an even subsample of the range's sequences beyond that)."""
+HEIGHT = 380
+
+
+def parse_step(search: str | None) -> int | None:
+    """The step of a `?step=S` query string, or None."""
+    from urllib.parse import parse_qs
+
+    values = parse_qs((search or "").lstrip("?")).get("step", [])
+    try:
+        step = int(values[-1]) if values else None
+    except ValueError:
+        return None
+    return step if step is not None and step >= 0 else None
+
+
+def _graph(graph_id: str, filename: str) -> dcc.Graph:
+    return dcc.Graph(
+        id=graph_id,
+        figure=message_figure("Loading…", HEIGHT),
+        style={"height": f"{HEIGHT}px"},
+        config={
+            "displaylogo": False,
+            "responsive": True,
+            "modeBarButtons": [["toImage", "zoom2d", "pan2d", "resetScale2d"]],
+            "toImageButtonOptions": {"format": "png", "scale": 2, "filename": filename},
+        },
+    )
+
+
+def _radio(component_id: str, labels: dict[str, str]) -> dcc.RadioItems:
+    return dcc.RadioItems(
+        id=component_id,
+        options=[{"label": label, "value": value} for value, label in labels.items()],
+        value=next(iter(labels)),
+        className="radio-inline",
+    )
+
+
+def section(step: int | None) -> html.Div:
+    """The three views; `step` opens the token view there (`/runs/<id>?step=S`)."""
+    distribution = html.Div(
+        [
+            html.Div(
+                [
+                    html.H2("ℓ per step"),
+                    html.Div(
+                        _radio("dist-variant", {"all": "all tokens", "unbounded": "unbounded only (A < 0, r > 1)"}),
+                        id="dist-variant-field",
+                        style={"display": "none"},
+                    ),
+                ],
+                className="panel-head",
+            ),
+            _graph("dist-graph", "log_ratio_per_step"),
+        ],
+        className="chart-card detail-card",
+    )
+    lengths = html.Div(
+        [
+            html.Div(
+                [
+                    html.H2("Σℓ against length"),
+                    _radio("seq-range", {"recent": f"last {RECENT_STEPS} steps, or the heatmap's zoom", "step": "the token view's step"}),
+                ],
+                className="panel-head",
+            ),
+            _graph("seq-graph", "log_ratio_against_length"),
+        ],
+        className="chart-card detail-card",
+    )
+    tokens = html.Div(
+        [
+            html.Div(
+                [
+                    html.H2("Worst sequences"),
+                    html.Div(
+                        [
+                            html.Button("← prev", id="tokens-prev", n_clicks=0, className="button small"),
+                            dcc.Input(
+                                id="tokens-step",
+                                type="number",
+                                min=0,
+                                step=1,
+                                value=step,
+                                debounce=True,
+                                placeholder="latest",
+                                className="step-input",
+                            ),
+                            html.Button("next →", id="tokens-next", n_clicks=0, className="button small"),
+                            html.Button("latest", id="tokens-latest", n_clicks=0, className="button small"),
+                        ],
+                        className="step-picker",
+                    ),
+                ],
+                className="panel-head",
+            ),
+            colour_legend(),
+            html.Div(html.P("Loading…", className="sub"), id="tokens-view"),
+        ],
+        id="tokens",
+        className="panel section",
+    )
+    return html.Div(
+        [
+            dcc.Store(id="dist-zoom"),
+            dcc.Store(id="dist-drawn"),
+            dcc.Store(id="seq-drawn"),
+            dcc.Store(id="tokens-shown"),  # {"step", "explicit"}: the step the token view shows
+            dcc.Store(id="tokens-url"),  # written by nothing: FOLLOW_URL's output
+            html.Div("step details", className="namespace"),
+            html.Div([distribution, lengths], className="charts"),
+            tokens,
+        ],
+        id="step-details",
+    )
+
+
+# A click on a chart opens the token view at the clicked step: the point's x (its step) on
+# the metric charts (an alert's ◆ included), the hazard and the heatmap; on the length
+# scatter the step is the point's customdata. The URL follows (?step=S), without a reload.
+STEP_FROM_CLICK = """
+function (%s) {
+    var hit = (window.dash_clientside.callback_context.triggered || [])[0];
+    var point = hit && hit.value && hit.value.points && hit.value.points[0];
+    var raw = point ? point.%s : null;
+    if (raw === null || raw === undefined || !isFinite(Number(raw))) return window.dash_clientside.no_update;
+    var step = Math.round(Number(raw));
+    var url = new URL(window.location.href);
+    url.searchParams.set("step", String(step));
+    window.history.replaceState(window.history.state, "", url.toString());
+    var view = document.getElementById("tokens");
+    if (view) view.scrollIntoView({behavior: "smooth", block: "start"});
+    return step;
+}
+"""
+
+# The URL names the step the token view shows, once the user picked one.
+FOLLOW_URL = """
+function (shown) {
+    if (!shown || !shown.explicit || shown.step === null) return window.dash_clientside.no_update;
+    var url = new URL(window.location.href);
+    if (url.searchParams.get("step") !== String(shown.step)) {
+        url.searchParams.set("step", String(shown.step));
+        window.history.replaceState(window.history.state, "", url.toString());
+    }
+    return window.dash_clientside.no_update;
+}
+"""
+
+
+def register(dash_app: Dash, api: KeelApi) -> None:
+    _register_clicks(dash_app)
+    dash_app.clientside_callback(X_AXIS_ONLY, Output("dist-zoom", "data"), Input("dist-graph", "relayoutData"))
+    dash_app.clientside_callback(
+        FOLLOW_URL, Output("tokens-url", "data"), Input("tokens-shown", "data"), prevent_initial_call=True
+    )
+
+    @dash_app.callback(
+        Output("dist-graph", "figure"),
+        Output("dist-variant-field", "style"),
+        Output("dist-drawn", "data"),
+        Input("page-state", "data"),
+        Input("live-data-tick", "data"),
+        Input("dist-variant", "value"),
+        Input("dist-zoom", "data"),
+        State("dist-drawn", "data"),
+        prevent_initial_call=True,  # first on the "drawn" tick: after the charts above
+    )
+    async def draw_distribution(
+        state: dict[str, Any] | None, _tick: Any, variant: str | None, zoom: dict[str, Any] | None, drawn: dict[str, Any] | None
+    ) -> tuple[Any, Any, Any]:
+        run_id = _run_of(state)
+        run = await api.run(run_id)
+        if run is None:
+            raise PreventUpdate
+        x_range = zoom_range(zoom)
+        bounds = _bounds(x_range if isinstance(x_range, tuple) else None)
+        signature = {"variant": variant, "bounds": bounds, "last_step": run.get("last_step")}
+        if signature == drawn:
+            raise PreventUpdate  # nothing new since the last draw (a tick for another reason)
+        unbounded = variant == "unbounded"
+        start, end = bounds if bounds is not None else (None, None)
+        every, subset = await asyncio.gather(
+            api.distributions(run_id, LOG_RATIO_KEY, start=start, end=end, max_steps=DIST_STEPS),
+            api.distributions(run_id, UNBOUNDED_KEY, start=start, end=end, max_steps=DIST_STEPS if unbounded else 1),
+        )
+        dist_all = Distribution.from_json(every or {})
+        dist_unbounded = Distribution.from_json(subset or {})
+        toggle = {} if not dist_unbounded.empty or unbounded else {"display": "none"}
+        shown, totals = dist_all, None
+        if unbounded and not dist_unbounded.empty:
+            shown = dist_unbounded
+            if dist_unbounded.steps == dist_all.steps:  # share of all the step's tokens
+                totals = [float(sum(counts)) for counts in dist_all.counts]
+        if shown.empty:
+            text = _empty_text(run, bounds, await _has_histograms(api, run_id) if bounds else False)
+            return message_figure(text, HEIGHT), toggle, signature
+        what = "unbounded tokens (A < 0, r > 1)" if shown is dist_unbounded else "all tokens"
+        share = "share of all the step's tokens" if totals is not None or shown is dist_all else "share of the step's unbounded tokens"
+        buckets = " · buckets of steps" if shown.bucketed else ""
+        title = f"<b>ℓ of {what}</b>  <span style='font-size:11px'>colour: {share}{buckets}</span>"
+        figure = distribution_figure(
+            shown,
+            title=title,
+            totals=totals,
+            height=HEIGHT,
+            render_id=uuid.uuid4().hex,
+            x_range=x_range if isinstance(x_range, tuple) else None,
+        )
+        return figure, toggle, signature
+
+    @dash_app.callback(
+        Output("tokens-view", "children"),
+        Output("tokens-shown", "data"),
+        Output("tokens-step", "value"),
+        Input("page-state", "data"),
+        Input("live-data-tick", "data"),
+        Input("tokens-step", "value"),
+        Input("tokens-prev", "n_clicks"),
+        Input("tokens-next", "n_clicks"),
+        Input("tokens-latest", "n_clicks"),
+        State("tokens-shown", "data"),
+        prevent_initial_call=True,
+    )
+    async def draw_tokens(
+        state: dict[str, Any] | None,
+        _tick: Any,
+        step: float | None,
+        _prev: int,
+        _next: int,
+        _latest: int,
+        shown: dict[str, Any] | None,
+    ) -> tuple[Any, Any, Any]:
+        run_id = _run_of(state)
+        refresh = shown is not None and ctx.triggered_id in ("live-data-tick", "page-state")
+        if refresh and (shown or {}).get("explicit"):
+            raise PreventUpdate  # a step picked stays as it is
+        target = await _token_target(api, run_id, ctx.triggered_id, step, shown)
+        explicit = target is not None
+        payload = await api.samples(run_id, target)
+        found = None if payload is None else payload.get("step")
+        if refresh and found is not None and found == (shown or {}).get("step"):
+            raise PreventUpdate  # the latest step with samples did not move
+        if payload is None or found is None:
+            steps = await api.sample_steps(run_id) if payload is not None else None
+            if steps:
+                view: Any = html.P(f"No samples at or before step {target}; the first step with samples is {steps[0]}.", className="note warn")
+            else:
+                view = html.P(NO_DETAILS, className="note", id="tokens-missing")
+            return view, {"step": None, "explicit": explicit}, target
+        samples = list(payload.get("samples") or [])
+        where = f"step {found}" + (f" (the latest step ≤ {target} with samples)" if explicit and found != target else "")
+        caption = html.P(
+            [html.B(where), f": the {len(samples)} worst sequence{'s' if len(samples) != 1 else ''}, worst first. Hover a token for π, μ, r and each loss's coefficient."],
+            className="sub",
+            id="tokens-caption",
+        )
+        cards = [sample_card(rank, sample) for rank, sample in enumerate(samples, start=1)]
+        return [caption, *cards], {"step": found, "explicit": explicit}, found if explicit else None
+
+    @dash_app.callback(
+        Output("seq-graph", "figure"),
+        Output("seq-drawn", "data"),
+        Input("page-state", "data"),
+        Input("live-data-tick", "data"),
+        Input("dist-zoom", "data"),
+        Input("seq-range", "value"),
+        Input("tokens-shown", "data"),
+        State("seq-drawn", "data"),
+        prevent_initial_call=True,
+    )
+    async def draw_sequences(
+        state: dict[str, Any] | None,
+        _tick: Any,
+        zoom: dict[str, Any] | None,
+        mode: str | None,
+        tokens_shown: dict[str, Any] | None,
+        drawn: dict[str, Any] | None,
+    ) -> tuple[Any, Any]:
+        run_id = _run_of(state)
+        if ctx.triggered_id == "tokens-shown" and mode != "step":
+            raise PreventUpdate
+        run = await api.run(run_id)
+        if run is None:
+            raise PreventUpdate
+        bounds = _sequence_bounds(run, mode, zoom_range(zoom), tokens_shown)
+        signature = {"bounds": bounds, "last_step": run.get("last_step") if bounds is None or mode != "step" else None}
+        if signature == drawn:
+            raise PreventUpdate
+        start, end = bounds if bounds is not None else (None, None)
+        payload = await api.sequences(run_id, start=start, end=end, max_points=SEQUENCE_POINTS)
+        if not payload or not payload.get("length"):
+            everything = await api.sequences(run_id, max_points=1) if payload is not None and bounds else None
+            text = _empty_text(run, bounds, bool(everything and everything.get("length")))
+            return message_figure(text, HEIGHT), signature
+        steps = sorted({int(s) for s in payload.get("steps") or []})
+        span = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}–{steps[-1]}"
+        title = f"<b>Σℓ against length</b>  <span style='font-size:11px'>{span}, {len(payload['length']):,} sequences</span>"
+        return sequences_figure(payload, title=title, height=HEIGHT, render_id=uuid.uuid4().hex), signature
+
+
+def _register_clicks(dash_app: Dash) -> None:
+    """Every chart's click opens the token view (one callback per kind of chart: the hazard
+    chart and the metric charts come and go with the data)."""
+    output = Output("tokens-step", "value", allow_duplicate=True)
+    sources = [
+        (Input({"type": GRAPH_TYPE, "key": ALL}, "clickData"), "x"),
+        (Input(HAZARD_GRAPH, "clickData"), "x"),
+        (Input("dist-graph", "clickData"), "x"),
+        (Input("seq-graph", "clickData"), "customdata"),
+    ]
+    for source, field in sources:
+        dash_app.clientside_callback(STEP_FROM_CLICK % ("clicks", field), output, source, prevent_initial_call=True)
+
+
+def _run_of(state: dict[str, Any] | None) -> str:
+    if not state or state.get("page") != "run":
+        raise PreventUpdate
+    return str(state["runs"][0])
+
+
+def _bounds(x_range: tuple[float, float] | None) -> tuple[int, int] | None:
+    """The steps a zoomed x range covers, or None for all."""
+    if x_range is None:
+        return None
+    return max(0, math.floor(min(x_range))), max(0, math.ceil(max(x_range)))
+
+
+def _sequence_bounds(
+    run: dict[str, Any], mode: str | None, zoom: Any, tokens_shown: dict[str, Any] | None
+) -> tuple[int, int] | None:
+    """The steps the length scatter shows: the token view's step, the heatmap's zoom, or the
+    run's last RECENT_STEPS steps; None when the run has no step yet."""
+    if mode == "step" and tokens_shown and tokens_shown.get("step") is not None:
+        step = int(tokens_shown["step"])
+        return step, step
+    if isinstance(zoom, tuple):
+        return _bounds(zoom)
+    last = run.get("last_step")
+    return None if last is None else (max(0, int(last) - RECENT_STEPS + 1), int(last))
+
+
+async def _has_histograms(api: KeelApi, run_id: str) -> bool:
+    whole = await api.distributions(run_id, LOG_RATIO_KEY, max_steps=1)
+    return bool(whole and whole.get("edges"))
+
+
+def _empty_text(run: dict[str, Any], bounds: tuple[int, int] | None, elsewhere: bool) -> str:
+    """Why a view is empty: no step yet, none in the range shown, or none ever."""
+    if run.get("last_step") is None:
+        return "Waiting for the run's first step…"
+    if elsewhere and bounds is not None:
+        return f"No step details in steps {bounds[0]}–{bounds[1]}"
+    return NO_DETAILS
+
+
+async def _token_target(
+    api: KeelApi, run_id: str, trigger: Any, step: float | None, shown: dict[str, Any] | None
+) -> int | None:
+    """The step the token view is asked for (None: the latest with samples)."""
+    current = None if shown is None else shown.get("step")
+    if trigger == "tokens-latest":
+        return None
+    if trigger == "tokens-prev":
+        if current is None or current <= 0:
+            raise PreventUpdate
+        return int(current) - 1  # the samples read answers the latest step ≤ this one
+    if trigger == "tokens-next":
+        steps = await api.sample_steps(run_id) or []
+        later = [s for s in steps if current is None or s > current]
+        if not later:
+            raise PreventUpdate
+        return later[0]
+    if trigger == "tokens-step":
+        return None if step is None else max(0, int(step))
+    if shown is not None:
+        return current if shown.get("explicit") else None
+    return None if step is None else max(0, int(step))  # the first draw: `?step=S`, or the latest
