@@ -167,8 +167,6 @@ def distribution_figure(
         ticktext=[edge_label(dist.edges[i]) for i in ticks],
         zeroline=False,
     )
-    layout["showlegend"] = True
-    layout["legend"] = {"orientation": "h", "x": 1, "xanchor": "right", "y": 1.02, "yanchor": "bottom", "font": {"size": 11}}
     if x_range is not None:
         layout["xaxis"].update(range=list(x_range), autorange=False)
     layout["uirevision"] = f"distribution|{dist.key}"

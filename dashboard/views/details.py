@@ -248,9 +248,9 @@ def register(dash_app: Dash, api: KeelApi) -> None:
             text = _empty_text(run, bounds, await _has_histograms(api, run_id) if bounds else False)
             return message_figure(text, HEIGHT), toggle, signature
         what = "unbounded tokens (A < 0, r > 1)" if shown is dist_unbounded else "all tokens"
-        share = "share of all the step's tokens" if totals is not None or shown is dist_all else "share of the step's unbounded tokens"
-        buckets = " · buckets of steps" if shown.bucketed else ""
-        title = f"<b>ℓ of {what}</b>  <span style='font-size:11px'>colour: {share}{buckets}</span>"
+        share = "of all the step's tokens" if totals is not None or shown is dist_all else "of the step's unbounded tokens"
+        buckets = ", steps in buckets" if shown.bucketed else ""
+        title = f"<span style='font-size:11px'>ℓ of {what}{buckets} · colour: share {share} · lines: p1, p99; dotted: p0.1, p99.9</span>"
         figure = distribution_figure(
             shown,
             title=title,
@@ -347,7 +347,7 @@ def register(dash_app: Dash, api: KeelApi) -> None:
             return message_figure(text, HEIGHT), signature
         steps = sorted({int(s) for s in payload.get("steps") or []})
         span = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}–{steps[-1]}"
-        title = f"<b>Σℓ against length</b>  <span style='font-size:11px'>{span}, {len(payload['length']):,} sequences</span>"
+        title = f"<span style='font-size:11px'>{span}, {len(payload['length']):,} sequences · colour: step</span>"
         return sequences_figure(payload, title=title, height=HEIGHT, render_id=uuid.uuid4().hex), signature
 
 

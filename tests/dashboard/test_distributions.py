@@ -7,7 +7,13 @@ import math
 import numpy as np
 import pytest
 
-from dashboard.detail_figures import Distribution, distribution_figure, edge_label, fit_text, sequences_figure
+from dashboard.detail_figures import (
+    Distribution,
+    distribution_figure,
+    edge_label,
+    fit_text,
+    sequences_figure,
+)
 from dashboard.distributions import histogram_quantile, occupied_bins, shares, signed_log_ticks
 from dashboard.views.details import parse_step
 
