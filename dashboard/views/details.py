@@ -104,8 +104,9 @@ def section(step: int | None) -> html.Div:
                 className="panel-head",
             ),
             _graph("dist-graph", "log_ratio_per_step"),
+            html.Div("Hover a cell for its bin of ℓ; click it for the step's worst sequences.", id="dist-readout", className="sub readout"),
         ],
-        className="chart-card detail-card",
+        className="panel detail-card",
     )
     lengths = html.Div(
         [
@@ -118,7 +119,7 @@ def section(step: int | None) -> html.Div:
             ),
             _graph("seq-graph", "log_ratio_against_length"),
         ],
-        className="chart-card detail-card",
+        className="panel detail-card",
     )
     tokens = html.Div(
         [
@@ -186,6 +187,25 @@ function (%s) {
 }
 """
 
+# The heatmap's rows are bins of unequal width in ℓ (one row each): say which bin is hovered.
+DIST_READOUT = """
+function (hover) {
+    var point = hover && hover.points && hover.points[0];
+    var gd = document.querySelector("#dist-graph .js-plotly-plot");
+    var meta = gd && gd.layout && gd.layout.meta;
+    if (!point || !meta || !meta.edges || point.z === null || point.z === undefined) {
+        return window.dash_clientside.no_update;
+    }
+    var bin = Math.floor(point.y);
+    var edges = meta.edges;
+    if (bin < 0 || bin + 1 >= edges.length) return window.dash_clientside.no_update;
+    var fmt = function (v) { return Number(v.toPrecision(3)).toString(); };
+    var share = Math.pow(10, point.z);
+    return "step " + point.x + ": " + share.toPrecision(3) + " of the tokens have ℓ in [" +
+        fmt(edges[bin]) + ", " + fmt(edges[bin + 1]) + ")";
+}
+"""
+
 # The URL names the step the token view shows, once the user picked one.
 FOLLOW_URL = """
 function (shown) {
@@ -203,6 +223,9 @@ function (shown) {
 def register(dash_app: Dash, api: KeelApi) -> None:
     _register_clicks(dash_app)
     dash_app.clientside_callback(X_AXIS_ONLY, Output("dist-zoom", "data"), Input("dist-graph", "relayoutData"))
+    dash_app.clientside_callback(
+        DIST_READOUT, Output("dist-readout", "children"), Input("dist-graph", "hoverData"), prevent_initial_call=True
+    )
     dash_app.clientside_callback(
         FOLLOW_URL, Output("tokens-url", "data"), Input("tokens-shown", "data"), prevent_initial_call=True
     )

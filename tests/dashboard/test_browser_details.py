@@ -17,6 +17,7 @@ from tests.support.browser import (
     console_errors,
     detail_chart,
     drawn_charts,
+    live_state,
     screenshot,
     set_viewport,
     text_of,
@@ -117,8 +118,14 @@ def test_the_heatmap_token_view_and_length_scatter_show_the_stored_details(serve
     assert chart["meta"]["steps"] == [row["step"] for row in window]
     assert chart["meta"]["fit"]["slope_per_1k"] == pytest.approx(slope, rel=1e-6)
     assert f"−{abs(slope):.3g} per 1,000 tokens" in chart["notes"][0]
-    assert console_errors(browser) == []
     screenshot(browser, artifacts / "run_step_details.png")
+
+    # Live: the heatmap grows by the new steps; the token view follows the latest step.
+    wait_until(lambda: live_state(browser) == "live", message="live websocket")
+    _post(server, run.id, detail_rows(range(60, 66), samples_every=SAMPLES_EVERY, seed=1))
+    wait_until(lambda: (detail_chart(browser, "dist-graph") or {"meta": {}})["meta"].get("steps", [0])[-1] == 65, 30, message="heatmap redrawn live")
+    wait_until(lambda: text_of(browser, "tokens-caption").startswith("step 65"), 30, message="token view at the new latest step")
+    assert console_errors(browser) == []
     run.close()
 
 
@@ -145,8 +152,11 @@ def test_a_step_in_the_url_or_a_click_on_a_chart_opens_the_token_view_there(serv
     wait_until(lambda: text_of(browser, "tokens-caption").startswith("step 40"), message="token view after a chart click")
     wait_until(lambda: "step=40" in browser.current_url, message="URL names the step shown")
 
-    # And on the heatmap.
+    # And on the heatmap, whose hovered cell says its bin of ℓ.
     _drawn(browser, "dist-graph")
+    click_at_x(browser, browser.find_element("css selector", "#dist-graph .js-plotly-plot"), 30, click=False)
+    wait_until(lambda: text_of(browser, "dist-readout").startswith("step 30: "), message="hover readout")
+    assert "of the tokens have ℓ in [" in text_of(browser, "dist-readout")
     click_at_x(browser, browser.find_element("css selector", "#dist-graph .js-plotly-plot"), 12)
     wait_until(lambda: text_of(browser, "tokens-caption").startswith("step 10"), message="token view after a heatmap click")
     assert console_errors(browser) == []

@@ -259,10 +259,12 @@ return [px - box.width / 2, py - box.height / 2];
 """
 
 
-def click_at_x(driver: Any, plot: Any, x: float) -> None:
-    """A real mouse click on a Plotly chart at data x (half way up its plot area)."""
+def click_at_x(driver: Any, plot: Any, x: float, *, click: bool = True) -> None:
+    """A real mouse click on a Plotly chart at data x (half way up its plot area); with
+    `click` False, the mouse only rests there (a hover)."""
     from selenium.webdriver.common.action_chains import ActionChains
 
     driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", plot)
     dx, dy = driver.execute_script(CLICK_POINT_JS, plot, x)
-    ActionChains(driver).move_to_element_with_offset(plot, int(dx), int(dy)).pause(0.3).click().perform()
+    actions = ActionChains(driver).move_to_element_with_offset(plot, int(dx), int(dy)).pause(0.3)
+    (actions.click() if click else actions).perform()
