@@ -13,6 +13,10 @@ numpy and pandas are imported only when a method returns them.
 `series` returns every stored point unless `max_points` asks for the server's bucketed
 downsampling: the series endpoint answers at most 100 000 points at full resolution, so a
 longer series is read as consecutive step ranges and joined.
+
+Step details (histograms, worst samples, sequence sums: docs/protocol.md) come back as the
+server's JSON, parsed: `distributions`, `samples`, `sample_steps`, `sequences`, and
+`details` for every stored one (what `keel export` writes).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, overload
 
@@ -209,6 +214,54 @@ class Client:
             steps += page["steps"]
             values += page["values"]
         return {"key": key, "downsampled": False, "steps": steps, "values": values}
+
+    # -- step details ---------------------------------------------------------------------
+
+    def distributions(
+        self, run: RunRef, key: str, start: int | None = None, end: int | None = None, max_steps: int | None = None
+    ) -> dict[str, Any]:
+        """A histogram key per step: `{"key", "edges", "steps", "counts", "nan", "bucketed",
+        "left_out"}`. More than `max_steps` (server default 500, at most 5000) steps come back
+        as buckets of consecutive steps, counts summed; steps whose edges differ from the
+        newest step's are left out."""
+        params = {"key": key, "from": start, "to": end, "max_steps": max_steps}
+        found: dict[str, Any] = self._get(f"/runs/{_segment(self._run_id(run))}/distributions", params)
+        return found
+
+    def samples(self, run: RunRef, step: int | None = None) -> dict[str, Any]:
+        """The worst sequences of the latest step <= `step` that has samples (the run's
+        latest without it): `{"step", "samples"}`, `{"step": None, "samples": []}` if none."""
+        found: dict[str, Any] = self._get(f"/runs/{_segment(self._run_id(run))}/samples", {"step": step})
+        return found
+
+    def sample_steps(self, run: RunRef) -> list[int]:
+        """The steps that have samples, ascending."""
+        steps: list[int] = self._get(f"/runs/{_segment(self._run_id(run))}/samples/steps")["steps"]
+        return steps
+
+    def sequences(
+        self, run: RunRef, start: int | None = None, end: int | None = None, max_points: int | None = None
+    ) -> dict[str, Any]:
+        """(length, Σℓ) pairs of steps start..end, an even subsample of `max_points` (server
+        default 5000) when there are more: `{"steps", "length", "log_ratio", "fit"}`, `fit`
+        being `{"slope_per_1k", "intercept", "n"}` or None. Non-finite Σℓ are the strings
+        "nan", "inf", "-inf", as on the wire."""
+        params = {"from": start, "to": end, "max_points": max_points}
+        found: dict[str, Any] = self._get(f"/runs/{_segment(self._run_id(run))}/sequences", params)
+        return found
+
+    def details(self, run: RunRef, *, page: int = 100) -> Iterator[dict[str, Any]]:
+        """Every step detail the run has stored, each as a wire row of its own (`values`
+        empty; a histogram, the samples or the sequences of one step), read `page` at a time:
+        what POST /runs/{id}/points takes back."""
+        path = f"/runs/{_segment(self._run_id(run))}/details"
+        cursor: str | None = None
+        while True:
+            found = self._get(path, {"cursor": cursor, "limit": page})
+            yield from found["rows"]
+            cursor = found["cursor"]
+            if cursor is None:
+                return
 
     # -- HTTP -----------------------------------------------------------------------------
 

@@ -208,6 +208,11 @@ def _add_export(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=("csv", "parquet"), default="csv", help="file format (default csv)")
     parser.add_argument("-o", "--output", type=Path, default=None, help="file to write (default <run name>.<format>; '-' for CSV on stdout)")
     parser.add_argument("--keys", default=None, help="comma-separated metric keys (default: all)")
+    parser.add_argument(
+        "--details", type=Path, default=None, metavar="PATH",
+        help="where the run's step details go, as JSON lines (default: beside the output, its suffix .details.jsonl, when it has any)",
+    )
+    parser.add_argument("--no-details", action="store_true", help="leave the step details out")
     parser.add_argument("--token", default=None, help="API token with read scope (default: $KEEL_TOKEN)")
 
 
@@ -238,7 +243,36 @@ def _export(args: argparse.Namespace) -> int:
         _write_csv(output, steps, columns)
     where = "stdout" if str(output) == "-" else output
     print(f"keel export: run {run['name']!r} ({run['id']}): {len(keys)} key(s) at {len(steps)} step(s) to {where}", file=sys.stderr)
+    if args.no_details or (args.details is None and str(output) == "-"):
+        return 0
+    target = args.details or output.with_suffix(".details.jsonl")
+    try:
+        count = _write_details(client, run, target, create=args.details is not None)
+    except ClientError as exc:
+        return _fail("export", f"step details: {exc}")
+    if count:
+        print(f"keel export: run {run['name']!r}: {count} step detail(s) to {target}", file=sys.stderr)
     return 0
+
+
+def _write_details(client: Client, run: dict[str, Any], target: Path, *, create: bool) -> int:
+    """The run's step details to `target`, one wire row per line (a histogram, the samples or
+    the sequences of one step; `values` empty), as `POST /runs/{id}/points` takes them back.
+    Without `create` no file is written for a run that has none. The number written."""
+    count = 0
+    handle = None
+    try:
+        for row in client.details(run):
+            if handle is None:
+                handle = open(target, "w", encoding="utf-8")
+            handle.write(json.dumps(row, separators=(",", ":"), ensure_ascii=False) + "\n")
+            count += 1
+        if handle is None and create:
+            target.write_text("", encoding="utf-8")
+    finally:
+        if handle is not None:
+            handle.close()
+    return count
 
 
 def _wide_table(client: Client, run: dict[str, Any], keys: list[str]) -> tuple[list[int], dict[str, dict[int, float]]]:

@@ -1,4 +1,4 @@
-"""Runs, their metric keys and series (REST)."""
+"""Runs, their metric keys, series and step details (REST)."""
 
 from __future__ import annotations
 

@@ -144,14 +144,15 @@ async def write_points(
 ) -> WriteResult:
     """`Store.write_points`: the frame in one statement if the database can, else in
     transactions of at most `POINTS_PER_TRANSACTION` points, the last one acking it."""
-    if frame is not None and not has_details(rows):
+    details = has_details(rows)
+    if frame is not None and not details:
         written = await path.write_frame(run_id, rows, now, frame, series)
         if written is not None:
             return written
     chunks = _chunks(rows, POINTS_PER_TRANSACTION)
     result = WriteResult(stored=True, acked_seq=-1, last_step=None, started_at=math.nan)
     for index, chunk in enumerate(chunks):
-        result = await _write_chunk(path, series, run_id, rows, chunk, index == len(chunks) - 1, now, frame)
+        result = await _write_chunk(path, series, run_id, rows, chunk, index == len(chunks) - 1, now, frame, details)
         if not result.stored:
             return result
     return result
@@ -166,8 +167,10 @@ async def _write_chunk(
     last: bool,
     now: float,
     frame: FrameRef | None,
+    details: bool,
 ) -> WriteResult:
-    """One transaction of `write_points`; the last one also moves the writer's acked seq."""
+    """One transaction of `write_points`; the last one also moves the writer's acked seq.
+    `details`: whether any row of the frame has step details."""
     async with path.transaction() as session:
         head = await admit(session, run_id, frame)
         acked_seq, stored_last_step = head.acked_seq, head.last_step
@@ -181,7 +184,7 @@ async def _write_chunk(
             update = RunUpdate(run_id, stored_last_step, frame)
             if frame is not None:
                 acked_seq = frame.seq
-        if has_details(chunk):
+        if details:
             await insert_details(session, run_id, chunk)
         await path.insert_points(session, chunk, series_ids, now, update)
     series.remember(run_id, head.started_at, series_ids)  # committed

@@ -134,3 +134,36 @@ def test_an_unreachable_server_is_a_client_error() -> None:
         Client(f"http://127.0.0.1:{free_port()}", timeout=2).runs()
     with pytest.raises(ValueError, match="http://host:port"):
         Client("127.0.0.1:8750")
+
+
+def _post_details(url: str, run_id: str, rows: list[dict[str, object]]) -> None:
+    import httpx
+
+    response = httpx.post(f"{url}/api/v1/runs/{run_id}/points", json={"rows": rows}, timeout=30)
+    assert response.status_code == 200, response.text
+
+
+def test_step_details_come_back_as_the_servers_json(server) -> None:
+    run_id = _run(server.url, "detailed", {"x": {0: 1.0}})
+    edges = [0.0, 1.0, 2.0]
+    _post_details(server.url, run_id, [
+        {"step": step, "values": {}, "histograms": {"h": {"edges": edges, "counts": [step, 1]}},
+         "samples": [{"seq_id": step, "reward": "nan", "tokens": ["a"], "log_ratio": [0.5]}],
+         "sequences": {"length": [10, 20], "log_ratio": [step * 0.1, "inf"]}}
+        for step in range(1, 6)
+    ])
+    client = Client(server.url)
+    assert client.distributions(run_id, "h", start=2, end=4) == {
+        "key": "h", "edges": edges, "steps": [2, 3, 4], "counts": [[2, 1], [3, 1], [4, 1]], "nan": [0, 0, 0],
+        "bucketed": False, "left_out": 0,
+    }
+    assert client.distributions("detailed", "h", max_steps=2)["counts"] == [[1 + 2 + 3, 3], [4 + 5, 2]]
+    assert client.samples(run_id, step=3) == {"step": 3, "samples": [{"seq_id": 3, "reward": "nan", "tokens": ["a"], "log_ratio": [0.5]}]}
+    assert client.samples(run_id)["step"] == 5
+    assert client.sample_steps(run_id) == [1, 2, 3, 4, 5]
+    pairs = client.sequences(run_id, start=4, max_points=3)
+    assert pairs["steps"] == [4, 4, 5] and pairs["log_ratio"][1] == "inf" and pairs["fit"] is None
+    assert len(list(client.details(run_id, page=4))) == 15
+    with pytest.raises(ClientError) as missing:
+        client.samples({"id": "nope"})
+    assert missing.value.status == 404

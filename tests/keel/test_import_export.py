@@ -20,6 +20,7 @@ import pytest
 from keel.client import Client
 from keel.importers import run_id_for
 from keel.transfer import COMMANDS
+from tests.support.raw_client import hello, open_ingest
 
 
 def keel(*argv: str | Path) -> int:
@@ -223,6 +224,44 @@ def test_export_writes_every_point_as_csv_and_parquet(server, tmp_path: Path, ca
     assert "has no key(s) 'nope'" in capsys.readouterr().err
     assert keel("export", "missing", "--server", server.url) == 2
     assert "no run with id or name 'missing'" in capsys.readouterr().err
+
+
+def test_export_writes_the_step_details_as_rows_a_server_takes_back(server, tmp_path: Path, capsys) -> None:
+    import httpx
+
+    (tmp_path / "detailed.csv").write_text("_step,a\n0,1.0\n1,2.0\n")
+    assert keel("import", "wandb", tmp_path / "detailed.csv", "--server", server.url) == 0
+    client = Client(server.url)
+    run_id = client.run("detailed")["id"]
+    sent = [
+        {"step": step, "values": {}, "histograms": {"h": {"edges": [0, 1], "counts": [step], "nan": 1}, "g": {"edges": [-1, 1], "counts": [2]}},
+         "samples": [{"seq_id": "s", "advantage": "-inf", "tokens": ["é", "\u0000"], "token_ids": [1, 2]}],
+         "sequences": {"length": [3, 4], "log_ratio": [0.5, "nan"]}}
+        for step in range(3)
+    ]
+    assert httpx.post(f"{server.url}/api/v1/runs/{run_id}/points", json={"rows": sent}).status_code == 200
+    capsys.readouterr()
+
+    assert keel("export", "detailed", "--server", server.url, "-o", tmp_path / "out.csv") == 0
+    assert "12 step detail(s) to" in capsys.readouterr().err
+    lines = (tmp_path / "out.details.jsonl").read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 3 * 4  # two histograms, the samples and the sequences of each step
+
+    # The lines are wire rows: posted to another run, that run reads back the same details.
+    with httpx.Client(base_url=f"{server.url}/api/v1") as http:
+        copy = {"id": "copy", "name": "copy", "project": "default"}
+        with open_ingest(server) as ws:
+            hello(ws, copy)
+        assert http.post("/runs/copy/points", json={"rows": [json.loads(line) for line in lines]}).status_code == 200
+        for path, params in (("distributions", {"key": "h"}), ("distributions", {"key": "g"}), ("samples", {"step": 1}), ("sequences", {})):
+            assert http.get(f"/runs/copy/{path}", params=params).json() == http.get(f"/runs/{run_id}/{path}", params=params).json()
+    assert list(client.details("copy")) == list(client.details(run_id))
+
+    assert keel("export", "detailed", "--server", server.url, "-o", tmp_path / "bare.csv", "--no-details") == 0
+    assert not (tmp_path / "bare.details.jsonl").exists()
+    assert keel("export", "detailed", "--server", server.url, "-o", "-", "--details", tmp_path / "d.jsonl") == 0
+    assert len((tmp_path / "d.jsonl").read_text(encoding="utf-8").splitlines()) == 12
+    assert keel("export", "sparse-or-not", "--server", server.url, "-o", "-") == 2  # unknown run: as before
 
 
 def test_the_commands_module_imports_only_the_standard_library() -> None:
