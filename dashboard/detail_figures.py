@@ -159,7 +159,7 @@ def distribution_figure(
                 "meta": {"role": "quantile", "q": q},
             }
         )
-    ticks = [i for i in signed_log_ticks(dist.edges) if low <= i <= high + 1]
+    ticks = signed_log_ticks(dist.edges, low, high + 1)
     layout["yaxis"].update(
         range=[low, high + 1],
         autorange=False,
@@ -242,6 +242,20 @@ def sequences_figure(
                 "yanchor": "top",
                 "showarrow": False,
                 "bgcolor": "rgba(255,255,255,0.8)",
+                "font": {"size": 12, "color": INK},
+            }
+        )
+    elif finite:
+        layout["annotations"].append(
+            {
+                "text": "no slope: the sequences shown all have the same length",
+                "xref": "paper",
+                "yref": "paper",
+                "x": 0.01,
+                "y": 0.98,
+                "xanchor": "left",
+                "yanchor": "top",
+                "showarrow": False,
                 "font": {"size": 12, "color": INK},
             }
         )

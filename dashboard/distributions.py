@@ -61,9 +61,11 @@ def occupied_bins(counts_per_step: Sequence[Sequence[float]]) -> tuple[int, int]
     return (used[0], used[-1]) if used else None
 
 
-def signed_log_ticks(edges: Sequence[float], most: int = 11) -> list[int]:
-    """Indices of edges worth a tick label: 0 and the powers of ten (±0.001, ±0.1, ±1, ...)
-    when the edges hold them, else evenly spaced edges; at most `most`."""
+def signed_log_ticks(edges: Sequence[float], low: int = 0, high: int | None = None, most: int = 13) -> list[int]:
+    """Indices of edges worth a tick label among edges[low..high]: 0 and the powers of ten
+    (±0.001, ±0.1, ±1, ...) when the edges hold them, else every edge; at most `most`, and
+    never two labels on neighbouring rows (±10⁻⁴ around a zero bin would overprint)."""
+    high = len(edges) - 1 if high is None else high
 
     def round_number(value: float) -> bool:
         if value == 0:
@@ -71,10 +73,12 @@ def signed_log_ticks(edges: Sequence[float], most: int = 11) -> list[int]:
         exponent = math.log10(abs(value))
         return abs(exponent - round(exponent)) < 1e-9
 
-    chosen = [i for i, edge in enumerate(edges) if round_number(edge)]
-    if len(chosen) < 3:
-        chosen = list(range(len(edges)))
-    while len(chosen) > max(most, 3):
-        zero = [i for i in chosen if edges[i] == 0]  # ℓ = 0 keeps its label
-        chosen = sorted(set(chosen[::2]) | set(zero))
+    candidates = [i for i in range(low, high + 1) if round_number(edges[i])]
+    if len(candidates) < 3:
+        candidates = list(range(low, high + 1))
+    gap = max(2, -(-(high - low) // max(most - 1, 1)))
+    chosen: list[int] = []
+    for index in candidates:
+        if not chosen or index - chosen[-1] >= gap:
+            chosen.append(index)
     return chosen

@@ -41,7 +41,7 @@ __all__ = [
 
 LOG_RATIO_KEY = "mismatch/log_ratio"
 UNBOUNDED_KEY = "mismatch/log_ratio_unbounded"
-"""ℓ of the tokens no ratio clip bounds: negative advantage and r > 1 (docs/metrics.md)."""
+"""ℓ of the tokens no ratio clip bounds: negative advantage and r > 1.2 (docs/metrics.md)."""
 NO_DETAILS = "No step details: this run's client does not send them (Monitor.log_batch does)"
 DIST_STEPS = 500
 """Columns of the heatmap: about one per horizontal pixel of its half-width panel (the server
@@ -96,7 +96,7 @@ def section(step: int | None) -> html.Div:
                 [
                     html.H2("ℓ per step"),
                     html.Div(
-                        _radio("dist-variant", {"all": "all tokens", "unbounded": "unbounded only (A < 0, r > 1)"}),
+                        _radio("dist-variant", {"all": "all tokens", "unbounded": "unbounded only (A < 0, r > 1.2)"}),
                         id="dist-variant-field",
                         style={"display": "none"},
                     ),
@@ -104,7 +104,11 @@ def section(step: int | None) -> html.Div:
                 className="panel-head",
             ),
             _graph("dist-graph", "log_ratio_per_step"),
-            html.Div("Hover a cell for its bin of ℓ; click it for the step's worst sequences.", id="dist-readout", className="sub readout"),
+            html.Div(
+                "Lines: p1 and p99 of ℓ, dotted p0.1 and p99.9. Hover a cell for its bin; click it for the step's worst sequences.",
+                id="dist-readout",
+                className="sub readout",
+            ),
         ],
         className="panel detail-card",
     )
@@ -270,10 +274,10 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         if shown.empty:
             text = _empty_text(run, bounds, await _has_histograms(api, run_id) if bounds else False)
             return message_figure(text, HEIGHT), toggle, signature
-        what = "unbounded tokens (A < 0, r > 1)" if shown is dist_unbounded else "all tokens"
+        what = "unbounded tokens (A < 0, r > 1.2)" if shown is dist_unbounded else "all tokens"
         share = "of all the step's tokens" if totals is not None or shown is dist_all else "of the step's unbounded tokens"
         buckets = ", steps in buckets" if shown.bucketed else ""
-        title = f"<span style='font-size:11px'>ℓ of {what}{buckets} · colour: share {share} · lines: p1, p99; dotted: p0.1, p99.9</span>"
+        title = f"<span style='font-size:11px'>{what}{buckets} · colour: share {share}</span>"
         figure = distribution_figure(
             shown,
             title=title,

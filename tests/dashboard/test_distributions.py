@@ -57,9 +57,12 @@ def test_shares_occupied_bins_and_ticks() -> None:
     assert shares([0, 0]) == [0.0, 0.0]
     assert occupied_bins([[0, 1, 0, 0], [0, 0, 2, 0]]) == (1, 2)
     assert occupied_bins([[0, 0]]) is None
-    edges = [-10.0, -1.0, -0.1, -0.01, 0.0, 0.01, 0.1, 1.0, 10.0]
-    assert signed_log_ticks(edges) == list(range(9))
-    assert 4 in signed_log_ticks(edges, most=5) and len(signed_log_ticks(edges, most=5)) <= 5
+    edges = [-10.0, -5.0, -1.0, -0.5, -0.1, -0.05, 0.0, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0]
+    assert signed_log_ticks(edges) == [0, 2, 4, 6, 8, 10, 12]  # 0 and the powers of ten
+    assert signed_log_ticks(edges, 4, 8) == [4, 6, 8]
+    assert len(signed_log_ticks(edges, most=4)) <= 4
+    monitor = [-1.0, -0.1, -0.01, -1e-4, 1e-4, 0.01, 0.1, 1.0]  # a narrow bin around zero
+    assert signed_log_ticks(monitor) == [0, 2, 4, 6]  # ±1e-4 on neighbouring rows: one label
     assert edge_label(-0.01) == "−0.01" and edge_label(1e-5) == "1e-5" and edge_label(0.0) == "0"
 
 
@@ -97,6 +100,9 @@ def test_the_length_scatter_draws_the_servers_fit() -> None:
     assert line["x"] == [100.0, 300.0] and line["y"] == pytest.approx([-0.1, -0.3])
     assert fit_text(payload["fit"]) == "Σℓ slope: −1 per 1,000 tokens (n = 2)"
     assert figure["layout"]["annotations"][0]["text"] == fit_text(payload["fit"])
+    same_length = sequences_figure({"steps": [1, 1], "length": [4, 4], "log_ratio": [0.1, 0.2], "fit": None}, title="t")
+    assert [t["meta"]["role"] for t in same_length["data"]] == ["sequences"]
+    assert "same length" in same_length["layout"]["annotations"][0]["text"]
 
 
 def test_parse_step() -> None:

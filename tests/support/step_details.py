@@ -9,12 +9,10 @@ from typing import Any
 
 import numpy as np
 
-EDGES = [
-    *(-e for e in reversed(np.logspace(-4, 1, 21).tolist() + [30.0])),
-    0.0,
-    *(np.logspace(-4, 1, 21).tolist() + [30.0]),
-]
-"""Signed-log edges: 0, ±1e-4 … ±10 at four per decade, and ±30 (the clamp) at the ends."""
+_MAGNITUDES = [float(f"{10 ** (-4 + i / 5):.6g}") for i in range(26)]
+EDGES = [*(-m for m in reversed(_MAGNITUDES)), *_MAGNITUDES]
+"""The Monitor's signed-log edges: ±10^(−4 … 1) at five bins per decade and one bin
+[−10⁻⁴, 10⁻⁴) around zero, 51 bins; values beyond ±10 count in the end bins."""
 
 WORDS = (
     "The", " answer", " is", " 42", ".", " Let", " us", " check", ":", " 6", " ×", " 7", " =", " 42", "\n",
