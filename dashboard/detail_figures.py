@@ -21,7 +21,8 @@ from dashboard.distributions import (
     signed_log_ticks,
 )
 from dashboard.figures import base_layout
-from dashboard.theme import INK
+from dashboard.theme import INK, SEVERITY_COLOURS
+from dashboard.traces import EDGE_SYMBOL, EDGE_Y
 
 __all__ = [
     "Distribution",
@@ -53,6 +54,8 @@ class Distribution:
     counts: list[list[int]]
     bucketed: bool = False
     left_out: int = 0
+    nans: list[int] | None = None
+    """Tokens whose ℓ was NaN, per step (counted in no bin)."""
 
     @classmethod
     def from_json(cls, payload: dict[str, Any]) -> Distribution:
@@ -63,6 +66,7 @@ class Distribution:
             counts=[[int(c) for c in counts] for counts in payload.get("counts") or []],
             bucketed=bool(payload.get("bucketed")),
             left_out=int(payload.get("left_out") or 0),
+            nans=[int(n) for n in payload["nan"]] if isinstance(payload.get("nan"), list) else None,
         )
 
     @property
@@ -157,6 +161,23 @@ def distribution_figure(
                 "line": {"color": QUANTILE_COLOUR, "width": 1.2 if outer else 1.8, "dash": "dot" if outer else "solid"},
                 "hovertemplate": f"{name} of ℓ: %{{customdata:.4g}}<extra>step %{{x}}</extra>",
                 "meta": {"role": "quantile", "q": q},
+            }
+        )
+    nan_steps = [(step, n) for step, n in zip(dist.steps, dist.nans or [], strict=False) if n > 0]
+    if nan_steps:
+        # NaN ℓ is in no bin: a ✕ on the top edge (as on the metric charts), never dropped.
+        traces.append(
+            {
+                "type": "scatter",
+                "mode": "markers",
+                "x": [step for step, _ in nan_steps],
+                "y": [EDGE_Y["nan"]] * len(nan_steps),
+                "yaxis": "y2",
+                "customdata": [n for _, n in nan_steps],
+                "marker": {"symbol": EDGE_SYMBOL["nan"], "size": 9, "color": SEVERITY_COLOURS["critical"]},
+                "hovertemplate": "step %{x}: %{customdata} tokens with NaN ℓ<extra></extra>",
+                "name": "NaN ℓ",
+                "meta": {"role": "nonfinite"},
             }
         )
     ticks = signed_log_ticks(dist.edges, low, high + 1)

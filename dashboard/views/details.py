@@ -277,6 +277,8 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         what = "unbounded tokens (A < 0, r > 1.2)" if shown is dist_unbounded else "all tokens"
         share = "of all the step's tokens" if totals is not None or shown is dist_all else "of the step's unbounded tokens"
         buckets = ", steps in buckets" if shown.bucketed else ""
+        if shown.left_out:
+            buckets += f", {shown.left_out} steps with other bins left out"
         title = f"<span style='font-size:11px'>{what}{buckets} · colour: share {share}</span>"
         figure = distribution_figure(
             shown,

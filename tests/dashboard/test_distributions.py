@@ -78,9 +78,14 @@ def test_the_heatmap_holds_each_steps_share_of_its_tokens_in_the_occupied_bins()
         for z, share in zip(row, want, strict=True):
             assert (z is None and share is None) or 10**z == pytest.approx(share, rel=1e-2)
     quantiles = {t["name"]: t for t in figure["data"][1:]}
+    assert not any(t["meta"]["role"] == "nonfinite" for t in figure["data"])
     assert set(quantiles) == {"p0.1", "p1", "p99", "p99.9"}
     p99 = histogram_quantile(edges, [0, 1, 5, 3, 1], 0.99)
     assert p99 is not None and quantiles["p99"]["customdata"][1] == pytest.approx(p99.value, rel=1e-3)
+    # Tokens with NaN ℓ are in no bin: marked on the top edge with their count.
+    with_nan = Distribution.from_json({"key": "k", "edges": edges, "steps": [10, 20], "counts": dist.counts, "nan": [0, 7]})
+    (marks,) = [t for t in distribution_figure(with_nan, title="t")["data"] if t["meta"]["role"] == "nonfinite"]
+    assert marks["x"] == [20] and marks["customdata"] == [7]
     # A subset (the unbounded tokens) shared out of every token of its step.
     subset = Distribution("mismatch/log_ratio_unbounded", edges, [10, 20], [[0, 0, 0, 1, 0], [0, 0, 0, 2, 1]])
     heat = distribution_figure(subset, title="t", totals=[10, 10])["data"][0]
