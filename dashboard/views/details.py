@@ -18,15 +18,15 @@ import math
 import uuid
 from typing import Any
 
-from dash import ALL, Dash, Input, Output, State, ctx, dcc, html
+from dash import Dash, Input, Output, State, ctx, dcc, html
 from dash.exceptions import PreventUpdate
 
-from dashboard.components import GRAPH_TYPE, HAZARD_GRAPH
 from dashboard.data import KeelApi
 from dashboard.detail_figures import Distribution, distribution_figure, sequences_figure
 from dashboard.figures import message_figure
-from dashboard.tokens import colour_legend, sample_card
+from dashboard.views import token_view
 from dashboard.views.charts import X_AXIS_ONLY, zoom_range
+from dashboard.views.token_view import NO_DETAILS, run_of
 
 __all__ = [
     "section",
@@ -42,7 +42,6 @@ __all__ = [
 LOG_RATIO_KEY = "mismatch/log_ratio"
 UNBOUNDED_KEY = "mismatch/log_ratio_unbounded"
 """ℓ of the tokens no ratio clip bounds: negative advantage and r > 1.2 (docs/metrics.md)."""
-NO_DETAILS = "No step details: this run's client does not send them (Monitor.log_batch does)"
 DIST_STEPS = 500
 """Columns of the heatmap: about one per horizontal pixel of its half-width panel (the server
 sums the counts of consecutive steps beyond that)."""
@@ -125,71 +124,19 @@ def section(step: int | None) -> html.Div:
         ],
         className="panel detail-card",
     )
-    tokens = html.Div(
-        [
-            html.Div(
-                [
-                    html.H2("Worst sequences"),
-                    html.Div(
-                        [
-                            html.Button("← prev", id="tokens-prev", n_clicks=0, className="button small"),
-                            dcc.Input(
-                                id="tokens-step",
-                                type="number",
-                                min=0,
-                                step=1,
-                                value=step,
-                                debounce=True,
-                                placeholder="latest",
-                                className="step-input",
-                            ),
-                            html.Button("next →", id="tokens-next", n_clicks=0, className="button small"),
-                            html.Button("latest", id="tokens-latest", n_clicks=0, className="button small"),
-                        ],
-                        className="step-picker",
-                    ),
-                ],
-                className="panel-head",
-            ),
-            colour_legend(),
-            html.Div(html.P("Loading…", className="sub"), id="tokens-view"),
-        ],
-        id="tokens",
-        className="panel section",
-    )
     return html.Div(
         [
             dcc.Store(id="dist-zoom"),
             dcc.Store(id="dist-drawn"),
             dcc.Store(id="seq-drawn"),
             dcc.Store(id="tokens-shown"),  # {"step", "explicit"}: the step the token view shows
-            dcc.Store(id="tokens-url"),  # written by nothing: FOLLOW_URL's output
             html.Div("step details", className="namespace"),
             html.Div([distribution, lengths], className="charts"),
-            tokens,
+            token_view.panel(step),
         ],
         id="step-details",
     )
 
-
-# A click on a chart opens the token view at the clicked step: the point's x (its step) on
-# the metric charts (an alert's ◆ included), the hazard and the heatmap; on the length
-# scatter the step is the point's customdata. The URL follows (?step=S), without a reload.
-STEP_FROM_CLICK = """
-function (%s) {
-    var hit = (window.dash_clientside.callback_context.triggered || [])[0];
-    var point = hit && hit.value && hit.value.points && hit.value.points[0];
-    var raw = point ? point.%s : null;
-    if (raw === null || raw === undefined || !isFinite(Number(raw))) return window.dash_clientside.no_update;
-    var step = Math.round(Number(raw));
-    var url = new URL(window.location.href);
-    url.searchParams.set("step", String(step));
-    window.history.replaceState(window.history.state, "", url.toString());
-    var view = document.getElementById("tokens");
-    if (view) view.scrollIntoView({behavior: "smooth", block: "start"});
-    return step;
-}
-"""
 
 # The heatmap's rows are bins of unequal width in ℓ (one row each): say which bin is hovered.
 DIST_READOUT = """
@@ -210,28 +157,11 @@ function (hover) {
 }
 """
 
-# The URL names the step the token view shows, once the user picked one.
-FOLLOW_URL = """
-function (shown) {
-    if (!shown || !shown.explicit || shown.step === null) return window.dash_clientside.no_update;
-    var url = new URL(window.location.href);
-    if (url.searchParams.get("step") !== String(shown.step)) {
-        url.searchParams.set("step", String(shown.step));
-        window.history.replaceState(window.history.state, "", url.toString());
-    }
-    return window.dash_clientside.no_update;
-}
-"""
-
-
 def register(dash_app: Dash, api: KeelApi) -> None:
-    _register_clicks(dash_app)
+    token_view.register(dash_app, api)
     dash_app.clientside_callback(X_AXIS_ONLY, Output("dist-zoom", "data"), Input("dist-graph", "relayoutData"))
     dash_app.clientside_callback(
         DIST_READOUT, Output("dist-readout", "children"), Input("dist-graph", "hoverData"), prevent_initial_call=True
-    )
-    dash_app.clientside_callback(
-        FOLLOW_URL, Output("tokens-url", "data"), Input("tokens-shown", "data"), prevent_initial_call=True
     )
 
     @dash_app.callback(
@@ -248,7 +178,7 @@ def register(dash_app: Dash, api: KeelApi) -> None:
     async def draw_distribution(
         state: dict[str, Any] | None, _tick: Any, variant: str | None, zoom: dict[str, Any] | None, drawn: dict[str, Any] | None
     ) -> tuple[Any, Any, Any]:
-        run_id = _run_of(state)
+        run_id = run_of(state)
         run = await api.run(run_id)
         if run is None:
             raise PreventUpdate
@@ -291,55 +221,6 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         return figure, toggle, signature
 
     @dash_app.callback(
-        Output("tokens-view", "children"),
-        Output("tokens-shown", "data"),
-        Output("tokens-step", "value"),
-        Input("page-state", "data"),
-        Input("live-data-tick", "data"),
-        Input("tokens-step", "value"),
-        Input("tokens-prev", "n_clicks"),
-        Input("tokens-next", "n_clicks"),
-        Input("tokens-latest", "n_clicks"),
-        State("tokens-shown", "data"),
-        prevent_initial_call=True,
-    )
-    async def draw_tokens(
-        state: dict[str, Any] | None,
-        _tick: Any,
-        step: float | None,
-        _prev: int,
-        _next: int,
-        _latest: int,
-        shown: dict[str, Any] | None,
-    ) -> tuple[Any, Any, Any]:
-        run_id = _run_of(state)
-        refresh = shown is not None and ctx.triggered_id in ("live-data-tick", "page-state")
-        if refresh and (shown or {}).get("explicit"):
-            raise PreventUpdate  # a step picked stays as it is
-        target = await _token_target(api, run_id, ctx.triggered_id, step, shown)
-        explicit = target is not None
-        payload = await api.samples(run_id, target)
-        found = None if payload is None else payload.get("step")
-        if refresh and found is not None and found == (shown or {}).get("step"):
-            raise PreventUpdate  # the latest step with samples did not move
-        if payload is None or found is None:
-            steps = await api.sample_steps(run_id) if payload is not None else None
-            if steps:
-                view: Any = html.P(f"No samples at or before step {target}; the first step with samples is {steps[0]}.", className="note warn")
-            else:
-                view = html.P(NO_DETAILS, className="note", id="tokens-missing")
-            return view, {"step": None, "explicit": explicit}, target
-        samples = list(payload.get("samples") or [])
-        where = f"step {found}" + (f" (the latest step ≤ {target} with samples)" if explicit and found != target else "")
-        caption = html.P(
-            [html.B(where), f": the {len(samples)} worst sequence{'s' if len(samples) != 1 else ''}, worst first. Hover a token for π, μ, r and each loss's coefficient."],
-            className="sub",
-            id="tokens-caption",
-        )
-        cards = [sample_card(rank, sample) for rank, sample in enumerate(samples, start=1)]
-        return [caption, *cards], {"step": found, "explicit": explicit}, found if explicit else None
-
-    @dash_app.callback(
         Output("seq-graph", "figure"),
         Output("seq-drawn", "data"),
         Input("page-state", "data"),
@@ -358,7 +239,7 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         tokens_shown: dict[str, Any] | None,
         drawn: dict[str, Any] | None,
     ) -> tuple[Any, Any]:
-        run_id = _run_of(state)
+        run_id = run_of(state)
         if ctx.triggered_id == "tokens-shown" and mode != "step":
             raise PreventUpdate
         run = await api.run(run_id)
@@ -378,26 +259,6 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         span = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}–{steps[-1]}"
         title = f"<span style='font-size:11px'>{span}, {len(payload['length']):,} sequences · colour: step</span>"
         return sequences_figure(payload, title=title, height=HEIGHT, render_id=uuid.uuid4().hex), signature
-
-
-def _register_clicks(dash_app: Dash) -> None:
-    """Every chart's click opens the token view (one callback per kind of chart: the hazard
-    chart and the metric charts come and go with the data)."""
-    output = Output("tokens-step", "value", allow_duplicate=True)
-    sources = [
-        (Input({"type": GRAPH_TYPE, "key": ALL}, "clickData"), "x"),
-        (Input(HAZARD_GRAPH, "clickData"), "x"),
-        (Input("dist-graph", "clickData"), "x"),
-        (Input("seq-graph", "clickData"), "customdata"),
-    ]
-    for source, field in sources:
-        dash_app.clientside_callback(STEP_FROM_CLICK % ("clicks", field), output, source, prevent_initial_call=True)
-
-
-def _run_of(state: dict[str, Any] | None) -> str:
-    if not state or state.get("page") != "run":
-        raise PreventUpdate
-    return str(state["runs"][0])
 
 
 def _bounds(x_range: tuple[float, float] | None) -> tuple[int, int] | None:
@@ -433,27 +294,3 @@ def _empty_text(run: dict[str, Any], bounds: tuple[int, int] | None, elsewhere: 
     if elsewhere and bounds is not None:
         return f"No step details in steps {bounds[0]}–{bounds[1]}"
     return NO_DETAILS
-
-
-async def _token_target(
-    api: KeelApi, run_id: str, trigger: Any, step: float | None, shown: dict[str, Any] | None
-) -> int | None:
-    """The step the token view is asked for (None: the latest with samples)."""
-    current = None if shown is None else shown.get("step")
-    if trigger == "tokens-latest":
-        return None
-    if trigger == "tokens-prev":
-        if current is None or current <= 0:
-            raise PreventUpdate
-        return int(current) - 1  # the samples read answers the latest step ≤ this one
-    if trigger == "tokens-next":
-        steps = await api.sample_steps(run_id) or []
-        later = [s for s in steps if current is None or s > current]
-        if not later:
-            raise PreventUpdate
-        return later[0]
-    if trigger == "tokens-step":
-        return None if step is None else max(0, int(step))
-    if shown is not None:
-        return current if shown.get("explicit") else None
-    return None if step is None else max(0, int(step))  # the first draw: `?step=S`, or the latest
