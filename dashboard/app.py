@@ -16,7 +16,7 @@ from starlette.types import Receive, Scope, Send
 
 from dashboard.components import empty_state, shell
 from dashboard.data import KeelApi, in_process_client
-from dashboard.views import charts, compare, run, runs
+from dashboard.views import charts, compare, details, run, runs
 
 __all__ = ["mount", "build_dash", "route", "PAGE_PATHS"]
 
@@ -33,7 +33,7 @@ def route(pathname: str | None, search: str | None) -> Any:
     if path == "/compare":
         return compare.layout(compare.parse_runs(search))
     if path.startswith("/runs/") and path.count("/") == 2:
-        return run.layout(path.split("/")[2])
+        return run.layout(path.split("/")[2], details.parse_step(search))
     return empty_state("Page not found", f"Nothing at {pathname}.")
 
 
@@ -57,6 +57,7 @@ def build_dash(server: FastAPI, api: KeelApi) -> Dash:
 
     charts.register(dash_app, api)
     compare.register(dash_app, api)
+    details.register(dash_app, api)
     run.register(dash_app, api)
     runs.register(dash_app, api)
     return dash_app

@@ -111,6 +111,48 @@ class KeelApi:
         response.raise_for_status()
         return dict(response.json())
 
+    async def _details(self, path: str, **params: Any) -> dict[str, Any] | None:
+        """A read of a run's step details; None for an unknown run, or a server that does not
+        store step details (its API answers 404 for the path)."""
+        response = await self._get(path, **params)
+        if response.status_code == 404:
+            return None
+        response.raise_for_status()
+        return dict(response.json())
+
+    async def distributions(
+        self,
+        run_id: str,
+        key: str,
+        *,
+        start: int | None = None,
+        end: int | None = None,
+        max_steps: int | None = None,
+    ) -> dict[str, Any] | None:
+        """Histograms of `key` per step, `{"key", "edges", "steps", "counts", "bucketed"}`
+        (empty lists when the run has none); more than `max_steps` steps come in buckets of
+        consecutive steps, counts summed."""
+        params = {"key": key, "from": start, "to": end, "max_steps": max_steps}
+        return await self._details(f"/runs/{run_id}/distributions", **params)
+
+    async def samples(self, run_id: str, step: int | None = None) -> dict[str, Any] | None:
+        """The worst sequences of the latest step ≤ `step` that has samples (the run's latest
+        without `step`): `{"step", "samples"}`, `{"step": None, "samples": []}` for none."""
+        return await self._details(f"/runs/{run_id}/samples", step=step)
+
+    async def sample_steps(self, run_id: str) -> list[int] | None:
+        """The steps of the run that have samples, ascending."""
+        payload = await self._details(f"/runs/{run_id}/samples/steps")
+        return None if payload is None else sorted(int(s) for s in payload.get("steps") or [])
+
+    async def sequences(
+        self, run_id: str, *, start: int | None = None, end: int | None = None, max_points: int | None = None
+    ) -> dict[str, Any] | None:
+        """(length, Σℓ) of the sequences of steps `start`..`end`, `{"steps", "length",
+        "log_ratio", "fit"}`, the fit `{"slope_per_1k", "intercept", "n"}` or None."""
+        params = {"from": start, "to": end, "max_points": max_points}
+        return await self._details(f"/runs/{run_id}/sequences", **params)
+
     async def alerts(
         self, run_ids: str | Iterable[str], state: str | None = None
     ) -> list[Alert] | None:

@@ -49,6 +49,7 @@ __all__ = [
     "hazard_figure",
     "HAZARD_TITLE",
     "message_figure",
+    "base_layout",
     "flat_range",
     "FLAT_SPAN",
     "FLAT_PAD",
@@ -91,7 +92,8 @@ def _annotation(text: str, *, colour: str = MUTED) -> Figure:
     }
 
 
-def _base_layout(title: str, unit: str, height: int, log_y: bool) -> Figure:
+def base_layout(title: str, unit: str, height: int, log_y: bool) -> Figure:
+    """Every chart's frame: title, margins, fonts, step on x, `unit` on a linear or log y."""
     axis = {
         "gridcolor": GRID,
         "zeroline": False,
@@ -206,7 +208,7 @@ def metric_figure(
         if info.title == key
         else f"<b>{info.title}</b>  <span style='color:{MUTED};font-size:11px'>{key}</span>"
     )
-    layout = _base_layout(title, info.unit, options.height, log_y)
+    layout = base_layout(title, info.unit, options.height, log_y)
     styles = run_styles(lines)
     aggregate = options.aggregate != "runs"
     traces: list[Figure] = []
@@ -287,7 +289,7 @@ HAZARD_TITLE = "collapse hazard"
 _AXIS_TITLE_CHAR_PX = 6.5
 """About how wide a character of an axis title is (12 px font)."""
 _VERTICAL_MARGINS = 84
-"""The plot's top and bottom margins (_base_layout): what of a chart's height the y axis lacks."""
+"""The plot's top and bottom margins (base_layout): what of a chart's height the y axis lacks."""
 
 
 def hazard_figure(
@@ -299,7 +301,7 @@ def hazard_figure(
     unit = f"P(collapse within {horizon} steps)" if horizon is not None else "P(collapse)"
     if len(unit) * _AXIS_TITLE_CHAR_PX > height - _VERTICAL_MARGINS:
         unit = unit.replace(" within ", " within<br>")  # two lines rather than over the title
-    layout = _base_layout(f"<b>{HAZARD_TITLE}</b>", unit, height, False)
+    layout = base_layout(f"<b>{HAZARD_TITLE}</b>", unit, height, False)
     layout["yaxis"].update(range=[0, 1], autorange=False)
     styles = run_styles(lines)
     traces: list[Figure] = [
@@ -328,7 +330,7 @@ def hazard_figure(
 
 def message_figure(text: str, height: int = 300) -> Figure:
     """A blank chart carrying a message (loading, errors, nothing to show)."""
-    layout = _base_layout("", "", height, False)
+    layout = base_layout("", "", height, False)
     layout["xaxis"].update(visible=False)
     layout["yaxis"].update(visible=False)
     layout["annotations"] = [_annotation(text)]

@@ -70,6 +70,7 @@ _KNOWN = {
         MetricInfo("mismatch/ess_frac", "Effective sample size", "fraction of tokens", False),
         MetricInfo("mismatch/log_ratio_abs_mean", "Mean |log ratio|", "nats", True),
         MetricInfo("mismatch/log_ratio_p99", "p99 |log ratio|", "nats", True),
+        MetricInfo("mismatch/tail_frac", "Tail fraction", "fraction of tokens with |ℓ| ≥ 1", True),
         MetricInfo("mismatch/bkl_seq_max", "Max sequence Bernoulli KL", "nats", True),
         MetricInfo("gate/frac", "Gated fraction", "fraction of units gated", False),
         MetricInfo("grad/norm", "Gradient norm", "global L2 norm, pre-clip", True),

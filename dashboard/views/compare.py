@@ -27,6 +27,8 @@ from dashboard.views.charts import HISTORY_POINTS
 __all__ = ["layout", "register", "parse_runs"]
 
 CHART_HEIGHT = 330
+WHEN_LOGGED_KEYS = ("mismatch/tail_frac",)
+"""Charted after the headline charts when any of the runs logs them."""
 
 
 def parse_runs(search: str | None) -> list[str]:
@@ -101,6 +103,7 @@ def layout(run_ids: list[str]) -> html.Div:
                 + [hazard_graph(CHART_HEIGHT)],
                 className="charts",
             ),
+            html.Div(id="compare-logged", className="charts", style={"marginTop": "12px"}),
             html.Div(id="compare-extra", className="charts", style={"marginTop": "12px"}),
             html.Div(
                 [
@@ -133,12 +136,13 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         Output("compare-chips", "children"),
         Output("compare-notice", "children"),
         Output("opt-metrics", "options"),
+        Output("compare-logged", "children"),
         Input("page-state", "data"),
         prevent_initial_call=False,
     )
-    async def header(state: dict[str, Any] | None) -> tuple[Any, Any, list[dict[str, str]]]:
+    async def header(state: dict[str, Any] | None) -> tuple[Any, Any, list[dict[str, str]], list[Any]]:
         if not state or state.get("page") != "compare":
-            return [], None, []
+            return [], None, [], []
         run_ids = state["runs"]
         infos = await api.runs_by_id(run_ids)
         known = [r for r in run_ids if infos.get(r)]
@@ -169,8 +173,10 @@ def register(dash_app: Dash, api: KeelApi) -> None:
             if missing
             else None
         )
-        extra = sorted({k for run_keys in keys for k in run_keys} - set(HEADLINE_KEYS))
-        return chips, notice, [{"label": k, "value": k} for k in extra]
+        logged = {k for run_keys in keys for k in run_keys}
+        extra = sorted(logged - set(HEADLINE_KEYS) - set(WHEN_LOGGED_KEYS))
+        charts = [metric_graph(key, CHART_HEIGHT) for key in WHEN_LOGGED_KEYS if key in logged]
+        return chips, notice, [{"label": k, "value": k} for k in extra], charts
 
     @dash_app.callback(
         Output("compare-extra", "children"),

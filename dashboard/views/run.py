@@ -22,6 +22,7 @@ from dashboard.components import (
 from dashboard.data import KeelApi
 from dashboard.series import Alert
 from dashboard.theme import HEADLINE_KEYS
+from dashboard.views.details import section as details_section
 
 __all__ = ["layout", "register", "order_keys"]
 
@@ -55,7 +56,8 @@ def order_keys(keys: list[str]) -> list[tuple[str, list[str]]]:
     return ordered + sorted(sections.items())
 
 
-def layout(run_id: str) -> html.Div:
+def layout(run_id: str, step: int | None = None) -> html.Div:
+    """The run's page; `step` opens its token view at that step (`?step=S`)."""
     return html.Div(
         [
             page_state("run", [run_id], CHART_HEIGHT),
@@ -76,6 +78,7 @@ def layout(run_id: str) -> html.Div:
             backtest_panel(),
             html.Div(chart_controls(aggregate=False, extra_metrics=False), className="section"),
             html.Div(id="run-charts"),
+            details_section(step),
             html.Div(id="run-more-charts"),
         ]
     )

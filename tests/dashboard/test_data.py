@@ -9,6 +9,7 @@ import httpx
 
 from dashboard.data import KeelApi
 from server.alerts.hazard import HORIZON, WARMUP
+from tests.support.step_details import detail_rows
 from tests.support.toy_runs import LiveRun
 
 
@@ -94,3 +95,37 @@ def test_alerts_of_several_runs_in_one_read(server) -> None:
     assert firing[0].severity == "critical" and firing[0].started_step == 1
     assert only_b is not None and {x.run_id for x in only_b} == {b}
     assert none == []
+
+
+def test_reads_step_details_and_none_for_a_server_without_them(server) -> None:
+    run = LiveRun(server, "details", "cispo")
+    rows = detail_rows(range(10), samples_every=3, sequences_per_step=8)
+    assert httpx.post(f"{server.url}/api/v1/runs/{run.id}/points", json={"rows": rows}).status_code == 200
+    run.close()
+
+    async def read() -> None:
+        api = _api(server)
+        dist = await api.distributions(run.id, "mismatch/log_ratio", start=2, end=7, max_steps=3)
+        assert dist is not None and dist["bucketed"] and len(dist["steps"]) == 3 and dist["steps"][-1] == 7
+        assert [sum(c) for c in dist["counts"]] == [
+            sum(sum(rows[s]["histograms"]["mismatch/log_ratio"]["counts"]) for s in bucket) for bucket in ((2, 3), (4, 5), (6, 7))
+        ]
+        assert (await api.distributions(run.id, "unknown/key") or {})["edges"] == []
+        latest = await api.samples(run.id, 8)
+        assert latest is not None and latest["step"] == 6 and latest["samples"][0]["seq_id"] == "s6-0"
+        assert await api.sample_steps(run.id) == [0, 3, 6, 9]
+        pairs = await api.sequences(run.id, start=5, end=6)
+        assert pairs is not None and pairs["steps"] == [5] * 8 + [6] * 8 and pairs["fit"]["n"] == 16
+        assert await api.samples("missing") is None and await api.sequences("missing") is None
+
+    asyncio.run(read())
+
+    def without(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(404, json={"detail": "Not Found"})
+
+    async def read_old() -> None:
+        api = KeelApi(httpx.AsyncClient(transport=httpx.MockTransport(without), base_url="http://t"))
+        assert await api.distributions("r", "mismatch/log_ratio") is None
+        assert await api.sample_steps("r") is None
+
+    asyncio.run(read_old())

@@ -214,3 +214,57 @@ def chart_order(driver: Any) -> list[str | None]:
             "  return gd && gd.layout && gd.layout.meta ? gd.layout.meta.key || null : null; })"
         )
     )
+
+
+DETAIL_JS = """
+var gd = document.querySelector('#' + arguments[0] + ' .js-plotly-plot') || document.getElementById(arguments[0]);
+if (!gd || !gd.layout || !gd._fullLayout) return null;
+return {
+  meta: gd.layout.meta || {},
+  notes: (gd.layout.annotations || []).map(function (a) { return a.text; }),
+  traces: (gd.data || []).map(function (t) {
+    return {type: t.type, name: t.name || null, role: (t.meta || {}).role || null,
+            x: Array.from(t.x || []), y: Array.from(t.y || []),
+            z: t.z ? t.z.map(function (row) { return Array.from(row); }) : null,
+            customdata: t.customdata ? Array.from(t.customdata) : null};
+  }),
+};
+"""
+
+
+def detail_chart(driver: Any, graph_id: str) -> dict[str, Any] | None:
+    """A step-details chart (`dist-graph`, `seq-graph`) as drawn from server data (None before
+    that, or while it shows a message): layout.meta, annotation texts, and per trace its type,
+    name, role, x, y, z and customdata."""
+    chart = driver.execute_script(DETAIL_JS, graph_id)
+    return chart if chart and chart["meta"].get("render_id") else None
+
+
+def chart_message(driver: Any, graph_id: str) -> str:
+    """The text a chart shows instead of data ("Loading…", an empty state), or ""."""
+    return str(
+        driver.execute_script(
+            "var gd = document.querySelector('#' + arguments[0] + ' .js-plotly-plot');"
+            "return gd && gd.layout ? (gd.layout.annotations || []).map(function (a) { return a.text; }).join(' ') : ''",
+            graph_id,
+        )
+    )
+
+
+CLICK_POINT_JS = """
+var gd = arguments[0], x = arguments[1];
+var full = gd._fullLayout, box = gd.getBoundingClientRect();
+var px = full.xaxis._offset + full.xaxis.l2p(x), py = full.yaxis._offset + full.yaxis._length / 2;
+return [px - box.width / 2, py - box.height / 2];
+"""
+
+
+def click_at_x(driver: Any, plot: Any, x: float, *, click: bool = True) -> None:
+    """A real mouse click on a Plotly chart at data x (half way up its plot area); with
+    `click` False, the mouse only rests there (a hover)."""
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", plot)
+    dx, dy = driver.execute_script(CLICK_POINT_JS, plot, x)
+    actions = ActionChains(driver).move_to_element_with_offset(plot, int(dx), int(dy)).pause(0.3)
+    (actions.click() if click else actions).perform()
