@@ -57,7 +57,7 @@ class KeelStatsLogger:
     @classmethod
     def from_config(cls, config: Any, inner: Any = None) -> KeelStatsLogger:
         """The logger for an AReaL experiment `config` (a BaseExperimentConfig dataclass)."""
-        plain = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)
+        plain = dataclasses.asdict(config) if dataclasses.is_dataclass(config) and not isinstance(config, type) else dict(config)
         stats = plain.get("stats_logger") or {}
         wandb = stats.get("wandb") or {}
         wandb.pop("wandb_api_key", None)  # a secret: never stored
