@@ -1,7 +1,8 @@
 """Keel as a prime-rl monitor (docs/integrations/prime-rl.md).
 
-    python -m trainer_hooks.integrations.primerl trainer @ trainer.toml
-    python -m trainer_hooks.integrations.primerl orchestrator @ orchestrator.toml
+    from prime_rl.entrypoints.trainer import main   # or .orchestrator, .sft, ...
+    from trainer_hooks.integrations.primerl import run
+    run(main)
 
 prime-rl (0.8.0, commit 559b44772e471d1538537b8805cc77f3824a5e64) logs through
 `prime_rl.monitors` (src/prime_rl/monitors/__init__.py): `setup(wandb=, prime=, file=, *,
@@ -16,9 +17,7 @@ prime-rl builds its monitors from its own config only; there is no setting that 
 from elsewhere. `install()` wraps `prime_rl.monitors.setup` so that, after it, a
 `KeelMonitor` joins `MONITORS`; `run(main)` installs, runs a prime-rl entry point and marks
 the process's Keel run failed when it raises or exits non-zero (prime-rl's `clean_exit`,
-src/prime_rl/utils/utils.py, turns an exception into `sys.exit(1)`). Run as a module, it
-does that for the prime-rl command named by its first argument (`trainer`,
-`orchestrator`, `sft`, `evals`: prime-rl's console scripts).
+src/prime_rl/utils/utils.py, turns an exception into `sys.exit(1)`).
 
 Each process is its own Keel run, `<name>-<component>` in group `<name>` (the name is
 `monitors.wandb.name`, else $PRL_RUN_NAME, else the output directory's name), as prime-rl's
@@ -31,9 +30,7 @@ import asyncio
 import functools
 import logging
 import os
-import sys
 from collections.abc import Callable, Mapping
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -141,17 +138,3 @@ def run(main: Callable[[], Any]) -> Any:
         for keel in _LIVE:
             keel.monitor.__exit__(type(exc), exc, exc.__traceback__)
         raise
-
-
-def _main(argv: list[str]) -> Any:
-    if not argv:
-        raise SystemExit("usage: python -m trainer_hooks.integrations.primerl COMMAND [ARGS...]")
-    found = entry_points(group="console_scripts", name=argv[0])
-    if not found:
-        raise SystemExit(f"keel: no prime-rl command {argv[0]!r} is installed")
-    sys.argv = argv
-    return run(next(iter(found)).load())
-
-
-if __name__ == "__main__":
-    _main(sys.argv[1:])

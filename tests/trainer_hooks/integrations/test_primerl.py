@@ -194,8 +194,3 @@ def test_other_ranks_get_no_keel_monitor(monitors: Any, tmp_path: Path, monkeypa
     primerl.install()  # once
     asyncio.run(monitors.setup(file=None, output_dir=tmp_path, run_config=TrainerConfig()))
     assert monitors.MONITORS == []
-
-
-def test_the_module_runs_only_installed_prime_rl_commands() -> None:
-    with pytest.raises(SystemExit, match="no prime-rl command 'no-such-prime-rl-command'"):
-        primerl._main(["no-such-prime-rl-command"])
