@@ -186,7 +186,7 @@ class WandbTail:
             kind = record.WhichOneof("record_type")
             if kind == "history":
                 history = record.history
-                items = dict(wandb_items(history.item, metrics=True))
+                items = {item.key or ".".join(item.nested_key): _value(item.value_json) for item in history.item}
                 step = history.step.num if history.HasField("step") else None
                 stamp = items.get("_timestamp")
                 out.rows.append(HistoryRow(step, float(stamp) if isinstance(stamp, (int, float)) else None, items))
