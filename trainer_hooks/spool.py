@@ -8,7 +8,7 @@ One directory per run (default `~/.keel/spool/<run_id>`):
     frames.jsonl   append-only, one frame per line: {"n": <local index>,"rows": [...]}
                    `rows` is exactly the wire `rows` array of a points frame.
     acked.json     {"n": last acked local index, "offset": byte offset just past its line},
-                   renamed into place at most once per second (and at compaction and close),
+                   renamed into place at most every 5 s (and at compaction and close),
                    never fsynced: a stale or lost one only resends frames the server
                    already holds, and the server acks those again without storing.
     lock           flock()ed by the one process that owns the spool (a trainer or `keel sync`);
@@ -66,7 +66,7 @@ _ROWS_HEAD = b',"rows":'
 _LINE_TAIL = b"}\n"
 # Start frames.jsonl over once everything in it is acked and it is bigger than this.
 _COMPACT_BYTES = 16 * 1024 * 1024
-_ACKED_INTERVAL_S = 1.0
+_ACKED_INTERVAL_S = 5.0
 """acked.json is rewritten at most this often (an atomic write per ack costs more CPU than
 the ack itself when frames are small and frequent)."""
 _FIRST_READ = 8 * 1024
