@@ -20,7 +20,7 @@ dict of a list), without the `__count` keys StatsLogger leaves out too.
 wraps this trainer's `train`: an exception marks the run failed before it propagates.
 The run is named after `stats_logger.wandb.name` (else the trial name), in project
 `stats_logger.wandb.project` (else the experiment name), group as AReaL's wandb group; the
-config is the experiment's, without `wandb_api_key`. The server is $KEEL_URL, the token
+config is the experiment's, without the backends' API keys. The server is $KEEL_URL, the token
 $KEEL_TOKEN. Only rank 0 streams (the Monitor's rule, StatsLogger's too).
 """
 
@@ -59,8 +59,11 @@ class KeelStatsLogger:
         """The logger for an AReaL experiment `config` (a BaseExperimentConfig dataclass)."""
         plain = dataclasses.asdict(config) if dataclasses.is_dataclass(config) and not isinstance(config, type) else dict(config)
         stats = plain.get("stats_logger") or {}
+        for backend in stats.values():  # wandb_api_key, swanlab's api_key: secrets, never stored
+            if isinstance(backend, dict):
+                for key in [key for key in backend if "api_key" in key]:
+                    del backend[key]
         wandb = stats.get("wandb") or {}
-        wandb.pop("wandb_api_key", None)  # a secret: never stored
         experiment, trial = stats.get("experiment_name"), stats.get("trial_name")
         monitor = Monitor(
             server_url(),

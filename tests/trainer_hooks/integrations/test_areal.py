@@ -36,11 +36,18 @@ class WandBConfig:  # areal/api/cli_args.py (the fields StatsLogger reads)
 
 
 @dataclasses.dataclass
+class SwanlabConfig:
+    mode: str = "disabled"
+    api_key: str | None = None
+
+
+@dataclasses.dataclass
 class StatsLoggerConfig:
     experiment_name: str = "gsm8k-grpo"
     trial_name: str = "trial0"
     fileroot: str = "/tmp/areal"
     wandb: WandBConfig = dataclasses.field(default_factory=WandBConfig)
+    swanlab: SwanlabConfig = dataclasses.field(default_factory=SwanlabConfig)
 
 
 @dataclasses.dataclass
@@ -145,6 +152,7 @@ def url(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, sqlite_url: str, server
 def test_commits_reach_keel_at_areals_own_steps(url: str) -> None:
     config = GRPOConfig()
     config.stats_logger.wandb = WandBConfig(wandb_api_key="secret", project="math", name="grpo-7b")
+    config.stats_logger.swanlab = SwanlabConfig(api_key="secret too")
     with PPOTrainer(config, steps=3) as trainer:
         inner = trainer.stats_logger
         keel = attach(trainer)
@@ -156,6 +164,7 @@ def test_commits_reach_keel_at_areals_own_steps(url: str) -> None:
     run = run_of(url, keel.monitor.run_id)
     assert (run["name"], run["project"], run["group"], run["status"]) == ("grpo-7b", "math", "gsm8k-grpo_trial0", "finished")
     assert "wandb_api_key" not in run["config"]["stats_logger"]["wandb"]
+    assert run["config"]["stats_logger"]["swanlab"] == {"mode": "disabled"}
     assert config.stats_logger.wandb.wandb_api_key == "secret"  # AReaL's own config untouched
     assert [step for step, _ in inner.wandb_logged] == [0, 1, 2, 3, 4]
     assert stored(url, run["id"], "reward/mean") == {0: 0.25, 1: 0.5, 2: 0.75}
