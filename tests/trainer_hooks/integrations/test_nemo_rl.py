@@ -110,8 +110,9 @@ def test_grpo_train_logs_reach_keel_under_keel_names(url: str) -> None:
         logger.log_metrics(train_metrics(step), step, prefix="train")
         logger.log_metrics({"generation": 6.0, "total_step_time": 20.0}, step, prefix="timing/train", step_finished=True)
     logger.log_metrics({"accuracy": 0.6}, 3, prefix="validation")
-    # RayGpuMonitorLogger.flush: its own step, as the step_metric field
-    logger.log_metrics({"node.0.gpu.0.util": 0.9, "ray/ray_step": 2}, step=2, prefix="ray", step_metric="ray/ray_step")
+    # RayGpuMonitorLogger.flush passes its step both ways; LoggerInterface says the
+    # step_metric field is the step "instead of the provided step value"
+    logger.log_metrics({"node.0.gpu.0.util": 0.9, "ray/ray_step": 2}, step=0, prefix="ray", step_metric="ray/ray_step")
     logger.finish()
 
     run = run_named(url, "qwen-math")
