@@ -6,13 +6,14 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install demo test lint bench clean
 
-$(STAMP): pyproject.toml requirements/verl.txt
+$(STAMP): pyproject.toml requirements/verl.txt requirements/skyrl.txt
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# CPU build of torch; a bare `torch` would pull a multi-GB CUDA build.
 	$(BIN)/pip install -q "torch==2.13.0" || $(BIN)/pip install -q "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
 	$(BIN)/pip install -q -e ".[dev]"
 	$(BIN)/pip install -q --no-deps -r requirements/verl.txt
+	$(BIN)/pip install -q --no-deps -r requirements/skyrl.txt
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -30,7 +30,7 @@ import struct
 import uuid
 import zlib
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,20 +72,35 @@ class PointTable:
     """(key, reason) -> how many values of that key were not imported."""
 
     def add(self, step: Any, key: str, raw: Any, wall_time: float | None = None) -> None:
-        value = _as_float(raw)
-        if isinstance(value, str):
-            self.skipped[(key, value)] += 1
-        elif isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < _MAX_STEP:
-            self.skipped[(key, f"step {step!r} is not an integer in 0..2^62")] += 1
-        elif not key or len(key) > _LIMITS.max_key_length:
-            self.skipped[(key[:60], f"key is not 1..{_LIMITS.max_key_length} characters")] += 1
-        elif key in self.values.setdefault(step, {}):
-            # Keel keeps a point's first value; say so rather than letting the server drop it.
-            self.skipped[(key, "a second value at a step already read (the first is kept)")] += 1
-        else:
-            self.values[step][key] = value
-            if wall_time is not None and math.isfinite(wall_time):
-                self.times[step] = min(wall_time, self.times.get(step, wall_time))
+        self.add_row(step, ((key, raw),), wall_time)
+
+    def add_row(self, step: Any, items: Iterable[tuple[str, Any]], wall_time: float | None = None) -> None:
+        """`add` for every (key, raw) of one step (the same checks, made once per step where
+        they can be)."""
+        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < _MAX_STEP:
+            for key, raw in items:
+                reason = _as_float(raw)
+                self.skipped[(key, reason if isinstance(reason, str) else f"step {step!r} is not an integer in 0..2^62")] += 1
+            return
+        values = self.values.setdefault(step, {})
+        added = False
+        max_key = _LIMITS.max_key_length
+        for key, raw in items:
+            value = raw if type(raw) is float else _as_float(raw)
+            if isinstance(value, str):
+                self.skipped[(key, value)] += 1
+            elif not key or len(key) > max_key:
+                self.skipped[(key[:60], f"key is not 1..{max_key} characters")] += 1
+            elif key in values:
+                # Keel keeps a point's first value; say so rather than letting the server drop it.
+                self.skipped[(key, "a second value at a step already read (the first is kept)")] += 1
+            else:
+                values[key] = value
+                added = True
+        if not values:
+            del self.values[step]
+        if added and wall_time is not None and math.isfinite(wall_time):
+            self.times[step] = min(wall_time, self.times.get(step, wall_time))
 
     def rows(self) -> list[Row]:
         """Rows in step order, split so that none carries more keys than the protocol allows."""

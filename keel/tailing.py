@@ -20,10 +20,14 @@ Standard library only at module level (see keel/cli.py).
 
 from __future__ import annotations
 
+import functools
 import importlib
+import importlib.util
 import json
 import os
 import struct
+import sys
+import types
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -56,9 +60,30 @@ class WandbRead:
     corrupt: int = 0
 
 
+@functools.cache
 def _wandb_pb2() -> Any:
-    try:  # by name: the module re-exports the protobuf classes of the installed protobuf
-        return importlib.import_module("wandb.proto.wandb_internal_pb2")
+    """wandb's record classes (by name: the module re-exports those of the installed protobuf).
+
+    wandb's package `__init__` starts its whole SDK (0.6 s of CPU), which the record classes
+    do not need: unless wandb is imported already, `wandb` is a bare package while they are
+    imported, and every `wandb` module is forgotten after (a later `import wandb` starts
+    afresh; protobuf hands it the same classes)."""
+    name = "wandb.proto.wandb_internal_pb2"
+    try:
+        if "wandb" in sys.modules:
+            return importlib.import_module(name)
+        spec = importlib.util.find_spec("wandb")
+        if spec is None or not spec.submodule_search_locations:
+            raise ImportError("wandb")
+        package = types.ModuleType("wandb")
+        package.__path__ = list(spec.submodule_search_locations)
+        package.__spec__ = spec
+        sys.modules["wandb"] = package
+        try:
+            return importlib.import_module(name)
+        finally:
+            for module in [m for m in sys.modules if m == "wandb" or m.startswith("wandb.")]:
+                del sys.modules[module]
     except ImportError:
         raise RuntimeError("following wandb runs needs `pip install wandb`") from None
 
@@ -186,7 +211,10 @@ class WandbTail:
             kind = record.WhichOneof("record_type")
             if kind == "history":
                 history = record.history
-                items = dict(wandb_items(history.item, metrics=True))
+                try:  # every value a number: the common row, without a call per value
+                    items = {item.key or ".".join(item.nested_key): float(item.value_json) for item in history.item}
+                except ValueError:
+                    items = {item.key or ".".join(item.nested_key): _value(item.value_json) for item in history.item}
                 step = history.step.num if history.HasField("step") else None
                 stamp = items.get("_timestamp")
                 out.rows.append(HistoryRow(step, float(stamp) if isinstance(stamp, (int, float)) else None, items))

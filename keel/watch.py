@@ -68,7 +68,7 @@ def default_state_root() -> Path:
 def _write_atomic(path: Path, payload: dict[str, Any]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(payload, handle, separators=(",", ":"))
+        handle.write(json.dumps(payload, separators=(",", ":")))  # the C encoder, unlike json.dump
     os.replace(tmp, path)
 
 
@@ -135,6 +135,8 @@ class Follower:
         self.sender: Sender | None = None
         self.tail: WandbTail | TensorboardTail = self._tail()
         self.name_map: NameMap | None = None
+        self._names: dict[str, str] = {}
+        """{logged column: Keel name} of the columns met so far, under `name_map`."""
         self._decided = False
         if "framework" in self.state:  # chosen by an earlier watcher: keep it
             self._use_framework(self.state["framework"])
@@ -179,6 +181,7 @@ class Follower:
         from trainer_hooks.integrations.names import MAPS
 
         self.name_map = MAPS.get(framework) if framework else None
+        self._names = {}
         self._decided = True
 
     def _decide(self, names: set[str]) -> None:
@@ -255,19 +258,27 @@ class Follower:
             self._decide({key for row in read.rows for key in row.items})
         table = PointTable()
         step_keys = self.name_map.step_keys if self.name_map else ()
+        names = self._names
         for row in read.rows:
             items = row.items
             step = next((items[key] for key in step_keys if key in items), items.get("_step", row.step))
             if isinstance(step, float) and step.is_integer():
                 step = int(step)
+            pairs = []
             for column, raw in items.items():
-                if column in step_keys or column in ("_step", "_timestamp"):
-                    continue
-                if column.startswith("_"):  # _runtime and the like: wandb's, not the trainer's
-                    table.skipped[(column, "wandb's own bookkeeping column")] += 1
-                    continue
-                for key, value in flatten(column, raw):
-                    table.add(step, self._keel_name(key), value, row.time)
+                name = names.get(column)
+                if name is None or type(raw) is dict:
+                    if column in step_keys or column in ("_step", "_timestamp"):
+                        continue
+                    if column.startswith("_"):  # _runtime and the like: wandb's, not the trainer's
+                        table.skipped[(column, "wandb's own bookkeeping column")] += 1
+                        continue
+                    if type(raw) is dict:
+                        pairs += [(self._keel_name(key), value) for key, value in flatten(column, raw)]
+                        continue
+                    name = names[column] = self._keel_name(column)
+                pairs.append((name, raw))
+            table.add_row(step, pairs, row.time)
         return table, read.exit_code, read.corrupt
 
     def _read_tensorboard(self) -> tuple[Any, int | None, int]:

@@ -8,8 +8,9 @@ One directory per run (default `~/.keel/spool/<run_id>`):
     frames.jsonl   append-only, one frame per line: {"n": <local index>,"rows": [...]}
                    `rows` is exactly the wire `rows` array of a points frame.
     acked.json     {"n": last acked local index, "offset": byte offset just past its line},
-                   renamed into place, never fsynced: losing it only resends frames the
-                   server already holds, and the server acks those again without storing.
+                   renamed into place at most every 5 s (and at compaction and close),
+                   never fsynced: a stale or lost one only resends frames the server
+                   already holds, and the server acks those again without storing.
     lock           flock()ed by the one process that owns the spool (a trainer or `keel sync`);
                    the kernel drops the lock when that process dies, even by SIGKILL.
 
@@ -65,6 +66,9 @@ _ROWS_HEAD = b',"rows":'
 _LINE_TAIL = b"}\n"
 # Start frames.jsonl over once everything in it is acked and it is bigger than this.
 _COMPACT_BYTES = 16 * 1024 * 1024
+_ACKED_INTERVAL_S = 5.0
+"""acked.json is rewritten at most this often (an atomic write per ack costs more CPU than
+the ack itself when frames are small and frequent)."""
 _FIRST_READ = 8 * 1024
 
 
@@ -100,7 +104,7 @@ class Frame:
 def _write_atomic(path: Path, payload: dict[str, Any], *, durable: bool) -> None:
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(payload, handle, separators=(",", ":"))
+        handle.write(json.dumps(payload, separators=(",", ":")))
         if durable:
             handle.flush()
             os.fsync(handle.fileno())
@@ -137,6 +141,8 @@ class Spool:
         self.next_n, self.end_offset = self._recover()
         self._dirty = False
         self._last_fsync = time.monotonic()
+        self._acked_stale = False  # acked_n moved past what acked.json says
+        self._acked_written = float("-inf")
 
     # -- opening -------------------------------------------------------------------------
 
@@ -356,11 +362,23 @@ class Spool:
         if n <= self.acked_n:
             return
         self.acked_n, self.acked_offset = n, end_offset
+        self._acked_stale = True
         if self.unacked == 0 and self.end_offset > _COMPACT_BYTES:
             self._compact()
+            self._write_acked()  # at once: the old marker points into the truncated log
+        else:
+            self._write_acked_if_due()
+
+    def _write_acked_if_due(self) -> None:
+        if self._acked_stale and time.monotonic() - self._acked_written >= _ACKED_INTERVAL_S:
+            self._write_acked()
+
+    def _write_acked(self) -> None:
         _write_atomic(
             self.path / ACKED_FILE, {"n": self.acked_n, "offset": self.acked_offset}, durable=False
         )
+        self._acked_stale = False
+        self._acked_written = time.monotonic()
 
     def _compact(self) -> None:
         # Everything is acked: start the log over. Truncate first, then the acked marker;
@@ -395,9 +413,11 @@ class Spool:
         self.mark_acked(last, offset)
 
     def fsync_if_due(self, interval: float) -> None:
+        """Called regularly by the spool's owner: the fsync, and an acked marker left stale."""
         now = time.monotonic()
         if self._dirty and now - self._last_fsync >= interval:
             self.fsync()
+        self._write_acked_if_due()
 
     def fsync(self) -> None:
         if self._dirty:
@@ -411,6 +431,8 @@ class Spool:
         """Release the spool; with `remove`, delete it (everything is on the server)."""
         if not remove:
             self.fsync()
+            if self._acked_stale:
+                self._write_acked()
         os.close(self._frames_fd)
         self._reader.close()
         if remove:

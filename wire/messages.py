@@ -18,6 +18,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from math import isfinite
 from typing import Any
 
 from wire.errors import CLOSE_TOO_LARGE, ProtocolError
@@ -578,7 +579,10 @@ def encode_rows(rows: list[Row], *, details: bool = True) -> list[dict[str, Any]
         {
             "step": row.step,
             **({"time": row.time} if row.time is not None else {}),
-            "values": {key: encode_value(value) for key, value in row.values.items()},
+            "values": {
+                key: value if isfinite(value) else encode_value(value)
+                for key, value in row.values.items()
+            },
         }
         for row in rows
     ]

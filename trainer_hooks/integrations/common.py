@@ -1,21 +1,31 @@
-"""What the logger-style integrations (verl, OpenRLHF) share: which values are metrics,
-and streaming a converted metrics dict to the Monitor."""
+"""What the logger-style integrations (verl, OpenRLHF, prime-rl, SkyRL, AReaL, NeMo-RL)
+share: which values are metrics, Keel's names for a framework's metrics dict, and streaming
+a converted dict to the Monitor."""
 
 from __future__ import annotations
 
 import logging
 import numbers
+import os
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from trainer_hooks.integrations.names import MAPS
 from trainer_hooks.monitor import Monitor
 
-__all__ = ["as_metric", "log_converted"]
+__all__ = ["DEFAULT_SERVER_URL", "as_metric", "converter", "log_converted", "server_url"]
 
 logger = logging.getLogger("keel")
 
 Convert = Callable[[Mapping[str, Any]], tuple[dict[str, Any], list[str]]]
+
+DEFAULT_SERVER_URL = "http://127.0.0.1:8750"
+
+
+def server_url() -> str:
+    """$KEEL_URL, else the local default."""
+    return os.environ.get("KEEL_URL", DEFAULT_SERVER_URL)
 
 
 def as_metric(value: Any) -> Any | None:
@@ -28,6 +38,30 @@ def as_metric(value: Any) -> Any | None:
     if torch is not None and isinstance(value, torch.Tensor) and value.numel() == 1:
         return value
     return None
+
+
+def converter(framework: str) -> Convert:
+    """Keel's names for one of `framework`'s metrics dicts, by its map in names.py: a mapped
+    name takes Keel's name, `eval/x` stays, any other `x` becomes `<prefix>/x`; the
+    framework's step columns (`step_keys`) are not metrics. Returns (metrics, names left
+    out as not numbers)."""
+    name_map = MAPS[framework]
+    step_keys = frozenset(name_map.step_keys)
+
+    def convert(logs: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        out: dict[str, Any] = {}
+        skipped: list[str] = []
+        for name, value in logs.items():
+            if name in step_keys:
+                continue
+            metric = as_metric(value)
+            if metric is None:
+                skipped.append(name)
+            else:
+                out[name_map.keel_name(name)] = metric
+        return out, skipped
+
+    return convert
 
 
 def log_converted(

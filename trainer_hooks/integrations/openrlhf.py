@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import sys
 from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import Any
 
-from trainer_hooks.integrations.common import as_metric, log_converted
+from trainer_hooks.integrations.common import as_metric, log_converted, server_url
 from trainer_hooks.integrations.names import MAPS
 from trainer_hooks.monitor import Monitor
 
@@ -44,8 +43,6 @@ logger = logging.getLogger("keel")
 
 TESTED_OPENRLHF_VERSIONS = ("0.11.2",)
 """OpenRLHF releases whose source the names and `install()` were written against."""
-
-DEFAULT_SERVER_URL = "http://127.0.0.1:8750"
 
 OPENRLHF_TO_KEEL: dict[str, str] = MAPS["openrlhf"].to_keel(native=True)
 """OpenRLHF train-log names that mean what a Keel name means. Any other name `x` is stored
@@ -100,7 +97,7 @@ class KeelLogger:
         config = _plain(args)
         config.get("logger", {}).get("wandb", {}).pop("key", None)  # an API key: never stored
         monitor = Monitor(
-            os.environ.get("KEEL_URL", DEFAULT_SERVER_URL),
+            server_url(),
             run_name=wandb.run_name or "openrlhf",
             project=wandb.project or "default",
             group=wandb.group,

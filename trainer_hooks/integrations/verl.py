@@ -26,12 +26,11 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import os
 import sys
 from collections.abc import Mapping
 from typing import Any
 
-from trainer_hooks.integrations.common import as_metric, log_converted
+from trainer_hooks.integrations.common import as_metric, log_converted, server_url
 from trainer_hooks.integrations.names import MAPS
 from trainer_hooks.monitor import Monitor
 
@@ -51,8 +50,6 @@ BACKEND = "keel"
 
 TESTED_VERL_VERSIONS = ("0.9.1",)
 """verl releases whose Tracking class `register()` was tested against."""
-
-DEFAULT_SERVER_URL = "http://127.0.0.1:8750"
 
 VERL_TO_KEEL: dict[str, str] = MAPS["verl"].to_keel(native=True)
 """verl metric names that mean what a Keel name means, from the shared maps
@@ -95,16 +92,14 @@ class KeelBackend:
         config = dict(config or {})
         trainer = dict(config.get("trainer") or {})
         settings = dict(trainer.get("keel") or {})
-        server_url = settings.pop("server_url", None) or os.environ.get(
-            "KEEL_URL", DEFAULT_SERVER_URL
-        )
+        url = settings.pop("server_url", None) or server_url()
         if "token" in settings:  # the run's config is readable by anyone with read access
             trainer["keel"] = {k: v for k, v in settings.items() if k != "token"}
             config["trainer"] = trainer
         settings.setdefault("run_name", experiment_name)
         settings.setdefault("project", project_name)
         monitor = Monitor(
-            server_url,
+            url,
             config={**config, "verl/version": _verl_version()},
             **settings,
         )
