@@ -92,6 +92,7 @@ class Worker:
         self._finish: tuple[str, float] | None = None  # (status, deadline)
         self._start: WorkerStart | None = None
         self._decoder: bytes | None = None  # the latest "decoder" message
+        self._merger: StepMerger | None = None  # once "start" is served
 
     def reply(self, message: tuple[Any, ...]) -> None:
         try:
@@ -104,6 +105,12 @@ class Worker:
 
     def _warn(self, message: str) -> None:
         logger.warning("keel: %s", message)
+
+    @property
+    def _steps(self) -> StepMerger:
+        """The step merger: serve() sets it up before the loop's first turn."""
+        assert self._merger is not None
+        return self._merger
 
     # -- set-up ------------------------------------------------------------------------
 
@@ -176,11 +183,11 @@ class Worker:
         """One turn; True when finishing is over (acked, refused, or out of time)."""
         finishing = self._finish is not None
         self._drain(force=finishing)
-        self._merger.close(everything=finishing, now=time.time())
+        self._steps.close(everything=finishing, now=time.time())
         self._cut_frame(force=finishing)
         if self._finish is not None:
             status, deadline = self._finish
-            if not self._calls and self._merger.idle:
+            if not self._calls and self._steps.idle:
                 if self._spool.status != status:
                     self._spool.record_status(status)  # so `keel sync` knows
                 self._sender.request_finish(status)
@@ -214,7 +221,7 @@ class Worker:
                 self._finish = (header[1], header[2])
             elif kind == "decoder":
                 self._decoder = header[1]
-                if self._start is not None and hasattr(self, "_merger"):
+                if self._merger is not None:
                     self._set_decoder(self._decoder)
             else:
                 try:
@@ -229,7 +236,7 @@ class Worker:
         if blob is None:
             return
         try:
-            self._merger.details.decode = pickle.loads(blob)
+            self._steps.details.decode = pickle.loads(blob)
         except Exception as exc:  # the samples then carry token ids without text
             self._drop("error", 1, f"decode could not be loaded in the worker: {exc!r}")
 
@@ -244,32 +251,32 @@ class Worker:
             if time.time() - self._calls[0].time < self._config.flush_interval:
                 return
         taken = 0
-        while self._calls and len(self._merger.rows) + taken < limit:
-            self._merger.take(self._calls.popleft())
+        while self._calls and len(self._steps.rows) + taken < limit:
+            self._steps.take(self._calls.popleft())
             taken += 1
 
     def _cut_frame(self, *, force: bool) -> None:
-        rows = self._merger.rows
+        rows = self._steps.rows
         if not rows:
             return
         full = (
             len(rows) >= self._config.max_rows_per_frame
-            or self._merger.rows_values >= self._config.max_values_per_frame
+            or self._steps.rows_values >= self._config.max_values_per_frame
         )
         oldest = rows[0].time or 0.0
         if not (force or full or time.time() - oldest >= self._config.flush_interval):
             return
         rows_json = json.dumps(encode_rows(rows), separators=(",", ":"), allow_nan=False)
         self._spool.append(rows_json)  # on OSError the rows stay and are retried next turn
-        self._merger.take_rows()
+        self._steps.take_rows()
 
     def _shutdown(self, orphaned: bool) -> None:
         """Nothing received may stay only in memory; then release the spool and report."""
         try:
             if self._sender.state is not ConnState.DONE:
-                while self._calls or not self._merger.idle:
+                while self._calls or not self._steps.idle:
                     self._drain(force=True)
-                    self._merger.close(everything=True)
+                    self._steps.close(everything=True)
                     self._cut_frame(force=True)
                 if self._finish is not None and self._spool.status != self._finish[0]:
                     self._spool.record_status(self._finish[0])
