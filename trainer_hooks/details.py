@@ -80,6 +80,15 @@ _COLUMNS = _HEAD + len(_BLOCKS) * _SPAN
 _F64 = torch.float64
 
 
+def _tail_bins() -> Tensor:
+    edges = torch.tensor(EDGES, dtype=_F64)
+    return (edges[:-1] >= TAIL) | (edges[1:] <= -TAIL)
+
+
+_TAIL_BINS = _tail_bins()
+"""[BINS]: the bins of the tokens with |ℓ| ≥ TAIL (an edge: each bin is all in or all out)."""
+
+
 @dataclass(frozen=True)
 class DetailPartials:
     """One batch's details before they are finalised; merge with `merge_details`."""
@@ -355,7 +364,7 @@ def finalize_details(
             histogram["nan"] = row[BINS]
         histograms[key] = histogram
     finite = counts[0, :BINS]
-    tail = sum(float(finite[i]) for i in range(BINS) if EDGES[i] >= TAIL or EDGES[i + 1] <= -TAIL)
+    tail = float(finite[_TAIL_BINS].sum())
     total = float(finite.sum())
     values = {"mismatch/tail_frac": tail / total if total else math.nan}
     ranks = part.world > 1 and not part.given_ids
