@@ -34,6 +34,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from trainer_hooks.metrics import UNBOUNDED_EPS, data_parallel
+from wire import encode_samples
 
 __all__ = [
     "EDGES",
@@ -438,7 +439,9 @@ _PER_TOKEN = ("tokens", "token_ids", "log_ratio", "sampler_logprob", "learner_lo
 
 
 def _size(sample: dict[str, Any]) -> int:
-    return len(json.dumps(sample, default=str))
+    """At least the sample's bytes in the wire's compact JSON (non-finite numbers as "nan",
+    "inf", "-inf"), with room for its comma in the list: the spaced, ASCII-escaped dump."""
+    return len(json.dumps(encode_samples([sample])[0], default=str))
 
 
 def _within(samples: list[dict[str, Any]], budget: int) -> list[dict[str, Any]]:

@@ -7,6 +7,8 @@ import json
 import math
 import os
 import tempfile
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -17,11 +19,13 @@ from trainer_hooks.details import (
     EDGES,
     PAIRS,
     WINDOW,
+    DetailPartials,
     detail_partials,
     finalize_details,
     merge_details,
 )
 from trainer_hooks.metrics import UNBOUNDED_EPS
+from wire import encode_samples
 
 
 def planted(seqs: int = 24, length: int = 60, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -165,19 +169,74 @@ def test_sequences_are_a_bounded_subsample() -> None:
     assert {(n, round(s, 6)) for n, s in pairs} <= real
 
 
+PER_TOKEN = ("tokens", "token_ids", "log_ratio", "sampler_logprob", "learner_logprob")
+
+
+def wire_bytes(samples: list[dict[str, Any]]) -> int:
+    """The samples as the wire sends them and the server measures them: compact UTF-8 JSON."""
+    encoded = json.dumps(encode_samples(samples), separators=(",", ":"), ensure_ascii=False)
+    return len(encoded.encode())
+
+
+def head(sample: dict[str, Any]) -> dict[str, Any]:
+    """A sample's fields but its window (NaN as "nan", so that equal means equal)."""
+    return encode_samples([{k: v for k, v in sample.items() if k not in (*PER_TOKEN, "start")}])[0]
+
+
+def within_budgets(
+    batch: dict[str, torch.Tensor], part: DetailPartials, budgets: Sequence[int]
+) -> dict[int, list[dict[str, Any]]]:
+    """The samples kept within each budget (bytes), checked against the unlimited ones: they
+    fit on the wire, they are the worst ones (a prefix of the ranking), and each keeps a part
+    of its window around its worst token, whose id and ℓ are the batch's."""
+    everything = finalize_details(part, decode=decode, max_sample_bytes=1 << 30).samples
+    kept_within: dict[int, list[dict[str, Any]]] = {}
+    for budget in budgets:
+        kept = kept_within[budget] = finalize_details(part, decode=decode, max_sample_bytes=budget).samples
+        assert not kept or wire_bytes(kept) <= budget, budget
+        assert [s["seq_id"] for s in kept] == [s["seq_id"] for s in everything[: len(kept)]]
+        for sample, whole in zip(kept, everything, strict=False):
+            shown = len(sample["log_ratio"])
+            at = sample["worst"] - sample["start"]
+            assert 0 <= at < shown <= len(whole["log_ratio"])
+            first = sample["start"] - whole["start"]
+            for name in PER_TOKEN:  # a narrowed window: a slice of the whole one
+                np.testing.assert_array_equal(sample[name], whole[name][first : first + shown])
+            assert head(sample) == head(whole)
+            row, worst = sample["seq_id"], sample["worst"]
+            assert sample["token_ids"][at] == batch["token_ids"][row, worst].item()
+            assert sample["tokens"][at] == f"<{batch['token_ids'][row, worst].item()}>"
+            ell = (batch["learner"][row, worst] - batch["sampler"][row, worst]).item()
+            np.testing.assert_allclose(sample["log_ratio"][at], ell, rtol=1e-6)
+            np.testing.assert_array_equal(sample["log_ratio"][at], sample["max_log_ratio"])
+    return kept_within
+
+
 def test_samples_keep_to_their_byte_budget() -> None:
     batch = planted()
-    for budget in (16 * 1024, 3000, 600, 0):
-        details = finalize_details(
-            partials_of(batch, worst=8), decode=decode, max_sample_bytes=budget
-        )
-        if details.samples:
-            assert len(json.dumps(details.samples)) <= budget
-        if budget >= 3000:
-            assert details.samples[0]["seq_id"] == 5
-            at = details.samples[0]["worst"] - details.samples[0]["start"]
-            assert details.samples[0]["token_ids"][at] == batch["token_ids"][5, 30].item()
+    part = partials_of(batch, worst=8)
+    budgets = (16 * 1024, 8000, 3000, 1500, 1000, 600, 400, 300, 0)
+    kept = within_budgets(batch, part, budgets)
+    assert len(kept[16 * 1024]) == 8
+    assert len(kept[16 * 1024][0]["log_ratio"]) < 2 * WINDOW + 1  # narrowed to fit
+    assert [len(kept[b]) for b in kept] == sorted((len(k) for k in kept.values()), reverse=True)
+    for budget in (16 * 1024, 8000, 3000, 1500, 1000, 600, 400):
+        assert kept[budget][0]["seq_id"] == 5 and kept[budget][0]["worst"] == 30  # the planted one
+    assert 2 <= len(kept[1500]) < 8 and kept[300] == kept[0] == []
     assert finalize_details(partials_of(batch), max_sample_bytes=0).samples == []
+
+
+def test_samples_with_nan_windows_keep_to_their_byte_budget() -> None:
+    """NaN is 5 bytes on the wire ("nan"): windows of NaN ℓ still fit, at every budget near
+    their whole size."""
+    batch = planted()
+    batch["mask"][:] = True
+    batch["learner"][:] = batch["sampler"][:] = math.nan  # every token's ℓ: a collapsed batch
+    batch["token_ids"] %= 10  # short tokens: the NaN take most of the bytes
+    part = partials_of(batch, worst=4)
+    whole = wire_bytes(finalize_details(part, decode=decode, max_sample_bytes=1 << 30).samples)
+    for kept in within_budgets(batch, part, range(whole - 30, whole + 30)).values():
+        assert kept and all(math.isnan(s["max_log_ratio"]) for s in kept)
 
 
 def test_seq_ids_name_the_samples() -> None:
