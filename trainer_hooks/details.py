@@ -102,7 +102,8 @@ class DetailPartials:
     pairs: Tensor
     """[PAIRS, 3]: (key, length, Σℓ) of a subsample of the sequences (key +inf: none)."""
     seqs: Tensor
-    """0-dim: the batch's rows, so that merged micro-batches number their sequences on."""
+    """[world]: the batch's rows on each data-parallel rank (one entry without data
+    parallel), so that merged micro-batches number each rank's sequences on."""
     unbounded: bool
     """Whether advantages were given (the second histogram means something)."""
     world: int = 1
@@ -113,7 +114,7 @@ class DetailPartials:
     def pack(self) -> tuple[Tensor, tuple[Any, ...]]:
         """One float64 vector and its layout (`unpack`), for the Monitor's one copy."""
         pieces = [self.counts.reshape(-1), self.worst.reshape(-1), self.pairs.reshape(-1)]
-        packed = torch.cat([*(p.to(_F64) for p in pieces), self.seqs.to(_F64).reshape(1)])
+        packed = torch.cat([*(p.to(_F64) for p in pieces), self.seqs.to(_F64).reshape(-1)])
         return packed, (tuple(self.worst.shape), self.unbounded, self.world, self.given_ids)
 
     @classmethod
@@ -126,7 +127,7 @@ class DetailPartials:
             counts=packed[:counts_n].reshape(2, BINS + 1),
             worst=packed[counts_n : counts_n + worst_n].reshape(worst_shape),
             pairs=packed[counts_n + worst_n : counts_n + worst_n + pairs_n].reshape(PAIRS, 3),
-            seqs=packed[-1],
+            seqs=packed[counts_n + worst_n + pairs_n :],
             unbounded=unbounded,
             world=world,
             given_ids=given_ids,
@@ -208,7 +209,7 @@ def detail_partials(
             counts=counts,
             worst=_top_worst(torch.cat(worsts), mine.shape[0]),
             pairs=_bottom_pairs(torch.cat(pairs)),
-            seqs=part.seqs,  # numbers sequences per rank (micro-batches of equal size)
+            seqs=torch.cat([g[-1:] for g in gathered]),  # each rank's rows: numbered per rank
             unbounded=part.unbounded,
             world=world,
             given_ids=part.given_ids,
@@ -301,7 +302,7 @@ def _local(
         counts=counts,
         worst=table,
         pairs=_bottom_pairs(pairs),
-        seqs=torch.full((), seqs, dtype=_F64, device=device),
+        seqs=torch.full((1,), seqs, dtype=_F64, device=device),
         unbounded=advantages is not None,
         given_ids=seq_ids is not None,
     )
@@ -324,23 +325,26 @@ def _bottom_pairs(pairs: Tensor) -> Tensor:
 
 def merge_details(parts: Sequence[DetailPartials]) -> DetailPartials:
     """The details of the batches together, as if concatenated along the batch dim (in
-    order: a later batch's sequences are numbered after the earlier ones')."""
+    order: a later batch's sequences are numbered after the earlier ones'; under data
+    parallel each rank's after that rank's own, whatever the other ranks' batch sizes)."""
     if len(parts) == 1:
         return parts[0]
     with torch.no_grad():
-        offset = 0.0
+        offsets = torch.zeros(max(p.seqs.numel() for p in parts), dtype=_F64)  # rows per rank
         worsts = []
         for part in parts:
             shifted = part.worst.clone()
             if not part.given_ids:
-                shifted[:, _INDEX] += offset
+                ranks = shifted[:, _RANK].nan_to_num(0).long()  # NaN: a row without a sequence
+                shifted[:, _INDEX] += offsets.to(shifted.device)[ranks]
             worsts.append(shifted)
-            offset += float(part.seqs)
+            seqs = part.seqs.to("cpu", _F64).reshape(-1)
+            offsets[: seqs.numel()] += seqs
         return DetailPartials(
             counts=sum(p.counts for p in parts),  # type: ignore[arg-type]
             worst=_top_worst(torch.cat(worsts), max(p.worst.shape[0] for p in parts)),
             pairs=_bottom_pairs(torch.cat([p.pairs for p in parts])),
-            seqs=torch.tensor(offset, dtype=_F64),
+            seqs=offsets,
             unbounded=all(p.unbounded for p in parts),
             world=max(p.world for p in parts),
             given_ids=all(p.given_ids for p in parts),

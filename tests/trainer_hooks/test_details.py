@@ -290,6 +290,54 @@ def test_two_gloo_ranks_match_the_whole_batch() -> None:
     assert sorted(gathered.sequences["length"]) == sorted(whole.sequences["length"])
 
 
+# Two micro-batches per rank, of other sizes on each: rank 0 holds rows 0–9 of the batch
+# (3 + 7 rows), rank 1 rows 10–23 (6 + 8 rows).
+MICRO_BATCHES = ((slice(0, 3), slice(3, 10)), (slice(10, 16), slice(16, 24)))
+FIRST_ROW = (0, 10)
+
+
+def unequal_batch() -> dict[str, torch.Tensor]:
+    """The planted batch with two more bad sequences on rank 1: row 20 (the 11th of rank 1,
+    in its second micro-batch) and row 12 (its 3rd, in its first)."""
+    batch = planted()
+    batch["sampler"][20, 3] = batch["learner"][20, 3] - 15.0
+    batch["sampler"][12, 2] = batch["learner"][12, 2] - 14.0
+    return batch
+
+
+def _unequal_main(rank: int, init_file: str, out_path: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        batch = unequal_batch()
+        parts = [partials_of(batch, rows) for rows in MICRO_BATCHES[rank]]  # one call each
+        if rank == 0:  # as the Monitor sends them to its worker, which merges the step's calls
+            received = [DetailPartials.unpack(*part.pack()) for part in parts]
+            torch.save(finalize_details(merge_details(received), decode=decode), out_path)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ranks_number_their_rows_across_micro_batches_of_other_sizes() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        init_file, out_path = os.path.join(tmp, "init"), os.path.join(tmp, "out.pt")
+        mp.spawn(_unequal_main, args=(init_file, out_path), nprocs=2, join=True)
+        gathered = torch.load(out_path, weights_only=False)
+    batch = unequal_batch()
+    whole = finalize_details(partials_of(batch), decode=decode)
+    assert gathered.histograms == whole.histograms
+    assert gathered.values == whole.values
+    # "rank:row", the row counted on over that rank's micro-batches: 1:10 is row 20.
+    assert [s["seq_id"] for s in gathered.samples] == ["0:5", "1:10", "1:2", "0:0"]
+    assert [s["seq_id"] for s in whole.samples] == [5, 20, 12, 0]
+    for sample, same in zip(gathered.samples, whole.samples, strict=True):
+        rank, row = (int(n) for n in sample["seq_id"].split(":"))
+        assert FIRST_ROW[rank] + row == same["seq_id"]
+        assert head({**sample, "seq_id": 0}) == head({**same, "seq_id": 0})
+        for name in PER_TOKEN:
+            np.testing.assert_array_equal(sample[name], same[name])
+    assert sorted(gathered.sequences["length"]) == sorted(whole.sequences["length"])
+
+
 def test_on_the_device_as_on_the_cpu() -> None:
     """bench/gpu.sh runs this on a GPU: the details computed there, packed and copied back
     as the Monitor does, equal the CPU's."""
