@@ -252,37 +252,30 @@ def sequences_figure(
                 "meta": {"role": "fit"},
             }
         )
-        layout["annotations"].append(
-            {
-                "text": fit_text(fit),
-                "xref": "paper",
-                "yref": "paper",
-                "x": 0.01,
-                "y": 0.98,
-                "xanchor": "left",
-                "yanchor": "top",
-                "showarrow": False,
-                "bgcolor": "rgba(255,255,255,0.8)",
-                "font": {"size": 12, "color": INK},
-            }
-        )
+        layout["annotations"].append(_corner_note(fit_text(fit), background="rgba(255,255,255,0.8)"))
     elif finite:
-        layout["annotations"].append(
-            {
-                "text": "no slope: the sequences shown all have the same length",
-                "xref": "paper",
-                "yref": "paper",
-                "x": 0.01,
-                "y": 0.98,
-                "xanchor": "left",
-                "yanchor": "top",
-                "showarrow": False,
-                "font": {"size": 12, "color": INK},
-            }
-        )
+        layout["annotations"].append(_corner_note("no slope: the sequences shown all have the same length"))
     layout["uirevision"] = "sequences"
     layout["meta"] = {"chart": "sequences", "fit": fit, "steps": sorted(set(steps)), "render_id": render_id}
     return {"data": traces, "layout": layout}
+
+
+def _corner_note(text: str, *, background: str | None = None) -> Figure:
+    """A note in the plot's top-left corner (the fit, or why there is none)."""
+    note: Figure = {
+        "text": text,
+        "xref": "paper",
+        "yref": "paper",
+        "x": 0.01,
+        "y": 0.98,
+        "xanchor": "left",
+        "yanchor": "top",
+        "showarrow": False,
+        "font": {"size": 12, "color": INK},
+    }
+    if background is not None:
+        note["bgcolor"] = background
+    return note
 
 
 def fit_text(fit: dict[str, Any]) -> str:
