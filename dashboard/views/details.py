@@ -26,7 +26,8 @@ from dashboard.detail_figures import Distribution, distribution_figure, sequence
 from dashboard.figures import message_figure
 from dashboard.views import token_view
 from dashboard.views.charts import X_AXIS_ONLY, zoom_range
-from dashboard.views.token_view import NO_DETAILS, run_of
+from dashboard.views.detail_states import LOADING, NO_DETAILS, empty_text
+from dashboard.views.token_view import run_of
 
 __all__ = [
     "section",
@@ -67,7 +68,7 @@ def parse_step(search: str | None) -> int | None:
 def _graph(graph_id: str, filename: str) -> dcc.Graph:
     return dcc.Graph(
         id=graph_id,
-        figure=message_figure("Loading…", HEIGHT),
+        figure=message_figure(LOADING, HEIGHT),
         style={"height": f"{HEIGHT}px"},
         config={
             "displaylogo": False,
@@ -202,7 +203,7 @@ def register(dash_app: Dash, api: KeelApi) -> None:
             if dist_unbounded.steps == dist_all.steps:  # share of all the step's tokens
                 totals = [float(sum(counts)) for counts in dist_all.counts]
         if shown.empty:
-            text = _empty_text(run, bounds, await _has_histograms(api, run_id) if bounds else False)
+            text = empty_text(run, bounds, await _has_histograms(api, run_id) if bounds else False)
             return message_figure(text, HEIGHT), toggle, signature
         what = "unbounded tokens (A < 0, r > 1.2)" if shown is dist_unbounded else "all tokens"
         share = "of all the step's tokens" if totals is not None or shown is dist_all else "of the step's unbounded tokens"
@@ -253,7 +254,7 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         payload = await api.sequences(run_id, start=start, end=end, max_points=SEQUENCE_POINTS)
         if not payload or not payload.get("length"):
             everything = await api.sequences(run_id, max_points=1) if payload is not None and bounds else None
-            text = _empty_text(run, bounds, bool(everything and everything.get("length")))
+            text = empty_text(run, bounds, bool(everything and everything.get("length")))
             return message_figure(text, HEIGHT), signature
         steps = sorted({int(s) for s in payload.get("steps") or []})
         span = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}–{steps[-1]}"
@@ -285,12 +286,3 @@ def _sequence_bounds(
 async def _has_histograms(api: KeelApi, run_id: str) -> bool:
     whole = await api.distributions(run_id, LOG_RATIO_KEY, max_steps=1)
     return bool(whole and whole.get("edges"))
-
-
-def _empty_text(run: dict[str, Any], bounds: tuple[int, int] | None, elsewhere: bool) -> str:
-    """Why a view is empty: no step yet, none in the range shown, or none ever."""
-    if run.get("last_step") is None:
-        return "Waiting for the run's first step…"
-    if elsewhere and bounds is not None:
-        return f"No step details in steps {bounds[0]}–{bounds[1]}"
-    return NO_DETAILS

@@ -16,10 +16,9 @@ from dash.exceptions import PreventUpdate
 from dashboard.components import GRAPH_TYPE, HAZARD_GRAPH
 from dashboard.data import KeelApi
 from dashboard.tokens import colour_legend, sample_card
+from dashboard.views.detail_states import LOADING, NO_DETAILS, placeholder
 
 __all__ = ["panel", "register", "run_of", "NO_DETAILS"]
-
-NO_DETAILS = "No step details: this run's client does not send them (Monitor.log_batch does)"
 
 
 def run_of(state: dict[str, Any] | None) -> str:
@@ -58,7 +57,7 @@ def panel(step: int | None) -> html.Div:
                 className="panel-head",
             ),
             colour_legend(),
-            html.Div(html.P("Loading…", className="sub"), id="tokens-view"),
+            html.Div(placeholder(LOADING, kind="sub"), id="tokens-view"),
             dcc.Store(id="tokens-url"),  # written by nothing: FOLLOW_URL's output
         ],
         id="tokens",
@@ -140,9 +139,10 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         if payload is None or found is None:
             steps = await api.sample_steps(run_id) if payload is not None else None
             if steps:
-                view: Any = html.P(f"No samples at or before step {target}; the first step with samples is {steps[0]}.", className="note warn")
+                text = f"No samples at or before step {target}; the first step with samples is {steps[0]}."
+                view = placeholder(text, kind="note warn")
             else:
-                view = html.P(NO_DETAILS, className="note", id="tokens-missing")
+                view = placeholder(NO_DETAILS, component_id="tokens-missing")
             return view, {"step": None, "explicit": explicit}, target
         samples = list(payload.get("samples") or [])
         where = f"step {found}" + (f" (the latest step ≤ {target} with samples)" if explicit and found != target else "")
