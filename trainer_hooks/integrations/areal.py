@@ -39,7 +39,13 @@ __all__ = ["TESTED_AREAL_VERSIONS", "KeelStatsLogger", "attach"]
 TESTED_AREAL_VERSIONS = ("1.0.4",)
 """AReaL versions whose StatsLogger interface this module was written against."""
 
-_convert = converter("areal")
+
+def _count(name: str, value: Any) -> bool:
+    """StatsLogger leaves out the `x__count` beside each scalar `x` (not a metric)."""
+    return name.endswith("__count")
+
+
+_convert = converter("areal", left_out=_count)
 
 
 class KeelStatsLogger:
@@ -81,8 +87,7 @@ class KeelStatsLogger:
         items = [data] if isinstance(data, Mapping) else list(data)
         log_step = max(global_step, self._last_commit_step + 1)
         for i, item in enumerate(items):
-            stats = {k: v for k, v in item.items() if not k.endswith("__count")}
-            self.skipped = log_converted(self.monitor, log_step + i, stats, _convert, "AReaL", self.skipped)
+            self.skipped = log_converted(self.monitor, log_step + i, item, _convert, "AReaL", self.skipped)
         self._last_commit_step = log_step + len(items) - 1
 
     def state_dict(self) -> dict[str, Any]:

@@ -14,11 +14,19 @@ from typing import Any
 from trainer_hooks.integrations.names import MAPS
 from trainer_hooks.monitor import Monitor
 
-__all__ = ["DEFAULT_SERVER_URL", "as_metric", "converter", "log_converted", "server_url"]
+__all__ = [
+    "DEFAULT_SERVER_URL",
+    "as_metric",
+    "convert_metrics",
+    "converter",
+    "log_converted",
+    "server_url",
+]
 
 logger = logging.getLogger("keel")
 
 Convert = Callable[[Mapping[str, Any]], tuple[dict[str, Any], list[str]]]
+LeftOut = Callable[[str, Any], bool]
 
 DEFAULT_SERVER_URL = "http://127.0.0.1:8750"
 
@@ -40,26 +48,38 @@ def as_metric(value: Any) -> Any | None:
     return None
 
 
-def converter(framework: str) -> Convert:
+def convert_metrics(
+    logs: Mapping[str, Any], keel_name: Callable[[str], str], left_out: LeftOut | None = None
+) -> tuple[dict[str, Any], list[str]]:
+    """A framework's metrics dict under Keel's names (`keel_name`), and the names left out as
+    not numbers (`as_metric`). `left_out(name, value)`: what the framework logs beside its
+    metrics and is no metric, left out without a word (a step column, a count, a None)."""
+    out: dict[str, Any] = {}
+    skipped: list[str] = []
+    for name, value in logs.items():
+        if left_out is not None and left_out(name, value):
+            continue
+        metric = as_metric(value)
+        if metric is None:
+            skipped.append(name)
+        else:
+            out[keel_name(name)] = metric
+    return out, skipped
+
+
+def converter(framework: str, *, left_out: LeftOut | None = None) -> Convert:
     """Keel's names for one of `framework`'s metrics dicts, by its map in names.py: a mapped
     name takes Keel's name, `eval/x` stays, any other `x` becomes `<prefix>/x`; the
-    framework's step columns (`step_keys`) are not metrics. Returns (metrics, names left
-    out as not numbers)."""
+    framework's step columns (`step_keys`) are not metrics, nor what `left_out` says
+    (`convert_metrics`). Returns (metrics, names left out as not numbers)."""
     name_map = MAPS[framework]
     step_keys = frozenset(name_map.step_keys)
 
+    def silent(name: str, value: Any) -> bool:
+        return name in step_keys or (left_out is not None and left_out(name, value))
+
     def convert(logs: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
-        out: dict[str, Any] = {}
-        skipped: list[str] = []
-        for name, value in logs.items():
-            if name in step_keys:
-                continue
-            metric = as_metric(value)
-            if metric is None:
-                skipped.append(name)
-            else:
-                out[name_map.keel_name(name)] = metric
-        return out, skipped
+        return convert_metrics(logs, name_map.keel_name, silent)
 
     return convert
 

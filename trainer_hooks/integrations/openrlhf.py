@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import Any
 
-from trainer_hooks.integrations.common import as_metric, log_converted, server_url
+from trainer_hooks.integrations.common import convert_metrics, log_converted, server_url
 from trainer_hooks.integrations.names import MAPS
 from trainer_hooks.monitor import Monitor
 
@@ -61,19 +61,19 @@ def keel_metrics(
     None values (OpenRLHF's own loggers skip them) and `generated_samples` are left out
     silently; NaN and Inf are kept; single-element torch tensors are passed on as they are.
     """
-    out: dict[str, Any] = {}
-    skipped: list[str] = []
-    for name, value in logs.items():
-        if value is None or name in _NOT_METRICS:
-            continue
-        metric = as_metric(value)
-        if metric is None:
-            skipped.append(name)
-        elif evaluation:
-            out["eval/" + name.removeprefix("eval_")] = metric
-        else:
-            out[OPENRLHF_TO_KEEL.get(name, f"openrlhf/{name}")] = metric
-    return out, skipped
+    return convert_metrics(logs, _eval_name if evaluation else _train_name, _not_a_metric)
+
+
+def _train_name(name: str) -> str:
+    return OPENRLHF_TO_KEEL.get(name, f"openrlhf/{name}")
+
+
+def _eval_name(name: str) -> str:
+    return "eval/" + name.removeprefix("eval_")
+
+
+def _not_a_metric(name: str, value: Any) -> bool:
+    return value is None or name in _NOT_METRICS
 
 
 class KeelLogger:

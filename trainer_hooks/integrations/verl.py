@@ -30,7 +30,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from trainer_hooks.integrations.common import as_metric, log_converted, server_url
+from trainer_hooks.integrations.common import convert_metrics, log_converted, server_url
 from trainer_hooks.integrations.names import MAPS
 from trainer_hooks.monitor import Monitor
 
@@ -65,15 +65,11 @@ def keel_metrics(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     tensors are passed on as they are (the Monitor copies them without a sync). Bools,
     strings, lists and None are not metrics.
     """
-    out: dict[str, Any] = {}
-    skipped: list[str] = []
-    for name, value in data.items():
-        metric = as_metric(value)
-        if metric is None:
-            skipped.append(name)
-        else:
-            out[VERL_TO_KEEL.get(name, f"verl/{name}")] = metric
-    return out, skipped
+    return convert_metrics(data, _keel_name)
+
+
+def _keel_name(name: str) -> str:
+    return VERL_TO_KEEL.get(name, f"verl/{name}")
 
 
 class KeelBackend:
