@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
+from tests.support.stored_runs import keys_of, run_of, stored
 from trainer_hooks.integrations.areal import KeelStatsLogger, attach
 
 
@@ -132,23 +131,6 @@ def export_stats(step: int) -> dict[str, float]:
     }
 
 
-def stored(url: str, run_id: str, key: str) -> dict[int, float]:
-    body = httpx.get(f"{url}/api/v1/runs/{run_id}/series", params={"key": key}).json()
-    return {step: float(value) for step, value in zip(body["steps"], body["values"], strict=True)}
-
-
-def run_of(url: str, run_id: str) -> dict[str, Any]:
-    return dict(httpx.get(f"{url}/api/v1/runs/{run_id}").json())
-
-
-@pytest.fixture
-def url(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, sqlite_url: str, server_factory: Any) -> str:
-    server = server_factory(sqlite_url)
-    monkeypatch.setenv("KEEL_URL", server.url)
-    monkeypatch.setenv("KEEL_SPOOL_DIR", str(tmp_path / "spool"))
-    return str(server.url)
-
-
 def test_commits_reach_keel_at_areals_own_steps(url: str) -> None:
     config = GRPOConfig()
     config.stats_logger.wandb = WandBConfig(wandb_api_key="secret", project="math", name="grpo-7b")
@@ -174,7 +156,7 @@ def test_commits_reach_keel_at_areals_own_steps(url: str) -> None:
     assert stored(url, run["id"], "optim/lr") == {0: 1e-6, 1: 1e-6, 2: 1e-6}
     assert stored(url, run["id"], "areal/ppo_actor/update/behave_approx_kl/avg")[2] == 0.002
     assert stored(url, run["id"], "eval/acc") == {3: 0.5, 4: 0.75}
-    keys = {k["key"] for k in httpx.get(f"{url}/api/v1/runs/{run['id']}/keys").json()}
+    keys = keys_of(url, run["id"])
     assert not any(key.endswith("__count") for key in keys)
     assert len(keys) == len(export_stats(0)) - 2 + 1
 

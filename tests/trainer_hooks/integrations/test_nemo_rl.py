@@ -20,11 +20,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
-import pytest
 
 from tests.support.monitor import REPO_ROOT
+from tests.support.stored_runs import keys_of, run_named, stored
 from trainer_hooks.integrations.nemo_rl import KeelLogger, attach
 
 
@@ -82,26 +81,6 @@ def train_metrics(step: int) -> dict[str, Any]:
     }
 
 
-def stored(url: str, run_id: str, key: str) -> dict[int, float]:
-    body = httpx.get(f"{url}/api/v1/runs/{run_id}/series", params={"key": key}).json()
-    return {step: float(value) for step, value in zip(body["steps"], body["values"], strict=True)}
-
-
-def run_named(url: str, name: str) -> dict[str, Any]:
-    runs = httpx.get(f"{url}/api/v1/runs").json()
-    items = runs["items"] if isinstance(runs, dict) else runs
-    (run,) = [r for r in items if r["name"] == name]
-    return dict(httpx.get(f"{url}/api/v1/runs/{run['id']}").json())
-
-
-@pytest.fixture
-def url(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, sqlite_url: str, server_factory: Any) -> str:
-    server = server_factory(sqlite_url)
-    monkeypatch.setenv("KEEL_URL", server.url)
-    monkeypatch.setenv("KEEL_SPOOL_DIR", str(tmp_path / "spool"))
-    return str(server.url)
-
-
 def test_grpo_train_logs_reach_keel_under_keel_names(url: str) -> None:
     logger = Logger(MASTER_CONFIG["logger"])
     keel = attach(logger, MASTER_CONFIG)
@@ -127,7 +106,7 @@ def test_grpo_train_logs_reach_keel_under_keel_names(url: str) -> None:
     assert stored(url, run["id"], "nemo-rl/timing/train/total_step_time") == {1: 20.0, 2: 20.0, 3: 20.0}
     assert stored(url, run["id"], "nemo-rl/validation/accuracy") == {3: 0.6}
     assert stored(url, run["id"], "nemo-rl/ray/node.0.gpu.0.util") == {2: 0.9}
-    keys = {k["key"] for k in httpx.get(f"{url}/api/v1/runs/{run['id']}/keys").json()}
+    keys = keys_of(url, run["id"])
     assert not {"nemo-rl/ray/ray_step", "nemo-rl/train/generation_logger_metrics"} & keys
     assert keel.skipped == 3  # generation_logger_metrics, each step
 

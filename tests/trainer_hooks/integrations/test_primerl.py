@@ -20,23 +20,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from pydantic import BaseModel
 
 from tests.support.monitor import REPO_ROOT
+from tests.support.stored_runs import keys_of, run_named, stored
 from trainer_hooks.integrations import primerl
 
 FRAMEWORKS = REPO_ROOT / "tests" / "support" / "frameworks"
-
-
-@pytest.fixture
-def url(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, sqlite_url: str, server_factory: Any) -> str:
-    """A Keel server, at $KEEL_URL."""
-    server = server_factory(sqlite_url)
-    monkeypatch.setenv("KEEL_URL", server.url)
-    monkeypatch.setenv("KEEL_SPOOL_DIR", str(tmp_path / "spool"))
-    return str(server.url)
 
 
 @pytest.fixture
@@ -109,22 +100,6 @@ def orchestrator_metrics(step: int) -> dict[str, Any]:
     }
 
 
-def run_of(url: str, name: str) -> dict[str, Any]:
-    runs = httpx.get(f"{url}/api/v1/runs").json()
-    items = runs["items"] if isinstance(runs, dict) else runs
-    (run,) = [r for r in items if r["name"] == name]
-    return dict(httpx.get(f"{url}/api/v1/runs/{run['id']}").json())
-
-
-def stored(url: str, run_id: str, key: str) -> dict[int, float]:
-    body = httpx.get(f"{url}/api/v1/runs/{run_id}/series", params={"key": key}).json()
-    return {step: float(value) for step, value in zip(body["steps"], body["values"], strict=True)}
-
-
-def keys_of(url: str, run_id: str) -> set[str]:
-    return {k["key"] for k in httpx.get(f"{url}/api/v1/runs/{run_id}/keys").json()}
-
-
 def test_orchestrator_streams_beside_the_file_monitor_and_finishes(monitors: Any, url: str, tmp_path: Path) -> None:
     config = OrchestratorConfig(monitors=MonitorsConfig(wandb=WandbMonitorConfig(name="sort", group="g")))
 
@@ -140,7 +115,7 @@ def test_orchestrator_streams_beside_the_file_monitor_and_finishes(monitors: Any
 
     primerl.run(lambda: asyncio.run(orchestrator()))
 
-    run = run_of(url, "sort-orchestrator")
+    run = run_named(url, "sort-orchestrator")
     assert (run["project"], run["group"], run["status"]) == ("prime-rl", "sort", "finished")
     assert run["config"]["batch_size"] == 64
     assert run["config"]["prime-rl/component"] == "orchestrator"
@@ -177,7 +152,7 @@ def test_a_trainer_that_crashes_is_failed_with_its_nan_kept(monitors: Any, url: 
         primerl.run(lambda: train(TrainerConfig()))
     assert exited.value.code == 1
 
-    run = run_of(url, "trainer-trainer")  # no wandb name, no $PRL_RUN_NAME: the output dir's
+    run = run_named(url, "trainer-trainer")  # no wandb name, no $PRL_RUN_NAME: the output dir's
     assert run["status"] == "failed"
     assert stored(url, run["id"], "grad/norm") == {1: 0.5, 2: 1.0}
     kl = stored(url, run["id"], "mismatch/kl")

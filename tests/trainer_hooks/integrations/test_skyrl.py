@@ -17,11 +17,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from skyrl.train.utils.tracking import Tracking
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from tests.support.stored_runs import run_of, stored
 from trainer_hooks.integrations.skyrl import KeelTracking
 
 
@@ -57,22 +57,11 @@ def log_payload(step: int) -> dict[str, Any]:
     }
 
 
-def stored(url: str, run_id: str, key: str) -> dict[int, float]:
-    body = httpx.get(f"{url}/api/v1/runs/{run_id}/series", params={"key": key}).json()
-    return {step: float(value) for step, value in zip(body["steps"], body["values"], strict=True)}
-
-
-def run_of(url: str, run_id: str) -> dict[str, Any]:
-    return dict(httpx.get(f"{url}/api/v1/runs/{run_id}").json())
-
-
 @pytest.fixture
-def url(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, sqlite_url: str, server_factory: Any) -> str:
-    server = server_factory(sqlite_url)
-    monkeypatch.setenv("KEEL_URL", server.url)
-    monkeypatch.setenv("KEEL_SPOOL_DIR", str(tmp_path / "spool"))
+def url(url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
+    """conftest.py's server, with SkyRL's TensorBoard backend writing under tmp_path."""
     monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))
-    return str(server.url)
+    return url
 
 
 def get_tracker(cfg: SkyRLTrainConfig) -> KeelTracking:
