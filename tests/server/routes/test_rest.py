@@ -329,7 +329,7 @@ def test_patch_needs_the_ingest_scope(server_factory, database_url) -> None:
         assert hello(ws, run)["type"] == "welcome"
     url = f"{secured.url}/api/v1/runs/{run['id']}"
     reader = {"Authorization": f"Bearer {read}"}
-    # Refused as every route refuses a token without its scope: 401 (docs/security.md).
+    # Refused as every route refuses a token without its scope: 401 (server/auth.py).
     assert httpx.patch(url, json={"config": {"lr": 1}}).status_code == 401
     refused = httpx.patch(url, json={"config": {"lr": 1}}, headers=reader)
     assert refused.status_code == 401 and "'ingest' scope" in refused.json()["detail"]
