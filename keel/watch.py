@@ -12,9 +12,11 @@ after it, with its config; its metrics are renamed by the framework's name map
 Exact across failures. Per source, a state directory (under `--state`) holds:
 
     watch.json   the source's cursor (byte offsets, keel/tailing.py), the run's description,
-                 the framework chosen, the counts of what was not stored, and the frames cut
-                 from the last read ("pending"); written whole to a temp file and renamed
-                 over (atomic), before those frames are appended to the spool.
+                 the source's config as read so far and the config the server last
+                 acknowledged ("config_acked"), the framework chosen, the counts of what was
+                 not stored, and the frames cut from the last read ("pending"); written whole
+                 to a temp file and renamed over (atomic), before those frames are appended
+                 to the spool.
     spool/<run_id>/  the Monitor's own spool (trainer_hooks/spool.py): frames until acked,
                  and the stable writer id the server numbers this source's frames by.
     lock         flock()ed by the watcher that follows the source.
@@ -25,6 +27,15 @@ the spool does not have yet and appends them; killed before, it reads the same r
 Either way every record becomes exactly one frame, and the Sender (trainer_hooks/sender.py)
 streams the spool as it does for a trainer: resends after a server restart are acked by the
 server (writer id + seq) and never stored twice.
+
+Config that the source writes after the run was created (wandb's `config.update` once training
+runs) is followed too: the hello carried the config as of the first logged step, and a hello
+never changes a stored config, so each time the source's config differs from the one the
+server last acknowledged, the whole of it is sent with `PATCH /api/v1/runs/{id}`
+(keel/config_push.py), on a thread of its own, retried with backoff while the server is away.
+The PATCH merges top-level keys, so a repeat is harmless: the acknowledged config is saved
+once the server answered, and a watcher killed before that sends it again (at least once).
+Keys the source removes stay in Keel's config.
 
 A finished source marks the Keel run finished: wandb's exit record (exit code 0: finished,
 else failed). TensorBoard has no such record: a directory whose event files have not grown
@@ -47,6 +58,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from keel.config_push import ConfigPush, Sent
     from keel.tailing import TensorboardTail, WandbTail
     from trainer_hooks.integrations.names import NameMap
     from trainer_hooks.sender import Sender
@@ -138,6 +150,14 @@ class Follower:
         self._names: dict[str, str] = {}
         """{logged column: Keel name} of the columns met so far, under `name_map`."""
         self._decided = False
+        self._config_push: ConfigPush | None = None
+        self._config_check = True
+        """The source's config may differ from the one the server acknowledged: compare them."""
+        self._config_refused: dict[str, Any] | None = None
+        """A config the server refused for what it is (not sent again unless it changes)."""
+        self._config_failing = False
+        self._welcomed = bool(self.state.get("done"))
+        """Whether the server holds the run (a sender was welcomed): a PATCH finds it."""
         if "framework" in self.state:  # chosen by an earlier watcher: keep it
             self._use_framework(self.state["framework"])
         if self.state.get("run") is not None and not self.state.get("done"):
@@ -251,7 +271,9 @@ class Follower:
         read = self.tail.read()
         if read.run is not None:
             self.state["meta"] = read.run
-        self.state["config"].update(read.config)
+        if read.config:
+            self.state["config"].update(read.config)
+            self._config_check = True
         if not read.rows:
             return None, read.exit_code, read.corrupt
         if not self._decided:
@@ -342,12 +364,66 @@ class Follower:
             relative = self.source.relative_to(self.root.resolve()).as_posix() if self.source.is_relative_to(self.root.resolve()) else self.source.name
             name = self.root.resolve().name if relative == "." else f"{self.root.resolve().name}/{relative}"
             tags = []
-        config = {k: v for k, v in self.state["config"].items() if k != "_wandb"}
         self.state["run"] = {
             "id": run_id_for(identity), "name": name, "project": self.options.project, "group": self.options.group,
-            "config": {**config, "keel_watch": source}, "tags": list(dict.fromkeys([*tags, *self.options.tags])),
+            "config": self._source_config(source), "tags": list(dict.fromkeys([*tags, *self.options.tags])),
         }  # fmt: skip
         self.say(f"{self.label}: following {self.source} as run {self.state['run']['id']} on {self.options.server}")
+
+    def _source_config(self, source: dict[str, Any]) -> dict[str, Any]:
+        """The Keel run's config as the source's is now: wandb's config without its own
+        `_wandb`, and `keel_watch` (where it comes from)."""
+        config = {k: v for k, v in self.state["config"].items() if k != "_wandb"}
+        return {**config, "keel_watch": source}
+
+    # -- config updates -------------------------------------------------------------------
+
+    def _follow_config(self) -> None:
+        """PATCH the run's config when the source's differs from the one the server last
+        acknowledged (`config_acked` in watch.json; the hello's until a PATCH succeeds).
+
+        The hello carried the config as of the first logged step and a hello never changes a
+        stored config, so what wandb's `config.update` writes later arrives this way. The
+        acknowledged config is saved once the server answered, so a watcher killed before that
+        sends it again: the PATCH merges top-level keys, and a repeat changes nothing."""
+        run = self.state.get("run")
+        if run is None or not self._welcomed:
+            return
+        if self._config_push is not None:
+            sent = self._config_push.result()
+            if sent is not None:
+                self._config_answered(sent)
+        if not self._config_check:
+            return
+        wanted = self._source_config(run["config"]["keel_watch"])
+        if wanted == self.state.get("config_acked", run["config"]):
+            self._config_check = False
+            return
+        if wanted == self._config_refused:
+            return
+        if self._config_push is None:
+            from keel.config_push import ConfigPush
+
+            self._config_push = ConfigPush(self.options.server, run["id"], self.options.token)
+        self._config_push.send(wanted)
+
+    def _config_answered(self, sent: Sent) -> None:
+        if sent.error is None:
+            acked = self.state.get("config_acked", self.state["run"]["config"])
+            changed = [key for key, value in sent.config.items() if key not in acked or acked[key] != value]
+            self.state["config_acked"] = sent.config
+            self._save()
+            self._config_failing = False
+            shown = ", ".join(map(repr, changed[:8])) + (f" and {len(changed) - 8} more" if len(changed) > 8 else "")
+            self.say(f"{self.label}: config updated on the server ({shown or 'no key changed'})")
+        elif sent.final:
+            self._config_refused = sent.config
+            self._config_check = False  # until the source's config changes again
+            self.say(f"{self.label}: the server refused the run's new config ({sent.error}); "
+                     "it is sent again when the config changes or keel watch restarts")  # fmt: skip
+        elif not self._config_failing:
+            self._config_failing = True
+            self.say(f"{self.label}: the run's new config is not on the server yet ({sent.error}); retrying")
 
     # -- spool and sender -----------------------------------------------------------------
 
@@ -397,6 +473,10 @@ class Follower:
 
     def pump(self) -> None:
         """Network work for this run, without waiting."""
+        self._stream()
+        self._follow_config()
+
+    def _stream(self) -> None:
         from trainer_hooks.sender import ConnState
 
         sender, spool = self.sender, self.spool
@@ -405,6 +485,8 @@ class Follower:
         if not sender.settled and (spool.unacked > 0 or self.state["status"] or sender.state is ConnState.STREAMING):
             sender.step(0)
         spool.fsync_if_due(1.0)
+        if sender.state in (ConnState.STREAMING, ConnState.FINISHING, ConnState.DONE):
+            self._welcomed = True
         if sender.state is ConnState.DONE:
             self.state.update(done=True, pending=[])
             self._save()

@@ -37,6 +37,22 @@ def _no_nul(value: str) -> str:
     return value
 
 
+def has_nul(value: Any) -> bool:
+    """Whether any string of a JSON value (a key or a value, at any depth) contains NUL."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
 Text = Annotated[str, AfterValidator(_no_nul)]
 """Every string the API accepts, in a path, a query or a body: PostgreSQL text cannot hold
 NUL, and SQLite would store what PostgreSQL refuses."""
@@ -310,3 +326,28 @@ bytes itself (wire.parse_rows), as the ingest socket does."""
 class PointsWritten(BaseModel):
     stored_rows: int
     last_step: int | None
+
+
+CONFIG_BODY = {
+    "required": True,
+    "content": {
+        "application/json": {
+            "schema": {
+                "type": "object",
+                "required": ["config"],
+                "additionalProperties": False,
+                "properties": {
+                    "config": {
+                        "type": "object",
+                        "description": (
+                            "top-level keys to set in the run's config, each to its new value (the run's other keys "
+                            "are kept); at most 32 levels deep, no NUL in any string"
+                        ),
+                    }
+                },
+            }
+        }
+    },
+}
+"""The PATCH /runs/{id} body, for the OpenAPI schema only: the handler parses the bytes itself
+and checks the config as a hello's (wire.parse_config)."""

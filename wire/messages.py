@@ -43,6 +43,7 @@ __all__ = [
     "encode_value",
     "finish_message",
     "hello_message",
+    "parse_config",
     "parse_finish",
     "parse_hello",
     "parse_points",
@@ -59,7 +60,8 @@ PROTOCOL_VERSION = 1
 MAX_SEQ = 2**63 - 1
 MAX_STEP = 2**62 - 1
 MAX_CONFIG_DEPTH = 32
-"""Nesting of run.config: deeper is refused at hello (it cannot be stored and read back)."""
+"""Nesting of run.config: deeper is refused at hello and by PATCH /runs/{id} (it cannot be
+stored and read back)."""
 WRITER_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
 
 FINISH_STATUSES = ("finished", "failed", "killed")
@@ -252,17 +254,24 @@ def parse_hello(msg: Any, limits: Limits = Limits()) -> RunInfo:
     project = _short_str(run.get("project", "default"), "run.project", limits)
     assert project is not None
     group = _short_str(run.get("group"), "run.group", limits, optional=True)
-    config = run.get("config") or {}
-    if not isinstance(config, dict):
-        raise ProtocolError("run.config must be a JSON object")
-    if _depth(config, MAX_CONFIG_DEPTH) > MAX_CONFIG_DEPTH:
-        raise ProtocolError(f"run.config nests deeper than {MAX_CONFIG_DEPTH} levels")
+    config = parse_config(run.get("config") or {})
     tags = run.get("tags") or []
     if not isinstance(tags, list):
         raise ProtocolError("run.tags must be a list of strings")
     for tag in tags:
         _short_str(tag, "a tag", limits)
     return RunInfo(id=run_id, name=name, project=project, group=group, config=config, tags=tags)
+
+
+def parse_config(config: Any, what: str = "run.config") -> dict[str, Any]:
+    """A run's config as a hello carries it, or an update of it (PATCH /runs/{id}, whose
+    keys replace the stored config's): a JSON object nesting at most `MAX_CONFIG_DEPTH`
+    levels. Raises ProtocolError naming `what`."""
+    if not isinstance(config, dict):
+        raise ProtocolError(f"{what} must be a JSON object")
+    if _depth(config, MAX_CONFIG_DEPTH) > MAX_CONFIG_DEPTH:
+        raise ProtocolError(f"{what} nests deeper than {MAX_CONFIG_DEPTH} levels")
+    return config
 
 
 def parse_writer(msg: dict[str, Any]) -> str:

@@ -1,4 +1,5 @@
-"""Runs, their metric keys, series and step details (REST)."""
+"""Runs, their metric keys, series and step details (REST); points and config updates
+written to a run, and its deletion."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from server.fairlock import WRITE_OWNER
 from server.ratelimit import client_key
 from server.retention import delete_run
 from server.schemas import (
+    CONFIG_BODY,
     MAX_STEP,
     POINTS_BODY,
     ApiRoute,
@@ -38,10 +40,11 @@ from server.schemas import (
     SeriesOut,
     Text,
     errors,
+    has_nul,
     unprocessable,
 )
 from server.storage.details import parse_cursor
-from wire import CLOSE_TOO_LARGE, ProtocolError, Row, encode_value, parse_rows
+from wire import CLOSE_TOO_LARGE, ProtocolError, Row, encode_value, parse_config, parse_rows
 
 router = APIRouter(tags=["runs"], route_class=ApiRoute, responses=errors(401))
 
@@ -348,6 +351,47 @@ async def post_points(
         raise _not_found(run_id) from None
     await committed.points(run_id, result.started_at, rows)
     return PointsWritten(stored_rows=len(rows), last_step=result.last_step)
+
+
+@router.patch(
+    "/runs/{run_id}",
+    response_model=RunDetail,
+    dependencies=[INGEST],
+    responses=errors(400, 404, 413, 429),
+    openapi_extra={"requestBody": CONFIG_BODY},
+)
+async def update_run(run_id: RunId, request: Request, store: StoreDep, settings: SettingsDep) -> RunDetail:
+    """`{"config": {...}}`: each top-level key of `config` takes its new value in the run's
+    config, the run's other keys are kept; the run as stored after. A hello keeps the config
+    of a run that exists, so config that a trainer sets after its run started (wandb's
+    `config.update`, which `keel watch` follows) arrives this way. Sending the same update
+    again changes nothing: a client may repeat it until it sees the answer."""
+    WRITE_OWNER.set(client_key(request, settings.auth_enabled, presented_token(request)))
+    body = await request.body()
+    if len(body) > settings.max_frame_bytes:
+        raise HTTPException(413, f"body of {len(body)} bytes exceeds {settings.max_frame_bytes}")
+    try:
+        payload = orjson.loads(body)  # the hello's parser: no NaN, no 1e400, no lone surrogate
+    except orjson.JSONDecodeError as exc:
+        raise HTTPException(400, f"body is not valid JSON: {exc}") from None
+    if not isinstance(payload, dict):
+        raise unprocessable('body must be a JSON object {"config": {...}}')
+    for field in payload:
+        if field != "config":
+            raise unprocessable("only the run's config can be changed", field[:40])
+    if "config" not in payload:
+        raise unprocessable("config is required", "config")
+    try:
+        config = parse_config(payload["config"], "config")
+    except ProtocolError as exc:
+        raise unprocessable(str(exc), "config") from None
+    if has_nul(config):
+        raise unprocessable("must not contain NUL (\\x00) characters", "config")
+    try:
+        run = await store.update_config(run_id, config)
+    except UnknownRun:
+        raise _not_found(run_id) from None
+    return RunDetail.from_run(run, now=time.time(), stale_after_s=settings.stale_after_s)
 
 
 @router.delete("/runs/{run_id}", status_code=204, dependencies=[ADMIN], responses=errors(404, 409, 429))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
+from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
@@ -84,6 +85,13 @@ class Store:
     async def finish_run(self, run_id: str, status: str, now: float) -> None:
         async with self.writing() as session:
             await writes.finish_run(session, run_id, status, now)
+
+    async def update_config(self, run_id: str, config: dict[str, Any]) -> Run:
+        """Set the top-level keys of `config` in the run's config, keeping its other keys;
+        the run as stored after. Setting the same keys again changes nothing (idempotent).
+        Raises UnknownRun."""
+        async with self.writing() as session:
+            return await writes.update_config(session, run_id, config)
 
     async def write_points(
         self, run_id: str, rows: list[Row], now: float, frame: FrameRef | None = None

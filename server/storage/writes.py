@@ -24,7 +24,7 @@ import math
 from collections.abc import Iterable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -38,7 +38,7 @@ from wire import Row
 
 __all__ = [
     "POINTS_PER_TRANSACTION", "RunUpdate", "SeriesCache", "WritePath", "WriteResult",
-    "finish_run", "last_step", "reject_frame", "write_points",
+    "finish_run", "last_step", "reject_frame", "update_config", "write_points",
 ]
 
 POINTS_PER_TRANSACTION = 5_000
@@ -228,6 +228,18 @@ async def finish_run(session: AsyncSession, run_id: str, status: str, now: float
     )
     if result.first() is None:
         raise UnknownRun(run_id)
+
+
+async def update_config(session: AsyncSession, run_id: str, config: dict[str, Any]) -> Run:
+    """`Store.update_config`: the run's config with the top-level keys of `config` set to
+    its values (the others kept), under the run's lock (as a write of its points takes it)."""
+    run = await session.get(Run, run_id, with_for_update=True)
+    if run is None:
+        raise UnknownRun(run_id)
+    # A new dict, not the stored one changed in place: a JSON column only writes what is
+    # assigned to it (SQLAlchemy does not see a mutation inside the value).
+    run.config = {**(run.config or {}), **config}
+    return run
 
 
 def last_step(stored: int | None, rows: list[Row]) -> int | None:

@@ -177,6 +177,86 @@ def test_a_live_wandb_run_streams_exactly_through_a_killed_watcher_and_a_restart
     assert "values of 'verl/note' not stored: text (counted)" in watch.output()
 
 
+_LATE_CONFIG_WRITER = """
+import os, sys, time, wandb
+root = sys.argv[1]
+run = wandb.init(mode="offline", dir=root, project="rl", name="late-config", id="cfg1",
+                 config={"algorithm": {"adv_estimator": "grpo"}, "lr": 1e-6, "seed": 3})
+
+def wait(name):
+    while not os.path.exists(os.path.join(root, name)):
+        time.sleep(0.1)
+
+for step in range(10):
+    run.log({"loss": step + 0.5}, step=step)
+wait("go0")
+run.config.update({"trainer": {"total_steps": 100}, "lr": 2e-6}, allow_val_change=True)  # as verl/TRL do mid-run
+for step in range(10, 20):
+    run.log({"loss": step + 0.5}, step=step)
+wait("go1")
+run.config.update({"after_restart": [1, 2]})
+for step in range(20, 25):
+    run.log({"loss": step + 0.5}, step=step)
+run.finish()
+"""
+
+
+def test_config_the_trainer_sets_after_its_first_steps_reaches_the_run_through_a_killed_watcher_and_server(tmp_path: Path) -> None:
+    """wandb config records written after steps were logged: new keys added and changed ones
+    updated on the Keel run; one read while the server is down survives a SIGKILL of the
+    watcher (it is kept in the watcher's state until the server acknowledges it)."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    server = keel_serve(f"sqlite:///{tmp_path / 'keel.db'}", tmp_path / "server.log")
+    server.start()
+    watch = Watch(tmp_path, server.url, [logs]).start()
+    writer = subprocess.Popen([sys.executable, "-c", _LATE_CONFIG_WRITER, str(logs)],
+                              env={**os.environ, **WANDB_ENV}, text=True, stderr=subprocess.PIPE)  # fmt: skip
+    run_id = run_id_for("wandb/rl/cfg1")
+
+    def config() -> dict[str, Any]:
+        run = _get(server.url, f"/runs/{run_id}") or {"config": {}}
+        return {key: value for key, value in run["config"].items() if key != "keel_watch"}
+
+    first = {"algorithm": {"adv_estimator": "grpo"}, "lr": 1e-6, "seed": 3}
+    second = {**first, "trainer": {"total_steps": 100}, "lr": 2e-6}
+    try:
+        _wait(lambda: len(_steps(server.url, run_id, "loss")) == 9, 90, "the first steps")
+        assert config() == first  # the hello's: wandb's config as of the first step, no _wandb
+        (logs / "go0").touch()
+        _wait(lambda: config() == second, 90, "the config set after step 9")
+        _wait(lambda: "run 'late-config': config updated on the server ('lr', 'trainer')" in watch.output(), 30, "the ack")
+
+        server.kill()  # the next config record is read while the server is down...
+        (logs / "go1").touch()
+        assert writer.wait(120) == 0, writer.stderr.read() if writer.stderr else ""
+        _wait(lambda: "after_restart" in watch.states()[0]["config"], 60, "the last config record read")
+        _wait(lambda: "new config is not on the server yet" in watch.output(), 60, "a PATCH refused by a dead server")
+        (state,) = watch.states()
+        assert "after_restart" not in state["config_acked"]
+        watch.kill()  # ...and the watcher dies holding it, unacknowledged
+        server.start()
+        watch.start()
+        _wait(lambda: (_get(server.url, f"/runs/{run_id}") or {}).get("status") == "finished", 90, "finished")
+        _wait(lambda: "after_restart" in config(), 60, "the config read before the SIGKILL")
+    finally:
+        watch.stop()
+        server.stop()
+        if writer.poll() is None:
+            writer.kill()
+    server.start()
+    try:
+        run = _get(server.url, f"/runs/{run_id}")
+        assert config() == {**second, "after_restart": [1, 2]}
+        assert run["config"]["keel_watch"]["source"] == "wandb" and run["config"]["keel_watch"]["wandb_id"] == "cfg1"
+        assert _series(server.url, run_id, "loss") == {step: step + 0.5 for step in range(25)}
+        (state,) = watch.states()
+        assert state["config_acked"] == run["config"]  # what the watcher holds as acknowledged is what is stored
+    finally:
+        server.stop()
+    assert watch.output().count("config updated on the server ('after_restart')") == 1
+
+
 def _finished_wandb_run(root: Path, steps: int) -> Path:
     """A whole offline run written by wandb (not watched): a real transaction log to cut."""
     script = textwrap.dedent(

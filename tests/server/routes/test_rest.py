@@ -219,3 +219,121 @@ def test_collapse_hazard_needs_the_read_scope(server_factory, database_url) -> N
     operation = schema["paths"]["/api/v1/runs/{run_id}/hazard"]["get"]
     assert set(operation["responses"]) >= {"200", "401", "404", "422"}
     assert operation["responses"]["200"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/HazardOut"}
+
+
+# -- PATCH /runs/{id}: config that arrives after the run started -------------------------------
+
+CONFIG = {"lr": 1e-6, "algorithm": {"name": "grpo", "kl": 0.1}, "layers": [1, 2, 3], "seed": 7}
+
+
+def _run_with_config(server) -> tuple[str, str]:  # type: ignore[no-untyped-def]
+    run = new_run("configured", config=CONFIG)
+    with open_ingest(server) as ws:
+        assert hello(ws, run)["type"] == "welcome"
+        ws.send(points(0, [{"step": 0, "values": {"a": 1.0}}]))
+        assert recv(ws)["type"] == "ack"
+    return run["id"], f"{server.url}/api/v1/runs/{run['id']}"
+
+
+def _nested(depth: int) -> dict[str, object]:
+    """A config nesting `depth` levels, itself the first."""
+    value: dict[str, object] = {"leaf": 1}
+    for _ in range(depth - 1):
+        value = {"k": value}
+    return value
+
+
+def test_patch_merges_top_level_config_keys_durably(server_factory, database_url) -> None:
+    server = server_factory(database_url)
+    run_id, url = _run_with_config(server)
+    update = {"lr": 2e-6, "algorithm": {"name": "cispo"}, "late": {"deep": [True, None, "x"]}, "big": 2**63 + 5}
+    merged = {**CONFIG, **update}
+    assert merged["algorithm"] == {"name": "cispo"}  # a named key takes the new value whole
+    response = httpx.patch(url, json={"config": update})
+    assert response.status_code == 200, response.text
+    assert response.json()["id"] == run_id and response.json()["config"] == merged
+    assert response.json()["last_step"] == 0 and response.json()["status"] == "running"
+    assert httpx.get(url).json()["config"] == merged
+    # The same update again changes nothing (a client may repeat it); an empty one neither.
+    assert httpx.patch(url, json={"config": update}).json()["config"] == merged
+    assert httpx.patch(url, json={"config": {}}).json()["config"] == merged
+    # A hello for the run (a trainer or watcher resuming) keeps it, and points still go in.
+    with open_ingest(server) as ws:
+        assert hello(ws, new_run("configured", id=run_id, config={"lr": 0.5}))["type"] == "welcome"
+        ws.send(points(1, [{"step": 1, "values": {"a": 2.0}}]))
+        assert recv(ws)["type"] == "ack"
+    assert httpx.get(url).json()["config"] == merged
+    # Stored in the database, not held by the process: another server on it reads the same.
+    other = server_factory(database_url)
+    assert httpx.get(f"{other.url}/api/v1/runs/{run_id}").json()["config"] == merged
+    assert httpx.patch(f"{other.url}/api/v1/runs/{run_id}", json={"config": {"seed": 8}}).json()["config"] == {**merged, "seed": 8}
+    assert httpx.get(url).json()["config"] == {**merged, "seed": 8}
+    assert series(server, run_id, "a")["values"] == [1.0, 2.0]
+
+
+def test_patch_refuses_bad_input_and_keeps_the_stored_config(server_factory, database_url) -> None:
+    server = server_factory(database_url, max_frame_bytes=64 * 1024)
+    run_id, url = _run_with_config(server)
+
+    def refused(response: httpx.Response, status: int, words: str) -> None:
+        assert response.status_code == status, (response.request.content[:80], response.status_code, response.text)
+        detail = response.json()["detail"]
+        text = detail if isinstance(detail, str) else " | ".join(item["msg"] for item in detail)
+        assert words in text, text
+
+    def raw(body: str) -> httpx.Response:
+        return httpx.patch(url, content=body.encode(), headers={"content-type": "application/json"})
+
+    refused(httpx.patch(f"{server.url}/api/v1/runs/nope", json={"config": {"lr": 1}}), 404, "run 'nope' not found")
+    refused(raw("{oops"), 400, "body is not valid JSON")
+    refused(raw('{"config": {"lr": NaN}}'), 400, "body is not valid JSON")
+    refused(raw('{"config": {"lr": 1e400}}'), 400, "body is not valid JSON")
+    refused(httpx.patch(url, json=[{"config": {}}]), 422, "body must be a JSON object")
+    refused(httpx.patch(url, json={}), 422, "config is required")
+    refused(httpx.patch(url, json={"config": None}), 422, "config must be a JSON object")
+    refused(httpx.patch(url, json={"config": [["lr", 1]]}), 422, "config must be a JSON object")
+    refused(httpx.patch(url, json={"config": {"lr": 1}, "name": "renamed"}), 422, "only the run's config can be changed")
+    refused(httpx.patch(url, json={"config": {"deep": _nested(32)}}), 422, "config nests deeper than 32 levels")
+    refused(httpx.patch(url, json={"config": {"lr": 1, "note": "a\x00b"}}), 422, "NUL")
+    refused(httpx.patch(url, json={"config": {"lr": 1, "nested": {"a\x00": 1}}}), 422, "NUL")
+    refused(httpx.patch(url, json={"config": {"blob": "x" * 70_000}}), 413, "exceeds 65536")
+    assert httpx.get(url).json()["config"] == CONFIG  # nothing of any refused update was stored
+    # The deepest config a hello may carry is taken by a PATCH too.
+    deepest = _nested(31)
+    assert httpx.patch(url, json={"config": {"deep": deepest}}).json()["config"] == {**CONFIG, "deep": deepest}
+    schema = httpx.get(f"{server.url}/openapi.json").json()
+    operation = schema["paths"]["/api/v1/runs/{run_id}"]["patch"]
+    assert set(operation["responses"]) >= {"200", "400", "401", "404", "413", "422", "429"}
+    assert operation["responses"]["404"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ErrorOut"}
+    body = operation["requestBody"]["content"]["application/json"]["schema"]
+    assert body["required"] == ["config"] and body["properties"]["config"]["type"] == "object"
+
+
+def test_patch_needs_the_ingest_scope(server_factory, database_url) -> None:
+    from server import db
+    from server.storage import Store
+    from server.tokens import create_token
+
+    secured = server_factory(database_url, auth=True, bootstrap_token="keel_test_admin_token_0123456789abcdef")
+
+    async def tokens() -> tuple[str, str]:
+        store = Store(db.create_engine(database_url))
+        try:
+            return await create_token(store, "ingest only", ["ingest"]), await create_token(store, "reader", ["read"])
+        finally:
+            await store.close()
+
+    ingest, read = asyncio.run(tokens())
+    run = new_run("secured", config=CONFIG)
+    with connect(f"{secured.ws_url}/api/v1/ingest", additional_headers={"Authorization": f"Bearer {ingest}"}) as ws:
+        assert hello(ws, run)["type"] == "welcome"
+    url = f"{secured.url}/api/v1/runs/{run['id']}"
+    reader = {"Authorization": f"Bearer {read}"}
+    # Refused as every route refuses a token without its scope: 401 (server/auth.py).
+    assert httpx.patch(url, json={"config": {"lr": 1}}).status_code == 401
+    refused = httpx.patch(url, json={"config": {"lr": 1}}, headers=reader)
+    assert refused.status_code == 401 and "'ingest' scope" in refused.json()["detail"]
+    assert httpx.get(url, headers=reader).json()["config"] == CONFIG
+    allowed = httpx.patch(url, json={"config": {"lr": 1}}, headers={"Authorization": f"Bearer {ingest}"})
+    assert allowed.status_code == 200 and allowed.json()["config"] == {**CONFIG, "lr": 1}
+    assert httpx.get(url, headers=reader).json()["config"] == {**CONFIG, "lr": 1}
