@@ -30,7 +30,9 @@ Parts (`--only`):
   transferSize of the navigation and every resource (0 for a cache hit; the websocket's
   frames are not counted). Targets <= 3 MiB cold, <= 512 KiB warm; the 5 biggest listed.
 - live: main-thread busy fraction = delta CDP Performance.getMetrics TaskDuration / delta
-  its Timestamp over `--seconds`, from shown + 3 s: the compare page with nothing
+  its Timestamp over `--seconds`, from settled + 3 s (settled: no chart figure asked of the
+  server for 3 s, so a page still loading charts below the fold is not counted as live
+  cost; the time until then is printed as `settled_s`): the compare page with nothing
   streaming (idle), then while every run streams 2 steps/s (one points frame per run per
   step, phases spread, steps going on from --steps), the compare page and a run page
   (target <= 15 %); then the compare page hidden behind another tab (Target.createTarget,
@@ -155,7 +157,17 @@ PROBE_JS = """
   if (window.top !== window) return;
   try { performance.setResourceTimingBufferSize(100000); } catch (e) {}
   var SPEC = %(spec)s;
-  var bench = window.__bench = {shown: null, noRunsSeen: false, checks: 0};
+  var bench = window.__bench = {shown: null, noRunsSeen: false, checks: 0, figuresInFlight: 0, figureAt: 0};
+  // The charts' figure requests (Dash callbacks of metric-graph), for "settled" (live_busy).
+  var fetch0 = window.fetch;
+  window.fetch = function (url, init) {
+    var figure = init && typeof init.body === 'string' && init.body.indexOf('metric-graph') >= 0
+      && String(url).indexOf('_dash-update-component') >= 0;
+    if (!figure) return fetch0.apply(this, arguments);
+    bench.figuresInFlight++;
+    function done() { bench.figuresInFlight--; bench.figureAt = performance.now(); }
+    return fetch0.apply(this, arguments).then(function (r) { done(); return r; }, function (e) { done(); throw e; });
+  };
   function deepAll(root, sel, out) {
     out = out || [];
     root.querySelectorAll(sel).forEach(function (e) { out.push(e); });
@@ -761,6 +773,7 @@ def live_busy(
             f"    ({what}: not shown within {LIVE_SHOWN_TIMEOUT_S:.0f} s; busy measured anyway)",
             flush=True,
         )
+    settled = settle(driver)
     in_view = driver.execute_script(IN_VIEW_JS)
     if in_view < len(HEADLINE_KEYS):
         print(
@@ -771,7 +784,27 @@ def live_busy(
     fraction = busy(driver, seconds)
     after = appended(driver)
     drawn = after - before if before is not None and after is not None else None
-    return {"shown_s": shown, "busy": fraction, "points_appended": drawn}
+    return {"shown_s": shown, "settled_s": settled, "busy": fraction, "points_appended": drawn}
+
+
+SETTLE_QUIET_S = 3.0
+SETTLE_TIMEOUT_S = 90.0
+
+
+def settle(driver: webdriver.Chrome) -> float | None:
+    """Seconds from navigation start until the page has no chart figure in flight and has
+    asked for none for SETTLE_QUIET_S: a page that loads more charts after its headline
+    ones (the run page's other metrics) is still loading until then, and its busy while
+    streaming is measured after. None when it does not settle within SETTLE_TIMEOUT_S."""
+    script = (
+        "var b = window.__bench; return b && b.figuresInFlight === 0 && "
+        f"performance.now() - b.figureAt >= {SETTLE_QUIET_S * 1000:.0f} ? Math.max(b.figureAt, 1) : null"
+    )
+    try:
+        return float(poll(driver, script, SETTLE_TIMEOUT_S, "settled")) / 1000
+    except RuntimeError:
+        print(f"    (not settled within {SETTLE_TIMEOUT_S:.0f} s: busy measured anyway)", flush=True)
+        return None
 
 
 LAST_X_JS = """

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Sequence
 from typing import Any
 
-from dash import dcc, html
+from dash import dcc, html, no_update
+from plotly.io.json import to_json_plotly
 
 from dashboard.figures import message_figure
 
 __all__ = [
     "GRAPH_TYPE",
     "ZOOM_TYPE",
+    "SEEN_TYPE",
     "shell",
     "chart_controls",
     "metric_graph",
@@ -21,12 +25,18 @@ __all__ = [
     "empty_state",
     "page_state",
     "live_target",
+    "changed_only",
+    "digest",
 ]
 
 GRAPH_TYPE = "metric-graph"
 """Pattern-matching id type of every metric chart: {"type": GRAPH_TYPE, "key": <metric key>}."""
 ZOOM_TYPE = "metric-zoom"
 """The store beside each chart holding its last x-axis relayout (a zoom or a reset)."""
+SEEN_TYPE = "metric-seen"
+"""The store beside each chart that the browser sets once the chart comes near the view
+(assets/live/5_start.js): a chart's figure is fetched only then, so charts far below the
+fold cost neither the server nor the page anything until scrolled to."""
 HAZARD_GRAPH = "hazard-graph"
 """Id (and class) of the collapse hazard chart. Not a `keel-graph`: the live updater does not
 append to it; the server redraws it on the pages' data ticks (views/charts.py)."""
@@ -161,6 +171,7 @@ def metric_graph(key: str, height: int) -> html.Div:
     return html.Div(
         [
             dcc.Store(id={"type": ZOOM_TYPE, "key": key}),
+            dcc.Store(id={"type": SEEN_TYPE, "key": key}),
             dcc.Graph(
                 id={"type": GRAPH_TYPE, "key": key},
                 figure=message_figure("Loading…", height),
@@ -180,6 +191,7 @@ def metric_graph(key: str, height: int) -> html.Div:
             ),
         ],
         className="chart-card",
+        **_data(key=key),
     )
 
 
@@ -207,3 +219,20 @@ def badge(text: str, kind: str | None = None) -> html.Span:
 
 def empty_state(title: str, body: Any) -> html.Div:
     return html.Div([html.H2(title), html.P(body)], className="empty-state panel")
+
+
+def digest(value: Any) -> str:
+    """A short digest of what a callback sends or draws from (components, figures, JSON)."""
+    return hashlib.blake2b(to_json_plotly(value).encode(), digest_size=8).hexdigest()
+
+
+def changed_only(outputs: Sequence[Any], sent: list[str] | None) -> tuple[list[Any], list[str]]:
+    """`outputs` with `no_update` in place of each one equal to what was sent last time
+    (`sent`: the digests returned then, kept in a store beside them), and the new digests.
+
+    A panel redrawn on every live tick re-renders in the browser even when nothing in it
+    changed; this keeps a tick's cost to what did change."""
+    digests = [digest(o) for o in outputs]
+    if not sent or len(sent) != len(digests):
+        return list(outputs), digests
+    return [no_update if new == old else o for o, new, old in zip(outputs, digests, sent, strict=True)], digests

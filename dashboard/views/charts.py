@@ -1,8 +1,9 @@
 """The one callback that draws every metric chart (compare and run pages), and the one
 that draws the collapse hazard chart beside them.
 
-Each chart fetches its own series, so charts fill in independently. It redraws
-on page/option changes, on zoom (re-fetching the visible range at full
+Each chart fetches its own series, so charts fill in independently, and only once the
+browser says it is near the view (a run with 40 metrics costs what is on screen). It
+redraws on page/option changes, on zoom (re-fetching the visible range at full
 resolution), and on the structural live ticks (alerts, reconnects, aggregated
 charts). Plain live points never come here: the browser appends them.
 
@@ -21,7 +22,7 @@ from typing import Any
 from dash import MATCH, Dash, Input, Output, State, ctx
 from dash.exceptions import PreventUpdate
 
-from dashboard.components import GRAPH_TYPE, HAZARD_GRAPH, ZOOM_TYPE
+from dashboard.components import GRAPH_TYPE, HAZARD_GRAPH, SEEN_TYPE, ZOOM_TYPE
 from dashboard.data import KeelApi
 from dashboard.figures import ChartOptions, RunLine, hazard_figure, metric_figure
 from dashboard.series import Alert, Series
@@ -78,6 +79,7 @@ function (relayout) {
 def register(dash_app: Dash, api: KeelApi) -> None:
     graph = {"type": GRAPH_TYPE, "key": MATCH}
     zoom_store = {"type": ZOOM_TYPE, "key": MATCH}
+    seen_store = {"type": SEEN_TYPE, "key": MATCH}
     dash_app.clientside_callback(
         X_AXIS_ONLY, Output(zoom_store, "data"), Input(graph, "relayoutData")
     )
@@ -91,7 +93,10 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         Input(zoom_store, "data"),
         Input("live-tick", "data"),
         Input("backtest-firings", "data"),
+        Input(seen_store, "data"),
         State(graph, "id"),
+        # First when the browser says the chart is near the view (components.SEEN_TYPE).
+        prevent_initial_call=True,
     )
     async def draw(
         state: dict[str, Any] | None,
@@ -101,9 +106,10 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         relayout: dict[str, Any] | None,
         tick: dict[str, Any] | None,
         backtest: dict[str, Any] | None,
+        seen: bool | None,
         graph_id: dict[str, str],
     ) -> dict[str, Any]:
-        if not state:
+        if not state or not seen:
             raise PreventUpdate
         triggers = {item["prop_id"] for item in ctx.triggered}
         # A backtest's firings show on its run's page only, beside the run's real alerts.

@@ -21,6 +21,7 @@ from typing import Any
 from dash import Dash, Input, Output, State, ctx, dcc, html
 from dash.exceptions import PreventUpdate
 
+from dashboard.components import digest
 from dashboard.data import KeelApi
 from dashboard.detail_figures import Distribution, distribution_figure, sequences_figure
 from dashboard.figures import message_figure
@@ -185,15 +186,17 @@ def register(dash_app: Dash, api: KeelApi) -> None:
             raise PreventUpdate
         x_range = zoom_range(zoom)
         bounds = _bounds(x_range if isinstance(x_range, tuple) else None)
-        signature = {"variant": variant, "bounds": bounds, "last_step": run.get("last_step")}
-        if signature == drawn:
-            raise PreventUpdate  # nothing new since the last draw (a tick for another reason)
         unbounded = variant == "unbounded"
         start, end = bounds if bounds is not None else (None, None)
         every, subset = await asyncio.gather(
             api.distributions(run_id, LOG_RATIO_KEY, start=start, end=end, max_steps=DIST_STEPS),
             api.distributions(run_id, UNBOUNDED_KEY, start=start, end=end, max_steps=DIST_STEPS if unbounded else 1),
         )
+        # What the figure is drawn from: a live tick that brought no new histogram (a run
+        # without step details, or points between them) redraws nothing in the browser.
+        signature = {"variant": variant, "bounds": bounds, "data": digest([every, subset]), "started": run.get("last_step") is not None}
+        if signature == drawn:
+            raise PreventUpdate
         dist_all = Distribution.from_json(every or {})
         dist_unbounded = Distribution.from_json(subset or {})
         toggle = {} if not dist_unbounded.empty or unbounded else {"display": "none"}
@@ -247,11 +250,11 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         if run is None:
             raise PreventUpdate
         bounds = _sequence_bounds(run, mode, zoom_range(zoom), tokens_shown)
-        signature = {"bounds": bounds, "last_step": run.get("last_step") if bounds is None or mode != "step" else None}
-        if signature == drawn:
-            raise PreventUpdate
         start, end = bounds if bounds is not None else (None, None)
         payload = await api.sequences(run_id, start=start, end=end, max_points=SEQUENCE_POINTS)
+        signature = {"bounds": bounds, "data": digest(payload), "started": run.get("last_step") is not None}
+        if signature == drawn:
+            raise PreventUpdate  # nothing new to draw (as for the distribution above)
         if not payload or not payload.get("length"):
             everything = await api.sequences(run_id, max_points=1) if payload is not None and bounds else None
             text = empty_text(run, bounds, bool(everything and everything.get("length")))

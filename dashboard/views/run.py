@@ -11,6 +11,7 @@ from dash import Dash, Input, Output, State, dcc, html, no_update
 
 from dashboard.components import (
     badge,
+    changed_only,
     chart_controls,
     display_status,
     empty_state,
@@ -63,6 +64,7 @@ def layout(run_id: str, step: int | None = None) -> html.Div:
             page_state("run", [run_id], CHART_HEIGHT),
             live_target([run_id]),
             dcc.Store(id="run-keys"),
+            dcc.Store(id="run-sent"),
             html.Div(html.H1("Loading run…"), id="run-header", className="page-title"),
             html.Div(
                 [
@@ -210,13 +212,19 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         Output("run-overview", "children"),
         Output("run-alerts", "children"),
         Output("run-config", "children"),
+        Output("run-sent", "data"),
         Input("page-state", "data"),
         Input("live-data-tick", "data"),
+        State("run-sent", "data"),
     )
-    async def details(state: dict[str, Any] | None, _tick: Any) -> tuple[Any, Any, Any, Any]:
+    async def details(state: dict[str, Any] | None, _tick: Any, sent: list[str] | None) -> tuple[Any, ...]:
+        """The header, overview, alerts and config; on a live tick only the parts that changed."""
         if not state or state.get("page") != "run":
-            return no_update, no_update, no_update, no_update
-        run_id = state["runs"][0]
+            return no_update, no_update, no_update, no_update, no_update
+        outputs, digests = changed_only(await _details(state["runs"][0]), sent)
+        return (*outputs, digests)
+
+    async def _details(run_id: str) -> tuple[Any, Any, Any, Any]:
         run = await api.run(run_id)
         if run is None:
             missing = empty_state("Run not found", f"No run with id {run_id} on this server.")

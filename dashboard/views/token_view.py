@@ -134,8 +134,8 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         explicit = target is not None
         payload = await api.samples(run_id, target)
         found = None if payload is None else payload.get("step")
-        if refresh and found is not None and found == (shown or {}).get("step"):
-            raise PreventUpdate  # the latest step with samples did not move
+        if refresh and found == (shown or {}).get("step") and (found is not None or not explicit):
+            raise PreventUpdate  # the latest step with samples did not move (or there is none yet)
         if payload is None or found is None:
             steps = await api.sample_steps(run_id) if payload is not None else None
             if steps:

@@ -142,6 +142,42 @@ def test_compare_page_renders_and_appends_live_points(server, browser, artifacts
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_background_tab_closes_its_socket_and_catches_up_when_shown(server, browser) -> None:
+    runs = open_runs(server, ARMS[:2], steps=50)
+    browser.get(_compare_url(server, runs))
+    drawn_charts(browser, 5)
+    wait_until(lambda: live_state(browser) == "live", message="live websocket")
+    this = browser.execute_cdp_cmd("Target.getTargetInfo", {})["targetInfo"]["targetId"]
+    other = browser.execute_cdp_cmd("Target.createTarget", {"url": "about:blank", "background": False})["targetId"]
+    try:
+        assert browser.execute_script("return document.visibilityState") == "hidden"
+        wait_until(lambda: live_state(browser) == "paused", timeout=15, message="socket paused")
+        before = live_stats(browser)
+        for step in range(50, 60):
+            for run in runs:
+                run.send([{"step": step, "values": toy_values(step, run.seed)}])
+        time.sleep(1.5)
+        hidden = live_stats(browser)
+        assert hidden["messages"] == before["messages"]  # nothing reaches a paused tab
+        reward = next(c for c in charts(browser) if c["key"] == "reward/mean")
+        assert all(max(_raw(reward, run.id)["x"]) == 49 for run in runs)
+    finally:
+        browser.execute_cdp_cmd("Target.closeTarget", {"targetId": other})
+    browser.execute_cdp_cmd("Target.activateTarget", {"targetId": this})
+    browser.execute_cdp_cmd("Page.bringToFront", {})
+    wait_until(lambda: live_state(browser) == "live", message="live again")
+
+    def caught_up() -> bool:
+        chart = next(c for c in charts(browser) if c["key"] == "reward/mean")
+        return all(_raw(chart, run.id)["x"][-10:] == list(range(50, 60)) for run in runs)
+
+    wait_until(caught_up, timeout=20, message="the steps sent while hidden drawn")
+    assert console_errors(browser) == []
+    for run in runs:
+        run.close()
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_zoom_refetches_the_visible_range_at_full_resolution(server, browser) -> None:
     run = LiveRun(server, "long", "g")
     run.history(3000, frame=1000)
@@ -241,6 +277,16 @@ def test_run_page_shows_every_metric_its_config_and_alerts(server, browser, arti
     run.history(120)
     run.send([{"step": 120, "values": {"grad/norm": "nan"}}])
     browser.get(f"{server.url}/runs/{run.id}")
+    keys = [c["key"] for c in drawn_charts(browser, 5)]
+    assert keys == list(HEADLINE)
+    # The other metrics' charts are far below the fold at 1280x800: their figures are asked
+    # for only once they come near the view.
+    time.sleep(2)
+    assert "policy/entropy" not in [c["key"] for c in charts(browser)]
+    assert chart_order(browser)[-1] is None  # still "Loading…"
+    browser.execute_script(
+        "document.querySelector('.chart-card[data-key=\"policy/entropy\"]').scrollIntoView()"
+    )
     keys = [c["key"] for c in drawn_charts(browser, 6)]
     assert keys[:5] == list(HEADLINE) and keys[5] == "policy/entropy"
     wait_until(lambda: '"seed": 3' in text_of(browser, "run-config"), message="config")

@@ -44,13 +44,25 @@ def charts(driver: Any) -> list[dict[str, Any]]:
     return list(driver.execute_script(CHARTS_JS))
 
 
+SCROLL_TO_LOADING_JS = """
+var card = Array.from(document.querySelectorAll('.chart-card[data-key]')).find(function (c) {
+  var gd = c.querySelector('.js-plotly-plot');
+  return !(gd && gd.layout && gd.layout.meta && gd.layout.meta.render_id);
+});
+if (card) card.scrollIntoView({block: 'nearest'});
+"""
+
+
 def drawn_charts(driver: Any, count: int, timeout: float = 30.0) -> list[dict[str, Any]]:
-    """Wait for `count` charts drawn from server data (not the loading placeholder)."""
+    """Wait for `count` charts drawn from server data (not the loading placeholder),
+    scrolling to each chart still loading as a reader would: a chart asks for its figure
+    only once it comes near the view."""
 
     def ready() -> list[dict[str, Any]] | None:
         found = charts(driver)
         if len(found) == count and all(c["key"] and c["render"] for c in found):
             return found
+        driver.execute_script(SCROLL_TO_LOADING_JS)
         return None
 
     return wait_until(ready, timeout, message=f"{count} charts with data")  # type: ignore[no-any-return]

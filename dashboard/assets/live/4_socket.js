@@ -8,6 +8,10 @@
  * the "live-tick" (charts) or "live-data-tick" (tables, the hazard) store, at most once
  * per REFRESH_MS / DATA_REFRESH_MS, and not at all while the tab is hidden (once when it
  * is shown again).
+ *
+ * A tab hidden for PAUSE_HIDDEN_MS closes its socket: a background tab then costs nothing,
+ * however much streams. Shown again, it reconnects and, as after any reconnect, asks the
+ * server to redraw what it missed.
  */
 (function (live) {
   "use strict";
@@ -15,12 +19,15 @@
   var scheduler = live.scheduler;
   var REFRESH_MS = 2000;
   var DATA_REFRESH_MS = 5000; // tables beside charts (summary, run header, hazard)
+  var PAUSE_HIDDEN_MS = 3000; // a tab switch shorter than this keeps the socket
 
   var socket = null;
   var target = null;
   var retry = 0;
   var timers = {}; // store -> pending refresh timer
   var deferred = {}; // store -> reason, asked for while the tab was hidden
+  var pauseTimer = null;
+  var paused = false; // the socket was closed because the tab is hidden
 
   function indicator(state) {
     var el = document.getElementById("live-indicator");
@@ -73,6 +80,7 @@
 
   /* Follow `runs` ("*", a comma-separated list, or null for none). */
   function connect(runs, attempt) {
+    paused = false;
     if (socket) {
       socket.onclose = null;
       socket.close();
@@ -119,11 +127,38 @@
     };
   }
 
+  /* The tab was hidden: close the socket if it stays hidden PAUSE_HIDDEN_MS. */
+  function pauseSoon() {
+    if (pauseTimer !== null || paused) return;
+    pauseTimer = setTimeout(function () {
+      pauseTimer = null;
+      if (!document.hidden || !socket) return;
+      socket.onclose = null;
+      socket.close();
+      socket = null;
+      paused = true;
+      indicator("paused");
+    }, PAUSE_HIDDEN_MS);
+  }
+
+  /* The tab is shown: reconnect a paused socket (its points missed are redrawn on open). */
+  function resume() {
+    if (pauseTimer !== null) {
+      clearTimeout(pauseTimer);
+      pauseTimer = null;
+    }
+    if (!paused) return;
+    paused = false;
+    if (target) connect(target, 1);
+  }
+
   live.socket = {
     refresh: refresh,
     connect: connect,
     target: function () { return target; },
     askRedraw: askRedraw,
     catchUp: catchUp,
+    pauseSoon: pauseSoon,
+    resume: resume,
   };
 })(window.keelLive = window.keelLive || {});

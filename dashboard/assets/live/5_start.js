@@ -2,7 +2,9 @@
  * Keel live updates, part 5 of 5: wiring.
  *
  * Watches the page (Dash replaces it on navigation) for the live target and for new
- * figures; follows which charts are in view and whether the tab is shown.
+ * figures; follows which charts are in view and whether the tab is shown. A chart's figure
+ * is asked of the server only once its card comes within SEEN_MARGIN of the view (its
+ * "metric-seen" store, components.SEEN_TYPE): a page of 40 charts costs what is on screen.
  *
  * Instrumentation (counters in keelLive.stats, and when each pushed point was painted in
  * keelLive.drawn) is off unless the page is opened with window.keelInstrument set (tests
@@ -16,9 +18,13 @@
   var DRAWN_LOG = 20000; // (run, key, step, time) records kept for latency measurement
   var instrument = !!window.keelInstrument;
   var observer = null;
+  var SEEN_MARGIN = "50% 0px"; // cards this near the view (half a window) fetch their figure
+  var seenObserver = null;
+  var cards = new WeakSet(); // chart cards observed for "seen"
+  var seenCards = new WeakSet(); // chart cards whose figure was asked for
   var everDrawn = false;
 
-  live.stats = instrument ? { messages: 0, appended: 0, renders: 0, refreshes: 0, frames: 0, draws: 0, drawMs: 0, ticks: {} } : null;
+  live.stats = instrument ? { messages: 0, appended: 0, renders: 0, refreshes: 0, frames: 0, draws: 0, drawMs: 0, seen: 0, ticks: {} } : null;
   live.drawn = instrument ? [] : null;
 
   /* Count an event (instrumentation only): "ticks.<store>" counts per store. */
@@ -64,13 +70,41 @@
    */
   function allDrawn(plots) {
     var page = window.location.pathname + window.location.search;
-    if (!plots.length || drawnFor === page) return;
+    if (drawnFor === page) return;
+    var wanted = 0;
     for (var i = 0; i < plots.length; i++) {
+      var card = plots[i].closest(".chart-card");
+      if (card && card.hasAttribute("data-key") && !seenCards.has(card)) continue; // not asked for
       var meta = plots[i].layout && plots[i].layout.meta;
       if (!meta || !meta.render_id) return;
+      wanted += 1;
     }
+    if (!wanted) return;
     drawnFor = page;
     live.socket.refresh("live-data-tick", "drawn", 0);
+  }
+
+  /* Ask for the figure of a chart card that came near the view (once per card). */
+  function see(card) {
+    if (seenCards.has(card)) return;
+    if (!(window.dash_clientside && window.dash_clientside.set_props)) {
+      setTimeout(function () { see(card); }, 100); // the renderer is not up yet
+      return;
+    }
+    seenCards.add(card);
+    if (seenObserver) seenObserver.unobserve(card);
+    live.note("seen", 1);
+    window.dash_clientside.set_props(
+      { type: "metric-seen", key: card.getAttribute("data-key") }, { data: true });
+  }
+
+  function scanCards() {
+    document.querySelectorAll(".chart-card[data-key]").forEach(function (card) {
+      if (cards.has(card)) return;
+      cards.add(card);
+      if (seenObserver) seenObserver.observe(card);
+      else see(card);
+    });
   }
 
   /* New figures (first draw, zoom, smoothing change): replay what arrived while they were drawn. */
@@ -99,6 +133,7 @@
       everDrawn = false;
       live.socket.connect(runs, 0);
     }
+    scanCards();
     scanGraphs();
   }
 
@@ -121,8 +156,19 @@
         });
       });
     }
+    if (window.IntersectionObserver) {
+      seenObserver = new IntersectionObserver(function (entries) {
+        entries.forEach(function (entry) {
+          if (entry.isIntersecting) see(entry.target);
+        });
+      }, { rootMargin: SEEN_MARGIN });
+    }
     document.addEventListener("visibilitychange", function () {
-      if (document.hidden) return;
+      if (document.hidden) {
+        live.socket.pauseSoon();
+        return;
+      }
+      live.socket.resume();
       live.socket.catchUp();
       scheduler.wake(0);
     });
