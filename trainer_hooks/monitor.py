@@ -32,7 +32,6 @@ import atexit
 import json
 import logging
 import os
-import pickle
 import shlex
 import signal
 import sys
@@ -46,6 +45,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
+from trainer_hooks import decoder
 from trainer_hooks.capture import Capture, Captured, HostCopy, ship_inputs, to_host
 from trainer_hooks.channel import Buffer, WorkerStart, encode
 from trainer_hooks.link import Feed, Link, Pending
@@ -295,8 +295,9 @@ class Monitor:
         worst token. `token_ids` [B, T] are the sampled ids; `seq_ids` [B] integer ids of
         the sequences (else their row in the step's batch); `decode` maps a list of ids to
         a list of strings (a Hugging Face tokenizer's `convert_ids_to_tokens`). `decode`
-        is pickled once and runs in the worker; without it (or if it cannot be pickled)
-        the samples show ids.
+        is pickled once and runs in the worker; without it (or if the worker could not
+        import it: a lambda, or a function of a script run as `python train.py`; see
+        trainer_hooks/decoder.py) the samples show ids.
         """
         if self._closed or os.getpid() != self._pid:
             return
@@ -342,9 +343,9 @@ class Monitor:
         """Give the worker `decode` (pickled), now and at any restart."""
         self._decode = decode
         try:
-            blob = pickle.dumps(decode, protocol=pickle.HIGHEST_PROTOCOL)
+            blob = decoder.dumps(decode)
         except Exception as exc:
-            self._drop("error", 1, f"decode cannot be pickled ({exc!r}); samples show token ids")
+            self._drop("error", 1, f"decode cannot be sent to the worker ({exc}); samples show token ids")
             return
         self._link.worker_start = replace(self._link.worker_start, decoder=blob)
         if not self._feed.put(encode(("decoder", blob)), always=True):

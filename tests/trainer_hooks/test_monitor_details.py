@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +22,8 @@ from websockets.sync.server import ServerConnection, serve
 from tests.support.monitor import FAST, servers
 from trainer_hooks.details import EDGES, WINDOW
 from trainer_hooks.monitor import Monitor
+
+ROOT = Path(__file__).resolve().parents[2]
 
 make_server = pytest.fixture(name="make_server")(servers)
 
@@ -148,3 +153,56 @@ def test_an_older_server_gets_the_points_without_the_details(
     assert [row["step"] for row in left_out] == [0, 1, 2]
     assert all({"histograms", "samples", "sequences"} <= set(row) for row in left_out)
     assert sum("does not store step details" in r.message for r in caplog.records) == 1
+
+
+SCRIPT = '''
+import json, sys
+import torch
+from trainer_hooks.monitor import Monitor
+
+
+def texts(token_ids):
+    return [f"<{token}>" for token in token_ids]
+
+
+if __name__ == "__main__":
+    url, spool = sys.argv[1], sys.argv[2]
+    monitor = Monitor(url, run_name="script", spool_dir=spool)
+    learner = -torch.rand(3, 20, generator=torch.Generator().manual_seed(0))
+    sampler = learner.clone()
+    sampler[1, 7] -= 5.0
+    ids = torch.arange(60).reshape(3, 20)
+    monitor.log_batch(0, sampler, learner, torch.ones(3, 20, dtype=torch.bool), token_ids=ids, decode=texts)
+    assert monitor.finish(timeout=60)
+    print(json.dumps({"run": monitor.run_id, "dropped": monitor.dropped}))
+'''
+
+
+@pytest.mark.parametrize("how", ["module", "script"])
+def test_a_decode_defined_in_the_script_being_run(make_server, sqlite_url, tmp_path, how) -> None:
+    """`python -m pkg.train`: the worker imports the script under its import name and the
+    samples carry text. `python train.py`: it cannot; the trainer says so, and the samples
+    carry the ids."""
+    server = make_server(sqlite_url)
+    package = tmp_path / "trainloop"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "run.py").write_text(SCRIPT)
+    target = ["-m", "trainloop.run"] if how == "module" else [str(package / "run.py")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    done = subprocess.run(
+        [sys.executable, *target, server.url, str(tmp_path / "spool")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=True,
+    )
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    worst = server.get(f"/runs/{result['run']}/samples", step=0)["samples"][0]
+    assert worst["seq_id"] == 1 and worst["worst"] == 7
+    ids = list(range(20 + worst["start"], 20 + worst["start"] + len(worst["token_ids"])))
+    assert worst["token_ids"] == ids
+    if how == "module":
+        assert result["dropped"] == {}
+        assert worst["tokens"] == [f"<{token}>" for token in ids]
+    else:
+        assert result["dropped"] == {"error": 1}
+        assert "cannot import" in done.stderr and "convert_ids_to_tokens" in done.stderr
+        assert "tokens" not in worst  # ids only
