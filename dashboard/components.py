@@ -15,6 +15,7 @@ __all__ = [
     "GRAPH_TYPE",
     "ZOOM_TYPE",
     "SEEN_TYPE",
+    "ALERT_TOKENS_TYPE",
     "shell",
     "chart_controls",
     "metric_graph",
@@ -37,6 +38,9 @@ SEEN_TYPE = "metric-seen"
 """The store beside each chart that the browser sets once the chart comes near the view
 (assets/live/5_start.js): a chart's figure is fetched only then, so charts far below the
 fold cost neither the server nor the page anything until scrolled to."""
+ALERT_TOKENS_TYPE = "alert-tokens"
+"""The "tokens" button of an alert in the run page's alerts table:
+{"type": ALERT_TOKENS_TYPE, "alert": <id>, "step": <its first step>} (views/token_view.py)."""
 HAZARD_GRAPH = "hazard-graph"
 """Id (and class) of the collapse hazard chart. Not a `keel-graph`: the live updater does not
 append to it; the server redraws it on the pages' data ticks (views/charts.py)."""

@@ -58,7 +58,9 @@ def zoom_range(relayout: dict[str, Any] | None) -> tuple[float, float] | str | N
 
 # "log-axis": a chart drawn on a linear axis for want of a positive value got one (or a log
 # chart with nothing drawn got a value ≤ 0), so the server must choose its axis again.
-STRUCTURAL_TICKS = {"alert", "reconnect", "log-axis"}
+# "compact": a line took in more live points than its history holds (assets/live/2_charts.js
+# COMPACT_AFTER), so it is drawn again from buckets: a page open all day stays cheap.
+STRUCTURAL_TICKS = {"alert", "reconnect", "log-axis", "compact"}
 
 
 # In the browser: only relayouts that touch the x axis reach the server. Plotly reports
@@ -120,8 +122,8 @@ def register(dash_app: Dash, api: KeelApi) -> None:
             raise PreventUpdate
         zoom = zoom_range(relayout)  # the store only ever holds x-axis relayouts (X_AXIS_ONLY)
         if triggers == {"live-tick.data"}:
-            reason = (tick or {}).get("reason")
-            wanted = reason in STRUCTURAL_TICKS or (reason == "aggregate" and aggregate != "runs")
+            reasons = set((tick or {}).get("reasons") or [(tick or {}).get("reason")])
+            wanted = bool(reasons & STRUCTURAL_TICKS) or ("aggregate" in reasons and aggregate != "runs")
             if not wanted:
                 raise PreventUpdate
         x_range = zoom if isinstance(zoom, tuple) else None

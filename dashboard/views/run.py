@@ -10,6 +10,7 @@ from typing import Any
 from dash import Dash, Input, Output, State, dcc, html, no_update
 
 from dashboard.components import (
+    ALERT_TOKENS_TYPE,
     badge,
     changed_only,
     chart_controls,
@@ -196,7 +197,18 @@ def _alerts_table(alerts: list[Alert] | None) -> Any:
                 html.Td(a.rule, className="rule"),
                 html.Td(_short(a.metric), title=a.metric or "", className="metric"),
                 html.Td(
-                    f"{a.started_step} → {a.resolved_step if a.resolved_step is not None else 'now'}"
+                    [
+                        f"{a.started_step} → {a.resolved_step if a.resolved_step is not None else 'now'} ",
+                        html.Button(
+                            "tokens",
+                            id={"type": ALERT_TOKENS_TYPE, "alert": a.id, "step": a.started_step},
+                            n_clicks=0,
+                            className="button small",
+                            title=f"the worst tokens at step {a.started_step} (the token view below)",
+                        )
+                        if a.started_step is not None
+                        else None,
+                    ]
                 ),
                 html.Td(a.message),
             ]

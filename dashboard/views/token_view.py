@@ -13,7 +13,7 @@ from typing import Any
 from dash import ALL, Dash, Input, Output, State, ctx, dcc, html
 from dash.exceptions import PreventUpdate
 
-from dashboard.components import GRAPH_TYPE, HAZARD_GRAPH
+from dashboard.components import ALERT_TOKENS_TYPE, GRAPH_TYPE, HAZARD_GRAPH
 from dashboard.data import KeelApi
 from dashboard.tokens import colour_legend, sample_card
 from dashboard.views.detail_states import LOADING, NO_DETAILS, placeholder
@@ -65,6 +65,18 @@ def panel(step: int | None) -> html.Div:
     )
 
 
+# Opens the token view at `step`: the URL names it (?step=S, without a reload), the view
+# scrolls in, and the step goes to the view's step field.
+OPEN_AT_STEP = """
+    var url = new URL(window.location.href);
+    url.searchParams.set("step", String(step));
+    window.history.replaceState(window.history.state, "", url.toString());
+    var view = document.getElementById("tokens");
+    if (view) view.scrollIntoView({behavior: "smooth", block: "start"});
+    return step;
+}
+"""
+
 # A click on a chart opens the token view at the clicked step: the point's x (its step) on
 # the metric charts (an alert's ◆ included), the hazard and the heatmap; on the length
 # scatter the step is the point's customdata. The URL follows (?step=S), without a reload.
@@ -75,14 +87,16 @@ function (%s) {
     var raw = point ? point.%s : null;
     if (raw === null || raw === undefined || !isFinite(Number(raw))) return window.dash_clientside.no_update;
     var step = Math.round(Number(raw));
-    var url = new URL(window.location.href);
-    url.searchParams.set("step", String(step));
-    window.history.replaceState(window.history.state, "", url.toString());
-    var view = document.getElementById("tokens");
-    if (view) view.scrollIntoView({behavior: "smooth", block: "start"});
-    return step;
-}
-"""
+""" + OPEN_AT_STEP
+
+# An alert's "tokens" button (run page, alerts table) opens the token view at the alert's
+# first step: the step is in the button's id.
+STEP_FROM_ALERT = """
+function (clicks) {
+    var hit = (window.dash_clientside.callback_context.triggered || [])[0];
+    if (!hit || !hit.value) return window.dash_clientside.no_update;
+    var step = JSON.parse(hit.prop_id.slice(0, hit.prop_id.lastIndexOf("."))).step;
+""" + OPEN_AT_STEP
 
 # The URL names the step the token view shows, once the user picked one.
 FOLLOW_URL = """
@@ -127,10 +141,16 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         shown: dict[str, Any] | None,
     ) -> tuple[Any, Any, Any]:
         run_id = run_of(state)
-        refresh = shown is not None and ctx.triggered_id in ("live-data-tick", "page-state")
+        trigger = ctx.triggered_id
+        drawn = None if shown is None else shown.get("step")
+        if trigger in ("live-data-tick", "page-state") and step is not None and drawn is not None and int(step) != drawn:
+            # A step was picked (typed, clicked, an alert's button) but not drawn: a live tick's
+            # request superseded the one it made, and Dash dropped that one's answer.
+            trigger = "tokens-step"
+        refresh = shown is not None and trigger in ("live-data-tick", "page-state")
         if refresh and (shown or {}).get("explicit"):
             raise PreventUpdate  # a step picked stays as it is
-        target = await _token_target(api, run_id, ctx.triggered_id, step, shown)
+        target = await _token_target(api, run_id, trigger, step, shown)
         explicit = target is not None
         payload = await api.samples(run_id, target)
         found = None if payload is None else payload.get("step")
@@ -167,6 +187,12 @@ def _register_clicks(dash_app: Dash) -> None:
     ]
     for source, field in sources:
         dash_app.clientside_callback(STEP_FROM_CLICK % ("clicks", field), output, source, prevent_initial_call=True)
+    dash_app.clientside_callback(
+        STEP_FROM_ALERT,
+        output,
+        Input({"type": ALERT_TOKENS_TYPE, "alert": ALL, "step": ALL}, "n_clicks"),
+        prevent_initial_call=True,
+    )
 
 
 async def _token_target(

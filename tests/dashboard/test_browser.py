@@ -178,6 +178,33 @@ def test_a_background_tab_closes_its_socket_and_catches_up_when_shown(server, br
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_line_that_took_in_many_live_points_is_drawn_again_from_buckets(server, browser) -> None:
+    """A page open all day: once a line has taken in more live points than its history holds,
+    the server draws the chart afresh (buckets again), so redraws do not grow without end."""
+    run = LiveRun(server, "long", "cispo")
+    run.history(300)
+    set_viewport(browser, 1280, 2400)
+    browser.get(_compare_url(server, [run]))
+    first = next(c for c in drawn_charts(browser, 5) if c["key"] == "reward/mean")
+    assert len(_raw(first, run.id)["x"]) == 300
+    wait_until(lambda: live_state(browser) == "live", message="live websocket")
+    run.history(700, start=300, frame=100)  # 700 live points, more than the 500 a line keeps
+
+    def compacted() -> dict | None:
+        chart = next(c for c in charts(browser) if c["key"] == "reward/mean")
+        raw = _raw(chart, run.id)
+        return chart if chart["render"] != first["render"] and raw["x"][-1] == 999 else None
+
+    chart = wait_until(compacted, timeout=30, message="the chart drawn afresh")
+    raw = _raw(chart, run.id)
+    assert len(raw["x"]) <= 500 + 100  # buckets, and what arrived after the redraw
+    envelope = [t for t in chart["traces"] if t["role"] == "envelope" and t["run"] == run.id]
+    assert envelope  # the history is bucketed: its min/max band is drawn
+    assert console_errors(browser) == []
+    run.close()
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_zoom_refetches_the_visible_range_at_full_resolution(server, browser) -> None:
     run = LiveRun(server, "long", "g")
     run.history(3000, frame=1000)

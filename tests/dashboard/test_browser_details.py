@@ -158,6 +158,21 @@ def test_a_step_in_the_url_or_a_click_on_a_chart_opens_the_token_view_there(serv
     wait_until(lambda: text_of(browser, "tokens-caption").startswith("step 25"), message="next step")
     wait_until(lambda: "step=25" in browser.current_url, message="URL follows the step")
 
+    # An alert's "tokens" button (the alerts table) opens the view at the alert's first step.
+    alerted = STEPS.stop  # a step after the run's details
+    run.send([{"step": alerted, "values": {"mismatch/kl": "nan"}}])  # the non-finite rule fires at once
+    buttons = wait_until(
+        lambda: browser.find_elements("css selector", "#run-alerts button"), 30, message="the alert's tokens button"
+    )
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", buttons[0])  # off the sticky header
+    buttons[0].click()
+    latest = (alerted - 1) // SAMPLES_EVERY * SAMPLES_EVERY
+    wait_until(
+        lambda: f"step {latest} (the latest step ≤ {alerted} with samples)" in text_of(browser, "tokens-caption"),
+        message="token view at the alert's step",
+    )
+    wait_until(lambda: f"step={latest}" in browser.current_url, message="URL names the step shown")
+
     # A click on a metric chart (reward/mean) at step 41: the latest step ≤ 41 with samples.
     set_viewport(browser, 1280, 1400)
     drawn_charts(browser, 3)  # reward/mean and mismatch/kl (headline), mismatch/tail_frac

@@ -11,6 +11,10 @@
 
   var math = live.math;
   var states = new WeakMap();
+  // Points appended to a line before the server is asked to draw the chart afresh (its
+  // history bucketed again, views/charts.HISTORY_POINTS): a redraw costs every point drawn,
+  // so a page kept open all day must not keep every pushed point.
+  var COMPACT_AFTER = 500;
 
   /* The live state of one chart element (created on first use). */
   function state(gd) {
@@ -111,6 +115,13 @@
       }
       if (last !== -Infinity) tm.last_step = last;
       if (!xs.length) continue;
+      if (tm.role === "raw") {
+        tm.appended = (tm.appended || 0) + xs.length;
+        if (tm.appended > COMPACT_AFTER && !meta.compacting) {
+          meta.compacting = true; // once per figure: the new one starts from zero
+          ask("compact");
+        }
+      }
       if (tm.role === "nonfinite") {
         lines.marks.push([i, xs, ys, symbols, texts]);
       } else {

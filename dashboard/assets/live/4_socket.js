@@ -25,6 +25,7 @@
   var target = null;
   var retry = 0;
   var timers = {}; // store -> pending refresh timer
+  var reasons = {}; // store -> the reasons of its pending refresh
   var deferred = {}; // store -> reason, asked for while the tab was hidden
   var pauseTimer = null;
   var paused = false; // the socket was closed because the tab is hidden
@@ -34,19 +35,27 @@
     if (el && el.getAttribute("data-state") !== state) el.setAttribute("data-state", state);
   }
 
-  /* Ask the server to redraw `store`'s outputs, at most once per `delay` ms. */
+  /*
+   * Ask the server to redraw `store`'s outputs, at most once per `delay` ms. The tick names
+   * every reason asked for while it waited (`reasons`; `reason` is the first): a chart
+   * redraws only for some of them (views/charts.STRUCTURAL_TICKS).
+   */
   function refresh(store, reason, delay) {
     if (document.hidden) {
       deferred[store] = reason;
       return;
     }
+    var asked = reasons[store] || (reasons[store] = []);
+    if (asked.indexOf(reason) < 0) asked.push(reason);
     if (timers[store]) return;
     timers[store] = setTimeout(function () {
       timers[store] = null;
+      var sent = reasons[store];
+      reasons[store] = [];
       live.note("refreshes", 1);
       live.note("ticks." + store, 1);
       if (window.dash_clientside && window.dash_clientside.set_props) {
-        window.dash_clientside.set_props(store, { data: { reason: reason, t: Date.now() } });
+        window.dash_clientside.set_props(store, { data: { reason: sent[0], reasons: sent, t: Date.now() } });
       }
     }, delay);
   }

@@ -22,6 +22,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from trl import GRPOConfig, GRPOTrainer
 
 from tests.support.monitor import FAST
+from tests.support.stored_runs import keys_of, run_of, stored
 from trainer_hooks.integrations.trl import (
     SOURCE_NONE,
     SOURCE_ROLLOUT,
@@ -117,23 +118,6 @@ def train(
     with keel:  # a plain GRPOTrainer gets its "failed" status from this
         trainer.train()
     return trainer, run_id
-
-
-def stored(url: str, run_id: str, key: str) -> dict[int, float]:
-    response = httpx.get(f"{url}/api/v1/runs/{run_id}/series", params={"key": key})
-    response.raise_for_status()
-    body = response.json()
-    return {step: float(value) for step, value in zip(body["steps"], body["values"], strict=True)}
-
-
-def run_of(url: str, run_id: str) -> dict[str, Any]:
-    response = httpx.get(f"{url}/api/v1/runs/{run_id}")
-    response.raise_for_status()
-    return dict(response.json())
-
-
-def keys_of(url: str, run_id: str) -> set[str]:
-    return {k["key"] for k in httpx.get(f"{url}/api/v1/runs/{run_id}/keys").json()}
 
 
 def step_logs(trainer: GRPOTrainer) -> dict[int, dict[str, Any]]:

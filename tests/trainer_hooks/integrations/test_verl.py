@@ -29,23 +29,10 @@ import pytest
 import torch
 
 from tests.support.monitor import FAST, REPO_ROOT
+from tests.support.stored_runs import run_named, stored
 from trainer_hooks.integrations.verl import VERL_TO_KEEL, KeelBackend, keel_metrics
 from trainer_hooks.metrics import stability_metrics
 from trainer_hooks.monitor import Monitor
-
-
-def stored(url: str, run_id: str, key: str) -> dict[int, float]:
-    response = httpx.get(f"{url}/api/v1/runs/{run_id}/series", params={"key": key})
-    response.raise_for_status()
-    body = response.json()
-    return {step: float(value) for step, value in zip(body["steps"], body["values"], strict=True)}
-
-
-def run_of(url: str, name: str) -> dict[str, Any]:
-    runs = httpx.get(f"{url}/api/v1/runs").json()
-    items = runs["items"] if isinstance(runs, dict) else runs
-    (run,) = [r for r in items if r["name"] == name]
-    return dict(httpx.get(f"{url}/api/v1/runs/{run['id']}").json())
 
 
 def keys_of(url: str, run_id: str) -> set[str]:
@@ -119,7 +106,7 @@ def test_backend_streams_a_verl_stream_under_keel_names(
     assert backend.skipped == 9
 
     run_id = monitor.run_id
-    assert run_of(server.url, "verl-stream")["status"] == "finished"
+    assert run_named(server.url, "verl-stream")["status"] == "finished"
     assert stored(server.url, run_id, "mismatch/kl") == {1: 0.0004, 2: 0.0008, 3: 0.0004 * 3}
     assert stored(server.url, run_id, "mismatch/kl_k1") == {1: 0.001, 2: 0.002, 3: 0.001 * 3}
     assert stored(server.url, run_id, "reward/mean") == {1: 0.25, 2: 0.5, 3: 0.75}
@@ -192,7 +179,7 @@ def test_real_tracking_streams_verls_rollout_correction_metrics(
         expected[step] = metrics
     tracking.finish(exit_code=0)
 
-    run = run_of(server.url, name)
+    run = run_named(server.url, name)
     assert run["status"] == "finished"
     assert run["project"] == "verl-tests" and run["group"] == "ppo"
     assert run["config"]["verl/version"] == "0.9.1"
@@ -227,7 +214,7 @@ def test_real_tracking_marks_a_failed_run(
     tracking.finish(exit_code=1)
     tracking.finish(exit_code=0)  # Tracking.__del__ does this later; the status stays
 
-    run = run_of(server.url, name)
+    run = run_named(server.url, name)
     assert run["status"] == "failed"
     assert stored(server.url, run["id"], "reward/mean") == {1: 0.5}
     assert stored(server.url, run["id"], "grad/norm") == {1: math.inf}
