@@ -15,7 +15,11 @@
   "use strict";
 
   var charts = live.charts;
-  var BUFFER_ROWS = 5000; // per run; replayed into charts drawn after the rows arrived
+  // Rows are kept this long (and at most BUFFER_ROWS per run) to be replayed into a chart
+  // whose figure was read from the server while they arrived: a figure asked for later holds
+  // them already. Bounded by time, a page open all day keeps seconds of rows, not hours.
+  var BUFFER_MS = 60000;
+  var BUFFER_ROWS = 5000;
   // Of the main thread, for the live draws of all charts together: their script, and the
   // browser's style, layout and paint of the frame they changed (a bigger page costs more).
   var BUSY_SHARE = 0.05;
@@ -24,7 +28,7 @@
   var FRAME_BUDGET_MS = 12;
   var COALESCE_MS = 25; // wait for the rest of a burst before the next frame
 
-  var buffers = {}; // run id -> rows, ascending by step
+  var buffers = {}; // run id -> [[received at, rows]...], oldest first
   var incoming = []; // [run id, rows, received at] not yet taken into the charts
   var frame = null;
   var timer = null;
@@ -38,12 +42,19 @@
 
   function remember(runId, rows) {
     var buffer = buffers[runId] || (buffers[runId] = []);
-    for (var i = 0; i < rows.length; i++) buffer.push(rows[i]);
-    if (buffer.length > BUFFER_ROWS) buffer.splice(0, buffer.length - BUFFER_ROWS);
+    var now = performance.now();
+    buffer.push([now, rows]);
+    var kept = 0;
+    for (var i = 0; i < buffer.length; i++) kept += buffer[i][1].length;
+    while (buffer.length > 1 && (buffer[0][0] < now - BUFFER_MS || kept - buffer[0][1].length >= BUFFER_ROWS)) {
+      kept -= buffer.shift()[1].length;
+    }
   }
 
+  /* Drop every row kept or waiting (another page, or a socket closed: the server redraws). */
   function forget() {
     buffers = {};
+    incoming = [];
   }
 
   function seen(gd) {
@@ -142,7 +153,11 @@
     s.pending = null;
     s.received = [];
     Object.keys(buffers).forEach(function (runId) {
-      incoming.push([runId, buffers[runId], null]);
+      var rows = [];
+      buffers[runId].forEach(function (kept) {
+        for (var i = 0; i < kept[1].length; i++) rows.push(kept[1][i]);
+      });
+      incoming.push([runId, rows, null]);
     });
     wake();
   }

@@ -146,6 +146,7 @@
       socket.close();
       socket = null;
       paused = true;
+      scheduler.forget(); // shown again, the server redraws everything: nothing to replay
       indicator("paused");
     }, PAUSE_HIDDEN_MS);
   }

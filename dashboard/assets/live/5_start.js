@@ -98,12 +98,21 @@
       { type: "metric-seen", key: card.getAttribute("data-key") }, { data: true });
   }
 
+  /* Whether `card` is within SEEN_MARGIN (half a window) of the view now. */
+  function near(card) {
+    var box = card.getBoundingClientRect();
+    var margin = window.innerHeight / 2;
+    return box.bottom >= -margin && box.top <= window.innerHeight + margin;
+  }
+
   function scanCards() {
     document.querySelectorAll(".chart-card[data-key]").forEach(function (card) {
       if (cards.has(card)) return;
       cards.add(card);
-      if (seenObserver) seenObserver.observe(card);
-      else see(card);
+      // A card already near the view asks at once (the observer's first report comes a frame
+      // later); the others when they come near.
+      if (!seenObserver || (!document.hidden && near(card))) see(card);
+      else seenObserver.observe(card);
     });
   }
 
