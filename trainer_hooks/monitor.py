@@ -45,9 +45,9 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
-from trainer_hooks import decoder
 from trainer_hooks.capture import Capture, Captured, HostCopy, ship_inputs, to_host
 from trainer_hooks.channel import Buffer, WorkerStart, encode
+from trainer_hooks.decoder import dumps as dump_decoder
 from trainer_hooks.link import Feed, Link, Pending
 from trainer_hooks.sender import SenderConfig, ingest_url
 from trainer_hooks.spool import Spool, default_spool_root
@@ -343,7 +343,7 @@ class Monitor:
         """Give the worker `decode` (pickled), now and at any restart."""
         self._decode = decode
         try:
-            blob = decoder.dumps(decode)
+            blob = dump_decoder(decode)
         except Exception as exc:
             self._drop("error", 1, f"decode cannot be sent to the worker ({exc}); samples show token ids")
             return

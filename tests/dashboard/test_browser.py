@@ -304,8 +304,9 @@ def test_run_page_shows_every_metric_its_config_and_alerts(server, browser, arti
     run.history(120)
     run.send([{"step": 120, "values": {"grad/norm": "nan"}}])
     browser.get(f"{server.url}/runs/{run.id}")
-    keys = [c["key"] for c in drawn_charts(browser, 5)]
-    assert keys == list(HEADLINE)
+    wait_until(
+        lambda: [c["key"] for c in charts(browser) if c["render"]] == list(HEADLINE), message="the headline charts"
+    )
     # The other metrics' charts are far below the fold at 1280x800: their figures are asked
     # for only once they come near the view.
     time.sleep(2)

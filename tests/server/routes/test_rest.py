@@ -195,8 +195,8 @@ def test_collapse_hazard_errors(server) -> None:
     assert httpx.get(url, params={"max_points": 100_001}).status_code == 422
 
 
-@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
-def test_collapse_hazard_needs_the_read_scope(server_factory, database_url) -> None:
+def _secured(server_factory, database_url: str):  # type: ignore[no-untyped-def]
+    """A server with auth on, and an ingest-only and a read-only token of it."""
     from server import db
     from server.storage import Store
     from server.tokens import create_token
@@ -211,6 +211,12 @@ def test_collapse_hazard_needs_the_read_scope(server_factory, database_url) -> N
             await store.close()
 
     ingest, read = asyncio.run(tokens())
+    return secured, ingest, read
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_collapse_hazard_needs_the_read_scope(server_factory, database_url) -> None:
+    secured, ingest, read = _secured(server_factory, database_url)
     url = f"{secured.url}/api/v1/runs/nope/hazard"
     assert httpx.get(url).status_code == 401
     assert httpx.get(url, headers={"Authorization": f"Bearer {ingest}"}).status_code == 401
@@ -310,20 +316,7 @@ def test_patch_refuses_bad_input_and_keeps_the_stored_config(server_factory, dat
 
 
 def test_patch_needs_the_ingest_scope(server_factory, database_url) -> None:
-    from server import db
-    from server.storage import Store
-    from server.tokens import create_token
-
-    secured = server_factory(database_url, auth=True, bootstrap_token="keel_test_admin_token_0123456789abcdef")
-
-    async def tokens() -> tuple[str, str]:
-        store = Store(db.create_engine(database_url))
-        try:
-            return await create_token(store, "ingest only", ["ingest"]), await create_token(store, "reader", ["read"])
-        finally:
-            await store.close()
-
-    ingest, read = asyncio.run(tokens())
+    secured, ingest, read = _secured(server_factory, database_url)
     run = new_run("secured", config=CONFIG)
     with connect(f"{secured.ws_url}/api/v1/ingest", additional_headers={"Authorization": f"Bearer {ingest}"}) as ws:
         assert hello(ws, run)["type"] == "welcome"
