@@ -27,6 +27,7 @@ __all__ = [
     "page_state",
     "live_target",
     "changed_only",
+    "radio",
     "digest",
 ]
 
@@ -113,7 +114,7 @@ def _field(caption: str, control: Any, class_name: str = "field", **style: Any) 
     )
 
 
-def _radio(component_id: str, labels: dict[str, str]) -> dcc.RadioItems:
+def radio(component_id: str, labels: dict[str, str]) -> dcc.RadioItems:
     """Inline radio buttons: value -> label, the first one selected."""
     return dcc.RadioItems(
         id=component_id,
@@ -143,7 +144,7 @@ def chart_controls(*, aggregate: bool, extra_metrics: bool) -> html.Div:
             ),
             _field(
                 "Show",
-                _radio(
+                radio(
                     "opt-aggregate",
                     {
                         "runs": "each run",
@@ -155,7 +156,7 @@ def chart_controls(*, aggregate: bool, extra_metrics: bool) -> html.Div:
             ),
             _field(
                 "Y scale",
-                _radio("opt-yscale", {"auto": "auto", "linear": "linear", "log": "log"}),
+                radio("opt-yscale", {"auto": "auto", "linear": "linear", "log": "log"}),
             ),
         ],
         className="toolbar panel",

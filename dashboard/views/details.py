@@ -21,7 +21,7 @@ from typing import Any
 from dash import Dash, Input, Output, State, ctx, dcc, html
 from dash.exceptions import PreventUpdate
 
-from dashboard.components import digest
+from dashboard.components import digest, radio
 from dashboard.data import KeelApi
 from dashboard.detail_figures import Distribution, distribution_figure, sequences_figure
 from dashboard.figures import message_figure
@@ -80,15 +80,6 @@ def _graph(graph_id: str, filename: str) -> dcc.Graph:
     )
 
 
-def _radio(component_id: str, labels: dict[str, str]) -> dcc.RadioItems:
-    return dcc.RadioItems(
-        id=component_id,
-        options=[{"label": label, "value": value} for value, label in labels.items()],
-        value=next(iter(labels)),
-        className="radio-inline",
-    )
-
-
 def section(step: int | None) -> html.Div:
     """The three views; `step` opens the token view there (`/runs/<id>?step=S`)."""
     distribution = html.Div(
@@ -97,7 +88,7 @@ def section(step: int | None) -> html.Div:
                 [
                     html.H2("ℓ per step"),
                     html.Div(
-                        _radio("dist-variant", {"all": "all tokens", "unbounded": "unbounded only (A < 0, r > 1.2)"}),
+                        radio("dist-variant", {"all": "all tokens", "unbounded": "unbounded only (A < 0, r > 1.2)"}),
                         id="dist-variant-field",
                         style={"display": "none"},
                     ),
@@ -118,7 +109,7 @@ def section(step: int | None) -> html.Div:
             html.Div(
                 [
                     html.H2("Σℓ against length"),
-                    _radio("seq-range", {"recent": f"last {RECENT_STEPS} steps, or the heatmap's zoom", "step": "the token view's step"}),
+                    radio("seq-range", {"recent": f"last {RECENT_STEPS} steps, or the heatmap's zoom", "step": "the token view's step"}),
                 ],
                 className="panel-head",
             ),
