@@ -826,7 +826,7 @@ return keys.every(function (k) { return done[k]; });
 
 
 HIDDEN_SETTLE_S = 5.0
-"""A tab hidden this long has closed its live socket (assets/live/4_socket.js PAUSE_HIDDEN_MS,
+"""A tab hidden this long has closed its live socket (assets/live/5_socket.js PAUSE_HIDDEN_MS,
 3 s) and finished what was in flight when it was hidden: its busy is measured from then."""
 
 

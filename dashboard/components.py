@@ -37,7 +37,7 @@ ZOOM_TYPE = "metric-zoom"
 """The store beside each chart holding its last x-axis relayout (a zoom or a reset)."""
 SEEN_TYPE = "metric-seen"
 """The store beside each chart that the browser sets once the chart comes near the view
-(assets/live/5_start.js): a chart's figure is fetched only then, so charts far below the
+(assets/live/6_start.js): a chart's figure is fetched only then, so charts far below the
 fold cost neither the server nor the page anything until scrolled to."""
 ALERT_TOKENS_TYPE = "alert-tokens"
 """The "tokens" button of an alert in the run page's alerts table:

@@ -193,7 +193,7 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         Input("page-state", "data"),
         Input("opt-aggregate", "value"),
         Input("live-data-tick", "data"),
-        prevent_initial_call=True,  # first on the "drawn" tick: after the charts (assets/live/5_start.js)
+        prevent_initial_call=True,  # first on the "drawn" tick: after the charts (assets/live/6_start.js)
     )
     async def summary(
         state: dict[str, Any] | None, aggregate: str | None, _tick: Any

@@ -14,7 +14,6 @@ import pytest
 from tests.support.browser import (
     charts,
     console_errors,
-    drawn_at,
     drawn_charts,
     live_state,
     path_points,
@@ -59,10 +58,17 @@ def _smoothed(driver: Any, key: str) -> list[float | None]:
     return next(t["y"] for t in chart["traces"] if t["role"] == "smooth")
 
 
-def _wait_painted(driver: Any, run: LiveRun, key: str, step: int) -> None:
-    wait_until(
-        lambda: (run.id, step) in drawn_at(driver, key), timeout=15, message=f"{key} step {step}"
-    )
+def _wait_drawn(driver: Any, run: LiveRun, key: str, step: int) -> None:
+    """Wait until the figure itself holds `step` (painted on the live tail is not enough:
+    these tests read the figure's axes and SVG paths)."""
+
+    def held() -> bool:
+        chart = next((c for c in charts(driver) if c["key"] == key), None)
+        return chart is not None and any(
+            t["role"] == "raw" and t["run"] == run.id and step in t["x"] for t in chart["traces"]
+        )
+
+    wait_until(held, timeout=15, message=f"{key} step {step} in the figure")
 
 
 def test_a_constant_series_draws_flat_with_readable_ticks(server, browser, artifacts) -> None:
@@ -102,7 +108,7 @@ def test_a_constant_series_streamed_live_keeps_a_sensible_axis(server, browser) 
         run.send([row(s) for s in range(first, first + 10)])
     expected = {"reward/mean": 64.0, "gate/frac": 0.3, "mismatch/ratio_max": 1.0}
     for key in expected:
-        _wait_painted(browser, run, key, 60)
+        _wait_drawn(browser, run, key, 60)
     for key, value in expected.items():
         _assert_flat_and_readable(y_axis(browser, key), value)  # type: ignore[arg-type]
     assert set(_smoothed(browser, "reward/mean")) == {64.0}
@@ -165,7 +171,7 @@ def test_zeros_on_a_log_axis_are_gaps_not_a_comb(server, browser, artifacts) -> 
     assert raw.count("M") >= 11  # broken at each of the 11 zeros (steps 5, 10, …, 55)
     wait_until(lambda: live_state(browser) == "live", message="live websocket")
     run.send([{"step": s, "values": {"grad/norm": _comb(s)}} for s in range(60, 80)])
-    _wait_painted(browser, run, "grad/norm", 79)
+    _wait_drawn(browser, run, "grad/norm", 79)
     after = y_axis(browser, "grad/norm")
     assert after is not None and after["render"] == axis["render"]  # appended, not redrawn
     assert _inside_plot(after), after["lines"]

@@ -21,7 +21,7 @@ def test_pages_are_served_with_the_live_script(server) -> None:
         assert response.headers["content-type"].startswith("text/html")
         assert DASH_ENTRY in response.text and "<title>Keel</title>" in response.text
         parts = re.findall(r'src="/assets/live/(\d_\w+)\.js\?m=\d+', response.text)
-        assert parts == ["1_math", "2_charts", "3_scheduler", "4_socket", "5_start"], path  # in this order
+        assert parts == ["1_math", "2_charts", "3_tail", "4_scheduler", "5_socket", "6_start"], path  # in this order
     script = httpx.get(f"{server.url}/assets/live/2_charts.js")
     assert script.status_code == 200 and "extendTraces" in script.text
     assert httpx.get(f"{server.url}/_dash-layout").json()["type"] == "Div"

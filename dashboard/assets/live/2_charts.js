@@ -1,5 +1,6 @@
 /*
- * Keel live updates, part 2 of 5: what a chart is waiting to draw, and drawing it.
+ * Keel live updates, part 2 of 6: what a chart is waiting to draw, and drawing it into
+ * the figure (3_tail.js paints it over the chart until then).
  *
  * Chart conventions come from dashboard/figures.py: layout.meta says what the chart
  * shows; each trace's meta its run and role ("raw", "smooth", "nonfinite", ...). Pushed
@@ -27,6 +28,9 @@
         visible: true, // until the IntersectionObserver says otherwise
         observed: false,
         lastDraw: -Infinity, // performance.now() of the last draw
+        lastPaint: -Infinity, // performance.now() of the last paint of the live tail
+        urgent: false, // the tail holds a point only a draw can show
+        fresh: false, // appends taken in since the tail was last painted
       };
       states.set(gd, s);
     }
@@ -133,6 +137,7 @@
     if (axisChange) ask("log-axis");
     if (lines.idx.length || lines.marks.length) {
       s.pending = s.pending || { render: meta.render_id, idx: [], x: [], y: [], marks: {} };
+      s.fresh = true;
       var p = s.pending;
       lines.marks.forEach(function (mark) {
         var m = p.marks[mark[0]] || (p.marks[mark[0]] = { x: [], y: [], symbol: [], text: [] });
@@ -207,6 +212,27 @@
   }
 
   /*
+   * Room on the right of an autoranged step axis for the points to come, so that the live
+   * tail (3_tail.js) can paint them before the next redraw: when the appends reach the end
+   * of the x range, it is widened to HEADROOM of the steps shown past the newest (at least
+   * MIN_HEADROOM steps). Set on gd.layout itself so that the redraw appending the points
+   * applies it (a relayout would be a second redraw). A zoomed axis is left alone.
+   */
+  var HEADROOM = 0.1;
+  var MIN_HEADROOM = 10;
+  function roomOnTheRight(gd, p) {
+    var xaxis = gd.layout.xaxis || (gd.layout.xaxis = {});
+    var full = gd._fullLayout && gd._fullLayout.xaxis;
+    if (xaxis.autorange === false || !full || !full.range) return;
+    var newest = -Infinity;
+    for (var i = 0; i < p.x.length; i++) newest = Math.max(newest, p.x[i][p.x[i].length - 1]);
+    var lo = Math.min(full.range[0], full.range[1]), hi = Math.max(full.range[0], full.range[1]);
+    if (newest < hi) return;
+    var room = Math.max(MIN_HEADROOM, HEADROOM * (newest - lo));
+    xaxis.autorangeoptions = Object.assign({}, xaxis.autorangeoptions, { include: [newest + room] });
+  }
+
+  /*
    * Draw what is pending on one chart: one extendTraces for all its traces (and a relayout
    * when an alert range or the y axis must follow). Returns the appends drawn, as
    * {points, received: [[run, steps, received at]...], done: promise}, or null.
@@ -236,6 +262,7 @@
     var wasEmpty = gd.layout.meta.empty;
     gd.layout.meta.empty = false;
     var layout = Object.assign(stretchFiring(gd, p), keepFlatAxis(gd, p));
+    roomOnTheRight(gd, p);
     var done = window.Plotly.extendTraces(gd, { x: p.x, y: p.y }, p.idx);
     if (wasEmpty) layout.annotations = [];
     if (Object.keys(layout).length) window.Plotly.relayout(gd, layout);

@@ -1,5 +1,5 @@
 /*
- * Keel live updates, part 5 of 5: wiring.
+ * Keel live updates, part 6 of 6: wiring.
  *
  * Watches the page (Dash replaces it on navigation) for the live target and for new
  * figures; follows which charts are in view and whether the tab is shown. A chart's figure
@@ -24,7 +24,7 @@
   var seenCards = new WeakSet(); // chart cards whose figure was asked for
   var everDrawn = false;
 
-  live.stats = instrument ? { messages: 0, appended: 0, renders: 0, refreshes: 0, frames: 0, draws: 0, drawMs: 0, seen: 0, ticks: {} } : null;
+  live.stats = instrument ? { messages: 0, appended: 0, renders: 0, refreshes: 0, frames: 0, tails: 0, draws: 0, drawMs: 0, seen: 0, ticks: {} } : null;
   live.drawn = instrument ? [] : null;
 
   /* Count an event (instrumentation only): "ticks.<store>" counts per store. */
@@ -125,6 +125,7 @@
       if (!s.observed && observer) {
         s.observed = true;
         observer.observe(gd);
+        live.tail.watch(gd);
       }
       var meta = gd.layout && gd.layout.meta;
       if (!meta || !meta.render_id || s.render === meta.render_id) return;

@@ -1,15 +1,20 @@
 /*
- * Keel live updates, part 3 of 5: when each chart draws.
+ * Keel live updates, part 4 of 6: when each chart paints its tail and draws.
  *
- * A Plotly redraw costs the whole chart (every trace, every point), tens of ms on a
- * laptop, whatever the number of points appended. So pushed rows are taken into each
- * chart's pending appends at once (cheap), and charts draw them out of a budget: the
- * page earns BUSY_SHARE ms of drawing per ms of wall time (up to BURST_MS saved), and a
- * draw spends what its script took, and the frame's rendering after it. A point that arrives on a quiet page is drawn at once; a page
- * flooded with points draws each chart less often, so that live drawing keeps to about
- * BUSY_SHARE of the main thread (script, then style, layout and paint) whatever streams. Charts out of view and pages in a
- * hidden tab draw nothing; they catch up when seen. Within a frame, charts draw until
- * FRAME_BUDGET_MS is spent, the one that drew longest ago first.
+ * Pushed rows are taken into each chart's pending appends at once (cheap), and painted
+ * over the chart as its live tail (3_tail.js) within TAIL_INTERVAL_MS: that is when a point
+ * shows. Drawing the appends into the figure is a Plotly redraw of the whole chart (every
+ * trace, every point: tens of ms on a laptop, however few points are appended), so it
+ * comes out of a budget: the page earns BUSY_SHARE ms of drawing per ms of wall time (up to
+ * BURST_MS saved), and each paint or draw spends what its script took and the frame's
+ * rendering after it. So live drawing keeps to about BUSY_SHARE of the main thread
+ * (script, then style, layout and paint), whatever streams.
+ *
+ * A chart draws when its tail cannot show a point (past the axes' range, a non-finite
+ * marker): soon (URGENT_INTERVAL_MS), first, and on credit if need be. Otherwise at most
+ * every DRAW_INTERVAL_MS, so that hover and the lines' history catch up. Within a frame,
+ * charts draw until FRAME_BUDGET_MS is spent, the one that drew longest ago first. Charts
+ * out of view and pages in a hidden tab paint and draw nothing; they catch up when seen.
  */
 (function (live) {
   "use strict";
@@ -24,7 +29,9 @@
   // browser's style, layout and paint of the frame they changed (a bigger page costs more).
   var BUSY_SHARE = 0.05;
   var BURST_MS = 300; // drawing time a quiet page saves up for the next burst
-  var MIN_INTERVAL_MS = 100; // a chart draws at most this often, however cheap
+  var TAIL_INTERVAL_MS = 200; // a chart paints its tail at most this often
+  var URGENT_INTERVAL_MS = 100; // a chart whose tail cannot show a point draws this soon
+  var DRAW_INTERVAL_MS = 2000; // any other chart draws at most this often
   var FRAME_BUDGET_MS = 12;
   var COALESCE_MS = 25; // wait for the rest of a burst before the next frame
 
@@ -103,30 +110,58 @@
       }
       if (charts.state(gd).pending && seen(gd)) waiting.push(gd);
     });
-    // The chart that drew longest ago first, while the budget lasts.
-    waiting.sort(function (a, b) { return charts.state(a).lastDraw - charts.state(b).lastDraw; });
     var next = Infinity;
-    var drewAt = null;
+    var spentAt = null;
+    // Urgent charts first, then the one that drew longest ago, while the budget lasts.
+    waiting.sort(function (a, b) {
+      var sa = charts.state(a), sb = charts.state(b);
+      return (sb.urgent - sa.urgent) || (sa.lastDraw - sb.lastDraw);
+    });
+    var tails = [];
     for (var i = 0; i < waiting.length; i++) {
       var gd = waiting[i];
+      var s = charts.state(gd);
       var now = performance.now();
       earn(now);
-      var due = charts.state(gd).lastDraw + MIN_INTERVAL_MS;
-      if (credit <= 0) due = Math.max(due, now - credit / BUSY_SHARE); // when the budget is back
+      var due = s.lastDraw + (s.urgent ? URGENT_INTERVAL_MS : DRAW_INTERVAL_MS);
+      var floor = s.urgent ? -BURST_MS : 0; // an urgent draw may borrow a burst's worth
+      if (credit <= floor) due = Math.max(due, now + (floor - credit) / BUSY_SHARE);
       if (due > now || now - started > FRAME_BUDGET_MS) {
         next = Math.min(next, Math.max(due, now));
+        tails.push(gd);
         continue;
       }
       var before = performance.now();
       var drawn = charts.draw(gd);
-      var spent = performance.now() - before;
-      credit -= spent;
-      drewAt = performance.now();
+      live.tail.clear(gd);
+      s.urgent = false;
+      spentAt = performance.now();
+      credit -= spentAt - before;
       live.note("draws", 1);
-      live.note("drawMs", spent);
+      live.note("drawMs", spentAt - before);
       if (drawn) live.drew(gd, drawn);
     }
-    if (drewAt !== null) chargeRendering(drewAt);
+    // The charts that did not draw show what they hold on their tail.
+    for (var t = 0; t < tails.length; t++) {
+      var tailOf = charts.state(tails[t]);
+      if (!tailOf.fresh) continue;
+      var paintDue = tailOf.lastPaint + TAIL_INTERVAL_MS;
+      var at = performance.now();
+      if (paintDue > at) {
+        next = Math.min(next, paintDue);
+        continue;
+      }
+      var shown = live.tail.paint(tails[t]);
+      spentAt = performance.now();
+      credit -= spentAt - at;
+      live.note("tails", 1);
+      if (shown.received.length) live.drew(tails[t], { points: 0, received: shown.received, done: Promise.resolve() });
+      if (shown.urgent && !tailOf.urgent) {
+        tailOf.urgent = true;
+        next = Math.min(next, Math.max(spentAt, tailOf.lastDraw + URGENT_INTERVAL_MS));
+      }
+    }
+    if (spentAt !== null) chargeRendering(spentAt);
     if (next < Infinity) wakeAt(next);
   }
 
@@ -152,6 +187,8 @@
     var s = charts.state(gd);
     s.pending = null;
     s.received = [];
+    s.urgent = false;
+    live.tail.clear(gd);
     Object.keys(buffers).forEach(function (runId) {
       var rows = [];
       buffers[runId].forEach(function (kept) {
