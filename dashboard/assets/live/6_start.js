@@ -18,7 +18,7 @@
   var DRAWN_LOG = 20000; // (run, key, step, time) records kept for latency measurement
   var instrument = !!window.keelInstrument;
   var observer = null;
-  var SEEN_MARGIN = "50% 0px"; // cards this near the view (half a window) fetch their figure
+  var SEEN_MARGIN = 0.5; // of the window's height: cards this near the view fetch their figure
   var seenObserver = null;
   var cards = new WeakSet(); // chart cards observed for "seen"
   var seenCards = new WeakSet(); // chart cards whose figure was asked for
@@ -98,10 +98,10 @@
       { type: "metric-seen", key: card.getAttribute("data-key") }, { data: true });
   }
 
-  /* Whether `card` is within SEEN_MARGIN (half a window) of the view now. */
+  /* Whether `card` is within SEEN_MARGIN of the view now (as the observer's rootMargin says). */
   function near(card) {
     var box = card.getBoundingClientRect();
-    var margin = window.innerHeight / 2;
+    var margin = window.innerHeight * SEEN_MARGIN;
     return box.bottom >= -margin && box.top <= window.innerHeight + margin;
   }
 
@@ -171,7 +171,7 @@
         entries.forEach(function (entry) {
           if (entry.isIntersecting) see(entry.target);
         });
-      }, { rootMargin: SEEN_MARGIN });
+      }, { rootMargin: SEEN_MARGIN * 100 + "% 0px" });
     }
     document.addEventListener("visibilitychange", function () {
       if (document.hidden) {
