@@ -15,6 +15,7 @@ __all__ = [
     "GRAPH_TYPE",
     "ZOOM_TYPE",
     "SEEN_TYPE",
+    "INITIAL_SMOOTHING",
     "ALERT_TOKENS_TYPE",
     "shell",
     "chart_controls",
@@ -35,6 +36,8 @@ GRAPH_TYPE = "metric-graph"
 """Pattern-matching id type of every metric chart: {"type": GRAPH_TYPE, "key": <metric key>}."""
 ZOOM_TYPE = "metric-zoom"
 """The store beside each chart holding its last x-axis relayout (a zoom or a reset)."""
+INITIAL_SMOOTHING = 0.6
+"""The smoothing slider's value when a page opens (the EMA weight of the first figures)."""
 SEEN_TYPE = "metric-seen"
 """The store beside each chart that the browser sets once the chart comes near the view
 (assets/live/6_start.js): a chart's figure is fetched only then, so charts far below the
@@ -135,7 +138,7 @@ def chart_controls(*, aggregate: bool, extra_metrics: bool) -> html.Div:
                     min=0,
                     max=0.99,
                     step=0.01,
-                    value=0.6,
+                    value=INITIAL_SMOOTHING,
                     marks={0: "off", 0.3: "0.3", 0.6: "0.6", 0.9: "0.9"},
                     tooltip={"placement": "bottom", "always_visible": False},
                     updatemode="mouseup",
@@ -172,14 +175,17 @@ def chart_controls(*, aggregate: bool, extra_metrics: bool) -> html.Div:
     return controls
 
 
-def metric_graph(key: str, height: int) -> html.Div:
+def metric_graph(key: str, height: int, figure: dict[str, Any] | None = None) -> html.Div:
+    """A chart card of `key`: "Loading…" until the browser says it is near the view and its
+    figure comes (views/charts.py), or drawn with `figure` at once (marked seen: the browser
+    does not ask for it again)."""
     return html.Div(
         [
             dcc.Store(id={"type": ZOOM_TYPE, "key": key}),
-            dcc.Store(id={"type": SEEN_TYPE, "key": key}),
+            dcc.Store(id={"type": SEEN_TYPE, "key": key}, data=True if figure is not None else None),
             dcc.Graph(
                 id={"type": GRAPH_TYPE, "key": key},
-                figure=message_figure("Loading…", height),
+                figure=figure if figure is not None else message_figure("Loading…", height),
                 className="keel-graph",
                 style={"height": f"{height}px"},
                 config={
@@ -196,7 +202,7 @@ def metric_graph(key: str, height: int) -> html.Div:
             ),
         ],
         className="chart-card",
-        **_data(key=key),
+        **_data(key=key, **({"seen": "drawn"} if figure is not None else {})),
     )
 
 

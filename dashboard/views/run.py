@@ -3,6 +3,7 @@ collapse hazard after the headline charts."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import datetime, timezone
 from typing import Any
@@ -24,6 +25,7 @@ from dashboard.components import (
 from dashboard.data import KeelApi
 from dashboard.series import Alert
 from dashboard.theme import HEADLINE_KEYS
+from dashboard.views.charts import first_figure
 from dashboard.views.details import section as details_section
 
 __all__ = ["layout", "register", "order_keys"]
@@ -347,11 +349,15 @@ def register(dash_app: Dash, api: KeelApi) -> None:
             more.append(html.Div([metric_graph(k, CHART_HEIGHT) for k in section_keys], className="charts small"))
         if shown is not None and [k for k in shown if k in HEADLINE_KEYS] == headline:
             return no_update, more, keys  # the headline charts stay as drawn
-        run = await api.run(run_id)
+        # The headline charts come drawn: the page's first view waits for one round trip, not two.
+        run, *figures = await asyncio.gather(
+            api.run(run_id), *(first_figure(api, key, [run_id], CHART_HEIGHT) for key in headline)
+        )
         note = mismatch_note((run or {}).get("config") or {})
         top: list[Any] = [note] if note is not None else []
         top.append(html.Div("headline", className="namespace"))
-        top.append(html.Div([metric_graph(k, CHART_HEIGHT) for k in headline] + [hazard_graph(CHART_HEIGHT)], className="charts small"))
+        graphs = [metric_graph(k, CHART_HEIGHT, figure) for k, figure in zip(headline, figures, strict=True)]
+        top.append(html.Div([*graphs, hazard_graph(CHART_HEIGHT)], className="charts small"))
         if shown is None and headline:
             return top, [], headline  # the rest on the "drawn" tick, once these are drawn
         return top, more, keys

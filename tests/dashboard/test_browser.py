@@ -312,11 +312,15 @@ def test_run_page_shows_every_metric_its_config_and_alerts(server, browser, arti
     time.sleep(2)
     assert "policy/entropy" not in [c["key"] for c in charts(browser)]
     assert chart_order(browser)[-1] is None  # still "Loading…"
+    # The headline charts came drawn with the page's charts (one round trip, not two): the
+    # browser asked the server for none of their figures.
+    assert live_stats(browser)["seen"] == 0
     browser.execute_script(
         "document.querySelector('.chart-card[data-key=\"policy/entropy\"]').scrollIntoView()"
     )
     keys = [c["key"] for c in drawn_charts(browser, 6)]
     assert keys[:5] == list(HEADLINE) and keys[5] == "policy/entropy"
+    assert live_stats(browser)["seen"] >= 1  # asked for once scrolled to
     wait_until(lambda: '"seed": 3' in text_of(browser, "run-config"), message="config")
     alerts = wait_until(lambda: text_of(browser, "run-alerts"), message="alerts panel")
     assert "non-finite" in alerts  # the alert engine's default rule fired on the NaN

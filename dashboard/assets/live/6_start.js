@@ -5,6 +5,8 @@
  * figures; follows which charts are in view and whether the tab is shown. A chart's figure
  * is asked of the server only once its card comes within SEEN_MARGIN of the view (its
  * "metric-seen" store, components.SEEN_TYPE): a page of 40 charts costs what is on screen.
+ * A card the server sent with its figure (data-seen="drawn": the run page's headline
+ * charts) asks for nothing.
  *
  * Instrumentation (counters in keelLive.stats, and when each pushed point was painted in
  * keelLive.drawn) is off unless the page is opened with window.keelInstrument set (tests
@@ -109,6 +111,10 @@
     document.querySelectorAll(".chart-card[data-key]").forEach(function (card) {
       if (cards.has(card)) return;
       cards.add(card);
+      if (card.getAttribute("data-seen") === "drawn") { // sent with its figure: nothing to ask
+        seenCards.add(card);
+        return;
+      }
       // A card already near the view asks at once (the observer's first report comes a frame
       // later); the others when they come near.
       if (!seenObserver || (!document.hidden && near(card))) see(card);
