@@ -1,4 +1,4 @@
-"""What the dashboard page costs the browser: load time, bytes, main-thread busy (issue 26).
+"""What the dashboard page costs the browser: load time, bytes, main-thread busy.
 
     python -m bench.page [--runs 16] [--steps 5000] [--metrics 40] [--repeats 3] [--seconds 20]
                          [--only load,weight,live,table,peers] [--quick] [--json out.json]
@@ -56,7 +56,8 @@ Parts (`--only`):
   with a drawn `d` (the raw and the smoothed line of each run, smoothing 0.6 by default).
   Trackio: /?project=...; drawn = for each key the plot whose section + title is the key
   has a legend of >= runs items and coloured pixels on its Vega canvas (it draws to a
-  canvas, so "each run's line" cannot be checked one by one).
+  canvas, so "each run's line" cannot be checked one by one; its legend lists a few runs and
+  "+N more", both counted).
 
 Every figure prints last, with its target and pass/fail. Needs /usr/bin/chromium and
 /usr/bin/chromedriver. `--quick`: 4 runs x 500 steps, 5 s windows, 1 repeat, 50 table
@@ -221,7 +222,11 @@ PROBE_JS = """
       if (!title || !label) return;
       var key = label.innerText.replace(/\\s*\\(\\d+\\)\\s*$/, '').trim() + '/' + title.innerText.trim();
       if (SPEC.keys.indexOf(key) < 0 || done[key]) return;
-      if (plot.querySelectorAll('.legend-item').length < SPEC.runs.length) return;
+      // Its legend lists a few runs and "+N more".
+      var legend = plot.querySelector('.custom-legend');
+      var more = legend ? /\+(\d+) more/.exec(legend.innerText) : null;
+      var listed = plot.querySelectorAll('.legend-item').length + (more ? parseInt(more[1], 10) : 0);
+      if (listed < SPEC.runs.length) return;
       var canvas = plot.querySelector('canvas');
       if (!canvas || !canvas.width || !canvas.height) return;
       var pixels = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data, coloured = 0;
