@@ -46,7 +46,9 @@ def postgres_url() -> Iterator[str]:
 @pytest.fixture
 def drop_connections() -> Callable[[str], int]:
     """Terminate every other session on a database, as a PostgreSQL restart would; the
-    number terminated."""
+    number terminated. Returns once they are gone (the timeout form of
+    pg_terminate_backend waits for each backend to exit; without it a busy machine could
+    still run a statement on one the test believes dropped)."""
     import psycopg
     from sqlalchemy.engine import make_url
 
@@ -55,7 +57,7 @@ def drop_connections() -> Callable[[str], int]:
         admin = url.set(database="postgres").render_as_string(hide_password=False)
         with psycopg.connect(admin, autocommit=True) as conn:
             rows = conn.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+                "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
                 (url.database,),
             ).fetchall()
         return len(rows)
