@@ -75,23 +75,23 @@
   }
 
   /*
-   * Paint `gd`'s pending appends over it. Returns {received, urgent}: the instrumentation
-   * entries ([run, steps, received at]) of the raw points now shown, taken off the chart's
-   * list, and whether a point could not be placed (the chart needs its redraw).
+   * Paint `gd`'s pending appends over it. The raw points now shown leave the chart's
+   * instrumentation list for keelLive.drew (6_start.js). Returns {urgent}: whether a point
+   * could not be placed (the chart needs its redraw).
    */
   function paint(gd) {
     var s = charts.state(gd);
     s.lastPaint = performance.now();
     s.fresh = false;
     var canvas = canvasFor(gd);
-    if (!canvas) return { received: [], urgent: !!s.pending };
+    if (!canvas) return { urgent: !!s.pending };
     var context = canvas.getContext("2d");
     var ratio = canvas.width / gd._fullLayout.width;
     context.setTransform(ratio, 0, 0, ratio, 0, 0);
     context.clearRect(0, 0, canvas.width, canvas.height);
     var p = s.pending;
     var meta = gd.layout.meta;
-    if (!p || !meta || p.render !== meta.render_id) return { received: [], urgent: false };
+    if (!p || !meta || p.render !== meta.render_id) return { urgent: false };
     var xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis;
     var urgent = Object.keys(p.marks).length > 0;
     var placed = {}; // run -> {step: true} of the raw points painted inside the axes
@@ -143,7 +143,8 @@
       item[1] = later;
       return later.length > 0;
     });
-    return { received: shown, urgent: urgent };
+    if (shown.length) live.drew(gd, { points: 0, received: shown, done: Promise.resolve() });
+    return { urgent: urgent };
   }
 
   /* Clear `gd`'s tail (its figure was replaced, or took the appends in). */
@@ -155,10 +156,7 @@
   /* Paint the tail again whenever Plotly redrew or moved the axes (zoom, resize, a new figure). */
   function watch(gd) {
     if (typeof gd.on !== "function") return;
-    var again = function () {
-      var shown = paint(gd);
-      if (shown.received.length) live.drew(gd, { points: 0, received: shown.received, done: Promise.resolve() });
-    };
+    var again = function () { paint(gd); };
     gd.on("plotly_afterplot", again);
     gd.on("plotly_relayout", again);
   }

@@ -155,7 +155,6 @@
       spentAt = performance.now();
       credit -= spentAt - at;
       live.note("tails", 1);
-      if (shown.received.length) live.drew(tails[t], { points: 0, received: shown.received, done: Promise.resolve() });
       if (shown.urgent && !tailOf.urgent) {
         tailOf.urgent = true;
         next = Math.min(next, Math.max(spentAt, tailOf.lastDraw + URGENT_INTERVAL_MS));
