@@ -17,17 +17,18 @@ from __future__ import annotations
 import asyncio
 import math
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from dash import MATCH, Dash, Input, Output, State, ctx
 from dash.exceptions import PreventUpdate
 
-from dashboard.components import GRAPH_TYPE, HAZARD_GRAPH, INITIAL_SMOOTHING, SEEN_TYPE, ZOOM_TYPE
+from dashboard.components import GRAPH_TYPE, HAZARD_GRAPH, SEEN_TYPE, ZOOM_TYPE
 from dashboard.data import KeelApi
 from dashboard.figures import ChartOptions, RunLine, hazard_figure, metric_figure
 from dashboard.series import Alert, Series
 
-__all__ = ["register", "zoom_range", "first_figure", "load_hazard", "HISTORY_POINTS", "HAZARD_POINTS", "ZOOM_POINTS", "UNCHANGED"]
+__all__ = ["register", "zoom_range", "chart_figure", "load_hazard", "HISTORY_POINTS", "HAZARD_POINTS", "ZOOM_POINTS", "UNCHANGED"]
 
 HISTORY_POINTS = 500
 """Buckets per series for the first draw, about one per horizontal pixel of a chart (the
@@ -138,8 +139,7 @@ def register(dash_app: Dash, api: KeelApi) -> None:
             x_range=x_range,
             height=int(state.get("height", 300)),
         )
-        lines, alerts = await load_lines(api, state.get("runs", []), graph_id["key"], x_range)
-        return metric_figure(graph_id["key"], lines, alerts, options, render_id=uuid.uuid4().hex, backtest=replayed)
+        return await chart_figure(api, graph_id["key"], state.get("runs", []), options, replayed)
 
     @dash_app.callback(
         Output(HAZARD_GRAPH, "figure"),
@@ -154,12 +154,13 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         return hazard_figure(lines, horizon, int(state.get("height", 300)), render_id=uuid.uuid4().hex)
 
 
-async def first_figure(api: KeelApi, key: str, run_ids: list[str], height: int) -> dict[str, Any]:
-    """The chart of `key` as `draw` first draws it with the page's initial options, for a
-    card sent with its figure (a round trip fewer for the charts a page shows first)."""
-    lines, alerts = await load_lines(api, run_ids, key, None)
-    options = ChartOptions(smoothing=INITIAL_SMOOTHING, height=height)
-    return metric_figure(key, lines, alerts, options, render_id=uuid.uuid4().hex)
+async def chart_figure(
+    api: KeelApi, key: str, run_ids: list[str], options: ChartOptions, backtest: Sequence[Alert] = ()
+) -> dict[str, Any]:
+    """The chart of `key` over `run_ids` as `options` draw it (its zoomed range read at full
+    resolution). Also what a card sent with its figure holds (views/run.py)."""
+    lines, alerts = await load_lines(api, run_ids, key, options.x_range)
+    return metric_figure(key, lines, alerts, options, render_id=uuid.uuid4().hex, backtest=backtest)
 
 
 async def load_hazard(api: KeelApi, run_ids: list[str]) -> tuple[list[RunLine], int | None]:

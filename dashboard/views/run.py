@@ -12,6 +12,7 @@ from dash import Dash, Input, Output, State, dcc, html, no_update
 
 from dashboard.components import (
     ALERT_TOKENS_TYPE,
+    INITIAL_SMOOTHING,
     badge,
     changed_only,
     chart_controls,
@@ -23,9 +24,10 @@ from dashboard.components import (
     page_state,
 )
 from dashboard.data import KeelApi
+from dashboard.figures import ChartOptions
 from dashboard.series import Alert
 from dashboard.theme import HEADLINE_KEYS
-from dashboard.views.charts import first_figure
+from dashboard.views.charts import chart_figure
 from dashboard.views.details import section as details_section
 
 __all__ = ["layout", "register", "order_keys"]
@@ -351,7 +353,8 @@ def register(dash_app: Dash, api: KeelApi) -> None:
             return no_update, more, keys  # the headline charts stay as drawn
         # The headline charts come drawn: the page's first view waits for one round trip, not two.
         run, *figures = await asyncio.gather(
-            api.run(run_id), *(first_figure(api, key, [run_id], CHART_HEIGHT) for key in headline)
+            api.run(run_id),
+            *(chart_figure(api, key, [run_id], ChartOptions(INITIAL_SMOOTHING, height=CHART_HEIGHT)) for key in headline),
         )
         note = mismatch_note((run or {}).get("config") or {})
         top: list[Any] = [note] if note is not None else []
