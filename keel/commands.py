@@ -177,6 +177,12 @@ def _add_eval_alerts(parser: argparse.ArgumentParser) -> None:
                         "and its features' separation")  # fmt: skip
     parser.add_argument("--hazard-model", default=None, metavar="FILE",
                         help="a hazard model file (--fit-hazard) to use instead of the built-in one")  # fmt: skip
+    parser.add_argument("--regimes", action="store_true",
+                        help="leave one regime out: per axis value of the corpora's runs (learning rate, "
+                        "difficulty, model size, batch shape, loss family, sampler dtype), fit the hazard "
+                        "on the other runs and score the rules on that value's runs; the worst cell counts")  # fmt: skip
+    parser.add_argument("--curve", type=_csv(float), default=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9],
+                        metavar="P,P,...", help="with --regimes: the hazard thresholds of the operating curve")  # fmt: skip
     parser.add_argument("--fit-hazard", default=None, metavar="FILE",
                         help="fit the hazard on every corpus given and write the model to FILE")  # fmt: skip
 
@@ -230,6 +236,8 @@ def _eval_alerts(args: argparse.Namespace) -> int:
 
         with open(args.hazard_model, encoding="utf-8") as handle:
             hazard.use_model(json.load(handle))
+    if args.regimes:
+        return _regimes(args, [run for _, corpus in corpora for run in corpus], rules)
     print(f"scoring: a hit is a firing in the {WINDOW} steps before the collapse; collapses before step "
           f"{MIN_HISTORY} are scored apart (no hist.); the last {TAIL} steps of every run are not scored; "
           "FA = runs that never collapsed but fired")  # fmt: skip
@@ -237,7 +245,8 @@ def _eval_alerts(args: argparse.Namespace) -> int:
     for name, corpus in corpora:
         result = evaluate(corpus, rules, hazard_p=args.hazard, details=args.details, rlwatch=not args.no_rlwatch)
         print(f"\n== {name}: {result['runs']} runs, {result['collapsing']} collapsing "
-              "(reward reached >= 0.5, then fell >= 0.2 below its running peak)")  # fmt: skip
+              "(reward reached >= 0.5, fell >= 0.2 below its running peak and did not regain within 0.1 "
+              "of it in 100 steps); dips: falls that regained, firings near them not judged")  # fmt: skip
         print(result["text"])
         if args.hazard is not None:
             from keel.hazard_eval import (
@@ -262,6 +271,35 @@ def _eval_alerts(args: argparse.Namespace) -> int:
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(results, handle, indent=2)
+    return 0
+
+
+def _regimes(args: argparse.Namespace, corpus: list[Any], rules: list[Any]) -> int:
+    import json
+
+    from keel.regimes import format_cells, format_curve, leave_one_out, operating_curve, worst
+
+    p = args.hazard if args.hazard is not None else 0.5
+    results = leave_one_out(corpus, rules, p)
+    if not results:
+        print("keel eval-alerts --regimes: no axis with two values of at least 10 runs in these corpora", file=sys.stderr)
+        return 2
+    print(f"leave one regime out: {len(corpus)} runs, {len(results)} held-out cells; "
+          f"'rules' = the critical rules (hazard rules with the cell's own model)")  # fmt: skip
+    print(format_cells(results))
+    hardest = worst(results)["recall"]["cell"]
+    chosen = next((r for r in results if f"{r.cell.axis} {r.cell.value}" == hardest), results[0])
+    curve = operating_curve(chosen, corpus, args.curve)
+    print(format_curve(f"{chosen.cell.axis} {chosen.cell.value} (the cell of the worst recall)", curve))
+    if args.json:
+        from dataclasses import asdict
+
+        with open(args.json, "w") as handle:
+            json.dump({
+                "cells": [{"axis": r.cell.axis, "value": r.cell.value, "runs": len(r.cell.runs),
+                           "scores": [asdict(s) for s in r.scores]} for r in results],
+                "worst": worst(results), "curve": [asdict(s) for s in curve],
+            }, handle, indent=2, default=str)  # fmt: skip
     return 0
 
 

@@ -3,9 +3,11 @@
 A corpus is a list of runs, each with its config, its per-step series and a
 collapse label: the toy grid (learners.toy) built on the spot, or a JSON file
 (`--corpus`: one saved with `--save-corpus`, or the real-learner corpus of
-`keel lm-grid --json`). A run *collapses* when its reward reached >= 0.5 and
-later fell >= 0.2 below its running peak; the collapse step is the first such
-step (lm-grid labels the 10-step trailing mean of the reward the same way).
+`keel lm-grid --json`, or a folder of `keel lm-regimes`). A run *collapses* when its
+reward reached >= 0.5, later fell >= 0.2 below its running peak and did not regain
+within 0.1 of that peak in the next 100 steps (learners.labels); the collapse step is
+the first step of that fall. A fall that regains is a *dip*. The real learner's
+reward is labelled on its 10-step trailing mean.
 
 Every run goes through `server.alerts.backtest` (the engine's own detectors and
 lifecycle, in-process), and each rule's firing steps are scored (docs/alerts.md,
@@ -20,7 +22,9 @@ lifecycle, in-process), and each rule's firing steps are scored (docs/alerts.md,
   that bound their coefficient and for those that do not (UNBOUNDED_LOSSES),
   and as firings per 1,000 stable run-steps;
 - a collapse before MIN_HISTORY has no history to learn a baseline from: it is
-  reported apart ("no history") and left out of recall and lead.
+  reported apart ("no history") and left out of recall and lead;
+- firings from WINDOW steps before a dip to DIP_AFTER steps after it count neither
+  as hits nor as false alarms; dips are counted apart, with how many a rule fired on.
 
 A stable run is scored until TAIL steps before its end (`scored_until`), so what
 followed every firing counted as a false alarm is known: TAIL steps without a
@@ -39,7 +43,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from learners.labels import collapse_step
+from learners.labels import SMOOTH_WINDOW, collapse_step, falls, smoothed
 from server.alerts.backtest import backtest
 from server.alerts.catalog import DEFAULT_RULES, RuleSpec
 from wire import Row
@@ -70,6 +74,8 @@ collapses, in the tail too, is scored up to its collapse."""
 UNBOUNDED_LOSSES = frozenset({"importance_sampling", "ppo", "dro", "gspo", "flash_reinforce"})
 """Losses whose per-token coefficient is not bounded (docs/losses.md): the ratio itself
 (IS), PPO's and GSPO's negative-advantage hole, DRO's −β·ℓ, FlashREINFORCE's sg(r)."""
+DIP_AFTER = 100
+"""Firings up to this many steps after a dip (and WINDOW before it) are not judged."""
 WARNING_RULE = "mismatch climbing"
 HAZARD_RULE = "collapse hazard"
 REPLAYED_KEYS = (
@@ -84,6 +90,20 @@ class CorpusRun:
     config: dict[str, Any]
     series: dict[str, list[float]]
     collapse_step: int | None
+    dips: list[int] = field(default_factory=list)
+    """Falls that regained (or, at the end, could not be judged): learners.labels."""
+
+    @classmethod
+    def labelled(cls, name: str, config: dict[str, Any], series: dict[str, list[float]], smooth: int = 1) -> CorpusRun:
+        """A run labelled from its reward (its `smooth`-step trailing mean)."""
+        rewards = series.get("reward/mean", [])
+        fall = falls(smoothed(rewards, smooth) if smooth > 1 else rewards)
+        dips = [*fall.dips, *([] if fall.unjudged is None else [fall.unjudged])]
+        return cls(name, config, series, fall.collapse, dips)
+
+    def judged(self, step: int) -> bool:
+        """Is a firing at `step` judged (not within a dip's window)?"""
+        return not any(dip - WINDOW <= step < dip + DIP_AFTER for dip in self.dips)
 
     @property
     def steps(self) -> int:
@@ -138,6 +158,10 @@ class Score:
     """Hits whose lead is at least the physical bound of a one-update collapse, lag - 1 steps
     (at least 1), out of `hits_with_lag` (the hits on runs whose config gives their lag)."""
     hits_with_lag: int = 0
+    dips: int = 0
+    """Falls that regained (or could not be judged): their windows are not scored."""
+    dips_fired: int = 0
+    """Dips with a firing from WINDOW steps before to DIP_AFTER after them."""
 
     @property
     def fa_bounded_rate(self) -> float:
@@ -173,20 +197,29 @@ def build_corpus(losses: Sequence[str], lags: Sequence[int], mismatches: Sequenc
     for index, spec in enumerate(specs):
         series = {key: values[index] for key, values in history.items()}
         config = {"loss": spec.loss, "lag": spec.lag, "mismatch": spec.mismatch, "seed": spec.seed}
-        corpus.append(CorpusRun(spec.name, config, series, collapse_step(series["reward/mean"])))
+        corpus.append(CorpusRun.labelled(spec.name, config, series))
     return corpus
 
 
 def load_corpus(path: str) -> list[CorpusRun]:
-    """A corpus file: {"runs": [{name, config (or lm-grid's spec), series, collapse_step}]}."""
-    with open(path, encoding="utf-8") as handle:
-        data = json.load(handle)
-    runs = data["runs"] if isinstance(data, dict) else data
+    """A corpus file ({"runs": [{name, config (or lm-grid's spec), series}]}) or a folder of
+    `keel lm-regimes` run files. Labels are taken from the series (a stored label is not
+    used): real-learner runs (a config with `digits`) on the 10-step trailing mean."""
+    import os
+
+    if os.path.isdir(path):
+        from learners.lm.runfiles import read_dir
+
+        runs: list[dict[str, Any]] = list(read_dir(path))
+    else:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+        runs = data["runs"] if isinstance(data, dict) else data
     corpus = []
     for run in runs:
         series = {key: [math.nan if v is None else float(v) for v in values] for key, values in run["series"].items()}
-        label = run["collapse_step"] if "collapse_step" in run else collapse_step(series["reward/mean"])
-        corpus.append(CorpusRun(run["name"], dict(run.get("config") or run.get("spec") or {}), series, label))
+        config = dict(run.get("config") or run.get("spec") or {})
+        corpus.append(CorpusRun.labelled(run["name"], config, series, SMOOTH_WINDOW if "digits" in config else 1))
     return corpus
 
 
@@ -254,9 +287,12 @@ def score(detector: str, corpus: Sequence[CorpusRun], firings: Sequence[Sequence
     unbounded_collapsing = unbounded_early = 0
     stable_steps = stable_firings = 0
     with_lag = at_bound = 0
+    dips = dips_fired = 0
     for run, all_fired in zip(corpus, firings, strict=True):
         c = run.collapse_step
-        fired = list(all_fired) if c is not None else [step for step in all_fired if step < run.scored_until]
+        dips += len(run.dips)
+        dips_fired += sum(any(dip - WINDOW <= step < dip + DIP_AFTER for step in all_fired) for dip in run.dips)
+        fired = [step for step in all_fired if run.judged(step) and (c is not None or step < run.scored_until)]
         before_history += sum(step < MIN_HISTORY for step in fired)
         if c is None:
             stable[run.unbounded] += 1
@@ -302,6 +338,8 @@ def score(detector: str, corpus: Sequence[CorpusRun], firings: Sequence[Sequence
         leads=sorted(leads),
         leads_at_bound=at_bound,
         hits_with_lag=with_lag,
+        dips=dips,
+        dips_fired=dips_fired,
     )
 
 
@@ -312,7 +350,7 @@ def _ratio(count: int, total: int) -> str:
 def format_scores(scores: Sequence[Score]) -> str:
     header = (
         f"{'detector':36s} {'recall':>14s} {'med. lead':>9s} {'>=lag-1':>7s} {'early FA':>8s} {'FA bounded':>14s} "
-        f"{'FA unbounded':>14s} {'+early':>6s} {'/1k st.':>7s} {'<50':>4s} {'no hist.':>8s}"
+        f"{'FA unbounded':>14s} {'+early':>6s} {'/1k st.':>7s} {'<50':>4s} {'no hist.':>8s} {'dips':>9s}"
     )
     lines = [header]
     for s in scores:
@@ -322,7 +360,7 @@ def format_scores(scores: Sequence[Score]) -> str:
             f"{s.detector:36s} {_ratio(s.hits, s.collapsing):>14s} {lead:>9s} {bound:>7s} {s.early_false_alarms:>8d} "
             f"{_ratio(s.false_alarms_bounded, s.stable_bounded):>14s} {_ratio(s.false_alarms_unbounded, s.stable_unbounded):>14s} "
             f"{s.unbounded_rate_with_early:>6.0%} {s.firings_per_1k_stable_steps:>7.2f} {s.firings_before_history:>4d} "
-            f"{s.no_history_fired:>3d}/{s.no_history:<4d}"
+            f"{s.no_history_fired:>3d}/{s.no_history:<4d} {f'{s.dips_fired}/{s.dips}':>9s}"
         )
     return "\n".join(lines)
 
@@ -332,7 +370,7 @@ def false_alarm_runs(corpus: Sequence[CorpusRun], firings: Sequence[Sequence[int
     lines = []
     for run, all_fired in zip(corpus, firings, strict=True):
         c = run.collapse_step
-        fired = list(all_fired) if c is not None else [step for step in all_fired if step < run.scored_until]
+        fired = [step for step in all_fired if run.judged(step) and (c is not None or step < run.scored_until)]
         if c is None and fired:
             lines.append(f"false alarm  {run.name}: fired at {fired[:5]}")
         elif c is not None and c >= MIN_HISTORY:

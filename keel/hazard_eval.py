@@ -5,7 +5,9 @@ Every run contributes one row per step t from the hazard's warm-up up to its col
 or, on a run that never collapsed, up to TAIL steps before its end (keel.eval_alerts:
 what follows every row is then known): the features at t
 (server.alerts.hazard.features, exactly as the server computes them) and the label "the
-run collapses in (t, t + HORIZON]".
+run collapses in (t, t + HORIZON]" (a collapse that lasts, learners.labels). Rows in a
+dip's window (from 150 steps before a fall that regained to 100 after it) are left out:
+they are neither a collapse to come nor a calm run.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def rows(corpus: Sequence[Any]) -> Rows:
             if (c is None and step >= run.scored_until) or (c is not None and step >= c):
                 break
             x = features(state, row.values)
-            if state["n"] <= WARMUP:
+            if state["n"] <= WARMUP or not run.judged(step):
                 continue
             out.x.append(x)
             out.y.append(int(c is not None and c - step <= HORIZON))

@@ -200,6 +200,55 @@ def _corpus(args: argparse.Namespace) -> int:
     return _run_configs("lm-corpus", args, corpus_configs(base, args.seeds))
 
 
+# -- keel lm-regimes -------------------------------------------------------------------
+
+
+def _add_regimes(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--seeds", type=_seed_list, required=True,
+                        help="ten runs per seed, e.g. 0-59 (600 runs)")  # fmt: skip
+    parser.add_argument("--dir", required=True, metavar="PATH",
+                        help="one file per run; runs already there are not run again")  # fmt: skip
+    parser.add_argument("--steps", type=int, default=None, help="learner steps (default 600)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (sampler and learner)")
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="runs at a time (default: idle cores / 2)")  # fmt: skip
+    parser.add_argument("--limit", type=int, default=None, metavar="N",
+                        help="run at most N of the missing runs, then stop")  # fmt: skip
+
+
+def _regimes(args: argparse.Namespace) -> int:
+    from learners.lm.corpus import REGIME_STEPS, regime_configs
+    from learners.lm.grid import run_grid
+    from learners.lm.learner import LMConfig
+    from learners.lm.runfiles import done_names, write_run
+
+    base = LMConfig(device=args.device, steps=args.steps or REGIME_STEPS)
+    configs = regime_configs(base, args.seeds)
+    done = done_names(args.dir)
+    missing = [config for config in configs if config.name not in done]
+    already = len(configs) - len(missing)
+    if args.limit is not None:
+        missing = missing[: max(0, args.limit)]
+    print(f"keel lm-regimes: {len(configs)} runs, {already} already in {args.dir}, "
+          f"running {len(missing)}", file=sys.stderr, flush=True)  # fmt: skip
+    if not _check_device("lm-regimes", args.device):
+        return 2
+    jobs = args.jobs or max(1, _idle_cores() // 2)
+
+    def done_one(run: dict[str, Any]) -> None:
+        write_run(args.dir, run)
+        spec = run["spec"]
+        print(f"{run['name']:<52} {spec['size']:>5} final reward {run['final_reward']:.3f} "
+              f"({run['wall_s']:.0f} s)", file=sys.stderr, flush=True)  # fmt: skip
+
+    if missing:
+        run_grid(missing, jobs=jobs, on_done=done_one)
+    left = len(configs) - len(done_names(args.dir))
+    print(f"keel lm-regimes: {len(missing)} runs written to {args.dir}, {left} of {len(configs)} "
+          f"still to run; score them with keel eval-alerts --corpus {args.dir}")  # fmt: skip
+    return 0
+
+
 def _run_configs(command: str, args: argparse.Namespace, configs: list[Any]) -> int:
     from learners.lm.grid import (
         format_collapses,
@@ -254,6 +303,12 @@ COMMANDS = {
         "Run keel lm over losses x lags x sampler dtypes x seeds; table, lead times, corpus.",
         _add_grid,
         _grid,
+    ),
+    "lm-regimes": (
+        "The regime corpus: ten keel lm runs per seed over learning rates, tasks, model sizes, "
+        "batch shapes, clipping, every loss, lags and sampler dtypes, one file per run (resumable).",
+        _add_regimes,
+        _regimes,
     ),
     "lm-corpus": (
         "The alert corpus: ten keel lm runs per seed, settings drawn from it (docs/alerts.md).",

@@ -40,7 +40,6 @@ __all__ = [
     "EDGES",
     "HISTOGRAM_KEYS",
     "PAIRS",
-    "TAIL",
     "WINDOW",
     "DetailPartials",
     "Details",
@@ -65,8 +64,6 @@ EDGES: tuple[float, ...] = _signed_log_edges()
 [−10⁻⁴, 10⁻⁴) around zero: 51 bins. Values below −10 or above 10 count in the end bins."""
 BINS = len(EDGES) - 1
 HISTOGRAM_KEYS = ("mismatch/log_ratio", "mismatch/log_ratio_unbounded")
-TAIL = 1.0
-"""`mismatch/tail_frac` is the fraction of the tokens with |ℓ| ≥ TAIL (an edge)."""
 WINDOW = 16
 """Tokens shown on each side of a sample's worst token."""
 PAIRS = 256
@@ -79,15 +76,6 @@ _BLOCKS = ("valid", "token_id", "log_ratio", "sampler_logprob", "learner_logprob
 _SPAN = 2 * WINDOW + 1
 _COLUMNS = _HEAD + len(_BLOCKS) * _SPAN
 _F64 = torch.float64
-
-
-def _tail_bins() -> Tensor:
-    edges = torch.tensor(EDGES, dtype=_F64)
-    return (edges[:-1] >= TAIL) | (edges[1:] <= -TAIL)
-
-
-_TAIL_BINS = _tail_bins()
-"""[BINS]: the bins of the tokens with |ℓ| ≥ TAIL (an edge: each bin is all in or all out)."""
 
 
 @dataclass(frozen=True)
@@ -136,12 +124,11 @@ class DetailPartials:
 
 @dataclass
 class Details:
-    """A step's details as the wire carries them, and the scalar they add."""
+    """A step's details as the wire carries them."""
 
     histograms: dict[str, dict[str, Any]]
     samples: list[dict[str, Any]]
     sequences: dict[str, list[Any]]
-    values: dict[str, float]
 
 
 _GENERATORS: dict[str, torch.Generator] = {}
@@ -368,10 +355,6 @@ def finalize_details(
         if row[BINS]:
             histogram["nan"] = row[BINS]
         histograms[key] = histogram
-    finite = counts[0, :BINS]
-    tail = float(finite[_TAIL_BINS].sum())
-    total = float(finite.sum())
-    values = {"mismatch/tail_frac": tail / total if total else math.nan}
     ranks = part.world > 1 and not part.given_ids
     samples = _samples(part.worst.to("cpu", _F64), decode, ranks)
     samples = _within(samples, max_sample_bytes)
@@ -382,7 +365,7 @@ def finalize_details(
         "length": [int(n) for n in pairs[:, 1].tolist()],
         "log_ratio": pairs[:, 2].tolist(),
     }
-    return Details(histograms, samples, sequences, values)
+    return Details(histograms, samples, sequences)
 
 
 def _samples(

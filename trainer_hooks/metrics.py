@@ -31,6 +31,8 @@ from torch import Tensor
 __all__ = [
     "LOG_RATIO_CLAMP",
     "PROB_CLAMP",
+    "SAMPLER_PROB_BUCKETS",
+    "TAILS",
     "UNBOUNDED_EPS",
     "Partials",
     "bernoulli_kl",
@@ -51,6 +53,13 @@ UNBOUNDED_EPS = 0.2
 """`mismatch/unbounded_frac` counts tokens with A < 0 and r > 1 + UNBOUNDED_EPS: there PPO's
 clipped objective (ε = 0.2, its usual value) takes the unclipped r·A, and importance
 sampling never clips, so the token's step grows with r without bound."""
+TAILS = (1.0, 2.0)
+"""`mismatch/tail_frac` counts the tokens with |ℓ| ≥ 1, `mismatch/tail_frac_2` those with
+|ℓ| ≥ 2 (r beyond e^±1 = 2.7 and e^±2 = 7.4), `mismatch/low_tail_frac` those with ℓ ≤ −1."""
+SAMPLER_PROB_BUCKETS = (("rare", 1e-3), ("unlikely", 1e-1), ("likely", 1.0))
+"""`mismatch/log_ratio_abs_{name}`: mean |ℓ| over the tokens the sampler gave a probability
+below the bucket's bound (and at least the previous bucket's): μ < 1e-3, 1e-3 ≤ μ < 0.1,
+μ ≥ 0.1. Low-precision samplers disagree most on the unlikely tokens."""
 _LOG_PROB_MIN = math.log(PROB_CLAMP)
 _LOG_PROB_MAX = math.log1p(-PROB_CLAMP)
 
@@ -181,6 +190,8 @@ def stability_metrics(
 
     Returns keys (always): `mismatch/kl`, `mismatch/kl_k1`, `mismatch/kl_k2`,
     `mismatch/ratio_max`, `mismatch/ratio_min`, `mismatch/log_ratio_abs_mean`,
+    `mismatch/tail_frac`, `mismatch/tail_frac_2`, `mismatch/low_tail_frac`,
+    `mismatch/log_ratio_abs_rare`, `_unlikely`, `_likely` (NaN where no token is in the bucket),
     `mismatch/seq_log_ratio_max`, `mismatch/ess_frac`, `mismatch/bkl_seq_max`,
     `mismatch/bkl_seq_mean`, `batch/seqs`, `batch/tokens`, `batch/len_mean`,
     `nonfinite/count`, and `policy/entropy` with logits or `policy/entropy_est`
@@ -375,6 +386,17 @@ def _local_partials(
         "ratio": _masked_sum(ratio, valid),
         "ratio_sq": _masked_norm(ratio, valid, 2) ** 2,
     }
+    abs_ell = ell.abs()
+    sums["tail"] = _masked_sum(abs_ell >= TAILS[0], valid)
+    sums["tail_2"] = _masked_sum(abs_ell >= TAILS[1], valid)
+    sums["low_tail"] = _masked_sum(ell <= -TAILS[0], valid)
+    log_mu = sampler_logprobs.to(ell.dtype)
+    low = -math.inf
+    for name, bound in SAMPLER_PROB_BUCKETS:  # NaN log μ falls in none
+        inside = (log_mu >= low) & (log_mu < math.log(bound)) if bound < 1 else log_mu >= low
+        sums[f"abs_{name}"] = _masked_sum(torch.where(inside, abs_ell, 0), valid)
+        sums[f"tokens_{name}"] = _masked_sum(inside, valid)
+        low = math.log(bound)
     seq_log_ratio = ell if valid is None else torch.where(valid, ell, 0)
     seq_log_ratio = seq_log_ratio.sum(-1)
     bkl_seq = _masked_sum(bernoulli_kl(sampler_logprobs, learner_logprobs), valid, -1) / seq_tokens
@@ -491,6 +513,13 @@ def _finalize(
         "mismatch/ratio_max": torch.where(has_tokens, maxes["ratio_max"], math.nan),
         "mismatch/ratio_min": torch.where(has_tokens, -maxes["neg_ratio_min"], math.nan),
         "mismatch/log_ratio_abs_mean": sums["abs"] / tokens,
+        "mismatch/tail_frac": sums["tail"] / tokens,
+        "mismatch/tail_frac_2": sums["tail_2"] / tokens,
+        "mismatch/low_tail_frac": sums["low_tail"] / tokens,
+        **{
+            f"mismatch/log_ratio_abs_{name}": sums[f"abs_{name}"] / sums[f"tokens_{name}"]
+            for name, _ in SAMPLER_PROB_BUCKETS
+        },
         "mismatch/seq_log_ratio_max": torch.where(has_tokens, maxes["seq_log_ratio_max"], math.nan),
         "mismatch/ess_frac": sums["ratio"] * sums["ratio"] / (tokens * sums["ratio_sq"]),
         "mismatch/bkl_seq_max": torch.where(has_tokens, maxes["bkl_seq_max"], math.nan),

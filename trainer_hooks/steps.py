@@ -151,8 +151,6 @@ class StepMerger:
         steps, self._complete = self._complete, []
         for open_step, values in zip(steps, self._metrics_of(steps), strict=True):
             details = self._details_of(open_step)
-            if details is not None:
-                values.update(details.values)
             # The callers' own metrics win over computed ones of the same name.
             values = {**values, **open_step.values}
             self._emit(open_step.step, open_step.time, values, merged=True, details=details)

@@ -4,11 +4,11 @@ Each run is a full asynchronous learner (learner.train) in its own process (one
 torch thread for the learner, one for its sampler), recorded step by step with
 a `Recorder`; `--server` also streams it live with a Monitor. The corpus (`--json`)
 holds every run's config, its per-step series of every logged key and its
-collapse label: the definition of keel/eval_alerts.py (the reward reached >= 0.5,
-then fell >= 0.2 below its running peak) applied to the 10-step trailing mean of
-`reward/mean`, because one batch of 16 prompts is too noisy for it: single-step
-dips of 0.2 happen in runs whose reward climbs steadily. The label on the raw
-per-step reward is kept beside it (`collapse_step_raw`).
+collapse label: learners.labels (the reward reached >= 0.5, fell >= 0.2 below its
+running peak and did not regain within 0.1 of it in the next 100 steps) applied to the
+10-step trailing mean of `reward/mean`, because one batch of 16 prompts is too noisy
+for it: single-step dips of 0.2 happen in runs whose reward climbs steadily. The label
+on the raw per-step reward is kept beside it (`collapse_step_raw`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, replace
 from typing import Any
 
-from learners.labels import collapse_step
+from learners.labels import collapse_step, smoothed
 from learners.lm.learner import LMConfig
 
 __all__ = [
@@ -50,8 +50,6 @@ DEFAULT_LOSSES = (
     "flash_reinforce",
     "reinforce",
 )
-SMOOTH_WINDOW = 10
-"""Collapse labels are taken on the trailing mean of this many steps of reward/mean."""
 FINAL_WINDOW = 50
 """Final reward = mean reward/mean over the last 50 steps."""
 CLIMB_FACTOR = 3.0
@@ -73,15 +71,6 @@ def grid_configs(
         replace(base, loss=loss, lag=lag, sampler_dtype=dtype, seed=seed)
         for loss, lag, dtype, seed in itertools.product(losses, lags, dtypes, seeds)
     ]
-
-
-def smoothed(values: Sequence[float], window: int = SMOOTH_WINDOW) -> list[float]:
-    """Trailing mean over the last `window` steps (fewer at the start)."""
-    out, total = [], 0.0
-    for step, value in enumerate(values):
-        total += value - (values[step - window] if step >= window else 0.0)
-        out.append(total / min(step + 1, window))
-    return out
 
 
 def _first_reach(rewards: Sequence[float], reach: float = 0.5) -> int | None:

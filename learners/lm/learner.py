@@ -81,8 +81,8 @@ class LMConfig:
 
     @property
     def name(self) -> str:
-        """`{loss}-lag{lag}-{dtype}[-lr{lr}][-clip{clip}][-d{digits}]-s{seed}`: a setting
-        is named when it differs from the default, so runs of one corpus never share a name."""
+        """`{loss}-lag{lag}-{dtype}[-lr{lr}][-clip{clip}][-d{digits}][-{size}][-b{prompts}x{group}]-s{seed}`:
+        a setting is named when it differs from the default, so runs of one corpus never share a name."""
         parts = [self.loss, f"lag{self.lag}", self.sampler_dtype]
         default = LMConfig()
         if self.lr != default.lr:
@@ -91,6 +91,10 @@ class LMConfig:
             parts.append(f"clip{self.clip:g}")
         if self.digits != default.digits:
             parts.append(f"d{self.digits}")
+        if self.size != default.size:
+            parts.append(self.size)
+        if (self.prompts, self.group) != (default.prompts, default.group):
+            parts.append(f"b{self.prompts}x{self.group}")
         return "-".join([*parts, f"s{self.seed}"])
 
     def check(self) -> None:

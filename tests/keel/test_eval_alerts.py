@@ -93,10 +93,30 @@ def test_evaluate_replays_the_real_rules_and_breaks_the_union_down_by_rule() -> 
     assert "  collapse risk" in result["text"] and result["details"] == []
 
 
-def test_collapse_label() -> None:
-    assert collapse_step([0.1, 0.3, 0.6, 0.55, 0.41, 0.39, 0.1]) == 5
-    assert collapse_step([0.1, 0.45, 0.2]) is None  # never reached 0.5
-    assert collapse_step([0.5, 0.6, 0.7, 0.65, 0.7]) is None
+def test_collapse_label_is_a_fall_that_lasts() -> None:
+    fall = [0.1, 0.3, 0.6, 0.55, 0.41, 0.39] + [0.1] * 100
+    assert collapse_step(fall) == 5
+    assert collapse_step([0.1, 0.45] + [0.2] * 200) is None  # never reached 0.5
+    assert collapse_step([0.5, 0.6, 0.7, 0.65, 0.7] + [0.69] * 200) is None
+
+
+def test_firings_near_a_dip_are_neither_hits_nor_false_alarms() -> None:
+    """A dip (a fall that regained) at 200: firings in [50, 300) are not judged either way."""
+    rewards = [0.8] * 200 + [0.55] * 20 + [0.8] * 330  # regains at 220
+    dipped = CorpusRun.labelled("dipped", {"loss": "ppo", "lag": 4}, {"reward/mean": rewards})
+    assert (dipped.collapse_step, dipped.dips) == (None, [200])
+    s = score("x", [dipped], [[150]])
+    assert (s.false_alarms_unbounded, s.dips, s.dips_fired) == (0, 1, 1)
+    s = score("x", [dipped], [[320]])  # after the dip's window: a false alarm
+    assert (s.false_alarms_unbounded, s.dips_fired) == (1, 0)
+    # A dip, then a collapse that lasts: a firing in the dip's window is no hit, nor early.
+    rewards = [0.8] * 100 + [0.55] * 10 + [0.8] * 190 + [0.3] * 150
+    run = CorpusRun.labelled("both", {"loss": "ppo", "lag": 4}, {"reward/mean": rewards})
+    assert (run.collapse_step, run.dips) == (300, [100])
+    s = score("x", [run], [[20, 190]])
+    assert (s.hits, s.early_false_alarms, s.dips_fired) == (0, 0, 1)
+    s = score("x", [run], [[250]])
+    assert (s.hits, s.leads) == (1, [50])
 
 
 def test_a_lead_under_lag_minus_one_is_not_at_the_physical_bound() -> None:

@@ -15,8 +15,9 @@ from server.alerts.hazard import FEATURES, HORIZON, WARMUP, HazardModel
 
 def _run(collapse: int | None, steps: int = 300, kl_from: int | None = None) -> CorpusRun:
     kl = [0.02 if kl_from is None or step < kl_from else 0.02 * 1.1 ** (step - kl_from) for step in range(steps)]
+    reward = [min(0.9, 0.1 + step / 50) if collapse is None or step < collapse else 0.3 for step in range(steps)]
     series = {
-        "reward/mean": [min(0.9, 0.1 + step / 50) for step in range(steps)], "reward/std": [0.1] * steps,
+        "reward/mean": reward, "reward/std": [0.1] * steps,
         "mismatch/kl": kl, "mismatch/ratio_max": [3.0] * steps, "grad/norm": [1.0] * steps,
     }  # fmt: skip
     return CorpusRun("r", {"loss": "ppo"}, series, collapse)

@@ -164,7 +164,7 @@ def test_staleness_comes_from_the_recorded_versions_and_is_bounded_by_lag(lag: i
 
 
 def test_collapse_and_climb_definitions() -> None:
-    assert collapse_step([0.1, 0.3, 0.5, 0.6, 0.55, 0.45, 0.39, 0.2]) == 6
+    assert collapse_step([0.1, 0.3, 0.5, 0.6, 0.55, 0.45, 0.39] + [0.2] * 100) == 6
     assert collapse_step([0.1, 0.45, 0.2]) is None  # never reached 0.5
     rewards = [0.6] * 30  # reached 0.5 at step 0: the baseline is the first step's value
     flat = [1.0] * 30
@@ -251,8 +251,8 @@ def test_keel_lm_grid_writes_a_labelled_corpus(tmp_path) -> None:
     assert "collapsed" in result.stdout and "4 runs x 8 steps" in result.stdout
     corpus = json.loads(path.read_text())
     names = [run["name"] for run in corpus["runs"]]
-    assert names == ["reinforce-lag0-bf16-d3-s0", "reinforce-lag2-bf16-d3-s0", "ppo-lag0-bf16-d3-s0",
-                     "ppo-lag2-bf16-d3-s0"]  # fmt: skip
+    assert names == ["reinforce-lag0-bf16-d3-b2x4-s0", "reinforce-lag2-bf16-d3-b2x4-s0", "ppo-lag0-bf16-d3-b2x4-s0",
+                     "ppo-lag2-bf16-d3-b2x4-s0"]  # fmt: skip
     for run in corpus["runs"]:
         assert run["spec"]["steps"] == 8 and run["spec"]["digits"] == 3
         rewards = run["series"]["reward/mean"]

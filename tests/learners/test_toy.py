@@ -100,14 +100,14 @@ def test_a_run_alone_reproduces_its_numbers_in_the_grid() -> None:
         alone = simulate([MIXED[index]], config, keep_history=True)
         assert alone.history is not None
         for key, series in grid.history.items():
-            assert torch.equal(alone.history[key][0], series[index]), (MIXED[index], key)
+            torch.testing.assert_close(alone.history[key][0], series[index], rtol=0, atol=0, equal_nan=True, msg=str((MIXED[index], key)))
     # Nor does it depend on the number of CPU threads (keel grid picks it by load).
     torch.set_num_threads(2)
     two_threads = simulate(MIXED[:3], ToyConfig(steps=30), keep_history=True).history
     torch.set_num_threads(1)
     assert two_threads is not None
     for key, series in two_threads.items():
-        assert torch.equal(series, grid.history[key][:3, :30]), key
+        torch.testing.assert_close(series, grid.history[key][:3, :30], rtol=0, atol=0, equal_nan=True, msg=key)
     # Different runs really differ (the check above is not vacuous).
     assert not torch.equal(grid.history["reward/mean"][0], grid.history["reward/mean"][1])
 

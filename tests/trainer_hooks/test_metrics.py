@@ -6,6 +6,7 @@ import math
 import os
 import tempfile
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -80,10 +81,16 @@ def test_hand_computed_values() -> None:
         "batch/tokens": 5.0,
         "batch/len_mean": 2.5,
         "nonfinite/count": 0.0,
+        "mismatch/tail_frac": 1 / 5,  # ln 5 ≥ 1
+        "mismatch/tail_frac_2": 0.0,
+        "mismatch/low_tail_frac": 0.0,
+        "mismatch/log_ratio_abs_rare": NAN,  # μ ≥ 0.03 everywhere
+        "mismatch/log_ratio_abs_unlikely": LN5,  # μ = e^(−1.8 − ln 5) = 0.033
+        "mismatch/log_ratio_abs_likely": 3 * LN2 / 4,
     }
     assert set(out) == set(expected)
     for key, value in expected.items():
-        assert out[key].item() == pytest.approx(value, rel=2e-6, abs=1e-7), key
+        assert out[key].item() == pytest.approx(value, rel=2e-6, abs=1e-7, nan_ok=True), key
 
 
 @pytest.mark.parametrize("seqs,length", [(16, 40), (1, 1), (3, 2), (7, 300), (64, 33)])
@@ -115,6 +122,38 @@ def test_unbounded_frac_counts_negative_advantage_tokens_the_learner_likes_more(
     out = stability_metrics(sampler, learner, mask, advantages=per_token)
     assert out["mismatch/unbounded_frac"].item() == pytest.approx(3 / 9)  # 2.0 of seq 0, 3.0 of seq 1, 9.0 of seq 2
     assert "mismatch/unbounded_frac" not in stability_metrics(sampler, learner, mask)
+
+
+def test_both_tails_and_mismatch_by_sampler_probability_match_numpy() -> None:
+    """Two-sided tail mass at |ℓ| ≥ 1 and 2, the low tail ℓ ≤ −1, and mean |ℓ| per bucket of
+    μ (< 1e-3, 1e-3–0.1, ≥ 0.1), against numpy on the mask's tokens; padding never counts."""
+    generator = torch.Generator().manual_seed(3)
+    sampler = -torch.rand(6, 40, generator=generator, dtype=torch.float64) * 12  # μ from 6e-6 to 1
+    ell = torch.randn(6, 40, generator=generator, dtype=torch.float64) * 1.5
+    ell[0, :4] = torch.tensor([1.0, -1.0, 2.0, -2.0])  # the edges count
+    learner = sampler + ell
+    mask = torch.rand(6, 40, generator=generator) > 0.25
+    sampler[~mask] = NAN  # padding may hold anything
+    out = stability_metrics(sampler.float(), learner.float(), mask)
+
+    e = (learner.float() - sampler.float()).double().numpy()[mask.numpy()]
+    mu = sampler.float().double().numpy()[mask.numpy()]
+    assert out["mismatch/tail_frac"].item() == pytest.approx(np.mean(np.abs(e) >= 1.0), abs=1e-7)
+    assert out["mismatch/tail_frac_2"].item() == pytest.approx(np.mean(np.abs(e) >= 2.0), abs=1e-7)
+    assert out["mismatch/low_tail_frac"].item() == pytest.approx(np.mean(e <= -1.0), abs=1e-7)
+    assert 0 < out["mismatch/low_tail_frac"].item() < out["mismatch/tail_frac"].item()
+    buckets = {
+        "rare": mu < math.log(1e-3),
+        "unlikely": (mu >= math.log(1e-3)) & (mu < math.log(0.1)),
+        "likely": mu >= math.log(0.1),
+    }
+    for name, inside in buckets.items():
+        assert inside.sum() > 10
+        assert out[f"mismatch/log_ratio_abs_{name}"].item() == pytest.approx(np.abs(e[inside]).mean(), rel=1e-5)
+    # A bucket without a token has no mean: NaN, not 0.
+    likely_only = stability_metrics(torch.full((2, 3), -0.01), torch.full((2, 3), -0.02), None)
+    assert math.isnan(likely_only["mismatch/log_ratio_abs_rare"].item())
+    assert likely_only["mismatch/log_ratio_abs_likely"].item() == pytest.approx(0.01, rel=1e-4)
 
 
 def test_sequence_gate_entropy_and_nonfinite() -> None:
@@ -170,7 +209,7 @@ def test_outputs_are_0dim_float32_on_the_input_device_without_grad() -> None:
     finally:
         if device == "cuda":
             torch.cuda.set_sync_debug_mode(0)
-    assert len(out) == 20
+    assert len(out) == 26
     for key, value in out.items():
         assert isinstance(value, torch.Tensor), key
         assert value.shape == () and value.dtype == torch.float32, key

@@ -1,0 +1,225 @@
+"""Leave one regime out (`keel eval-alerts --regimes`): does the early warning hold on a
+regime it was never fitted on?
+
+The runs of the corpora given are split along each axis of the regime corpus (learning
+rate, task difficulty, model size, batch shape, loss family, sampler dtype; a run whose
+config lacks an axis, a toy run, is always fitted on). For every value of every axis the
+collapse hazard is fitted on every other run and the rules are scored on the runs with
+that value only: a *held-out cell*. The worst cell, per figure, is the figure that counts.
+
+Rules with the `hazard` detector are scored with the cell's own model, from the hazard
+series (`threshold_firings`: the lifecycle of `for_steps` 1, exactly as the backtest
+replays it); the other rules have nothing fitted and are replayed once for every run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from keel.eval_alerts import UNBOUNDED_LOSSES, CorpusRun, Score, format_scores, rule_firings, score
+from keel.hazard_eval import Rows, fit, rows
+from server.alerts.catalog import RuleSpec
+from server.alerts.hazard import WARMUP, HazardModel, features
+
+__all__ = [
+    "AXES", "Cell", "CellResult", "cells", "format_cells", "format_curve", "hazard_steps", "leave_one_out",
+    "operating_curve", "threshold_firings", "worst",
+]  # fmt: skip
+
+BOUNDED_LOSSES = frozenset({"cispo", "cispo_floor", "tis", "mis"})
+
+
+def _family(config: dict[str, Any]) -> str | None:
+    loss = config.get("loss")
+    if loss is None:
+        return None
+    if loss in UNBOUNDED_LOSSES:
+        return "unbounded"
+    return "bounded" if loss in BOUNDED_LOSSES else "ratio-free"
+
+
+def _batch(config: dict[str, Any]) -> str | None:
+    if "prompts" not in config or "group" not in config:
+        return None
+    return f"{config['prompts']}x{config['group']}"
+
+
+AXES: dict[str, Callable[[dict[str, Any]], Any]] = {
+    "learning rate": lambda config: config.get("lr"),
+    "difficulty": lambda config: config.get("digits"),
+    "model size": lambda config: config.get("size"),
+    "batch shape": _batch,
+    "loss family": _family,
+    "sampler dtype": lambda config: config.get("sampler_dtype"),
+}
+"""What a run's config says of each axis (None: the run has no such axis)."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    axis: str
+    value: Any
+    runs: tuple[int, ...]
+    """Indices of the held-out runs in the corpus."""
+
+
+def cells(corpus: Sequence[CorpusRun], min_runs: int = 10) -> list[Cell]:
+    """Every (axis, value) with at least `min_runs` runs, when the axis has two values or more."""
+    out = []
+    for axis, of in AXES.items():
+        groups: dict[Any, list[int]] = {}
+        for index, run in enumerate(corpus):
+            value = of(run.config)
+            if value is not None:
+                groups.setdefault(value, []).append(index)
+        if len(groups) < 2:
+            continue
+        for value in sorted(groups, key=str):
+            if len(groups[value]) >= min_runs:
+                out.append(Cell(axis, value, tuple(groups[value])))
+    return out
+
+
+def hazard_steps(corpus: Sequence[CorpusRun]) -> list[list[tuple[int, list[float | None]]]]:
+    """Per run, the (step, features) of every step the hazard is given at: computed once,
+    scored under any model (the features do not depend on it)."""
+    out = []
+    for run in corpus:
+        state: dict[str, Any] = {}
+        steps = []
+        for row in run.rows():
+            if not any(key in row.values for key in ("reward/mean", "mismatch/kl", "mismatch/ratio_max", "grad/norm")):
+                continue
+            x = features(state, row.values)
+            if state["n"] > WARMUP:
+                steps.append((row.step, x))
+        out.append(steps)
+    return out
+
+
+def threshold_firings(series: Sequence[tuple[int, float]], p: float, keep_firing_for: int) -> list[int]:
+    """The firing steps of `hazard > p` with `for_steps` 1 (server.alerts.lifecycle)."""
+    fired, firing, clear = [], False, 0
+    for step, hazard in series:
+        if not firing:
+            if hazard > p:
+                fired.append(step)
+                firing, clear = True, 0
+        elif hazard > p:
+            clear = 0
+        else:
+            clear += 1
+            if clear >= max(1, keep_firing_for):
+                firing = False
+    return fired
+
+
+def _subset(data: Rows, keep: set[int]) -> Rows:
+    index = [i for i, run in enumerate(data.run) if run in keep]
+    return Rows([data.x[i] for i in index], [data.y[i] for i in index], [data.run[i] for i in index])
+
+
+@dataclass
+class CellResult:
+    cell: Cell
+    scores: list[Score]
+    model: dict[str, Any]
+    hazards: list[list[tuple[int, float]]] = field(default_factory=list)
+    """Per held-out run, (step, hazard) under the cell's model."""
+
+
+def _union(*lists: Sequence[int]) -> list[int]:
+    return sorted({step for steps in lists for step in steps})
+
+
+def leave_one_out(
+    corpus: Sequence[CorpusRun],
+    rules: Sequence[RuleSpec],
+    hazard_p: float,
+    *,
+    min_runs: int = 10,
+    fit_model: Callable[[Rows], dict[str, Any]] | None = None,
+) -> list[CellResult]:
+    """For every held-out cell: the critical rules (their hazard rules under the cell's own
+    model) and `hazard > hazard_p` alone, scored on the cell's runs."""
+    fit_model = fit_model or (lambda data: fit(data, description="leave one regime out"))
+    critical = [rule for rule in rules if rule.severity == "critical"]
+    fixed = [rule for rule in critical if rule.detector != "hazard"]
+    hazard_rules = [rule for rule in critical if rule.detector == "hazard"]
+    fixed_firings = rule_firings(corpus, fixed)
+    union_fixed = [_union(*(fixed_firings[rule.name][i] for rule in fixed)) for i in range(len(corpus))]
+    data = rows(corpus)
+    steps = hazard_steps(corpus)
+    results = []
+    for cell in cells(corpus, min_runs):
+        held = set(cell.runs)
+        model = fit_model(_subset(data, set(range(len(corpus))) - held))
+        scorer = HazardModel(model)
+        hazards = [[(step, scorer.probability(x)) for step, x in steps[i]] for i in cell.runs]
+        runs = [corpus[i] for i in cell.runs]
+        ruled = [
+            _union(union_fixed[i], *(threshold_firings(series, rule.params.get("p", 0.5), rule.keep_firing_for) for rule in hazard_rules))
+            for i, series in zip(cell.runs, hazards, strict=True)
+        ]
+        alone = [threshold_firings(series, hazard_p, 50) for series in hazards]
+        results.append(CellResult(cell, [score("rules", runs, ruled), score(f"hazard > {hazard_p:g}", runs, alone)], model, hazards))
+    return results
+
+
+def operating_curve(result: CellResult, corpus: Sequence[CorpusRun], ps: Sequence[float]) -> list[Score]:
+    """`hazard > p` on one held-out cell, for every p (its own model): recall against false alarms."""
+    runs = [corpus[i] for i in result.cell.runs]
+    return [score(f"hazard > {p:g}", runs, [threshold_firings(series, p, 50) for series in result.hazards]) for p in ps]
+
+
+def _rate(count: int, total: int) -> float:
+    return count / total if total else math.nan
+
+
+def worst(results: Sequence[CellResult], detector: str = "rules") -> dict[str, Any]:
+    """The worst held-out cell for each target figure, and which cell it is."""
+    def pick(value: Callable[[Score], float], lowest: bool) -> dict[str, Any]:
+        scored = [(value(s), f"{r.cell.axis} {r.cell.value}") for r in results for s in r.scores if s.detector == detector]
+        scored = [(v, name) for v, name in scored if not math.isnan(v)]
+        if not scored:
+            return {"value": math.nan, "cell": None}
+        v, name = min(scored) if lowest else max(scored)
+        return {"value": v, "cell": name}
+
+    return {
+        "recall": pick(lambda s: s.recall, True),
+        "at_bound": pick(lambda s: _rate(s.leads_at_bound, s.hits_with_lag), True),
+        "fa_bounded": pick(lambda s: s.fa_bounded_rate, False),
+        "fa_unbounded": pick(lambda s: s.fa_unbounded_rate, False),
+    }
+
+
+def format_cells(results: Sequence[CellResult]) -> str:
+    lines = []
+    for result in results:
+        cell = result.cell
+        lines.append(f"-- held out: {cell.axis} = {cell.value} ({len(cell.runs)} runs)")
+        lines.append(format_scores(result.scores))
+    for detector in ("rules", *{s.detector for r in results for s in r.scores if s.detector != "rules"}):
+        w = worst(results, detector)
+        lines.append(
+            f"worst held-out cell, {detector}: recall {w['recall']['value']:.0%} ({w['recall']['cell']}), "
+            f">=lag-1 {w['at_bound']['value']:.0%} ({w['at_bound']['cell']}), "
+            f"FA bounded {w['fa_bounded']['value']:.0%} ({w['fa_bounded']['cell']}), "
+            f"FA unbounded {w['fa_unbounded']['value']:.0%} ({w['fa_unbounded']['cell']})"
+        )
+    return "\n".join(lines)
+
+
+def format_curve(name: str, curve: Sequence[Score]) -> str:
+    lines = [f"operating curve on {name}:", f"{'p':>5s} {'recall':>8s} {'>=lag-1':>8s} {'FA bounded':>11s} {'FA unbounded':>13s}"]
+    for s in curve:
+        p = s.detector.rsplit(" ", 1)[-1]
+        lines.append(
+            f"{p:>5s} {s.recall:>8.0%} {_rate(s.leads_at_bound, s.hits_with_lag):>8.0%} "
+            f"{s.fa_bounded_rate:>11.0%} {s.fa_unbounded_rate:>13.0%}"
+        )
+    return "\n".join(lines)
