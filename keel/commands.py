@@ -177,6 +177,9 @@ def _add_eval_alerts(parser: argparse.ArgumentParser) -> None:
                         "and its features' separation")  # fmt: skip
     parser.add_argument("--hazard-model", default=None, metavar="FILE",
                         help="a hazard model file (--fit-hazard) to use instead of the built-in one")  # fmt: skip
+    parser.add_argument("--hazard-kind", choices=("logistic", "trees"), default="logistic",
+                        help="the model --fit-hazard and --regimes fit: logistic, or gradient-boosted trees "
+                        "(needs scikit-learn)")  # fmt: skip
     parser.add_argument("--regimes", action="store_true",
                         help="leave one regime out: per axis value of the corpora's runs (learning rate, "
                         "difficulty, model size, batch shape, loss family, sampler dtype), fit the hazard "
@@ -224,10 +227,11 @@ def _eval_alerts(args: argparse.Namespace) -> int:
             save_corpus(corpus, args.save_corpus)
         corpora = [("toy grid", corpus)]
     if args.fit_hazard:
-        from keel.hazard_eval import fit, rows
+        from keel.hazard_eval import fit, fit_trees, rows
 
         data = rows([run for _, corpus in corpora for run in corpus])
-        model = fit(data, description=", ".join(name for name, _ in corpora))
+        fitter = fit_trees if args.hazard_kind == "trees" else fit
+        model = fitter(data, description=", ".join(name for name, _ in corpora))
         with open(args.fit_hazard, "w", encoding="utf-8") as handle:
             json.dump(model, handle, indent=1)
         print(f"hazard fitted on {len(data.y)} rows ({sum(data.y)} within {model['horizon']} steps of a collapse): {args.fit_hazard}")
@@ -277,10 +281,12 @@ def _eval_alerts(args: argparse.Namespace) -> int:
 def _regimes(args: argparse.Namespace, corpus: list[Any], rules: list[Any]) -> int:
     import json
 
+    from keel.hazard_eval import fit, fit_trees
     from keel.regimes import format_cells, format_curve, leave_one_out, operating_curve, worst
 
     p = args.hazard if args.hazard is not None else 0.5
-    results = leave_one_out(corpus, rules, p)
+    fitter = fit_trees if args.hazard_kind == "trees" else fit
+    results = leave_one_out(corpus, rules, p, fit_model=lambda data: fitter(data, description="leave one regime out"))
     if not results:
         print("keel eval-alerts --regimes: no axis with two values of at least 10 runs in these corpora", file=sys.stderr)
         return 2

@@ -19,7 +19,12 @@ from typing import Any
 
 from server.alerts.hazard import FEATURES, HORIZON, WARMUP, HazardModel, features
 
-__all__ = ["Rows", "auc", "calibration", "feature_separation", "fit", "format_calibration", "format_separation", "rows"]
+__all__ = [
+    "KINDS", "Rows", "auc", "calibration", "feature_separation", "fit", "fit_trees", "format_calibration",
+    "format_separation", "rows",
+]  # fmt: skip
+
+KINDS = ("logistic", "trees")
 
 RELIABILITY_EDGES = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0)
 
@@ -92,6 +97,7 @@ def fit(data: Rows, *, l2: float = 1.0, description: str = "") -> dict[str, Any]
         if improvement < 1e-9 * max(1.0, abs(current)):
             break
     return {
+        "kind": "logistic",
         "horizon": HORIZON,
         "features": list(FEATURES),
         "fitted_on": description,
@@ -99,6 +105,50 @@ def fit(data: Rows, *, l2: float = 1.0, description: str = "") -> dict[str, Any]
         "weights": [round(float(v), 6) for v in w[1:]],
         "means": [round(float(v), 6) for v in means],
         "scales": [round(float(v), 6) for v in scales],
+    }
+
+
+def fit_trees(
+    data: Rows,
+    *,
+    trees: int = 150,
+    depth: int = 3,
+    learning_rate: float = 0.05,
+    min_leaf: int = 400,
+    l2: float = 1.0,
+    description: str = "",
+) -> dict[str, Any]:
+    """Gradient-boosted trees on the log-odds (scikit-learn's HistGradientBoostingClassifier,
+    fitted offline), written as the `"kind": "trees"` model server.alerts.hazard evaluates in
+    pure Python. A None feature is a missing value: the fit learns where it goes."""
+    try:
+        import numpy as np
+        from sklearn.ensemble import HistGradientBoostingClassifier
+    except ImportError as exc:
+        raise RuntimeError("fitting trees needs scikit-learn: pip install scikit-learn") from exc
+
+    x = np.array([[np.nan if v is None else v for v in row] for row in data.x], dtype=np.float64).reshape(-1, len(FEATURES))
+    logged = [index for index in range(len(FEATURES)) if np.isfinite(x[:, index]).any()]  # a never-logged feature is not split on
+    x = x[:, logged]
+    classifier = HistGradientBoostingClassifier(
+        max_iter=trees, max_depth=depth, learning_rate=learning_rate, min_samples_leaf=min_leaf,
+        l2_regularization=l2, early_stopping=False, random_state=0,
+    )  # fmt: skip
+    classifier.fit(x, np.asarray(data.y))
+    out = []
+    for (predictor,) in classifier._predictors:  # one tree per iteration (binary)
+        out.append([
+            [-1 if node["is_leaf"] else logged[int(node["feature_idx"])], round(float(node["num_threshold"]), 6),
+             int(node["missing_go_to_left"]), int(node["left"]), int(node["right"]), round(float(node["value"]), 6)]
+            for node in predictor.nodes
+        ])  # fmt: skip
+    return {
+        "kind": "trees",
+        "horizon": HORIZON,
+        "features": list(FEATURES),
+        "fitted_on": description,
+        "intercept": round(float(np.ravel(classifier._baseline_prediction)[0]), 6),
+        "trees": out,
     }
 
 

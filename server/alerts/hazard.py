@@ -44,7 +44,10 @@ WARMUP = 30
 """Steps before a hazard is given (no baseline yet)."""
 READS = ("reward/mean", "mismatch/kl", "mismatch/ratio_max", "grad/norm")
 """A step that logs none of these is skipped: it neither advances nor changes the hazard."""
-INPUTS = (*READS, "reward/std", "mismatch/unbounded_frac", "staleness/lag_mean", "mismatch/ess_frac")
+INPUTS = (
+    *READS, "reward/std", "mismatch/unbounded_frac", "staleness/lag_mean", "mismatch/ess_frac",
+    "mismatch/tail_frac", "mismatch/low_tail_frac", "mismatch/log_ratio_abs_unlikely",
+)  # fmt: skip
 """Every metric the features read: the hazard of a run depends on these points only."""
 GAIN_CAP = 4.0
 """The reward's gain saturates here (initial spreads): past it a run has learned enough to
@@ -55,7 +58,10 @@ TAIL_LOG_RATIO = 2.0
 FEATURES = (
     "gain", "drawdown", "reward_trend", "log_kl", "kl_trend", "kl_climb", "tail_climb",
     "log_ratio_max", "tail_persistence", "unbounded_frac", "staleness", "grad_trend", "ess_loss",
+    "kl_rise", "tail_rise", "tail_mass", "low_tail", "unlikely_mismatch",
 )  # fmt: skip
+TAIL_FLOOR = 1e-4
+"""Tail shares below this count as this (log10 of the share is the feature)."""
 
 _FAST, _SLOW = 0.3, 0.03
 _CLIMB = {"warmup": 50, "k": 1.0, "h": 1e9, "z_cap": 8.0, "min_scale": 0.05, "floor": 1e-12, "after_gain": 2.5}
@@ -117,6 +123,19 @@ def features(state: dict[str, Any], values: Mapping[str, float]) -> list[float |
     ess = _finite(values, "mismatch/ess_frac")
     if ess is not None:
         out["ess_loss"] = _clip(1 - _ewma(f, "ess", ess, _FAST), 0, 1)
+    # The level above the one the run had once it learned, per run (the climbs' frozen medians).
+    for name, climbed, level in (("kl_rise", "kl_climb", "kl_fast"), ("tail_rise", "tail_climb", "log_ratio")):
+        median = state.get(climbed, {}).get("median")
+        if median is not None and level in f:
+            current = f[level] * math.log(10) if name == "kl_rise" else f[level]  # both in nats
+            out[name] = _clip((current - median) / math.log(10), -5, 10)  # decades
+    for name, key in (("tail_mass", "mismatch/tail_frac"), ("low_tail", "mismatch/low_tail_frac")):
+        share = _finite(values, key)
+        if share is not None:
+            out[name] = math.log10(max(_ewma(f, name, share, _FAST), TAIL_FLOOR))
+    unlikely = _finite(values, "mismatch/log_ratio_abs_unlikely")
+    if unlikely is not None:
+        out["unlikely_mismatch"] = _clip(math.log10(max(_ewma(f, "unlikely", unlikely, _FAST), 1e-6)), -6, 2)
     last = state.setdefault("last", {})
     for name in FEATURES:  # a metric not logged at this step keeps its last value
         if out[name] is None:
@@ -128,21 +147,62 @@ def features(state: dict[str, Any], values: Mapping[str, float]) -> list[float |
 
 
 class HazardModel:
-    """A logistic model over FEATURES: weights on standardised features, and an intercept."""
+    """A fitted model over FEATURES, from its JSON (`keel eval-alerts --fit-hazard`):
+
+    - `"kind": "logistic"` (the default): weights on standardised features and an intercept;
+      a feature that is None (never logged) is taken at its mean: it says nothing;
+    - `"kind": "trees"`: gradient-boosted regression trees on the log-odds, each node
+      `[feature, threshold, missing_left, left, right, value]` (a leaf: `[-1, 0, 0, 0, 0, value]`);
+      x <= threshold goes left, a None feature goes where the fit sent missing values.
+
+    Evaluation is pure Python and constant per step (trees × depth comparisons).
+    """
 
     def __init__(self, model: Mapping[str, Any]):
         if list(model["features"]) != list(FEATURES):
-            raise ValueError(f"the hazard model's features {model['features']} are not {list(FEATURES)}")
+            raise ValueError(
+                f"the hazard model's features {model['features']} are not {list(FEATURES)}: "
+                "refit it with keel eval-alerts --fit-hazard"
+            )
+        self.kind = str(model.get("kind", "logistic"))
         self.horizon = int(model["horizon"])
         self.intercept = float(model["intercept"])
-        self.weights = [float(w) for w in model["weights"]]
-        self.means = [float(m) for m in model["means"]]
-        self.scales = [float(s) if s > 0 else 1.0 for s in model["scales"]]
-        self.fingerprint = (self.horizon, self.intercept, *self.weights, *self.means, *self.scales)
+        if self.kind == "logistic":
+            self.weights = [float(w) for w in model["weights"]]
+            self.means = [float(m) for m in model["means"]]
+            self.scales = [float(s) if s > 0 else 1.0 for s in model["scales"]]
+            self.trees: list[list[tuple[int, float, bool, int, int, float]]] = []
+            self.fingerprint: tuple[Any, ...] = (self.horizon, self.intercept, *self.weights, *self.means, *self.scales)
+        elif self.kind == "trees":
+            self.weights, self.means, self.scales = [], [], []
+            self.trees = [
+                [(int(n[0]), float(n[1]), bool(n[2]), int(n[3]), int(n[4]), float(n[5])) for n in tree]
+                for tree in model["trees"]
+            ]
+            self.fingerprint = (self.horizon, self.intercept, *(node for tree in self.trees for node in tree))
+        else:
+            raise ValueError(f"unknown hazard model kind {self.kind!r}: logistic or trees")
+
+    def log_odds(self, x: Sequence[float | None]) -> tuple[float, list[float]]:
+        """The model's log-odds at `x`, and each feature's share of it (for a logistic model,
+        its term; for trees, the value changes along each tree's path at its splits)."""
+        if self.kind == "logistic":
+            terms = [0.0 if v is None else w * (v - m) / s for w, v, m, s in zip(self.weights, x, self.means, self.scales, strict=True)]
+            return self.intercept + sum(terms), terms
+        shares = [0.0] * len(FEATURES)
+        z = self.intercept
+        for tree in self.trees:
+            node = tree[0]
+            while node[0] >= 0:
+                value = x[node[0]]
+                child = tree[node[3] if (node[2] if value is None or math.isnan(value) else value <= node[1]) else node[4]]
+                shares[node[0]] += child[5] - node[5]
+                node = child
+            z += node[5]
+        return z, shares
 
     def probability(self, x: Sequence[float | None]) -> float:
-        """A feature that is None (never logged) is taken at its mean: it says nothing."""
-        z = self.intercept + sum(w * (v - m) / s for w, v, m, s in zip(self.weights, x, self.means, self.scales, strict=True) if v is not None)
+        z, _ = self.log_odds(x)
         return 1 / (1 + math.exp(-z)) if z > -700 else 0.0
 
 
@@ -152,9 +212,9 @@ MODEL: dict[str, Any] = {
     "fitted_on": "keel lm-corpus --seeds 100-111 (120 real-learner runs, 17 collapses) and the toy grid of "
     "keel eval-alerts --seeds 0,1,2 (288 runs, 27 collapses)",
     "intercept": -7.480397,
-    "weights": [3.803116, 0.50348, 0.026274, 2.248362, 0.014895, 0.098523, -0.572592, 0.805608, -0.674102, -1.348335, 0.089101, 0.34493, -0.026586],
-    "means": [3.364657, 0.090588, 0.391829, -1.9673, 0.02688, 0.057879, 1.421796, 0.165429, 0.357065, 4.454846, 1.809249, -0.119968, 0.147275],
-    "scales": [1.199669, 0.201324, 0.734219, 1.469624, 0.528372, 0.484908, 3.313506, 0.107649, 0.315281, 2.262918, 0.303666, 0.470008, 0.185666],
+    "weights": [3.803116, 0.50348, 0.026274, 2.248362, 0.014895, 0.098523, -0.572592, 0.805608, -0.674102, -1.348335, 0.089101, 0.34493, -0.026586, 0.0, 0.0, 0.0, 0.0, 0.0],
+    "means": [3.364657, 0.090588, 0.391829, -1.9673, 0.02688, 0.057879, 1.421796, 0.165429, 0.357065, 4.454846, 1.809249, -0.119968, 0.147275, 0.0, 0.0, 0.0, 0.0, 0.0],
+    "scales": [1.199669, 0.201324, 0.734219, 1.469624, 0.528372, 0.484908, 3.313506, 0.107649, 0.315281, 2.262918, 0.303666, 0.470008, 0.185666, 1.0, 1.0, 1.0, 1.0, 1.0],
 }
 """Written by `keel eval-alerts --fit-hazard` (docs/alerts.md, "Collapse hazard")."""
 _ACTIVE: dict[str, Any] = {"model": MODEL}
@@ -260,12 +320,10 @@ class Hazard(Detector):
         x = features(state, values)
         if state["n"] <= WARMUP:
             return Signal(False, 0.0, "warming up")
-        hazard = self.model.probability(x)
+        z, shares = self.model.log_odds(x)
+        hazard = 1 / (1 + math.exp(-z)) if z > -700 else 0.0
         if hazard <= self.params["p"]:
             return Signal(False, hazard, f"collapse hazard {hazard:.0%}")
-        top = sorted(
-            ((w * (v - m) / s, name) for w, v, m, s, name in zip(self.model.weights, x, self.model.means, self.model.scales, FEATURES, strict=True) if v is not None),
-            reverse=True,
-        )[:3]
+        top = sorted(((share, name) for share, v, name in zip(shares, x, FEATURES, strict=True) if v is not None), reverse=True)[:3]
         why = ", ".join(f"{name} {x[FEATURES.index(name)]:.3g}" for _, name in top)
         return Signal(True, hazard, f"collapse hazard {hazard:.0%} within {self.model.horizon} steps (> {self.params['p']:g}); most: {why}")

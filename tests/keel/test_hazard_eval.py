@@ -83,3 +83,27 @@ def test_keel_eval_alerts_fits_a_hazard_scores_it_and_writes_its_calibration(tmp
     assert scores["hazard > 0.5"]["hits"] == 3 and scores["hazard > 0.5"]["false_alarms_unbounded"] == 0
     assert result["calibration"]["brier"] < result["calibration"]["brier_base_rate"]
     assert [row["feature"] for row in result["separation"]] == list(FEATURES)
+
+
+def test_fitted_trees_evaluate_in_pure_python_as_scikit_learn_predicts() -> None:
+    import numpy as np
+    from sklearn.ensemble import HistGradientBoostingClassifier  # noqa: F401 (fit_trees uses it)
+
+    from keel.hazard_eval import fit_trees
+
+    corpus = [_run(200, steps=400, kl_from=150) for _ in range(3)] + [_run(None, steps=400) for _ in range(3)]
+    data = rows(corpus)
+    model = fit_trees(data, trees=20, min_leaf=20)
+    assert model["kind"] == "trees" and len(model["trees"]) == 20
+    ours = HazardModel(json.loads(json.dumps(model)))  # through its JSON
+    # The same fit with scikit-learn's own prediction: equal up to the 6 decimals kept.
+    from sklearn.ensemble import HistGradientBoostingClassifier as Classifier
+
+    x = np.array([[np.nan if v is None else v for v in row] for row in data.x])
+    logged = np.isfinite(x).any(axis=0)  # fit_trees leaves out what no run logged
+    x = x[:, logged]
+    reference = Classifier(max_iter=20, max_depth=3, learning_rate=0.05, min_samples_leaf=20, l2_regularization=1.0,
+                           early_stopping=False, random_state=0).fit(x, np.asarray(data.y))  # fmt: skip
+    expected = reference.predict_proba(x)[:, 1]
+    assert [ours.probability(row) for row in data.x] == pytest.approx(list(expected), abs=1e-4)
+    assert calibration(data, ours)["auc"] > 0.9

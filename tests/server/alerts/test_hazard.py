@@ -75,6 +75,49 @@ def test_a_mismatch_climbing_after_learning_raises_the_climb_features_and_a_fall
     assert climbed["kl_trend"] > 0.5 and climbed["drawdown"] > 2.0 and climbed["reward_trend"] < 0
 
 
+def test_the_rise_above_the_learned_level_the_tails_and_the_unlikely_tokens_mismatch() -> None:
+    """kl_rise and tail_rise: decades above the level the run had once it learned (the climbs'
+    medians); tail_mass, low_tail: log10 of the tail shares (EWMA); unlikely_mismatch: log10
+    of the mean |ℓ| where the sampler gave 1e-3 <= μ < 0.1."""
+    extra = {"mismatch/tail_frac": 0.01, "mismatch/low_tail_frac": 0.002, "mismatch/log_ratio_abs_unlikely": 0.05}
+    state: dict[str, object] = {}
+    for step in range(200):
+        x = dict(zip(FEATURES, features(state, _step(step, **extra)), strict=True))
+    assert x["kl_rise"] == pytest.approx(0.0, abs=1e-6) and x["tail_rise"] == pytest.approx(0.0, abs=1e-6)
+    assert x["tail_mass"] == pytest.approx(-2.0) and x["low_tail"] == pytest.approx(math.log10(0.002))
+    assert x["unlikely_mismatch"] == pytest.approx(math.log10(0.05))
+    for step in range(200, 260):  # the KL ten times its learned level, the ratio tail 100 times
+        x = dict(zip(FEATURES, features(state, {**_step(step, kl=0.2, **extra), "mismatch/ratio_max": 300.0}), strict=True))
+    assert x["kl_rise"] == pytest.approx(1.0, abs=1e-3) and x["tail_rise"] == pytest.approx(2.0, abs=1e-3)
+    bare: dict[str, object] = {}
+    for step in range(200):  # a run that logs none of the new metrics: None, said nothing
+        y = dict(zip(FEATURES, features(bare, _step(step)), strict=True))
+    assert y["tail_mass"] is None and y["low_tail"] is None and y["unlikely_mismatch"] is None
+    assert y["kl_rise"] == pytest.approx(0.0, abs=1e-6)  # every run that logs the KL has it
+
+
+def test_a_tree_model_walks_each_tree_and_sends_a_missing_feature_where_the_fit_did() -> None:
+    gain, kl = FEATURES.index("gain"), FEATURES.index("log_kl")
+    leaf = lambda value: [-1, 0.0, 0, 0, 0, value]  # noqa: E731
+    model = HazardModel({
+        "kind": "trees", "horizon": HORIZON, "features": list(FEATURES), "fitted_on": "test", "intercept": -3.0,
+        "trees": [
+            [[gain, 2.0, 1, 1, 2, 0.0], leaf(-1.0), [kl, -1.0, 0, 3, 4, 0.5], leaf(0.25), leaf(2.0)],
+            [leaf(0.5)],
+        ],
+    })  # fmt: skip
+    x: list[float | None] = [None] * len(FEATURES)
+    assert model.log_odds(x)[0] == pytest.approx(-3.0 - 1.0 + 0.5)  # gain missing: left
+    x[gain], x[kl] = 3.0, -0.5
+    z, shares = model.log_odds(x)
+    assert z == pytest.approx(-3.0 + 2.0 + 0.5) and model.probability(x) == pytest.approx(1 / (1 + math.exp(0.5)))
+    assert shares[gain] == pytest.approx(0.5) and shares[kl] == pytest.approx(1.5)
+    x[kl] = None  # missing goes right at this node
+    assert model.log_odds(x)[0] == pytest.approx(-3.0 + 2.0 + 0.5)
+    with pytest.raises(ValueError, match="kind"):
+        HazardModel({**_model(), "kind": "forest"})
+
+
 def test_the_model_is_a_logistic_on_standardised_features() -> None:
     model = HazardModel({**_model(gain=2.0), "means": [1.0] * len(FEATURES), "scales": [0.5] * len(FEATURES)})
     x = [0.0] * len(FEATURES)
