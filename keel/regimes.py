@@ -3,7 +3,7 @@ regime it was never fitted on?
 
 The runs of the corpora given are split along each axis of the regime corpus (learning
 rate, task difficulty, model size, batch shape, loss family, sampler dtype; a run whose
-config lacks an axis, a toy run, is always fitted on). For every value of every axis the
+config lacks one of them, a toy run, is never held out and always fitted on). For every value of every axis the
 collapse hazard is fitted on every other run and the rules are scored on the runs with
 that value only: a *held-out cell*. The worst cell, per figure, is the figure that counts.
 
@@ -67,14 +67,14 @@ class Cell:
 
 
 def cells(corpus: Sequence[CorpusRun], min_runs: int = 10) -> list[Cell]:
-    """Every (axis, value) with at least `min_runs` runs, when the axis has two values or more."""
+    """Every (axis, value) with at least `min_runs` runs, when the axis has two values or more.
+    Only runs whose config gives every axis are split (the others, toy runs, are always fitted on)."""
+    split = [index for index, run in enumerate(corpus) if all(of(run.config) is not None for of in AXES.values())]
     out = []
     for axis, of in AXES.items():
         groups: dict[Any, list[int]] = {}
-        for index, run in enumerate(corpus):
-            value = of(run.config)
-            if value is not None:
-                groups.setdefault(value, []).append(index)
+        for index in split:
+            groups.setdefault(of(corpus[index].config), []).append(index)
         if len(groups) < 2:
             continue
         for value in sorted(groups, key=str):

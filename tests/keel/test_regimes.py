@@ -36,14 +36,16 @@ def _run(index: int, lr: float, loss: str, collapse: bool) -> CorpusRun:
         "reward/mean": reward, "reward/std": [0.1] * steps, "mismatch/kl": kl, "mismatch/ratio_max": ratio,
         "grad/norm": [math.exp(rng.gauss(0, 0.1)) for _ in range(steps)],
     }  # fmt: skip
-    return CorpusRun.labelled(f"r{index}", {"loss": loss, "lag": 4, "lr": lr}, series)
+    config = {"loss": loss, "lag": 4, "lr": lr, "digits": 3, "size": "tiny", "prompts": 16, "group": 8, "sampler_dtype": "bf16"}
+    return CorpusRun.labelled(f"r{index}", config, series)
 
 
 def corpus() -> list[CorpusRun]:
     runs = []
     for index in range(36):
         runs.append(_run(index, (1e-3, 2e-3, 3e-3)[index % 3], ("ppo", "cispo")[index // 3 % 2], index % 4 == 0))
-    return runs
+    toy = _run(99, 1e-3, "ppo", True)  # a run without the axes: fitted on, never held out
+    return [*runs, CorpusRun.labelled("toy", {"loss": "ppo", "lag": 4}, toy.series)]
 
 
 def test_threshold_firings_are_the_backtests() -> None:
@@ -58,12 +60,13 @@ def test_threshold_firings_are_the_backtests() -> None:
 
 def test_every_axis_value_is_held_out_once_and_fitted_without_it() -> None:
     runs = corpus()
-    assert sum(run.collapse_step is not None for run in runs) == 9 and runs[0].collapse_step == 300
+    assert sum(run.collapse_step is not None for run in runs) == 10 and runs[0].collapse_step == 300
     found = cells(runs, min_runs=5)
     assert [(c.axis, c.value, len(c.runs)) for c in found] == [
         ("learning rate", 0.001, 12), ("learning rate", 0.002, 12), ("learning rate", 0.003, 12),
         ("loss family", "bounded", 18), ("loss family", "unbounded", 18),
     ]  # fmt: skip
+    assert all(len(runs) - 1 not in cell.runs for cell in found)  # the toy run is never held out
     fitted: list[int] = []
 
     def fit_model(data):  # the real fit, counting the rows it was given
