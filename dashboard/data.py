@@ -52,11 +52,12 @@ class KeelApi:
         async with self._limit:
             return await self.client.get(f"/api/v1{path}", params=query)
 
-    async def runs(self, *, latest: Iterable[str] = ()) -> list[dict[str, Any]]:
+    async def runs(self, *, latest: Iterable[str] = (), hazard: bool = False) -> list[dict[str, Any]]:
         """Every run, newest first; with `latest` keys, each run's last point of each under
-        "latest" (`{key: {"step", "value"}}`)."""
+        "latest" (`{key: {"step", "value"}}`); with `hazard`, each running run's current
+        collapse hazard under "hazard" (None while it warms up; absent on other runs)."""
         keys = ",".join(latest)
-        response = await self._get("/runs", latest=keys or None)
+        response = await self._get("/runs", latest=keys or None, hazard="true" if hazard else None)
         response.raise_for_status()
         return list(response.json())
 

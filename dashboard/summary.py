@@ -38,6 +38,10 @@ class RunSummary:
     max_ratio: float | None
     nonfinite: int
     """Non-finite points across the headline metrics."""
+    peak_hazard: float | None = None
+    """The highest collapse hazard of the run (a group: of its runs); None: none yet."""
+    peak_hazard_step: int | None = None
+    """The step of the run's highest hazard (the first, on a tie); None for a group."""
 
     def row(self) -> dict[str, Any]:
         """A JSON-safe table row (non-finite numbers as "NaN"/"+Inf"/"−Inf" text)."""
@@ -52,6 +56,8 @@ class RunSummary:
             "max_kl": wire(self.max_kl),
             "max_ratio": wire(self.max_ratio),
             "nonfinite": self.nonfinite,
+            "peak_hazard": self.peak_hazard,
+            "peak_hazard_step": self.peak_hazard_step,
         }
 
 
@@ -88,10 +94,17 @@ def series_max(series: Series) -> float | None:
 
 
 def summarise_run(
-    name: str, group: str | None, series: Mapping[str, Series], alerts: Sequence[Alert]
+    name: str,
+    group: str | None,
+    series: Mapping[str, Series],
+    alerts: Sequence[Alert],
+    hazard: Series | None = None,
 ) -> RunSummary:
+    """`hazard`: the run's collapse hazard as GET /runs/{id}/hazard answers it (buckets keep
+    their highest hazard and its step, so its peak is the run's)."""
     reward = series.get(REWARD, Series.empty())
     top = peak(reward)
+    worst = peak(hazard) if hazard is not None else None
     critical = [
         a.started_step for a in alerts if a.severity == "critical" and a.started_step is not None
     ]
@@ -106,6 +119,8 @@ def summarise_run(
         max_kl=series_max(series.get(KL, Series.empty())),
         max_ratio=series_max(series.get(RATIO, Series.empty())),
         nonfinite=sum(len(nonfinite_points(series[k])) for k in SUMMARY_KEYS if k in series),
+        peak_hazard=worst[0] if worst else None,
+        peak_hazard_step=worst[1] if worst else None,
     )
 
 
@@ -120,7 +135,8 @@ def _max(values: Sequence[float | None]) -> float | None:
 
 
 def summarise_group(group: str, members: Sequence[RunSummary]) -> RunSummary:
-    """One row for an arm: mean final/peak reward over its seeds, worst-case mismatch, earliest alert."""
+    """One row for an arm: mean final/peak reward over its seeds, worst-case mismatch and
+    collapse hazard, earliest alert."""
     critical = [m.first_critical_step for m in members if m.first_critical_step is not None]
     return RunSummary(
         name=f"{group} (mean of {len(members)})",
@@ -133,4 +149,5 @@ def summarise_group(group: str, members: Sequence[RunSummary]) -> RunSummary:
         max_kl=_max([m.max_kl for m in members]),
         max_ratio=_max([m.max_ratio for m in members]),
         nonfinite=sum(m.nonfinite for m in members),
+        peak_hazard=_max([m.peak_hazard for m in members]),
     )

@@ -12,6 +12,8 @@ __all__ = [
     "GROUP_PALETTE",
     "DASHES",
     "HEADLINE_KEYS",
+    "HAZARD_TOOLTIP",
+    "CRITICAL_HAZARD",
     "MetricInfo",
     "metric_info",
     "SEVERITY_COLOURS",
@@ -89,6 +91,11 @@ _KNOWN = {
 
 HEADLINE_KEYS = ("reward/mean", "mismatch/kl", "gate/frac", "mismatch/ratio_max", "grad/norm")
 """The five default panels (docs/metrics.md ★), in display order."""
+HAZARD_TOOLTIP = "collapse hazard: estimated probability that the run collapses within the next 50 steps"
+"""What a table's hazard column holds (50: the horizon GET /runs/{id}/hazard answers)."""
+CRITICAL_HAZARD = 0.5
+"""A hazard at or above this is drawn in the critical colour (the default threshold of the
+`hazard` alert rule)."""
 
 
 def metric_info(key: str) -> MetricInfo:

@@ -148,6 +148,21 @@ class RunOut(BaseModel):
         )
 
 
+class ListedRun(RunOut):
+    """A run as `GET /runs` lists it."""
+
+    hazard: float | None = Field(
+        None,
+        description="only when asked for (`GET /runs?hazard=true`), and only on a running run: its current collapse "
+        "hazard, the last value of `GET /runs/{id}/hazard` (null while the run warms up)",
+    )
+
+    @classmethod
+    def from_run(cls, run: Run, *, now: float, stale_after_s: float) -> ListedRun:
+        """Without `latest` and `hazard`: a read sets them when asked for, and only those it set are answered."""
+        return cls(**RunOut.from_run(run, now=now, stale_after_s=stale_after_s).model_dump(exclude_unset=True))
+
+
 class RunDetail(RunOut):
     config: dict[str, Any]
     acked_seq: int

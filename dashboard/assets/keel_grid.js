@@ -9,6 +9,12 @@ window.dashAgGridFunctions.keelNumber = function (value) {
   return Number(value.toPrecision(4)).toString();
 };
 
+// A probability as a percentage with one decimal ("" for none: a run without a hazard).
+window.dashAgGridFunctions.keelPercent = function (value) {
+  if (value === null || value === undefined || value === "" || typeof value !== "number") return "";
+  return (100 * value).toFixed(1) + "%";
+};
+
 window.dashAgGridFunctions.keelNonFinite = function (value) {
   return typeof value === "string" && /^(NaN|[+−-]Inf)$/.test(value);
 };

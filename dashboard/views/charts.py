@@ -28,7 +28,7 @@ from dashboard.data import KeelApi
 from dashboard.figures import ChartOptions, RunLine, hazard_figure, metric_figure
 from dashboard.series import Alert, Series
 
-__all__ = ["register", "zoom_range", "chart_figure", "load_hazard", "HISTORY_POINTS", "HAZARD_POINTS", "ZOOM_POINTS", "UNCHANGED"]
+__all__ = ["register", "zoom_range", "chart_figure", "load_hazard", "hazards", "HISTORY_POINTS", "HAZARD_POINTS", "ZOOM_POINTS", "UNCHANGED"]
 
 HISTORY_POINTS = 500
 """Buckets per series for the first draw, about one per horizontal pixel of a chart (the
@@ -168,16 +168,29 @@ async def load_hazard(api: KeelApi, run_ids: list[str]) -> tuple[list[RunLine], 
     server speaks about (None when no run answered)."""
     infos = await api.runs_by_id(run_ids)
     known = [run_id for run_id in dict.fromkeys(run_ids) if infos.get(run_id)]
-    answers = await asyncio.gather(*(api.hazard(r, max_points=HAZARD_POINTS) for r in known))
-    lines, horizon = [], None
-    for run_id, answer in zip(known, answers, strict=True):
+    series, horizon = await hazards(api, known)
+    lines = []
+    for run_id in known:
         info = infos[run_id] or {}
+        lines.append(RunLine(run_id, str(info.get("name", run_id)), info.get("group"), series[run_id]))
+    return lines, horizon
+
+
+async def hazards(api: KeelApi, run_ids: list[str]) -> tuple[dict[str, Series], int | None]:
+    """Each run's hazard as a series of HAZARD_POINTS buckets at most, each its highest hazard
+    (empty while the run warms up, or for a run the server does not know), and the horizon
+    the server speaks about (None when no run answered): the hazard chart's data, and the
+    compare summary's peak hazard."""
+    ids = list(dict.fromkeys(run_ids))
+    answers = await asyncio.gather(*(api.hazard(r, max_points=HAZARD_POINTS) for r in ids))
+    found, horizon = {}, None
+    for run_id, answer in zip(ids, answers, strict=True):
         series = Series.empty()
         if answer is not None:
             horizon = int(answer["horizon"])
             series = Series(list(answer["steps"]), [float(v) for v in answer["hazard"]])
-        lines.append(RunLine(run_id, str(info.get("name", run_id)), info.get("group"), series))
-    return lines, horizon
+        found[run_id] = series
+    return found, horizon
 
 
 async def load_lines(

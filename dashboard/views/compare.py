@@ -21,8 +21,8 @@ from dashboard.data import KeelApi
 from dashboard.figures import RunLine, run_styles
 from dashboard.series import Series
 from dashboard.summary import SUMMARY_KEYS, summarise_group, summarise_run
-from dashboard.theme import HEADLINE_KEYS
-from dashboard.views.charts import HISTORY_POINTS
+from dashboard.theme import CRITICAL_HAZARD, HAZARD_TOOLTIP, HEADLINE_KEYS
+from dashboard.views.charts import HISTORY_POINTS, hazards
 
 __all__ = ["layout", "register", "parse_runs"]
 
@@ -73,6 +73,16 @@ SUMMARY_COLUMNS = [
         "flex": 1,
         "cellClassRules": {"cell-nonfinite": {"function": "params.value > 0"}},
     },
+    {
+        "field": "peak_hazard",
+        "headerName": "Peak hazard",
+        "headerTooltip": f"the highest {HAZARD_TOOLTIP} (a group: the highest of its runs)",
+        "type": "rightAligned",
+        "flex": 1,
+        "valueFormatter": {"function": "keelPercent(params.value)"},
+        "cellClassRules": {"cell-critical": {"function": f"params.value != null && params.value >= {CRITICAL_HAZARD}"}},
+    },
+    {"field": "peak_hazard_step", "headerName": "Peak hazard at step", "type": "rightAligned", "flex": 1},
 ]
 
 
@@ -205,13 +215,14 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         known = [r for r in run_ids if infos.get(r)]
         by_key = await asyncio.gather(*(api.series_of_runs(known, key, max_points=HISTORY_POINTS) for key in SUMMARY_KEYS))
         alerts = await api.alerts(known) or []
+        hazard, _ = await hazards(api, known)  # what the hazard chart draws: its peak is the run's
         summaries = []
         for run_id in known:
             info = infos[run_id] or {}
             series = {key: of_runs[run_id] for key, of_runs in zip(SUMMARY_KEYS, by_key, strict=True)}
             run_alerts = [a for a in alerts if a.run_id == run_id]
             summaries.append(
-                summarise_run(info.get("name", run_id), info.get("group"), series, run_alerts)
+                summarise_run(info.get("name", run_id), info.get("group"), series, run_alerts, hazard[run_id])
             )
         rows = [s.row() for s in summaries]
         if aggregate in ("std", "stderr"):

@@ -1,4 +1,5 @@
-"""/ — every run in a table: status, last step, headline metrics, health; filter, select, compare."""
+"""/ — every run in a table: status, health, collapse hazard, last step, headline metrics; filter,
+select, compare."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from dashboard.components import display_status, live_target
 from dashboard.data import KeelApi
 from dashboard.series import Alert, Series
 from dashboard.summary import wire
-from dashboard.theme import HEADLINE_KEYS, metric_info
+from dashboard.theme import CRITICAL_HAZARD, HAZARD_TOOLTIP, HEADLINE_KEYS, metric_info
 
 __all__ = ["layout", "register", "health", "run_rows", "filter_runs"]
 
@@ -75,6 +76,8 @@ def run_rows(
             "status": display_status(run.get("status", "")),
             "health": label,
             "health_kind": kind,
+            # GET /runs?hazard=true: only running runs have one (None while they warm up).
+            "hazard": run.get("hazard") if run.get("status") == "running" else None,
             "last_step": run.get("last_step"),
             "last_seen_at": run.get("last_seen_at"),
         }
@@ -119,6 +122,17 @@ def _columns() -> list[dict[str, Any]]:
             "cellClassRules": {
                 f"cell-{k}": {"function": f"params.data.health_kind == '{k}'"}
                 for k in ("ok", "warning", "critical", "unknown")
+            },
+        },
+        {
+            "field": "hazard",
+            "headerName": "Hazard",
+            "headerTooltip": HAZARD_TOOLTIP,
+            "type": "rightAligned",
+            "width": 100,
+            "valueFormatter": {"function": "keelPercent(params.value)"},
+            "cellClassRules": {
+                "cell-critical": {"function": f"params.value != null && params.value >= {CRITICAL_HAZARD}"}
             },
         },
         {"field": "last_step", "headerName": "Last step", "type": "rightAligned", "width": 105},
@@ -219,7 +233,7 @@ def register(dash_app: Dash, api: KeelApi) -> None:
     )
     async def table(*args: Any) -> tuple[Any, ...]:
         chosen = dict(zip(filters, args[: len(filters)], strict=True))
-        runs = await api.runs(latest=HEADLINE_KEYS)
+        runs = await api.runs(latest=HEADLINE_KEYS, hazard=True)
         shown = filter_runs(runs, chosen)
         firing = await api.alerts([r["id"] for r in shown], "firing")
         tails = {

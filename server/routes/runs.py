@@ -15,6 +15,7 @@ from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
 from server.alerts.backtest import ROWS_PER_READ
 from server.alerts.hazard import INPUTS, HazardModel, current_model
 from server.auth import ADMIN, INGEST, READ, presented_token
+from server.components import Components
 from server.deps import CommittedDep, ComponentsDep, SettingsDep, StoreDep
 from server.errors import Conflict, UnknownRun
 from server.fairlock import WRITE_OWNER
@@ -30,9 +31,9 @@ from server.schemas import (
     HazardOut,
     KeyOut,
     LatestPoint,
+    ListedRun,
     PointsWritten,
     RunDetail,
-    RunOut,
     SamplesOut,
     SampleStepsOut,
     SequencesOut,
@@ -61,29 +62,44 @@ def _not_found(run_id: str) -> HTTPException:
     return HTTPException(status_code=404, detail=f"run {run_id!r} not found")
 
 
-@router.get("/runs", response_model=list[RunOut], response_model_exclude_unset=True, dependencies=[READ])
+@router.get("/runs", response_model=list[ListedRun], response_model_exclude_unset=True, dependencies=[READ])
 async def list_runs(
-    store: StoreDep,
+    components: ComponentsDep,
     settings: SettingsDep,
     project: Text | None = None,
     group: Text | None = None,
     status: RunStatus | None = None,
     run_id: Annotated[list[Text] | None, Query(max_length=MAX_RUNS_PER_READ, description="only these runs (repeat the parameter)")] = None,
     latest: Annotated[Text | None, Query(description="comma-separated metric keys: each run's last point of each, as `latest`")] = None,
-) -> list[RunOut]:
-    """The runs, newest first; with `latest`, each with the last point of those keys (the runs
-    table's one read)."""
+    hazard: Annotated[bool, Query(description="each running run's current collapse hazard, as `hazard` (null while it warms up)")] = False,
+) -> list[ListedRun]:
+    """The runs, newest first; with `latest`, each with the last point of those keys; with
+    `hazard`, each running run with its current collapse hazard (the runs table's one read).
+
+    The hazard is the last value of the run's `GET /runs/{id}/hazard` series, read through
+    the same cache: a run already read costs the steps stored since, so a table that asks
+    every few seconds does not read each run's history again. Only runs whose status is
+    `running` are read (not finished or stale ones), and at most as many as the cache
+    keeps (newest first), so that one call's reads never push each other out of it."""
+    store = components.store
     now = time.time()
-    runs = [
-        RunOut.from_run(run, now=now, stale_after_s=settings.stale_after_s)
-        for run in await store.list_runs(project=project, group=group, ids=run_id)
+    listed = [
+        (stored, ListedRun.from_run(stored, now=now, stale_after_s=settings.stale_after_s))
+        for stored in await store.list_runs(project=project, group=group, ids=run_id)
     ]
-    runs = [run for run in runs if status is None or run.status == status]
+    listed = [(stored, out) for stored, out in listed if status is None or out.status == status]
+    runs = [out for _, out in listed]
     if latest is not None:
         keys = [key for key in latest.split(",") if key][:MAX_KEYS_PER_READ]
         points = await store.latest_of_runs([run.id for run in runs], keys) if runs and keys else {}
         for run in runs:
             run.latest = {key: LatestPoint(step=step, value=encode_value(value)) for key, (step, value) in points.get(run.id, {}).items()}
+    if hazard:
+        model = HazardModel(current_model())
+        running = [(stored, out) for stored, out in listed if out.status == "running"][: components.hazards.runs]
+        for stored, out in running:
+            _, values = await _hazard_so_far(components, stored.id, stored.started_at, model)
+            out.hazard = values[-1] if values else None
     return runs
 
 
@@ -173,6 +189,19 @@ def max_per_bucket(steps: Sequence[int], values: Sequence[float], max_points: in
     return kept_steps, kept_values
 
 
+async def _hazard_so_far(components: Components, run_id: str, started_at: float, model: HazardModel) -> tuple[list[int], list[float]]:
+    """The run's (step, hazard) past the warm-up, from the cache extended by the rows stored
+    since its last read (the whole history on a run's first read only)."""
+    store, cache = components.store, components.hazards
+    async with cache.lock:
+        rows: list[Row] = []
+        after = cache.after(run_id, started_at, model)
+        while page := await store.rows(run_id, after=after, before=2**62, max_points=ROWS_PER_READ, keys=INPUTS):
+            rows.extend(page)
+            after = page[-1].step
+        return await asyncio.to_thread(cache.extend, run_id, started_at, model, rows)
+
+
 @router.get("/runs/{run_id}/hazard", response_model=HazardOut, dependencies=[READ], responses=errors(404))
 async def run_hazard(
     run_id: RunId,
@@ -181,19 +210,12 @@ async def run_hazard(
 ) -> HazardOut:
     """The run's collapse hazard from its stored points: at each step past the warm-up, the
     estimated probability that the run collapses within the next `horizon` steps."""
-    store, cache = components.store, components.hazards
     try:
-        run = await store.get_run(run_id)
+        run = await components.store.get_run(run_id)
     except UnknownRun:
         raise _not_found(run_id) from None
     model = HazardModel(current_model())  # the one model in use now, for the values and their horizon
-    async with cache.lock:
-        rows: list[Row] = []
-        after = cache.after(run_id, run.started_at, model)
-        while page := await store.rows(run_id, after=after, before=2**62, max_points=ROWS_PER_READ, keys=INPUTS):
-            rows.extend(page)
-            after = page[-1].step
-        steps, hazard = await asyncio.to_thread(cache.extend, run_id, run.started_at, model, rows)
+    steps, hazard = await _hazard_so_far(components, run_id, run.started_at, model)
     steps, hazard = max_per_bucket(steps, hazard, max_points)
     return HazardOut(run_id=run_id, horizon=model.horizon, steps=steps, hazard=hazard)
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
+from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.keys import Keys
 
 from bench.support import percentile
@@ -249,6 +251,17 @@ def test_group_aggregation_toggle(server, browser, artifacts) -> None:
         "return Array.from(document.querySelectorAll('#compare-summary .ag-row')).map(r => r.textContent)"
     )
     assert any("cispo (mean of 2)" in row for row in summary)
+    # A group's peak hazard is the highest of its runs' (and has no step of its own).
+    cells = wait_until(
+        lambda: (lambda found: found if len(found) == 5 else None)(_grid_cells(browser, "compare-summary", "name")),
+        message="two group rows and three run rows",
+    )
+    by_name = {row["name"]["text"]: row for row in cells.values()}
+    arm = [by_name[name]["peak_hazard"]["text"] for name, group in ARMS if group == "cispo"]
+    assert len(arm) == 2 and all(text.endswith("%") for text in arm)
+    assert by_name["cispo (mean of 2)"]["peak_hazard"]["text"] == max(arm, key=lambda text: float(text[:-1]))
+    assert by_name["cispo (mean of 2)"]["peak_hazard_step"]["text"] == ""
+    assert by_name["is (mean of 1)"]["peak_hazard"]["text"] == by_name["is-lag8-s0"]["peak_hazard"]["text"]
     assert console_errors(browser) == []
     screenshot(browser, artifacts / "compare-groups.png")
     for run in runs:
@@ -522,7 +535,78 @@ def test_the_collapse_hazard_is_charted_after_the_headline_charts_and_follows_li
             assert [by_run[run.id]["colour"], by_run[run.id]["dash"]] == styles[run.id]
         assert by_run[collapsing.id]["colour"] != by_run[stable.id]["colour"]
         assert max(by_run[stable.id]["y"]) < 0.05
+
+        # The summary: each run's peak hazard (the highest of its series) and its step.
+        summary = wait_until(
+            lambda: (lambda rows: rows if len(rows) == 2 else None)(_grid_cells(browser, "compare-summary", "name")),
+            message="compare summary rows",
+        )
+        names = {cells["name"]["text"]: row_id for row_id, cells in summary.items()}
+        for run, values, steps in ((collapsing, collapsing_values, 200), (stable, stable_values, 150)):
+            hazard = expected(values, steps)
+            top = max(hazard)
+            cells = summary[names[run.run["name"]]]
+            assert cells["peak_hazard"]["text"] == _percent(top)
+            assert cells["peak_hazard_step"]["text"] == str(WARMUP + hazard.index(top))
+            assert ("cell-critical" in cells["peak_hazard"]["class"]) == (top >= 0.5)
+        assert max(expected(collapsing_values, 200)) > 0.5 > max(expected(stable_values, 150))
         assert console_errors(browser) == []
         screenshot(browser, artifacts / "compare-hazard.png")
-        collapsing.close()
-        stable.close()
+
+        # The runs table: each live run's current hazard (the last of its series), critical
+        # from 50 %; none for a finished run, nor for one still warming up.
+        finished = LiveRun(server, "finished", "cispo")
+        finished.send(rows(collapsing_values, range(200)))
+        finished.ws.send(json.dumps({"type": "finish", "status": "finished"}))
+        assert json.loads(finished.ws.recv(timeout=10)) == {"type": "bye"}
+        warming = LiveRun(server, "warming", "is")
+        warming.send(rows(stable_values, range(WARMUP)))
+        browser.get(f"{server.url}/")
+        table = wait_until(
+            lambda: (lambda found: found if len(found) == 4 else None)(_grid_cells(browser, "runs-grid", "status")),
+            message="four rows in the runs table",
+        )
+        hazard_of = {row_id: cells["hazard"] for row_id, cells in table.items()}
+        assert hazard_of[collapsing.id]["text"] == _percent(expected(collapsing_values, 200)[-1])
+        assert "cell-critical" in hazard_of[collapsing.id]["class"]
+        assert hazard_of[stable.id]["text"] == _percent(expected(stable_values, 150)[-1])
+        assert "cell-critical" not in hazard_of[stable.id]["class"]
+        assert table[finished.id]["status"]["text"] == "finished" and hazard_of[finished.id]["text"] == ""
+        assert table[warming.id]["status"]["text"] == "live" and hazard_of[warming.id]["text"] == ""
+        header = browser.find_element("css selector", '#runs-grid .ag-header-cell[col-id="hazard"]')
+        assert header.text == "Hazard"
+        ActionChains(browser).move_to_element(header).perform()
+        tooltip = wait_until(
+            lambda: browser.execute_script("var e = document.querySelector('.ag-tooltip'); return e ? e.textContent.trim() : ''"),
+            message="the hazard header's tooltip",
+        )
+        assert tooltip == "collapse hazard: estimated probability that the run collapses within the next 50 steps"
+        assert console_errors(browser) == []
+        screenshot(browser, artifacts / "runs-hazard.png", full_page=False)
+        for run in (collapsing, stable, finished, warming):
+            run.close()
+
+
+def _percent(probability: float) -> str:
+    """A hazard as the tables show it (keelPercent in dashboard/assets/keel_grid.js)."""
+    return f"{100 * probability:.1f}%"
+
+
+def _grid_cells(browser, grid_id: str, needed: str) -> dict[str, dict[str, dict[str, str]]]:  # type: ignore[no-untyped-def]
+    """The grid's rendered rows: {row id: {column id: {"text", "class"}}} (pinned and centre
+    parts of a row merged), only rows whose `needed` cell has text."""
+    found = browser.execute_script(
+        """
+        var rows = {};
+        document.querySelectorAll('#' + arguments[0] + ' .ag-row').forEach(function (row) {
+            var id = row.getAttribute('row-id');
+            rows[id] = rows[id] || {};
+            row.querySelectorAll('.ag-cell[col-id]').forEach(function (cell) {
+                rows[id][cell.getAttribute('col-id')] = {text: cell.textContent.trim(), class: cell.className};
+            });
+        });
+        return rows;
+        """,
+        grid_id,
+    )
+    return {row_id: cells for row_id, cells in found.items() if cells.get(needed, {}).get("text")}

@@ -34,7 +34,10 @@ def test_reads_runs_series_and_last_values(server) -> None:
         series = of_runs[run.id]
         assert series.downsampled and len(series.steps) <= 10 and math.isnan(series.maxs[-1])
         (listed,) = await api.runs(latest=["grad/norm"])
-        assert listed["latest"]["grad/norm"] == {"step": 50, "value": "inf"}
+        assert listed["latest"]["grad/norm"] == {"step": 50, "value": "inf"} and "hazard" not in listed
+        (with_hazard,) = await api.runs(hazard=True)  # a running run: its current hazard
+        current = await api.hazard(run.id)
+        assert current is not None and with_hazard["hazard"] == current["hazard"][-1]
         assert of_runs["missing"].steps == []
         assert await api.alerts(run.id) is not None  # the alerts API exists on this server
         hazard = await api.hazard(run.id, max_points=5)

@@ -58,6 +58,21 @@ def test_summarise_run_and_group() -> None:
     )
 
 
+def test_the_summary_peak_hazard_is_the_highest_of_the_run_and_of_the_group() -> None:
+    """A run's peak hazard is the highest of its hazard series, with its step (the first, on a
+    tie); a group's is the highest of its runs'; a run still warming up has none."""
+    a = summarise_run("a", "cispo", {}, [], Series([30, 31, 32, 33], [0.1, 0.7, 0.4, 0.7]))
+    assert (a.peak_hazard, a.peak_hazard_step) == (0.7, 31)
+    b = summarise_run("b", "cispo", {}, [], Series([30, 40], [0.2, 0.9]))
+    warming = summarise_run("c", "cispo", {}, [], Series.empty())
+    assert warming.peak_hazard is None and warming.peak_hazard_step is None
+    assert summarise_run("d", None, {}, []).row()["peak_hazard"] is None  # no hazard read
+    assert (a.row()["peak_hazard"], a.row()["peak_hazard_step"]) == (0.7, 31)
+    group = summarise_group("cispo", [a, warming, b])
+    assert group.peak_hazard == 0.9 and group.peak_hazard_step is None
+    assert summarise_group("cispo", [warming]).row()["peak_hazard"] is None
+
+
 def test_health_badge() -> None:
     assert health(None) == ("n/a", "unknown")
     assert health([]) == ("ok", "ok")
@@ -74,6 +89,7 @@ RUNS = [
         "tags": ["toy", "lag8"],
         "status": "running",
         "last_step": 9,
+        "hazard": 0.25,
     },
     {
         "id": "2",
@@ -125,6 +141,10 @@ def test_run_rows_carry_last_values_status_and_health() -> None:
         rows[1]["status"] == "failed" and rows[1]["health"] == "ok" and rows[2]["status"] == "stale"
     )
     assert run_rows(RUNS, {}, None)[0]["health"] == "n/a"
+    # The current hazard of a running run; none on the others, nor while one warms up.
+    assert [row["hazard"] for row in rows] == [0.25, None, None]
+    assert run_rows([{**RUNS[0], "hazard": None}], {}, None)[0]["hazard"] is None
+    assert run_rows([{**RUNS[2], "hazard": 0.9}], {}, None)[0]["hazard"] is None  # a stale run shows none
 
 
 def test_parse_runs_and_key_order() -> None:

@@ -182,6 +182,55 @@ def test_collapse_hazard_of_a_run(server) -> None:
     assert hazard[spike] > 5 * hazard[spike - 1]
 
 
+def test_runs_with_the_current_hazard_of_each_running_run(server) -> None:
+    """GET /runs?hazard=true: each running run with its current collapse hazard, the last value
+    of its GET /runs/{id}/hazard (null while it warms up); a finished run has none, nor does
+    any run without the parameter."""
+    live, warming, finished = new_run("live"), new_run("warming"), new_run("finished")
+    values = [collapsing_values(step) for step in range(160)]
+    api = f"{server.url}/api/v1"
+
+    def listed(**params: object) -> dict[str, dict]:
+        response = httpx.get(f"{api}/runs", params=params)
+        assert response.status_code == 200, response.text
+        return {run["id"]: run for run in response.json()}
+
+    with hazard_model(), open_ingest(server) as live_ws, open_ingest(server) as warming_ws:
+        with open_ingest(server) as ws:
+            hello(ws, finished)
+            ws.send(points(0, [{"step": s, "values": values[s]} for s in range(120)]))
+            assert recv(ws)["type"] == "ack"
+            ws.send(json.dumps({"type": "finish", "status": "finished"}))
+            assert recv(ws) == {"type": "bye"}
+        hello(warming_ws, warming)
+        warming_ws.send(points(0, [{"step": s, "values": values[s]} for s in range(WARMUP)]))
+        assert recv(warming_ws)["type"] == "ack"
+        hello(live_ws, live)
+        live_ws.send(points(0, [{"step": s, "values": values[s]} for s in range(120)]))
+        assert recv(live_ws)["type"] == "ack"
+
+        first = listed(hazard="true")  # the list reads first: the cache is cold
+        whole = httpx.get(f"{api}/runs/{live['id']}/hazard").json()
+        assert whole["steps"][-1] == 119
+        assert first[live["id"]]["hazard"] == whole["hazard"][-1] == hazard_series(values[:120])[-1]
+        assert first[live["id"]]["status"] == "running" and 0 < first[live["id"]]["hazard"] < 1
+        assert first[warming["id"]]["status"] == "running" and first[warming["id"]]["hazard"] is None
+        assert first[finished["id"]]["status"] == "finished" and "hazard" not in first[finished["id"]]
+        assert all("hazard" not in run for run in listed().values())
+        assert all("hazard" not in run for run in listed(latest="mismatch/kl").values())
+        assert "hazard" not in listed(hazard="true", status="finished")[finished["id"]]
+        assert "hazard" not in httpx.get(f"{api}/runs/{live['id']}").json()  # the run itself has no such field
+
+        # More steps: the list answers the hazard after them (extended from the cache).
+        live_ws.send(points(1, [{"step": s, "values": values[s]} for s in range(120, 160)]))
+        assert recv(live_ws)["type"] == "ack"
+        second = listed(hazard="true", run_id=[live["id"], warming["id"]])
+        assert set(second) == {live["id"], warming["id"]}
+        assert second[live["id"]]["hazard"] == hazard_series(values)[-1] > first[live["id"]]["hazard"]  # KL climbs
+        assert second[live["id"]]["hazard"] == httpx.get(f"{api}/runs/{live['id']}/hazard").json()["hazard"][-1]
+    assert httpx.get(f"{api}/runs", params={"hazard": "maybe"}).status_code == 422
+
+
 def test_collapse_hazard_errors(server) -> None:
     assert httpx.get(f"{server.url}/api/v1/runs/nope/hazard").status_code == 404
     run = new_run("short")
