@@ -242,7 +242,7 @@ def test_leading_dims_reduce_per_slice() -> None:
                 learner_version=2,
             )
             for key, value in single.items():
-                torch.testing.assert_close(batched[key][i], value, msg=key)
+                torch.testing.assert_close(batched[key][i], value, msg=key, equal_nan=True)
 
 
 def test_bernoulli_kl_clamps_probabilities() -> None:
@@ -319,7 +319,7 @@ def test_two_gloo_ranks_match_the_concatenated_batch() -> None:
     assert shard_0["mismatch/kl"].item() != pytest.approx(single["mismatch/kl"].item(), rel=1e-3)
     for key in single:
         if key != "mismatch/log_ratio_p99":
-            torch.testing.assert_close(merged[key], single[key], rtol=1e-5, atol=1e-6, msg=key)
+            torch.testing.assert_close(merged[key], single[key], rtol=1e-5, atol=1e-6, msg=key, equal_nan=True)
     # p99 from merged histograms: within one log-spaced bin (~1 %) of the exact value.
     ratio = merged["mismatch/log_ratio_p99"] / single["mismatch/log_ratio_p99"]
     assert abs(math.log10(ratio.item())) <= (math.log10(30.0) + 7) / 2048
@@ -367,6 +367,6 @@ def test_merged_partials_are_the_metrics_of_the_concatenated_batches() -> None:
     for merged in (finalize(merge_partials(parts)), finalize(merge_partials(round_trip))):
         assert set(merged) == set(expected)
         for key, value in expected.items():
-            torch.testing.assert_close(merged[key], value, rtol=1e-6, atol=1e-7, msg=key)
+            torch.testing.assert_close(merged[key], value, rtol=1e-6, atol=1e-7, msg=key, equal_nan=True)
     assert finalize(merge_partials(parts))["batch/seqs"].item() == 8.0
     assert 0 < expected["mismatch/unbounded_frac"].item() < 1  # the merge is checked on a real share
