@@ -179,6 +179,10 @@ def _rate(count: int, total: int) -> float:
     return count / total if total else math.nan
 
 
+def _percent(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.0%}"
+
+
 def worst(results: Sequence[CellResult], detector: str = "rules") -> dict[str, Any]:
     """The worst held-out cell for each target figure, and which cell it is."""
     def pick(value: Callable[[Score], float], lowest: bool) -> dict[str, Any]:
@@ -206,10 +210,10 @@ def format_cells(results: Sequence[CellResult]) -> str:
     for detector in ("rules", *{s.detector for r in results for s in r.scores if s.detector != "rules"}):
         w = worst(results, detector)
         lines.append(
-            f"worst held-out cell, {detector}: recall {w['recall']['value']:.0%} ({w['recall']['cell']}), "
-            f">=lag-1 {w['at_bound']['value']:.0%} ({w['at_bound']['cell']}), "
-            f"FA bounded {w['fa_bounded']['value']:.0%} ({w['fa_bounded']['cell']}), "
-            f"FA unbounded {w['fa_unbounded']['value']:.0%} ({w['fa_unbounded']['cell']})"
+            f"worst held-out cell, {detector}: recall {_percent(w['recall']['value'])} ({w['recall']['cell']}), "
+            f">=lag-1 {_percent(w['at_bound']['value'])} ({w['at_bound']['cell']}), "
+            f"FA bounded {_percent(w['fa_bounded']['value'])} ({w['fa_bounded']['cell']}), "
+            f"FA unbounded {_percent(w['fa_unbounded']['value'])} ({w['fa_unbounded']['cell']})"
         )
     return "\n".join(lines)
 
@@ -219,7 +223,7 @@ def format_curve(name: str, curve: Sequence[Score]) -> str:
     for s in curve:
         p = s.detector.rsplit(" ", 1)[-1]
         lines.append(
-            f"{p:>5s} {s.recall:>8.0%} {_rate(s.leads_at_bound, s.hits_with_lag):>8.0%} "
-            f"{s.fa_bounded_rate:>11.0%} {s.fa_unbounded_rate:>13.0%}"
+            f"{p:>5s} {_percent(s.recall):>8s} {_percent(_rate(s.leads_at_bound, s.hits_with_lag)):>8s} "
+            f"{_percent(s.fa_bounded_rate):>11s} {_percent(s.fa_unbounded_rate):>13s}"
         )
     return "\n".join(lines)

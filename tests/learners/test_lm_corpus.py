@@ -96,3 +96,7 @@ def test_lm_regimes_resumes_where_it_stopped(tmp_path) -> None:
     corpus = load_corpus(str(folder))
     assert len(corpus) == 10 and all(len(run.series["reward/mean"]) == 8 for run in corpus)
     assert all("mismatch/low_tail_frac" in run.series for run in corpus)
+    # Ten runs spread over the axes leave no value with 10 runs to hold out: said, exit 2.
+    held = subprocess.run([sys.executable, "-m", "keel", "eval-alerts", "--corpus", str(folder), "--regimes", "--no-rlwatch"],
+                          capture_output=True, text=True, timeout=240)  # fmt: skip
+    assert held.returncode == 2 and "no axis with two values of at least 10 runs" in held.stderr
