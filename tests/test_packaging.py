@@ -104,3 +104,22 @@ def test_the_base_install_lists_the_commands_it_has(base_install: dict[str, str]
     assert serve.stderr.strip() == "keel serve: not in this install: needs fastapi (keel-rl[server])"
     grid = _run(base_install, "keel", "grid")
     assert grid.returncode == 2 and "needs torch (keel-rl[torch])" in grid.stderr
+
+
+def test_the_wheel_holds_every_file_of_the_packages(tmp_path: Path) -> None:
+    """What `pip install .` (and so the image) gets: every tracked file of the packages, the
+    live updater's scripts under dashboard/assets/live/ among them."""
+    import zipfile
+
+    source = copy_source_tree(tmp_path / "src")
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "wheel"), str(source)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    (wheel,) = (tmp_path / "wheel").glob("*.whl")
+    shipped = set(zipfile.ZipFile(wheel).namelist())
+    packages = ("server", "dashboard", "trainer_hooks", "wire", "learners", "keel", "migrations")
+    tracked = subprocess.run(["git", "ls-files", *packages], cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout.split()
+    assert any(path.startswith("dashboard/assets/live/") for path in tracked)
+    assert sorted(set(tracked) - shipped) == []
