@@ -84,6 +84,11 @@ REPLAYED_KEYS = (
 )
 
 
+def _near_dip(dip: int, step: int) -> bool:
+    """Is `step` in the window of the dip at `dip` (WINDOW before it to DIP_AFTER after)?"""
+    return dip - WINDOW <= step < dip + DIP_AFTER
+
+
 @dataclass
 class CorpusRun:
     name: str
@@ -103,7 +108,7 @@ class CorpusRun:
 
     def judged(self, step: int) -> bool:
         """Is a firing at `step` judged (not within a dip's window)?"""
-        return not any(dip - WINDOW <= step < dip + DIP_AFTER for dip in self.dips)
+        return not any(_near_dip(dip, step) for dip in self.dips)
 
     @property
     def steps(self) -> int:
@@ -291,7 +296,7 @@ def score(detector: str, corpus: Sequence[CorpusRun], firings: Sequence[Sequence
     for run, all_fired in zip(corpus, firings, strict=True):
         c = run.collapse_step
         dips += len(run.dips)
-        dips_fired += sum(any(dip - WINDOW <= step < dip + DIP_AFTER for step in all_fired) for dip in run.dips)
+        dips_fired += sum(any(_near_dip(dip, step) for step in all_fired) for dip in run.dips)
         fired = [step for step in all_fired if run.judged(step) and (c is not None or step < run.scored_until)]
         before_history += sum(step < MIN_HISTORY for step in fired)
         if c is None:

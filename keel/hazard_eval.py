@@ -17,14 +17,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from server.alerts.hazard import FEATURES, HORIZON, WARMUP, HazardModel, features
+from server.alerts.hazard import FEATURES, HORIZON, WARMUP, HazardModel, features, reads
 
 __all__ = [
-    "KINDS", "Rows", "auc", "calibration", "feature_separation", "fit", "fit_trees", "format_calibration",
-    "format_separation", "rows",
+    "Rows", "auc", "calibration", "feature_separation", "fit", "fit_trees", "format_calibration",
+    "format_separation", "rows", "run_features",
 ]  # fmt: skip
-
-KINDS = ("logistic", "trees")
 
 RELIABILITY_EDGES = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0)
 
@@ -38,17 +36,31 @@ class Rows:
     """The index of the row's run in the corpus."""
 
 
-def rows(corpus: Sequence[Any]) -> Rows:
-    """The rows of every run of `corpus` (keel.eval_alerts.CorpusRun)."""
+def run_features(run: Any) -> list[tuple[int, list[float | None]]]:
+    """The (step, features) of every step of `run` the hazard is given at, as the server
+    computes them: the features do not depend on the model, so they are computed once."""
+    state: dict[str, Any] = {}
+    out = []
+    for row in run.rows():
+        if not reads(row.values):  # as the detector: not a step of the hazard
+            continue
+        x = features(state, row.values)
+        if state["n"] > WARMUP:
+            out.append((row.step, x))
+    return out
+
+
+def rows(corpus: Sequence[Any], steps: Sequence[Sequence[tuple[int, list[float | None]]]] | None = None) -> Rows:
+    """The rows of every run of `corpus` (keel.eval_alerts.CorpusRun); `steps`: the runs'
+    `run_features`, when already computed."""
     out = Rows([], [], [])
     for index, run in enumerate(corpus):
-        state: dict[str, Any] = {}
         c = run.collapse_step
-        for step, row in enumerate(run.rows()):
-            if (c is None and step >= run.scored_until) or (c is not None and step >= c):
+        end = run.scored_until if c is None else c
+        for step, x in steps[index] if steps is not None else run_features(run):
+            if step >= end:
                 break
-            x = features(state, row.values)
-            if state["n"] <= WARMUP or not run.judged(step):
+            if not run.judged(step):
                 continue
             out.x.append(x)
             out.y.append(int(c is not None and c - step <= HORIZON))

@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from keel.eval_alerts import UNBOUNDED_LOSSES, CorpusRun, Score, format_scores, rule_firings, score
-from keel.hazard_eval import Rows, fit, rows
+from keel.hazard_eval import Rows, fit, rows, run_features
 from server.alerts.catalog import RuleSpec
-from server.alerts.hazard import WARMUP, HazardModel, features
+from server.alerts.hazard import HazardModel
+from server.alerts.lifecycle import Lifecycle, Transition
 
 __all__ = [
     "AXES", "Cell", "CellResult", "cells", "format_cells", "format_curve", "hazard_steps", "leave_one_out",
@@ -84,36 +85,16 @@ def cells(corpus: Sequence[CorpusRun], min_runs: int = 10) -> list[Cell]:
 
 
 def hazard_steps(corpus: Sequence[CorpusRun]) -> list[list[tuple[int, list[float | None]]]]:
-    """Per run, the (step, features) of every step the hazard is given at: computed once,
-    scored under any model (the features do not depend on it)."""
-    out = []
-    for run in corpus:
-        state: dict[str, Any] = {}
-        steps = []
-        for row in run.rows():
-            if not any(key in row.values for key in ("reward/mean", "mismatch/kl", "mismatch/ratio_max", "grad/norm")):
-                continue
-            x = features(state, row.values)
-            if state["n"] > WARMUP:
-                steps.append((row.step, x))
-        out.append(steps)
-    return out
+    """Per run, its `run_features`: computed once, scored under any model."""
+    return [run_features(run) for run in corpus]
 
 
 def threshold_firings(series: Sequence[tuple[int, float]], p: float, keep_firing_for: int) -> list[int]:
-    """The firing steps of `hazard > p` with `for_steps` 1 (server.alerts.lifecycle)."""
-    fired, firing, clear = [], False, 0
+    """The firing steps of `hazard > p` with `for_steps` 1, through the engine's lifecycle."""
+    lifecycle, fired = Lifecycle(), []
     for step, hazard in series:
-        if not firing:
-            if hazard > p:
-                fired.append(step)
-                firing, clear = True, 0
-        elif hazard > p:
-            clear = 0
-        else:
-            clear += 1
-            if clear >= max(1, keep_firing_for):
-                firing = False
+        if Transition.FIRING in lifecycle.step(hazard > p, step, for_steps=1, keep_firing_for=keep_firing_for):
+            fired.append(step)
     return fired
 
 
@@ -151,8 +132,8 @@ def leave_one_out(
     hazard_rules = [rule for rule in critical if rule.detector == "hazard"]
     fixed_firings = rule_firings(corpus, fixed)
     union_fixed = [_union(*(fixed_firings[rule.name][i] for rule in fixed)) for i in range(len(corpus))]
-    data = rows(corpus)
     steps = hazard_steps(corpus)
+    data = rows(corpus, steps)
     results = []
     for cell in cells(corpus, min_runs):
         held = set(cell.runs)

@@ -208,7 +208,7 @@ def _add_regimes(parser: argparse.ArgumentParser) -> None:
                         help="ten runs per seed, e.g. 0-59 (600 runs)")  # fmt: skip
     parser.add_argument("--dir", required=True, metavar="PATH",
                         help="one file per run; runs already there are not run again")  # fmt: skip
-    parser.add_argument("--steps", type=int, default=None, help="learner steps (default 600)")
+    parser.add_argument("--steps", type=int, default=None, help="learner steps (default 1000)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (sampler and learner)")
     parser.add_argument("--jobs", type=int, default=None,
                         help="runs at a time (default: idle cores / 2)")  # fmt: skip

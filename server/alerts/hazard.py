@@ -124,11 +124,11 @@ def features(state: dict[str, Any], values: Mapping[str, float]) -> list[float |
     if ess is not None:
         out["ess_loss"] = _clip(1 - _ewma(f, "ess", ess, _FAST), 0, 1)
     # The level above the one the run had once it learned, per run (the climbs' frozen medians).
-    for name, climbed, level in (("kl_rise", "kl_climb", "kl_fast"), ("tail_rise", "tail_climb", "log_ratio")):
+    # (kl_fast is log10 KL, log_ratio ln ratio_max: to nats, then the rise in decades)
+    for name, climbed, level, to_nats in (("kl_rise", "kl_climb", "kl_fast", math.log(10)), ("tail_rise", "tail_climb", "log_ratio", 1.0)):
         median = state.get(climbed, {}).get("median")
         if median is not None and level in f:
-            current = f[level] * math.log(10) if name == "kl_rise" else f[level]  # both in nats
-            out[name] = _clip((current - median) / math.log(10), -5, 10)  # decades
+            out[name] = _clip((f[level] * to_nats - median) / math.log(10), -5, 10)
     for name, key in (("tail_mass", "mismatch/tail_frac"), ("low_tail", "mismatch/low_tail_frac")):
         share = _finite(values, key)
         if share is not None:
@@ -202,8 +202,11 @@ class HazardModel:
         return z, shares
 
     def probability(self, x: Sequence[float | None]) -> float:
-        z, _ = self.log_odds(x)
-        return 1 / (1 + math.exp(-z)) if z > -700 else 0.0
+        return _sigmoid(self.log_odds(x)[0])
+
+
+def _sigmoid(z: float) -> float:
+    return 1 / (1 + math.exp(-z)) if z > -700 else 0.0
 
 
 MODEL: dict[str, Any] = {
@@ -321,7 +324,7 @@ class Hazard(Detector):
         if state["n"] <= WARMUP:
             return Signal(False, 0.0, "warming up")
         z, shares = self.model.log_odds(x)
-        hazard = 1 / (1 + math.exp(-z)) if z > -700 else 0.0
+        hazard = _sigmoid(z)
         if hazard <= self.params["p"]:
             return Signal(False, hazard, f"collapse hazard {hazard:.0%}")
         top = sorted(((share, name) for share, v, name in zip(shares, x, FEATURES, strict=True) if v is not None), reverse=True)[:3]
