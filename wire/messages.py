@@ -266,12 +266,31 @@ def parse_hello(msg: Any, limits: Limits = Limits()) -> RunInfo:
 def parse_config(config: Any, what: str = "run.config") -> dict[str, Any]:
     """A run's config as a hello carries it, or an update of it (PATCH /runs/{id}, whose
     keys replace the stored config's): a JSON object nesting at most `MAX_CONFIG_DEPTH`
-    levels. Raises ProtocolError naming `what`."""
+    levels, with no NUL in any string, key or value (PostgreSQL cannot store one, and
+    SQLite would keep what PostgreSQL refuses). Raises ProtocolError naming `what`."""
     if not isinstance(config, dict):
         raise ProtocolError(f"{what} must be a JSON object")
     if _depth(config, MAX_CONFIG_DEPTH) > MAX_CONFIG_DEPTH:
         raise ProtocolError(f"{what} nests deeper than {MAX_CONFIG_DEPTH} levels")
+    if _has_nul(config):
+        raise ProtocolError(f"{what} must not contain NUL (\\x00) characters")
     return config
+
+
+def _has_nul(value: Any) -> bool:
+    """Whether any string of a JSON value (a key or a value, at any depth) contains NUL."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 def parse_writer(msg: dict[str, Any]) -> str:

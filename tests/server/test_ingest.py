@@ -182,6 +182,16 @@ def test_hello_must_come_first_and_be_valid(server) -> None:
     assert httpx.get(f"{server.url}/api/v1/runs").json() == []
 
 
+def test_a_hello_whose_config_holds_nul_is_refused_like_a_patch(server) -> None:
+    """On SQLite it was stored (what PostgreSQL refuses), on PostgreSQL a server fault (1011)."""
+    for config in ({"note": "a\x00b"}, {"nested": {"k\x00": [1]}}):
+        with open_ingest(server) as ws:
+            ws.send(json.dumps({"type": "hello", "protocol": 1, "run": new_run(config=config)}))
+            message = _expect_close(ws, 4400, "malformed")
+        assert "run.config must not contain NUL" in str(message["message"])
+    assert httpx.get(f"{server.url}/api/v1/runs").json() == []
+
+
 def test_invalid_frame_in_a_pipeline_leaves_earlier_and_later_frames_committed(server) -> None:
     run = new_run()
     with open_ingest(server) as ws:

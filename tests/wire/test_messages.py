@@ -20,6 +20,8 @@ from wire import (
     Row,
     Sequences,
     encode_rows,
+    parse_config,
+    parse_hello,
     parse_rows,
 )
 
@@ -180,6 +182,21 @@ def test_the_limits_are_the_servers_to_set() -> None:
     with pytest.raises(ProtocolError, match="bytes as JSON; the limit is 100"):
         parse_rows([_row(samples=[_sample()])], small)
     assert parse_rows([_row(samples=[{"seq_id": 1}])], small)[0].samples == [{"seq_id": 1}]
+
+
+@pytest.mark.parametrize(
+    "config",
+    [{"note": "a\x00b"}, {"a\x00": 1}, {"nested": {"deep": ["ok", "x\x00"]}}, {"list": [{"k\x00": None}]}],
+)
+def test_a_hello_config_with_nul_is_refused_as_patch_refuses_it(config: dict[str, Any]) -> None:
+    """PostgreSQL cannot store NUL; PATCH /runs/{id} refused it, the hello did not."""
+    hello = {"type": "hello", "protocol": 1, "run": {"id": "r1", "config": config}}
+    with pytest.raises(ProtocolError, match=r"run.config must not contain NUL") as refused:
+        parse_hello(hello)
+    assert refused.value.code == "malformed" and refused.value.close_code == 4400
+    with pytest.raises(ProtocolError, match=r"^config must not contain NUL"):
+        parse_config(config, "config")
+    assert parse_hello({**hello, "run": {"id": "r1", "config": {"note": "a\\x00b", "ok": ["\\u0000"]}}}).config
 
 
 # -- fuzz --------------------------------------------------------------------------------
