@@ -21,6 +21,7 @@ from server.origins import OriginGuard, SitePolicy
 from server.ratelimit import client_key
 from server.routes import alerts as alert_routes
 from server.routes import backtest as backtest_routes
+from server.routes import commands as command_routes
 from server.routes import health, login, runs, streams
 from server.serving import BodyDeadline
 
@@ -77,6 +78,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     api.include_router(streams.router)
     api.include_router(alert_routes.router)
     api.include_router(backtest_routes.router)
+    api.include_router(command_routes.router)
     app.include_router(api)
     app.include_router(health.router)
 

@@ -27,6 +27,8 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 from server.errors import Conflict
 from server.live import LiveHub
 from server.live_messages import live_points_message, live_status_message
+from server.run_commands import answer
+from server.signals import SignalSources, TrainerSignals, offered
 from server.storage import FrameRef, Store
 from wire import (
     ACCEPTS,
@@ -46,6 +48,7 @@ from wire import (
     parse_writer,
     reject_message,
 )
+from wire.signals import parse_command_result, parse_listen
 
 log = logging.getLogger("keel.ingest")
 
@@ -149,6 +152,7 @@ class IngestSession:
         limits: Limits,
         *,
         budget: FrameBudget,
+        sources: SignalSources | None = None,
         hello_timeout_s: float = 10.0,
         idle_timeout_s: float = 300.0,
     ):
@@ -164,8 +168,19 @@ class IngestSession:
         self.writer = ""
         self.session_id = ""
         self._large = False  # the message being handled came in a frame >= OFFLOAD_BYTES
+        self.sources = sources
+        """Where the signals a trainer may listen to come from (None: this server sends none)."""
+        self.signals: TrainerSignals | None = None
+        self._sending = asyncio.Lock()  # acks and signals take turns on the socket
 
     async def serve(self) -> None:
+        try:
+            await self._serve()
+        finally:
+            if self.signals is not None:
+                await self.signals.close()
+
+    async def _serve(self) -> None:
         try:
             while self.state is not IngestState.FINISHED:
                 raw = await self._receive()
@@ -238,7 +253,11 @@ class IngestSession:
             acked_seq, self.session_id = await self.store.open_run(info, time.time(), writer=self.writer)
             self.run_id = info.id
             self.state = IngestState.STREAMING
-            await self._send({"type": "welcome", "run_id": info.id, "acked_seq": acked_seq, "accepts": list(ACCEPTS)})
+            welcome = {"type": "welcome", "run_id": info.id, "acked_seq": acked_seq, "accepts": list(ACCEPTS)}
+            if self.sources is not None:
+                welcome["signals"] = offered()
+            await self._send(welcome)
+            self._listen(message)
             return
         assert self.run_id is not None
         if kind == "points":
@@ -256,6 +275,8 @@ class IngestSession:
             await self._send({"type": "ack", "seq": frame.seq})
             if result.stored:
                 await self.committed.points(self.run_id, result.started_at, rows)
+                if self.signals is not None:
+                    self.signals.stored(result.started_at)
         elif kind == "finish":
             status = parse_finish(message)
             await self.store.finish_run(self.run_id, status, time.time())
@@ -263,13 +284,30 @@ class IngestSession:
             await self._send({"type": "bye"})
             self.state = IngestState.FINISHED
             await self.websocket.close(1000)
+        elif kind == "listen":
+            self._listen(message)
+        elif kind == "command_result":
+            command_id, ok, text = parse_command_result(message)
+            if self.sources is not None:
+                await answer(self.sources.store, self.run_id, command_id, ok, text, time.time())
         elif kind == "hello":
             raise ProtocolError("hello was already received on this connection")
         else:
             raise ProtocolError(f"unknown message type {kind[:40]!r}")
 
+    def _listen(self, message: dict[str, Any]) -> None:
+        """A hello's or a listen message's `listen` (docs/protocol.md, "Signals")."""
+        signals = parse_listen(message)
+        if self.sources is None or self.run_id is None or (self.signals is None and not signals):
+            return
+        if self.signals is None:
+            self.signals = TrainerSignals(self.sources, self.run_id, self._send)
+        self.signals.listen(signals)
+
     async def _send(self, message: dict[str, Any]) -> None:
-        await self.websocket.send_text(orjson.dumps(message).decode())
+        text = orjson.dumps(message).decode()
+        async with self._sending:
+            await self.websocket.send_text(text)
 
     async def _fail(self, message: dict[str, Any], close_code: int) -> None:
         if self.websocket.application_state is WebSocketState.CONNECTED:

@@ -8,6 +8,11 @@ bound, or the one furthest behind when the total is reached, is dropped: its que
 freed at once and its socket closed with 1013 (its page reconnects and reloads history
 over REST). Across replicas (PostgreSQL) the hub relays what it publishes to
 `server.fanout`, which feeds the other replicas' hubs.
+
+Trainers listen too (docs/protocol.md, "Signals"): an ingest socket that asked for a run's
+alerts or commands is a `Listener` of that run; it is handed the messages of those kinds
+(alert changes, commands) as they are published, on this replica or relayed from another.
+Browsers are sent only what a page reads (points, alerts, statuses).
 """
 
 from __future__ import annotations
@@ -19,9 +24,23 @@ from typing import Any
 
 import orjson
 
-__all__ = ["LiveHub", "Subscription"]
+__all__ = ["Listener", "LiveHub", "Subscription"]
 
 ALL_RUNS = "*"
+FOR_BROWSERS = frozenset({"points", "alert", "status"})
+"""The message types a browser subscriber is sent."""
+SIGNAL_OF = {"alert": "alerts", "command": "commands", "hazard": "hazard"}
+"""The signal (docs/protocol.md) a trainer listens to for each message type."""
+
+
+class Listener:
+    """A trainer's ingest socket listening to some signals of its run. `deliver` is called on
+    the event loop for each message of a kind it listens to; it must not wait."""
+
+    def __init__(self, run_id: str, signals: frozenset[str], deliver: Callable[[dict[str, Any]], None]):
+        self.run_id = run_id
+        self.signals = signals
+        self.deliver = deliver
 
 
 class Subscription:
@@ -91,6 +110,7 @@ class LiveHub:
         self.buffered_bytes = 0
         """What all subscribers' queues hold now."""
         self._by_run: dict[str, set[Subscription]] = defaultdict(set)
+        self._listeners: dict[str, set[Listener]] = defaultdict(set)
         self.relay = relay
         """Where other replicas hear of what is published here; None with one process."""
 
@@ -109,11 +129,30 @@ class LiveHub:
                 if not subscribers:
                     del self._by_run[run_id]
 
+    def listen(self, listener: Listener) -> None:
+        self._listeners[listener.run_id].add(listener)
+
+    def unlisten(self, listener: Listener) -> None:
+        listeners = self._listeners.get(listener.run_id)
+        if listeners is not None:
+            listeners.discard(listener)
+            if not listeners:
+                del self._listeners[listener.run_id]
+
+    def listening(self, run_id: str, signal: str) -> bool:
+        """Whether a trainer socket on this replica listens to this signal of the run."""
+        return any(signal in listener.signals for listener in self._listeners.get(run_id, ()))
+
     def publish(self, run_id: str, message: dict[str, Any], *, relay: bool = True) -> None:
-        """To this replica's subscribers of the run; also to the other replicas' (`relay`).
-        Points go through `points_committed` instead."""
+        """To this replica's subscribers of the run (browsers: the types they read) and its
+        listening trainers; also to the other replicas' (`relay`). Points go through
+        `points_committed` instead."""
+        signal = SIGNAL_OF.get(message.get("type", ""))
+        for listener in list(self._listeners.get(run_id, ())):
+            if signal in listener.signals:
+                listener.deliver(message)
         subscribers = {*self._by_run.get(run_id, ()), *self._by_run.get(ALL_RUNS, ())}
-        if subscribers:
+        if subscribers and message.get("type") in FOR_BROWSERS:
             encoded = orjson.dumps(message)  # once, whatever the number of subscribers
             text, size = encoded.decode(), len(encoded)
             for subscription in subscribers:

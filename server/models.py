@@ -176,6 +176,8 @@ class Rule(Base):
     enabled: Mapped[bool] = mapped_column(Boolean)
     builtin: Mapped[bool] = mapped_column(Boolean)
     created_at: Mapped[float] = mapped_column(Double)
+    action: Mapped[str | None] = mapped_column(String(64))
+    """A command sent to the run when an alert of this rule fires (`checkpoint`, `stop`, ...)."""
 
 
 class RuleState(Base):
@@ -260,6 +262,27 @@ class Delivery(Base):
     last_error: Mapped[str | None] = mapped_column(String(1000))
     created_at: Mapped[float] = mapped_column(Double)
     delivered_at: Mapped[float | None] = mapped_column(Double)
+
+
+class Command(Base):
+    """A command addressed to a run's trainer (docs/protocol.md, "Signals"): pending until a
+    listening writer of the run receives it (delivered), then acked or failed as it answers."""
+
+    __tablename__ = "commands"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    action: Mapped[str] = mapped_column(String(64))
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON)
+    state: Mapped[str] = mapped_column(String(16))
+    """pending, delivered, acked or failed."""
+    requested_by: Mapped[str] = mapped_column(String(200))
+    """The token's name, or "rule <name>"."""
+    created_at: Mapped[float] = mapped_column(Double)
+    delivered_at: Mapped[float | None] = mapped_column(Double)
+    finished_at: Mapped[float | None] = mapped_column(Double)
+    message: Mapped[str] = mapped_column(String(1000))
+    """What the trainer answered (an error's text when failed)."""
 
 
 class ApiToken(Base):

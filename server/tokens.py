@@ -56,3 +56,11 @@ async def token_scopes(store: Store, token: str) -> set[str] | None:
     return set(SCOPES) if "admin" in scopes else scopes
 
 
+
+
+async def token_name(store: Store, token: str) -> str | None:
+    """The name of a live (not revoked) token, None for an unknown one."""
+    async with store.sessions() as session:
+        return await session.scalar(
+            select(ApiToken.name).where(ApiToken.token_hash == hash_token(token), ApiToken.revoked.is_(False))
+        )

@@ -23,6 +23,7 @@ from sqlalchemy import or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from server import run_commands
 from server.alerts import repository, transitions
 from server.alerts.catalog import build_detector
 from server.alerts.coordination import Coordination, RuleToLoad, Stale
@@ -34,7 +35,7 @@ from server.alerts.state import Change, Tracked, definition, signature
 from server.jsonview import alert_json
 from server.live import LiveHub
 from server.live_messages import live_alert_message
-from server.models import Alert, Rule, Run
+from server.models import Alert, Command, Rule, Run
 from server.storage import Store
 from wire import Row
 
@@ -61,6 +62,16 @@ class _RunContext:
     definitions: dict[int, str] = field(default_factory=dict)
     """`definition(rule)` per rule id, computed once per rules version (not per frame)."""
     rules_version: int = -1
+
+
+@dataclass
+class _Recorded:
+    """What one `_record` wrote, to publish once it is committed."""
+
+    alerts: list[Alert]
+    queued: bool
+    """A notification was queued (wake the delivery worker)."""
+    commands: list[Command]
 
 
 def _to_load(context: _RunContext) -> list[RuleToLoad]:
@@ -187,10 +198,10 @@ class AlertEngine:
             if not dirty or not evaluation.due(run_id, changes):
                 return
             async with evaluation.writing(run_id, tracked) as session:
-                alerts, queued = await self._record(session, context.run, changes, dirty)
+                recorded = await self._record(session, context.run, changes, dirty)
         for _, t in dirty:
             t.dirty = False
-        self._publish(alerts, queued)
+        self._publish(recorded)
 
     async def _run_sliced(self, context: _RunContext, tracked: dict[int, Tracked], rows: list[Row]) -> list[Change]:
         changes: list[Change] = []
@@ -221,18 +232,32 @@ class AlertEngine:
 
     async def _record(
         self, session: AsyncSession, run: Run, changes: list[Change], states: list[tuple[int, Tracked]]
-    ) -> tuple[list[Alert], bool]:
+    ) -> _Recorded:
         """Stages two and three, and the states, in one transaction (`session`): the alerts
-        that changed, and whether a notification was queued."""
+        that changed, whether a notification was queued, and the commands of the rules' actions
+        (a firing alert of a rule with an action, unless silenced)."""
         now = time.time()
         alerts, events = await transitions.record(session, run, changes, now)
         queued = await self.notifier.notify(session, run, events, now)
+        actions = {change.rule.id: change.rule for change in changes if change.rule.action}
+        commands = [
+            run_commands.add_command(
+                session,
+                run.id,
+                str(rule.action),
+                {"alert": event.alert.id, "rule": rule.name, "severity": event.alert.severity, "step": event.alert.fired_step},
+                f"rule {rule.name}",
+                now,
+            )
+            for event in events
+            if event.state == "firing" and not event.alert.silenced and (rule := actions.get(event.alert.rule_id or -1))
+        ]
         # After the changes: new alerts' ids are part of the state.
         if states:
             await repository.upsert_states(session, run.id, [(rule_id, t.to_json(), t.last_step) for rule_id, t in states])
             for _, t in states:
                 t.stored_step = t.last_step
-        return alerts, queued
+        return _Recorded(alerts, queued, commands)
 
     async def flush(self) -> None:
         """Write every run's unsaved detector state (graceful shutdown)."""
@@ -291,10 +316,11 @@ class AlertEngine:
                 log.exception("could not save the detector states of run %s", run_id)
         return saved
 
-    def _publish(self, alerts: list[Alert], queued: bool) -> None:
-        for alert in alerts:
+    def _publish(self, recorded: _Recorded) -> None:
+        for alert in recorded.alerts:
             self.hub.publish(alert.run_id, live_alert_message(alert.run_id, alert_json(alert)))
-        if queued:
+        run_commands.publish(self.hub, recorded.commands)
+        if recorded.queued:
             self.on_outbox()
 
     # -- "run went silent" ---------------------------------------------------------------
@@ -337,5 +363,5 @@ class AlertEngine:
             value = silent_for if math.isfinite(silent_for) else 0.0
             changes = [Change(rule, t, step, value, message, state) for t in transitions_]
             async with evaluation.writing(run.id, tracked) as session:
-                alerts, queued = await self._record(session, run, changes, [(rule.id, state)])
-        self._publish(alerts, queued)
+                recorded = await self._record(session, run, changes, [(rule.id, state)])
+        self._publish(recorded)

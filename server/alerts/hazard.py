@@ -28,10 +28,13 @@ import math
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from server.alerts.detectors import REWARD_ALPHA, Climb, Detector, RewardGain, Signal
 from wire import Row
+
+if TYPE_CHECKING:
+    from server.storage import Store
 
 __all__ = [
     "FEATURES", "HORIZON", "INPUTS", "MODEL", "Hazard", "HazardCache", "HazardModel", "current_model", "features",
@@ -264,6 +267,17 @@ class HazardCache:
         self.lock = asyncio.Lock()
         """Held from `after` to `extend`: two reads of one run must not both add its rows."""
         self._tracks: OrderedDict[tuple[str, float, tuple[float, ...]], _Track] = OrderedDict()
+
+    async def so_far(self, store: Store, run_id: str, started_at: float, model: HazardModel) -> tuple[list[int], list[float]]:
+        """The run's (step, hazard) past the warm-up, from what is kept extended by the rows
+        stored since (the whole history on a run's first read only)."""
+        async with self.lock:
+            rows: list[Row] = []
+            after = self.after(run_id, started_at, model)
+            while page := await store.rows(run_id, after=after, before=2**62, keys=INPUTS):
+                rows.extend(page)
+                after = page[-1].step
+            return await asyncio.to_thread(self.extend, run_id, started_at, model, rows)
 
     def after(self, run_id: str, started_at: float, model: HazardModel) -> int:
         """The last step already kept for this run (-1: none): read the rows after it."""

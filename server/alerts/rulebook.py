@@ -27,6 +27,7 @@ def rule_json(rule: Rule) -> dict[str, Any]:
         "id": rule.id, "name": rule.name, "project": rule.project, "group": rule.group, "run_id": rule.run_id,
         "metric": rule.metric, "detector": rule.detector, "params": rule.params, "severity": rule.severity,
         "for_steps": rule.for_steps, "keep_firing_for": rule.keep_firing_for, "enabled": rule.enabled, "builtin": rule.builtin,
+        "action": rule.action,
     }
 
 

@@ -17,12 +17,14 @@ from server.jsonview import alert_json
 from server.schemas import MAX_INT, ApiRoute, Name, RowId, Text, errors, unprocessable
 from server.webhooks import registry
 from server.webhooks.netguard import checked_address
+from wire.signals import ACTION
 
 router = APIRouter(tags=["alerts"], route_class=ApiRoute, responses=errors(401))
 
 STRICT = ConfigDict(strict=True)
 """Bodies take JSON's types as they are: `true` is not a number, nor `1` a boolean."""
 StepCount = Annotated[int, Field(ge=0, le=MAX_INT)]
+Action = Annotated[str, Field(pattern=f"^{ACTION.pattern}$", description="1-64 of [A-Za-z0-9_.-]")]
 
 
 def _missing(exc: NotFound) -> HTTPException:
@@ -78,6 +80,7 @@ class RuleIn(BaseModel):
     for_steps: StepCount = 1
     keep_firing_for: StepCount = 1
     enabled: bool = True
+    action: Action | None = Field(None, description="a command sent to the run when an alert of this rule fires (`checkpoint`, `stop`, ...)")
 
 
 class RulePatch(BaseModel):
@@ -90,6 +93,7 @@ class RulePatch(BaseModel):
     for_steps: StepCount | None = None
     keep_firing_for: StepCount | None = None
     enabled: bool | None = None
+    action: Action | Literal[""] | None = Field(None, description='"" takes the action away')
 
 
 @router.get("/rules", dependencies=[READ])
@@ -109,7 +113,10 @@ async def create_rule(body: RuleIn, rules: RuleBookDep) -> dict[str, Any]:
 @router.patch("/rules/{rule_id}", dependencies=[ADMIN], responses=errors(400, 404, 429))
 async def update_rule(rule_id: RowId, body: RulePatch, rules: RuleBookDep) -> dict[str, Any]:
     try:
-        rule = await rules.update(rule_id, body.model_dump(exclude_none=True))
+        changes = body.model_dump(exclude_none=True)
+        if changes.get("action") == "":
+            changes["action"] = None
+        rule = await rules.update(rule_id, changes)
     except NotFound as exc:
         raise _missing(exc) from None
     except ValueError as exc:

@@ -12,10 +12,8 @@ from typing import Annotated, Literal
 import orjson
 from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
 
-from server.alerts.backtest import ROWS_PER_READ
-from server.alerts.hazard import INPUTS, HazardModel, current_model
+from server.alerts.hazard import HazardModel, current_model
 from server.auth import ADMIN, INGEST, READ, presented_token
-from server.components import Components
 from server.deps import CommittedDep, ComponentsDep, SettingsDep, StoreDep
 from server.errors import Conflict, UnknownRun
 from server.fairlock import WRITE_OWNER
@@ -45,7 +43,7 @@ from server.schemas import (
     unprocessable,
 )
 from server.storage.details import parse_cursor
-from wire import CLOSE_TOO_LARGE, ProtocolError, Row, encode_value, parse_config, parse_rows
+from wire import CLOSE_TOO_LARGE, ProtocolError, encode_value, parse_config, parse_rows
 
 router = APIRouter(tags=["runs"], route_class=ApiRoute, responses=errors(401))
 
@@ -98,7 +96,7 @@ async def list_runs(
         model = HazardModel(current_model())
         running = [(stored, out) for stored, out in listed if out.status == "running"][: components.hazards.runs]
         for stored, out in running:
-            _, values = await _hazard_so_far(components, stored.id, stored.started_at, model)
+            _, values = await components.hazards.so_far(components.store, stored.id, stored.started_at, model)
             out.hazard = values[-1] if values else None
     return runs
 
@@ -189,19 +187,6 @@ def max_per_bucket(steps: Sequence[int], values: Sequence[float], max_points: in
     return kept_steps, kept_values
 
 
-async def _hazard_so_far(components: Components, run_id: str, started_at: float, model: HazardModel) -> tuple[list[int], list[float]]:
-    """The run's (step, hazard) past the warm-up, from the cache extended by the rows stored
-    since its last read (the whole history on a run's first read only)."""
-    store, cache = components.store, components.hazards
-    async with cache.lock:
-        rows: list[Row] = []
-        after = cache.after(run_id, started_at, model)
-        while page := await store.rows(run_id, after=after, before=2**62, max_points=ROWS_PER_READ, keys=INPUTS):
-            rows.extend(page)
-            after = page[-1].step
-        return await asyncio.to_thread(cache.extend, run_id, started_at, model, rows)
-
-
 @router.get("/runs/{run_id}/hazard", response_model=HazardOut, dependencies=[READ], responses=errors(404))
 async def run_hazard(
     run_id: RunId,
@@ -215,7 +200,7 @@ async def run_hazard(
     except UnknownRun:
         raise _not_found(run_id) from None
     model = HazardModel(current_model())  # the one model in use now, for the values and their horizon
-    steps, hazard = await _hazard_so_far(components, run_id, run.started_at, model)
+    steps, hazard = await components.hazards.so_far(components.store, run_id, run.started_at, model)
     steps, hazard = max_per_bucket(steps, hazard, max_points)
     return HazardOut(run_id=run_id, horizon=model.horizon, steps=steps, hazard=hazard)
 

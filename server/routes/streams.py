@@ -12,6 +12,7 @@ from server.deps import CommittedDep, ComponentsDep, HubDep, IngestSlotsDep, Set
 from server.fairlock import WRITE_OWNER
 from server.ingest import IngestSession, IngestSlots, refuse_overloaded, refuse_unauthorized
 from server.ratelimit import RateLimited, RateLimits, client_key
+from server.signals import SignalSources
 from wire import CLOSE_OVERLOADED, ProtocolError
 
 router = APIRouter()
@@ -84,6 +85,7 @@ async def ingest(
             committed,
             settings.limits,
             budget=components.frame_budget,
+            sources=SignalSources(store, components.hub, components.hazards),
             hello_timeout_s=settings.ingest_hello_timeout_s,
             idle_timeout_s=settings.ingest_idle_timeout_s,
         )

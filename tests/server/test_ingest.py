@@ -19,7 +19,7 @@ def test_stream_stores_exact_values_and_acks_in_order(server) -> None:
     run = new_run("exact", group="cispo", config={"lr": 2.0}, tags=["toy"])
     with open_ingest(server) as ws:
         welcome = hello(ws, run)
-        assert welcome == {"type": "welcome", "run_id": run["id"], "acked_seq": -1, "accepts": ["histograms", "samples", "sequences"]}
+        assert welcome == {"type": "welcome", "run_id": run["id"], "acked_seq": -1, "accepts": ["histograms", "samples", "sequences"], "signals": ["alerts", "hazard", "commands"]}
         # Several frames in flight before reading any ack.
         for seq in range(5):
             ws.send(points(seq, _rows(range(seq * 10, seq * 10 + 10), **{"reward/mean": lambda s: s / 100, "grad/norm": lambda s: 2.5 * s})))
@@ -86,7 +86,7 @@ def test_reconnect_resumes_from_acked_seq(server) -> None:
     with open_ingest(server) as ws:
         # A hello for an existing id resumes it: same run, config kept.
         welcome = hello(ws, {**run, "config": {"a": 2}})
-        assert welcome == {"type": "welcome", "run_id": run["id"], "acked_seq": 2, "accepts": ["histograms", "samples", "sequences"]}
+        assert welcome == {"type": "welcome", "run_id": run["id"], "acked_seq": 2, "accepts": ["histograms", "samples", "sequences"], "signals": ["alerts", "hazard", "commands"]}
         ws.send(points(2, _rows(range(2, 3), m=99.0)))  # resend of an acked frame
         ws.send(points(3, _rows(range(3, 4), m=3.0)))
         assert [recv(ws)["seq"] for _ in range(2)] == [2, 3]

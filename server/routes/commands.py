@@ -1,0 +1,64 @@
+"""Commands to a run's trainer (docs/read-api.md, "Commands"; docs/protocol.md, "Signals")."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import orjson
+from fastapi import APIRouter, HTTPException, Path, Request
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from server import run_commands
+from server.auth import ADMIN, READ, presented_token
+from server.deps import HubDep, SettingsDep, StoreDep
+from server.errors import UnknownRun
+from server.schemas import ApiRoute, Text, errors
+from server.tokens import token_name
+from wire.signals import ACTION
+
+router = APIRouter(tags=["commands"], route_class=ApiRoute, responses=errors(401))
+
+RunId = Annotated[Text, Path(description="the run's id, as its client chose it")]
+MAX_PAYLOAD_BYTES = 64 * 1024
+"""A command's payload, as JSON, at most."""
+
+
+class CommandIn(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    action: Annotated[
+        str, Field(pattern=f"^{ACTION.pattern}$", description="`checkpoint`, `stop` or a name of your own (1-64 of [A-Za-z0-9_.-])")
+    ]
+    payload: dict[Text, Any] = Field(default_factory=dict, description="anything the trainer's handler reads (at most 64 KiB of JSON)")
+
+    @field_validator("payload")
+    @classmethod
+    def _small(cls, payload: dict[str, Any]) -> dict[str, Any]:
+        if len(orjson.dumps(payload)) > MAX_PAYLOAD_BYTES:
+            raise ValueError(f"payload over {MAX_PAYLOAD_BYTES} bytes of JSON")
+        return payload
+
+
+def _not_found(run_id: str) -> HTTPException:
+    return HTTPException(status_code=404, detail=f"run {run_id!r} not found")
+
+
+@router.post("/runs/{run_id}/commands", status_code=202, dependencies=[ADMIN], responses=errors(400, 404, 429))
+async def send_command(run_id: RunId, body: CommandIn, request: Request, store: StoreDep, hub: HubDep, settings: SettingsDep) -> dict[str, Any]:
+    """Ask the run's trainer to do something: `pending` until a writer of the run that listens
+    to commands receives it (`delivered`), then `acked` or `failed` as its handler answers."""
+    token = presented_token(request)
+    by = (await token_name(store, token) if token and settings.auth_enabled else None) or "local"
+    try:
+        command = await run_commands.create(store, hub, run_id, body.action, body.payload, by)
+    except UnknownRun:
+        raise _not_found(run_id) from None
+    return run_commands.command_json(command)
+
+
+@router.get("/runs/{run_id}/commands", dependencies=[READ], responses=errors(404))
+async def list_commands(run_id: RunId, store: StoreDep) -> list[dict[str, Any]]:
+    """The run's commands, newest first (the last 200), with their state and who asked."""
+    try:
+        return [run_commands.command_json(c) for c in await run_commands.list_commands(store, run_id)]
+    except UnknownRun:
+        raise _not_found(run_id) from None

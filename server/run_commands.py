@@ -1,0 +1,128 @@
+"""Commands to a run's trainer: stored, pushed to its listening writers, answered by them.
+
+A command is written `pending` (by `POST /runs/{id}/commands`, or by a rule's action in the
+same transaction as the alert that fired it), then published on the hub: every ingest
+socket of the run that listens to "commands" (on any replica: the hub relays) sends it and
+marks it `delivered`. The trainer's answer makes it `acked` or `failed`. A socket that
+starts listening is sent every command of the run not answered yet, so a command reaches a
+trainer that was away when it was made, and again one that did not answer before its
+connection dropped: at least once, with its id to make a repeat harmless.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from server.errors import UnknownRun
+from server.live import LiveHub
+from server.models import Command, Run
+from server.storage import Store
+from wire.signals import Command as WireCommand
+
+__all__ = ["STATES", "add_command", "answer", "command_json", "create", "delivered", "list_commands", "publish", "unanswered"]
+
+STATES = ("pending", "delivered", "acked", "failed")
+LISTED = 200
+"""Commands a run's list shows (the newest)."""
+
+
+def add_command(session: AsyncSession, run_id: str, action: str, payload: dict[str, Any], requested_by: str, now: float) -> Command:
+    """A new pending command, added to `session` (written with its transaction)."""
+    command = Command(
+        id=uuid.uuid4().hex,
+        run_id=run_id,
+        action=action,
+        payload=payload,
+        state="pending",
+        requested_by=requested_by[:200],
+        created_at=now,
+        message="",
+    )
+    session.add(command)
+    return command
+
+
+def wire_command(command: Command) -> WireCommand:
+    return WireCommand(command.id, command.action, dict(command.payload), command.requested_by, command.created_at)
+
+
+def command_json(command: Command) -> dict[str, Any]:
+    """The API shape of a command (REST and the run page)."""
+    return {
+        "id": command.id,
+        "run_id": command.run_id,
+        "action": command.action,
+        "payload": command.payload,
+        "state": command.state,
+        "requested_by": command.requested_by,
+        "created_at": command.created_at,
+        "delivered_at": command.delivered_at,
+        "finished_at": command.finished_at,
+        "message": command.message,
+    }
+
+
+def signal_message(command: Command) -> dict[str, Any]:
+    """What a listening trainer is sent (docs/protocol.md, "Signals")."""
+    return {"type": "command", "run_id": command.run_id, "command": wire_command(command).to_json()}
+
+
+def publish(hub: LiveHub, commands: list[Command]) -> None:
+    """To the run's listening sockets, on every replica (after the commit)."""
+    for command in commands:
+        hub.publish(command.run_id, signal_message(command))
+
+
+async def create(store: Store, hub: LiveHub, run_id: str, action: str, payload: dict[str, Any], requested_by: str) -> Command:
+    async with store.writing() as session:
+        if await session.get(Run, run_id) is None:
+            raise UnknownRun(f"no run {run_id!r}")
+        command = add_command(session, run_id, action, payload, requested_by, time.time())
+    publish(hub, [command])
+    return command
+
+
+async def list_commands(store: Store, run_id: str) -> list[Command]:
+    async with store.sessions() as session:
+        if await session.get(Run, run_id) is None:
+            raise UnknownRun(f"no run {run_id!r}")
+        query = select(Command).where(Command.run_id == run_id).order_by(Command.created_at.desc()).limit(LISTED)
+        return list((await session.scalars(query)).all())
+
+
+async def unanswered(store: Store, run_id: str) -> list[Command]:
+    """The run's commands not answered yet, oldest first (sent to a socket that starts listening)."""
+    async with store.sessions() as session:
+        query = (
+            select(Command)
+            .where(Command.run_id == run_id, Command.state.in_(("pending", "delivered")))
+            .order_by(Command.created_at)
+        )
+        return list((await session.scalars(query)).all())
+
+
+async def delivered(store: Store, ids: list[str], now: float) -> None:
+    """Pending -> delivered (a command answered meanwhile keeps its answer)."""
+    if not ids:
+        return
+    async with store.writing() as session:
+        await session.execute(
+            update(Command).where(Command.id.in_(ids), Command.state == "pending").values(state="delivered", delivered_at=now)
+        )
+
+
+async def answer(store: Store, run_id: str, command_id: str, ok: bool, message: str, now: float) -> bool:
+    """Record the trainer's answer; False when the run has no such command. The first answer
+    stands: a repeat (the command was delivered twice) changes nothing."""
+    async with store.writing() as session:
+        result = await session.execute(
+            update(Command)
+            .where(Command.id == command_id, Command.run_id == run_id, Command.state.in_(("pending", "delivered")))
+            .values(state="acked" if ok else "failed", finished_at=now, message=message)
+        )
+        return bool(getattr(result, "rowcount", 0))

@@ -1,0 +1,148 @@
+"""What an ingest socket tells its trainer: alerts, the hazard, commands (docs/protocol.md, "Signals").
+
+One `TrainerSignals` per ingest socket that listens. It is a `Listener` of the run on the
+hub, so alert changes and commands published anywhere (relayed from other replicas too)
+reach it; it computes the run's hazard itself after each stored frame, since the rows of a
+run arrive on the replica of its socket. What it sends waits in a small outbox drained by
+a task of its own: the ingest loop only ever takes the socket's send lock for one small
+message, so an ack never waits on a database read made for a signal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from server import run_commands
+from server.alerts import history
+from server.alerts.hazard import HazardCache, HazardModel, current_model
+from server.jsonview import alert_json
+from server.live import Listener, LiveHub
+from server.storage import Store
+from wire.signals import SIGNALS
+
+__all__ = ["SignalSources", "TrainerSignals"]
+
+log = logging.getLogger("keel.signals")
+
+OUTBOX = 1024
+"""Messages a socket holds for a trainer that does not read: past it the oldest go (an alert
+is in the next snapshot, a command is sent again on the next connection)."""
+FIRING_LISTED = 100
+"""Open alerts in the snapshot a socket sends when it starts listening to alerts."""
+
+
+@dataclass(frozen=True)
+class SignalSources:
+    """Where signals come from (the server's components)."""
+
+    store: Store
+    hub: LiveHub
+    hazards: HazardCache
+
+
+class TrainerSignals:
+    def __init__(self, sources: SignalSources, run_id: str, send: Callable[[dict[str, Any]], Awaitable[None]]):
+        self.sources = sources
+        self.run_id = run_id
+        self.signals: frozenset[str] = frozenset()
+        self._send = send
+        self._listener: Listener | None = None
+        self._outbox: deque[dict[str, Any]] = deque(maxlen=OUTBOX)
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._snapshot = False  # the open alerts are to be sent
+        self._resend = False  # the unanswered commands are to be sent
+        self._hazard_of: float | None = None  # the run incarnation (started_at) whose hazard is due
+        self._hazard_step = -1  # the step of the last hazard sent
+
+    def listen(self, signals: frozenset[str]) -> None:
+        """Listen to these signals from now on (replacing what was asked before)."""
+        new = signals - self.signals
+        self.signals = signals
+        if self._listener is not None:
+            self.sources.hub.unlisten(self._listener)
+            self._listener = None
+        if signals:
+            self._listener = Listener(self.run_id, signals, self._deliver)
+            self.sources.hub.listen(self._listener)
+            if self._task is None:
+                self._task = asyncio.create_task(self._serve(), name=f"keel-signals-{self.run_id}")
+        self._snapshot |= "alerts" in new
+        self._resend |= "commands" in new
+        self._wake.set()
+
+    def stored(self, started_at: float) -> None:
+        """Rows of the run were just committed (by this socket)."""
+        if "hazard" in self.signals:
+            self._hazard_of = started_at
+            self._wake.set()
+
+    async def close(self) -> None:
+        if self._listener is not None:
+            self.sources.hub.unlisten(self._listener)
+            self._listener = None
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def _deliver(self, message: dict[str, Any]) -> None:
+        self._outbox.append(message)
+        self._wake.set()
+
+    async def _serve(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            try:
+                await self._turn()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # The socket went away (the session ends and cancels us), or the database
+                # failed: nothing of the run's data depends on a signal.
+                log.debug("signals for run %s stopped a turn", self.run_id, exc_info=True)
+
+    async def _turn(self) -> None:
+        store = self.sources.store
+        if self._snapshot:
+            self._snapshot = False
+            # The snapshot supersedes alert changes queued before it is read.
+            kept = [m for m in self._outbox if m.get("type") != "alert"]
+            self._outbox.clear()
+            self._outbox.extend(kept)
+            firing = await history.list_alerts(
+                store, run_ids=[self.run_id], state="firing", severity=None, project=None, limit=FIRING_LISTED
+            )
+            await self._send({"type": "alerts", "run_id": self.run_id, "firing": [alert_json(a) for a in reversed(firing)]})
+        if self._resend:
+            self._resend = False
+            for command in await run_commands.unanswered(store, self.run_id):
+                self._outbox.append(run_commands.signal_message(command))
+        sent_commands: list[str] = []
+        while self._outbox:
+            message = self._outbox.popleft()
+            await self._send(message)
+            if message.get("type") == "command":
+                sent_commands.append(message["command"]["id"])
+        await run_commands.delivered(store, sent_commands, time.time())
+        if self._hazard_of is not None:
+            started_at, self._hazard_of = self._hazard_of, None
+            model = HazardModel(current_model())
+            steps, hazard = await self.sources.hazards.so_far(store, self.run_id, started_at, model)
+            if steps and steps[-1] > self._hazard_step:
+                self._hazard_step = steps[-1]
+                await self._send({"type": "hazard", "run_id": self.run_id, "step": steps[-1], "hazard": hazard[-1]})
+
+
+def offered() -> list[str]:
+    """What a welcome says this server sends."""
+    return list(SIGNALS)

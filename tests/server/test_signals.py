@@ -1,0 +1,214 @@
+"""The server tells a trainer on its own ingest socket: alert changes, the hazard, commands
+(docs/protocol.md, "Signals"), written from the docs with a raw client."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import httpx
+import pytest
+from websockets.exceptions import ConnectionClosed
+
+from tests.support.hazard import collapsing_values, hazard_model
+from tests.support.raw_client import new_run, open_ingest, points
+
+
+
+def _hello(ws: Any, run: dict[str, Any], listen: list[str] | None = None) -> dict[str, Any]:
+    message: dict[str, Any] = {"type": "hello", "protocol": 1, "run": run}
+    if listen is not None:
+        message["listen"] = listen
+    ws.send(json.dumps(message))
+    return dict(json.loads(ws.recv(timeout=10)))
+
+
+def _until(ws: Any, kind: str, timeout: float = 10.0, **match: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The first message of `kind` (whose fields equal `match`), and what came before it."""
+    before: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout
+    while True:
+        message = json.loads(ws.recv(timeout=max(0.01, deadline - time.monotonic())))
+        if message["type"] == kind and all(message.get(k) == v for k, v in match.items()):
+            return message, before
+        before.append(message)
+
+
+def _rule(server: Any, **fields: Any) -> dict[str, Any]:
+    body = {"name": "m high", "metric": "m", "detector": "threshold", "params": {"op": ">", "threshold": 1.0}, "severity": "critical", **fields}
+    response = httpx.post(f"{server.url}/api/v1/rules", json=body)
+    assert response.status_code == 201, response.text
+    return dict(response.json())
+
+
+def _commands(server: Any, run_id: str) -> list[dict[str, Any]]:
+    response = httpx.get(f"{server.url}/api/v1/runs/{run_id}/commands")
+    assert response.status_code == 200, response.text
+    return list(response.json())
+
+
+def _send_command(server: Any, run_id: str, action: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
+    response = httpx.post(f"{server.url}/api/v1/runs/{run_id}/commands", json={"action": action, "payload": payload or {}})
+    assert response.status_code == 202, response.text
+    return dict(response.json())
+
+
+def test_a_client_that_does_not_listen_gets_acks_only(server) -> None:  # type: ignore[no-untyped-def]
+    _rule(server, run_id=None)
+    run = new_run()
+    with open_ingest(server) as ws:
+        welcome = _hello(ws, run)
+        assert welcome["signals"] == ["alerts", "hazard", "commands"]
+        _send_command(server, run["id"], "checkpoint")
+        for seq, value in enumerate([0.5, 5.0, 5.0]):
+            ws.send(points(seq, [{"step": seq, "values": {"m": value}}]))
+        received = [json.loads(ws.recv(timeout=10)) for _ in range(3)]
+        assert [m["type"] for m in received] == ["ack", "ack", "ack"]
+        with pytest.raises(TimeoutError):
+            ws.recv(timeout=1.0)
+    assert httpx.get(f"{server.url}/api/v1/alerts", params={"run_id": run["id"], "state": "firing"}).json()
+    assert [c["state"] for c in _commands(server, run["id"])] == ["pending"]
+
+
+def test_a_listening_client_is_told_its_alerts_as_they_fire_and_resolve(server) -> None:  # type: ignore[no-untyped-def]
+    _rule(server)
+    run = new_run()
+    with open_ingest(server) as ws:
+        _hello(ws, run, ["alerts"])
+        snapshot, _ = _until(ws, "alerts")
+        assert snapshot["firing"] == []
+        ws.send(points(0, [{"step": 0, "values": {"m": 0.5}}, {"step": 1, "values": {"m": 3.0}}]))
+        fired, before = _until(ws, "alert")
+        assert {"type": "ack", "seq": 0} in before or _until(ws, "ack", seq=0)
+        assert fired["alert"]["state"] == "firing" and fired["alert"]["rule"] == "m high"
+        assert fired["alert"]["severity"] == "critical" and fired["alert"]["started_step"] == 1
+        ws.send(points(1, [{"step": 2, "values": {"m": 0.1}}]))
+        resolved, _ = _until(ws, "alert")
+        assert resolved["alert"]["state"] == "resolved" and resolved["alert"]["id"] == fired["alert"]["id"]
+    # A new connection that listens is told what is firing now, at once.
+    with open_ingest(server) as ws:
+        _hello(ws, run)  # nothing asked yet
+        ws.send(points(2, [{"step": 3, "values": {"m": 9.0}}]))
+        _until(ws, "ack", seq=2)
+        time.sleep(0.5)  # the alert fires meanwhile; this socket is not listening
+        ws.send(json.dumps({"type": "listen", "listen": ["alerts", "something-newer"]}))
+        snapshot, before = _until(ws, "alerts")
+        assert [a["rule"] for a in snapshot["firing"]] == ["m high"]
+        assert all(m["type"] != "alert" for m in before)
+
+
+def test_commands_reach_a_listening_trainer_at_least_once_and_its_answer_is_kept(server) -> None:  # type: ignore[no-untyped-def]
+    run = new_run()
+    with open_ingest(server) as ws:
+        _hello(ws, run)
+    early = _send_command(server, run["id"], "checkpoint", {"tag": "before-listen"})
+    assert early["state"] == "pending" and early["requested_by"] == "local"
+    with open_ingest(server) as ws:
+        _hello(ws, run, ["commands"])
+        message, _ = _until(ws, "command")
+        assert message["command"]["id"] == early["id"] and message["command"]["payload"] == {"tag": "before-listen"}
+        deadline = time.monotonic() + 10
+        while _commands(server, run["id"])[0]["state"] != "delivered":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        # not answered: the connection drops, the next one is sent it again
+    with open_ingest(server) as ws:
+        _hello(ws, run, ["commands"])
+        again, _ = _until(ws, "command")
+        assert again["command"]["id"] == early["id"]
+        ws.send(json.dumps({"type": "command_result", "id": early["id"], "ok": True, "message": "saved step 40"}))
+        later = _send_command(server, run["id"], "stop")
+        stop, _ = _until(ws, "command")
+        assert stop["command"]["id"] == later["id"] and stop["command"]["action"] == "stop"
+        ws.send(json.dumps({"type": "command_result", "id": later["id"], "ok": False, "message": "RuntimeError: disk full"}))
+        ws.send(json.dumps({"type": "command_result", "id": early["id"], "ok": False, "message": "a repeat"}))
+        ws.send(points(0, [{"step": 0, "values": {"m": 0.0}}]))
+        _until(ws, "ack", seq=0)  # frames are handled in order: both answers are stored
+    listed = {c["id"]: c for c in _commands(server, run["id"])}
+    assert (listed[early["id"]]["state"], listed[early["id"]]["message"]) == ("acked", "saved step 40")
+    assert (listed[later["id"]]["state"], listed[later["id"]]["message"]) == ("failed", "RuntimeError: disk full")
+    assert listed[later["id"]]["delivered_at"] is not None and listed[later["id"]]["finished_at"] is not None
+    # Nothing answered is sent again.
+    with open_ingest(server) as ws:
+        _hello(ws, run, ["commands"])
+        ws.send(points(1, [{"step": 1, "values": {"m": 0.0}}]))
+        _, before = _until(ws, "ack", seq=1)
+        assert all(m["type"] != "command" for m in before)
+
+
+def test_a_rule_with_an_action_sends_it_as_a_command_when_it_fires(server) -> None:  # type: ignore[no-untyped-def]
+    rule = _rule(server, action="checkpoint")
+    assert rule["action"] == "checkpoint"
+    run = new_run()
+    with open_ingest(server) as ws:
+        _hello(ws, run, ["commands", "alerts"])
+        ws.send(points(0, [{"step": step, "values": {"m": 2.0 if step >= 5 else 0.0}} for step in range(10)]))
+        command, _ = _until(ws, "command")
+    assert command["command"]["action"] == "checkpoint"
+    assert command["command"]["requested_by"] == "rule m high"
+    assert command["command"]["payload"]["step"] == 5 and command["command"]["payload"]["severity"] == "critical"
+    # The action can be taken away again.
+    patched = httpx.patch(f"{server.url}/api/v1/rules/{rule['id']}", json={"action": ""})
+    assert patched.status_code == 200 and patched.json()["action"] is None
+
+
+def test_a_listening_client_is_sent_the_hazard_once_a_step(server) -> None:  # type: ignore[no-untyped-def]
+    run = new_run()
+    with hazard_model(), open_ingest(server) as ws:
+        _hello(ws, run, ["hazard"])
+        hazards: list[dict[str, Any]] = []
+        for seq in range(8):
+            steps = range(seq * 10, seq * 10 + 10)
+            ws.send(points(seq, [{"step": s, "values": collapsing_values(s)} for s in steps]))
+            while True:
+                message = json.loads(ws.recv(timeout=10))
+                if message["type"] == "hazard":
+                    hazards.append(message)
+                elif message == {"type": "ack", "seq": seq}:
+                    break
+        deadline = time.monotonic() + 5
+        while not hazards or hazards[-1]["step"] < 79:
+            try:
+                message = json.loads(ws.recv(timeout=max(0.01, deadline - time.monotonic())))
+            except TimeoutError:
+                break
+            if message["type"] == "hazard":
+                hazards.append(message)
+        read = httpx.get(f"{server.url}/api/v1/runs/{run['id']}/hazard", params={"max_points": 1000}).json()
+    steps = [h["step"] for h in hazards]
+    assert steps == sorted(set(steps)) and steps[-1] == 79 and steps[0] >= 30  # past the warm-up, never twice
+    by_step = dict(zip(read["steps"], read["hazard"], strict=True))
+    assert all(h["hazard"] == pytest.approx(by_step[h["step"]]) for h in hazards if h["step"] < 79)
+
+
+def test_commands_need_an_admin_token_and_a_known_run(server_factory, sqlite_url) -> None:  # type: ignore[no-untyped-def]
+    server = server_factory(sqlite_url, auth=True, bootstrap_token="keel_admin_bootstrap_token_0123456789")
+    admin = {"Authorization": "Bearer keel_admin_bootstrap_token_0123456789"}
+    run = new_run()
+    created = httpx.post(f"{server.url}/api/v1/runs/{run['id']}/commands", json={"action": "stop"}, headers=admin)
+    assert created.status_code == 404
+    with open_ingest_as(server, admin) as ws:
+        _hello(ws, run)
+    assert httpx.post(f"{server.url}/api/v1/runs/{run['id']}/commands", json={"action": "stop"}).status_code == 401
+    for bad in ({"action": "no spaces"}, {"action": ""}, {"action": "x" * 65}, {"action": "stop", "extra": 1}):
+        assert httpx.post(f"{server.url}/api/v1/runs/{run['id']}/commands", json=bad, headers=admin).status_code == 422, bad
+    created = httpx.post(f"{server.url}/api/v1/runs/{run['id']}/commands", json={"action": "stop"}, headers=admin)
+    assert created.status_code == 202 and created.json()["requested_by"] == "bootstrap"
+
+
+def open_ingest_as(server: Any, headers: dict[str, str]) -> Any:
+    from websockets.sync.client import connect
+
+    return connect(f"{server.ws_url}/api/v1/ingest", additional_headers=headers, open_timeout=10)
+
+
+def test_a_malformed_listen_closes_4400(server) -> None:  # type: ignore[no-untyped-def]
+    with open_ingest(server) as ws:
+        _hello(ws, new_run())
+        ws.send(json.dumps({"type": "listen", "listen": "alerts"}))
+        error = json.loads(ws.recv(timeout=10))
+        assert error["type"] == "error"
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=10)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 4400
