@@ -15,19 +15,32 @@ def _add_database_url(parser: argparse.ArgumentParser) -> None:
 
 
 def _settings(args: argparse.Namespace, **overrides: object):  # type: ignore[no-untyped-def]
+    """The settings, or exit 2 with each invalid one named (never its value: it may be a secret)."""
+    from pydantic import ValidationError
+
     from server.config import Settings
 
     values = {k: v for k, v in overrides.items() if v is not None}
     if getattr(args, "database_url", None):
         values["database_url"] = args.database_url
-    return Settings(**values)  # type: ignore[arg-type]
+    try:
+        return Settings(**values)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        for error in exc.errors():
+            name = "KEEL_" + "_".join(str(part) for part in error["loc"]).upper()
+            print(f"keel: invalid setting {name}: {error['msg']}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
 
 
 def _add_serve(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default=None, help="interface to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=None, help="port (default 8750)")
     _add_database_url(parser)
-    parser.add_argument("--log-level", default="info")
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        help="critical, error, warning, info or debug (trace is run as debug: it would log requests' headers and queries unmasked)",
+    )
     parser.add_argument(
         "--allow-private-webhooks",
         action="store_true",
@@ -37,11 +50,14 @@ def _add_serve(parser: argparse.ArgumentParser) -> None:
 
 
 def masked_url(database_url: str) -> str:
-    """The database URL as printed: its password, if any, as ***."""
+    """The database URL as printed: its password, if any, as *** (in the userinfo, or as a
+    query parameter: `?password=...`, and any other credential-like parameter)."""
     from sqlalchemy.engine import make_url
 
+    from server.redaction import redact
+
     try:
-        return make_url(database_url).render_as_string(hide_password=True)
+        return redact(make_url(database_url).render_as_string(hide_password=True))
     except Exception:  # not a URL SQLAlchemy can parse: say nothing of it
         return "<unparsable database URL>"
 
@@ -63,6 +79,8 @@ def _serve(args: argparse.Namespace) -> int:
     if settings.auth_enabled:
         print("keel: auth is on: clients need a token (keel token create --scopes ingest,read,admin)", flush=True)
     print(f"keel: serving on http://{settings.host}:{settings.port}  (database: {masked_url(settings.database_url)})", flush=True)
+    if args.log_level.lower() == "trace":
+        print("keel: --log-level trace logs requests' headers and query strings unmasked; logging at debug instead", flush=True)
     server = uvicorn.Server(uvicorn_config(create_app(settings), settings, log_level=args.log_level, keel_loggers=True))
     # What importing the server made (hundreds of thousands of objects: the dashboard, Plotly)
     # lives as long as the process: out of the collector's sight, a full collection after a

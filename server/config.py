@@ -11,6 +11,10 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from wire import Limits
 
+MIN_BOOTSTRAP_TOKEN_LENGTH = 16
+"""The bootstrap (admin) token's least length: it is the one token whose value an operator
+chooses, so one that could be guessed is refused at start."""
+
 DEPRECATED_ENV = {"KEEL_SILENCE_CHECK_S": "KEEL_SILENT_RUN_CHECK_S"}
 """Old environment names still read (after the new one), and the names that replaced them."""
 
@@ -30,7 +34,8 @@ class Settings(BaseSettings):
 
     # populate_by_name: a setting read under old names too (validation_alias) is still
     # passed by its field name in code.
-    model_config = SettingsConfigDict(env_prefix="KEEL_", extra="ignore", populate_by_name=True)
+    # hide_input_in_errors: an invalid setting's error never echoes its value (a secret's).
+    model_config = SettingsConfigDict(env_prefix="KEEL_", extra="ignore", populate_by_name=True, hide_input_in_errors=True)
 
     database_url: str = Field(default_factory=default_database_url)
     """SQLAlchemy URL. sqlite:///path (embedded default) or postgresql://user@host/db."""
@@ -50,7 +55,8 @@ class Settings(BaseSettings):
     auth: bool | None = None
     """Require API tokens. Default: off on loopback, on for any other interface."""
     bootstrap_token: str | None = None
-    """If set, an admin token with this value is ensured at start (for deployments)."""
+    """If set, an admin token with this value is ensured at start (for deployments); at
+    least MIN_BOOTSTRAP_TOKEN_LENGTH characters. Empty: none."""
     migrate_on_start: bool = True
     """Apply Alembic migrations when the server starts (`keel db upgrade` does it explicitly)."""
     stale_after_s: float = 120.0
@@ -113,6 +119,18 @@ class Settings(BaseSettings):
     """An ingest frame over the rate is held back (the socket is not read) for up to this
     long; one that would have to wait longer closes the socket with 1013 and `retry_after_s`.
     REST writes are not held back: over the rate they get 429."""
+
+    @field_validator("bootstrap_token")
+    @classmethod
+    def _long_enough(cls, value: str | None) -> str | None:
+        if not value:
+            return None
+        if len(value) < MIN_BOOTSTRAP_TOKEN_LENGTH:
+            raise ValueError(
+                f"KEEL_BOOTSTRAP_TOKEN must be at least {MIN_BOOTSTRAP_TOKEN_LENGTH} characters, not {len(value)}; "
+                "use a long random string: python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+            )
+        return value
 
     @field_validator("allowed_hosts", "allowed_origins", mode="before")
     @classmethod

@@ -17,6 +17,7 @@ at most that plus one message waits in the process for a peer that does not read
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any, ClassVar
 
 import h11
@@ -36,15 +37,19 @@ answers an oversized frame with 4413 instead of uvicorn's blunt 1009)."""
 
 
 def uvicorn_config(
-    app: ASGIApp, settings: Settings, *, log_level: str = "info", keel_loggers: bool = False
+    app: ASGIApp, settings: Settings, *, log_level: str | int = "info", keel_loggers: bool = False
 ) -> uvicorn.Config:
-    """`keel_loggers`: Keel's own loggers log through uvicorn's handler too (server/redaction.py)."""
+    """`keel_loggers`: Keel's own loggers log through uvicorn's handler too (server/redaction.py).
+    `log_level` "trace" is run as "debug" (see `capped_log_level`)."""
     return uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
-        log_level=log_level,
-        log_config=logging_config(keel_loggers=keel_loggers),  # secrets masked in every line
+        log_level=capped_log_level(log_level),
+        # Secrets masked in every line, the server's own (whatever their shape) included.
+        log_config=logging_config(
+            keel_loggers=keel_loggers, secrets=(settings.bootstrap_token, database_password(settings.database_url))
+        ),
         lifespan="on",
         http=head_deadline_protocol(settings.http_header_timeout_s),
         # Pinned: the flow control described above is this implementation's.
@@ -54,6 +59,29 @@ def uvicorn_config(
         ws_ping_timeout=settings.ws_ping_timeout_s,
         timeout_keep_alive=settings.http_keep_alive_s,
     )
+
+
+def capped_log_level(level: str | int) -> str | int:
+    """uvicorn's "trace" level logs every request's whole ASGI scope (its headers, the
+    login cookie among them, and its raw query string) and every message: debug is the
+    most a Keel server logs."""
+    if isinstance(level, str):
+        return "debug" if level.lower() == "trace" else level
+    return max(level, logging.DEBUG)
+
+
+def database_password(database_url: str) -> str | None:
+    """The password in a database URL, in its userinfo or as `?password=`; None if none."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        url = make_url(database_url)
+    except Exception:
+        return None
+    query_password = url.query.get("password")
+    if isinstance(query_password, tuple):
+        query_password = query_password[-1] if query_password else None
+    return url.password or query_password
 
 
 def _request_timeout_response(reason: str) -> bytes:

@@ -40,3 +40,29 @@ def test_a_server_started_with_an_old_name_warns_once(
         assert httpx.get(f"{server.url}/healthz").status_code == 200
     warnings = [r.getMessage() for r in caplog.records if "KEEL_SILENCE_CHECK_S" in r.getMessage()]
     assert warnings == ["KEEL_SILENCE_CHECK_S is deprecated and will stop working; set KEEL_SILENT_RUN_CHECK_S instead"]
+
+
+def test_a_bootstrap_token_shorter_than_16_characters_is_refused_without_echoing_it() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="KEEL_BOOTSTRAP_TOKEN must be at least 16 characters, not 15") as refused:
+        Settings(bootstrap_token="short-admin-tok")
+    assert "short-admin-tok" not in str(refused.value)
+    assert Settings(bootstrap_token="x" * 16).bootstrap_token == "x" * 16
+    assert Settings(bootstrap_token="").bootstrap_token is None  # empty: no bootstrap token, as before
+
+
+def test_keel_serve_refuses_a_short_bootstrap_token_at_start(sqlite_url: str) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from keel.local import free_port
+
+    env = {**os.environ, "KEEL_AUTH": "true", "KEEL_BOOTSTRAP_TOKEN": "admin-pw-12"}
+    argv = [sys.executable, "-m", "keel", "serve", "--port", str(free_port()), "--database-url", sqlite_url]
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "keel: invalid setting KEEL_BOOTSTRAP_TOKEN: Value error, KEEL_BOOTSTRAP_TOKEN must be at least 16 characters" in result.stderr
+    assert "admin-pw-12" not in result.stdout + result.stderr
+    assert "Traceback" not in result.stderr

@@ -74,6 +74,50 @@ def test_the_database_password_never_reaches_the_log(postgres_url: str, tmp_path
     assert DB_PASSWORD not in text and QUERY_TOKEN not in text
 
 
+BOOTSTRAP = "bootstrap-admin-secret-7d1e0c9b"
+"""An admin token the operator chose: not in Keel's token shape, so no pattern finds it."""
+AUTH_PARAM = "authparam-4c3b2a1f0e9d"
+AUTHORIZATION_PARAM = "authzparam-8e7d6c5b4a3f"
+COOKIE_TOKEN = "cookietok-2b3c4d5e6f7a"
+HEADER_TOKEN = "headertok-9f8e7d6c5b4a"
+
+
+def test_credentials_under_other_names_the_bootstrap_token_and_trace_never_reach_the_log(sqlite_url: str, tmp_path: Path) -> None:
+    """`?auth=` and `?authorization=Bearer%20...` were logged as sent; `--log-level trace`
+    logged each request's raw scope (query string, cookie, headers); a bootstrap token
+    not shaped like Keel's was logged wherever a client put it."""
+    log = tmp_path / "serve.log"
+    with keel_serve(sqlite_url, log, "--log-level", "trace", token=BOOTSTRAP) as server:
+        url = server.url
+        admin = {"Authorization": f"Bearer {BOOTSTRAP}"}
+        assert httpx.get(f"{url}/api/v1/runs", params={"auth": AUTH_PARAM}, headers=admin).status_code == 200
+        assert httpx.get(f"{url}/api/v1/runs?authorization=Bearer%20{AUTHORIZATION_PARAM}", headers=admin).status_code == 200
+        assert httpx.get(f"{url}/api/v1/runs/{BOOTSTRAP}", headers=admin).status_code == 404  # a token pasted into a path
+        assert httpx.get(f"{url}/api/v1/runs", params={"key": BOOTSTRAP}).status_code == 401
+        assert httpx.get(f"{url}/api/v1/runs", headers={"Authorization": f"Bearer {HEADER_TOKEN}"}).status_code == 401
+        assert httpx.get(f"{url}/", cookies={"keel_token": COOKIE_TOKEN}).status_code in (200, 303)
+    text = log.read_text()
+    assert "--log-level trace logs requests' headers and query strings unmasked; logging at debug instead" in text
+    assert "ASGI [" not in text  # uvicorn's trace lines: each request's scope and messages
+    assert '"GET /api/v1/runs?auth=*** HTTP/1.1" 200' in text
+    assert '"GET /api/v1/runs?authorization=*** HTTP/1.1" 200' in text
+    assert '"GET /api/v1/runs/*** HTTP/1.1" 404' in text
+    assert '"GET /api/v1/runs?key=*** HTTP/1.1" 401' in text
+    for secret in (BOOTSTRAP, AUTH_PARAM, AUTHORIZATION_PARAM, COOKIE_TOKEN, HEADER_TOKEN):
+        assert secret not in text, secret
+
+
+def test_a_database_password_given_as_a_query_parameter_is_masked(postgres_url: str, tmp_path: Path) -> None:
+    # libpq takes the password as a URL parameter too; the test PostgreSQL accepts any.
+    database_url = f"{postgres_url}?password={DB_PASSWORD}"
+    log = tmp_path / "serve.log"
+    with keel_serve(database_url, log) as server:
+        assert httpx.get(f"{server.url}/api/v1/runs").status_code == 200
+    text = log.read_text()
+    assert "?password=***)" in text
+    assert DB_PASSWORD not in text
+
+
 def test_a_formatted_message_and_its_traceback_are_masked() -> None:
     import logging
 
@@ -95,3 +139,21 @@ def test_what_is_masked_and_what_is_not() -> None:
     assert redact("Authorization: Bearer abc.def") == "Authorization: Bearer ***"
     assert redact("token keel_" + "x" * 43 + " here") == "token *** here"
     assert redact("step=3 token_count=5 tokens=7") == "step=3 token_count=5 tokens=7"
+    assert redact("/runs?auth=a1&authorization=Bearer%20b2&credentials=c3&x=1") == "/runs?auth=***&authorization=***&credentials=***&x=1"
+    assert redact("/hook/Bearer%20abc?q=1 and Bearer+def") == "/hook/Bearer%20***?q=1 and Bearer+***"
+    # As uvicorn prints a scope: inside a bytes value.
+    assert redact("'query_string': b'token=abc', (b'cookie', b'keel_token=def')") == "'query_string': b'token=***', (b'cookie', b'keel_token=***')"
+    assert redact("author=me oauthor=x") == "author=me oauthor=x"
+
+
+def test_the_servers_own_secrets_are_masked_whatever_their_shape() -> None:
+    import logging
+
+    record = logging.LogRecord("uvicorn.access", logging.INFO, __file__, 1, '%s - "%s %s HTTP/%s" %d',
+                               ("127.0.0.1:5", "GET", f"/api/v1/runs/{BOOTSTRAP}x", "1.1", 404), None)  # fmt: skip
+    assert RedactSecrets(secrets=[BOOTSTRAP, None, "keel"]).filter(record)  # type: ignore[list-item]
+    assert record.getMessage() == '127.0.0.1:5 - "GET /api/v1/runs/***x HTTP/1.1" 404'
+    # Too short to mask by value (compose's database password is "keel"): ordinary words stay.
+    other = logging.LogRecord("keel.server", logging.INFO, __file__, 1, "keel started", None, None)
+    RedactSecrets(secrets=["keel"]).filter(other)
+    assert other.getMessage() == "keel started"
