@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from dashboard.series import Alert, nonfinite_points
+from dashboard.text import plot_text
 from dashboard.theme import FONT, GRID, INK, MUTED, SEVERITY_COLOURS, metric_info
 from dashboard.traces import (
     EDGE_LABEL,
@@ -35,7 +36,6 @@ from dashboard.traces import (
     drawable,
     group_of,
     group_traces,
-    plain,
     run_styles,
     run_traces,
 )
@@ -93,7 +93,8 @@ def _annotation(text: str, *, colour: str = MUTED) -> Figure:
 
 
 def base_layout(title: str, unit: str, height: int, log_y: bool) -> Figure:
-    """Every chart's frame: title, margins, fonts, step on x, `unit` on a linear or log y."""
+    """Every chart's frame: title, margins, fonts, step on x, `unit` on a linear or log y.
+    `title` and `unit` are Plotly markup: a trainer's string goes in through `plot_text`."""
     axis = {
         "gridcolor": GRID,
         "zeroline": False,
@@ -203,12 +204,14 @@ def metric_figure(
     log_note = _log_fallback_note(lines) if log_y else None
     if log_note is not None:
         log_y = False
+    # The key (and an unknown key's title and unit, which are the key) is the trainer's:
+    # text, inside the markup added here.
     title = (
-        f"<b>{info.title}</b>"
+        f"<b>{plot_text(info.title)}</b>"
         if info.title == key
-        else f"<b>{info.title}</b>  <span style='color:{MUTED};font-size:11px'>{key}</span>"
+        else f"<b>{plot_text(info.title)}</b>  <span style='color:{MUTED};font-size:11px'>{plot_text(key)}</span>"
     )
-    layout = base_layout(title, info.unit, options.height, log_y)
+    layout = base_layout(title, plot_text(info.unit), options.height, log_y)
     styles = run_styles(lines)
     aggregate = options.aggregate != "runs"
     traces: list[Figure] = []
@@ -233,7 +236,7 @@ def metric_figure(
     if not lines:
         layout["annotations"].append(_annotation("No runs selected"))
     elif empty:
-        layout["annotations"].append(_annotation(f"No points for {key} yet — waiting for data"))
+        layout["annotations"].append(_annotation(f"No points for {plot_text(key)} yet — waiting for data"))
     if log_note is not None:
         note = _annotation(log_note)
         layout["annotations"].append(
@@ -310,7 +313,7 @@ def hazard_figure(
             "mode": "lines",
             "x": list(line.series.steps),
             "y": list(line.series.values),
-            "name": plain(line.name),
+            "name": plot_text(line.name),
             "line": {"color": styles[line.run_id].colour, "dash": styles[line.run_id].dash, "width": 2},
             "hovertemplate": "%{y:.3f}",
             "meta": {"run": line.run_id, "role": "hazard"},
@@ -329,10 +332,10 @@ def hazard_figure(
 
 
 def message_figure(text: str, height: int = 300) -> Figure:
-    """A blank chart carrying a message (loading, errors, nothing to show)."""
+    """A blank chart carrying a message (loading, errors, nothing to show), as text."""
     layout = base_layout("", "", height, False)
     layout["xaxis"].update(visible=False)
     layout["yaxis"].update(visible=False)
-    layout["annotations"] = [_annotation(text)]
+    layout["annotations"] = [_annotation(plot_text(text))]
     layout["meta"] = {"key": None, "render_id": "", "aggregate": False, "empty": True}
     return {"data": [], "layout": layout}

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from dashboard.series import Alert, Series, ema, group_band, nonfinite_points
+from dashboard.text import plot_text
 from dashboard.theme import DASHES, GROUP_PALETTE, INK, SEVERITY_COLOURS
 
 __all__ = [
@@ -21,7 +22,6 @@ __all__ = [
     "group_of",
     "run_traces",
     "drawable",
-    "plain",
     "group_traces",
     "alert_overlays",
     "EDGE_Y",
@@ -81,11 +81,6 @@ def _rgba(hex_colour: str, alpha: float) -> str:
     return f"rgba({r},{g},{b},{alpha})"
 
 
-def plain(text: str) -> str:
-    """Text shown as is: Plotly renders a subset of HTML in names and hover text."""
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-
-
 def drawable(value: float | None, log_y: bool) -> bool:
     """Whether the main y axis can place the value: finite, and positive on a log axis."""
     return value is not None and math.isfinite(value) and (value > 0 or not log_y)
@@ -143,7 +138,7 @@ def _envelope(line: RunLine, colour: str, log_y: bool) -> Figure | None:
         "hoverinfo": "skip",
         "showlegend": False,
         "legendgroup": line.run_id,
-        "name": plain(f"{line.name} min–max"),
+        "name": plot_text(f"{line.name} min–max"),
         "meta": {"run": line.run_id, "role": "envelope"},
     }
 
@@ -167,7 +162,7 @@ def _nonfinite_trace(line: RunLine, colour: str) -> Figure:
         "hovertemplate": "%{fullData.name}: %{text}<extra></extra>",
         "showlegend": False,
         "legendgroup": line.run_id,
-        "name": plain(line.name),
+        "name": plot_text(line.name),
         "meta": {"run": line.run_id, "role": "nonfinite", "last_step": line.series.last_step},
     }
 
@@ -185,7 +180,7 @@ def run_traces(line: RunLine, style: Style, smoothing: float, log_y: bool) -> li
             "mode": "lines",
             "x": list(series.steps),
             "y": _drawable_or_none(series.values, log_y),
-            "name": plain(line.name),
+            "name": plot_text(line.name),
             "legendgroup": line.run_id,
             "showlegend": not smoothed,
             "opacity": 0.28 if smoothed else 1.0,
@@ -202,7 +197,7 @@ def run_traces(line: RunLine, style: Style, smoothing: float, log_y: bool) -> li
                 "mode": "lines",
                 "x": list(series.steps),
                 "y": _drawable_or_none(values, log_y),
-                "name": plain(line.name),
+                "name": plot_text(line.name),
                 "legendgroup": line.run_id,
                 "line": {"color": style.colour, "dash": style.dash, "width": 2},
                 "hovertemplate": "%{y:.4~g}",
@@ -239,7 +234,7 @@ def group_traces(
                 "mode": "lines",
                 "x": list(line.series.steps),
                 "y": _drawable_or_none(values, log_y),
-                "name": plain(line.name),
+                "name": plot_text(line.name),
                 "legendgroup": f"group:{group}",
                 "showlegend": False,
                 "opacity": 0.25,
@@ -253,7 +248,7 @@ def group_traces(
     upper = _drawable_or_none(band.upper, log_y)
     # On a log axis a band reaching 0 or below is cut at the mean (its lower half cannot show).
     lower = [lo if drawable(lo, log_y) else mu for lo, mu in zip(band.lower, mean, strict=True)]
-    label = plain(f"{group} (n={len(members)})")
+    label = plot_text(f"{group} (n={len(members)})")
     traces.append(
         {
             "type": "scatter",
@@ -326,14 +321,14 @@ def _alert_marks(
             name = "backtest"
             fill, outline = "rgba(0,0,0,0)", {"width": 1, "dash": "dot", "color": _rgba(colour, 0.6)}
             until = "still firing at the last step" if alert.resolved_step is None else f"resolved at {alert.resolved_step}"
-            head = f"{plain(f'backtest · {alert.severity} · {alert.rule}')} would fire ({until})"
+            head = f"{plot_text(f'backtest · {alert.severity} · {alert.rule}')} would fire ({until})"
         else:
             # A firing range is named after its run: the live updater stretches it with the
             # points it appends (assets/live/).
             name = f"firing:{alert.run_id}" if alert.resolved_step is None else "resolved"
             fill, outline = _rgba(colour, 0.06), {"width": 0}
             state = "firing" if alert.resolved_step is None else f"resolved at {alert.resolved_step}"
-            head = plain(f"{alert.severity} · {alert.rule} · {names[alert.run_id]} ({state})")
+            head = plot_text(f"{alert.severity} · {alert.rule} · {names[alert.run_id]} ({state})")
         shapes.append(
             {
                 "name": name,
@@ -351,7 +346,7 @@ def _alert_marks(
         )
         xs.append(alert.started_step)
         colours.append(colour)
-        texts.append(f"{head}<br>{plain(alert.message)}")
+        texts.append(f"{head}<br>{plot_text(alert.message)}")
     if not xs:
         return shapes, None
     marker_trace = {

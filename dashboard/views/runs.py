@@ -14,6 +14,7 @@ from dashboard.components import display_status, live_target
 from dashboard.data import KeelApi
 from dashboard.series import Alert, Series
 from dashboard.summary import wire
+from dashboard.text import markdown_text
 from dashboard.theme import CRITICAL_HAZARD, HAZARD_TOOLTIP, HEADLINE_KEYS, metric_info
 
 __all__ = ["layout", "register", "health", "run_rows", "filter_runs"]
@@ -69,7 +70,7 @@ def run_rows(
         label, kind = health(None if firing is None else firing.get(run["id"], []))
         row: dict[str, Any] = {
             "id": run["id"],
-            "name": f"[{_markdown(run['name'])}](/runs/{quote(run['id'], safe='')})",
+            "name": f"[{markdown_text(run['name'])}](/runs/{quote(run['id'], safe='')})",
             "group": run.get("group") or "",
             "project": run.get("project", ""),
             "tags": ", ".join(run.get("tags") or []),
@@ -86,11 +87,6 @@ def run_rows(
             row[key] = wire(tail.values[-1]) if tail is not None and tail.values else None
         rows.append(row)
     return rows
-
-
-def _markdown(text: str) -> str:
-    """Text shown literally inside the grid's markdown cell."""
-    return "".join("\\" + c if c in "\\`*_{}[]()#+-.!<>|" else c for c in text)
 
 
 def _columns() -> list[dict[str, Any]]:
