@@ -4,7 +4,9 @@ Each reader keeps a cursor: the byte offset just past the last record it handed 
 reader built again from a saved cursor goes on exactly where the last one stopped. A record
 that is not all there yet (the logger is mid-write) is not consumed: the next read tries it
 again. A record that is all there and still cannot be read (a bad checksum, a payload its
-parser refuses) is counted and skipped, never a crash.
+parser refuses) is counted and skipped, never a crash. A record larger than one read (8 MiB: a
+big image or tensor) is skipped whole once it is all there, found by its framing alone, and
+reported with its size: the reader goes on after it.
 
 - wandb: the run's transaction log `run-<id>.wandb` (keel/importers.py describes the
   framing: LevelDB's log format, 32 KiB blocks). After a corrupt record the reader resumes at
@@ -13,7 +15,9 @@ parser refuses) is counted and skipped, never a crash.
 - TensorBoard: each event file is a sequence of TFRecords, `length u64 | masked crc32c of
   the length u32 | data | masked crc32c of the data u32`, each data an `Event` protobuf
   (decoded with tensorboard's classes). A record whose length checksum is wrong leaves no
-  way to find the next one: the rest of that file is reported and left.
+  way to find the next one: the rest of that file is reported and left. An event file that is
+  a symbolic link out of the watched folder, or not a regular file (a FIFO would block the
+  read), is not read, and reported once.
 
 Standard library only at module level (see keel/cli.py).
 """
@@ -25,6 +29,7 @@ import importlib
 import importlib.util
 import json
 import os
+import stat
 import struct
 import sys
 import types
@@ -40,7 +45,8 @@ _BLOCK = 32 * 1024
 _RECORD_HEAD = struct.Struct("<IHB")
 _FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
 _READ_LIMIT = 8 * 1024 * 1024
-"""Bytes read from one file per poll at most (a long backlog is read over several polls)."""
+"""Bytes read from one file per poll at most (a long backlog is read over several polls). A
+record larger than this is skipped."""
 
 
 @dataclass
@@ -58,6 +64,8 @@ class WandbRead:
     config: dict[str, Any] = field(default_factory=dict)
     exit_code: int | None = None
     corrupt: int = 0
+    too_large: list[int] = field(default_factory=list)
+    """Sizes of the records skipped for being larger than a read (`_READ_LIMIT`)."""
 
 
 @functools.cache
@@ -131,8 +139,20 @@ class WandbTail:
                 self.cursor = len(_WANDB_HEADER)
             handle.seek(self.cursor)
             data = handle.read(min(size - self.cursor, _READ_LIMIT))
-        whole = self.cursor + len(data) == size
-        payloads, consumed, corrupt = self._frame(data, self.cursor)
+            whole = self.cursor + len(data) == size
+            payloads, consumed, corrupt = self._frame(data, self.cursor)
+            if not consumed and not whole:  # the record at the cursor alone is more than a read
+                skipped = self._skip(handle, size)
+                if skipped is None:  # its end is not written yet: look again when the file grows
+                    self.waiting, self.size_seen = size - self.cursor, size
+                    return out
+                self.cursor, length = skipped
+                self.waiting, self.size_seen = 0, -1
+                if length < 0:
+                    out.corrupt += 1
+                else:
+                    out.too_large.append(length)
+                return out
         self.cursor += consumed
         self.waiting = max(0, len(data) - consumed)
         self.size_seen = size if whole else -1
@@ -140,6 +160,35 @@ class WandbTail:
         for payload in payloads:
             self._decode(payload, out)
         return out
+
+    def _skip(self, handle: Any, size: int) -> tuple[int, int] | None:
+        """(end, length) of the record at the cursor, one larger than a read, walked by its
+        fragments' heads alone (their checksums are not checked); None while its last
+        fragment is not all written. A record cut short (a FULL or FIRST where its next
+        fragment should be: the writer died) ends where the next one starts, length -1."""
+        pos, length = self.cursor, 0
+        kinds: tuple[int, ...] = (_FIRST,)
+        while True:
+            room = _BLOCK - pos % _BLOCK
+            if room < _RECORD_HEAD.size:  # a block's zero-filled trailer
+                pos += room
+                continue
+            handle.seek(pos)
+            head = handle.read(_RECORD_HEAD.size)
+            if len(head) < _RECORD_HEAD.size:
+                return None
+            checksum, part, kind = _RECORD_HEAD.unpack(head)
+            if kind == 0 and part == 0 and checksum == 0:
+                return None  # bytes not written yet
+            if kind not in kinds or _RECORD_HEAD.size + part > room:
+                return pos, -1
+            if pos + _RECORD_HEAD.size + part > size:
+                return None
+            pos += _RECORD_HEAD.size + part
+            length += part
+            if kind == _LAST:
+                return pos, length
+            kinds = (_MIDDLE, _LAST)
 
     def _frame(self, data: bytes, base: int) -> tuple[list[bytes], int, int]:
         """(whole records, bytes consumed, corrupt records skipped) of `data`, which starts at
@@ -271,21 +320,31 @@ class TensorboardRead:
     corrupt: int = 0
     broken: list[str] = field(default_factory=list)
     """Files whose rest cannot be read (a bad length checksum)."""
+    too_large: list[tuple[str, int]] = field(default_factory=list)
+    """(file, size) of the records skipped for being larger than a read (`_READ_LIMIT`)."""
+    not_read: list[tuple[str, str]] = field(default_factory=list)
+    """(file, why) of event files not read: a symbolic link out of `within`, not a regular
+    file. Each is in one read's list only."""
 
 
 class TensorboardTail:
     """Reads every event file of one directory, each from its own cursor.
 
     `cursors` maps file name -> offset (-1: the rest of the file is unreadable); `plugins`
-    maps tag -> plugin name, which an event file gives only with a tag's first value.
+    maps tag -> plugin name, which an event file gives only with a tag's first value. An event
+    file whose real path is outside `within` (the watched folder; default `directory`) is not
+    read: a symbolic link there is followed only when it stays inside.
     """
 
-    def __init__(self, directory: str, cursors: dict[str, int] | None = None, plugins: dict[str, str] | None = None) -> None:
+    def __init__(self, directory: str, cursors: dict[str, int] | None = None, plugins: dict[str, str] | None = None,
+                 within: str | None = None) -> None:  # fmt: skip
         self.directory = directory
+        self.within = os.path.realpath(within or directory)
         self.cursors = dict(cursors or {})
         self.plugins = dict(plugins or {})
         self.sizes: dict[str, int] = {}
         self.waiting = 0
+        self._not_read: set[str] = set()
         try:
             self._event_pb2: Any = importlib.import_module("tensorboard.compat.proto.event_pb2")
             self._tensor_util: Any = importlib.import_module("tensorboard.util.tensor_util")
@@ -302,14 +361,27 @@ class TensorboardTail:
         out = TensorboardRead()
         self.waiting = 0
         for name in self.files():
-            path = os.path.join(self.directory, name)
-            cursor = self.cursors.setdefault(name, 0)
+            cursor = self.cursors.get(name, 0)
             if cursor < 0:
                 continue
+            path = os.path.realpath(os.path.join(self.directory, name))
             try:
-                size = os.path.getsize(path)
+                info = os.stat(path)
             except OSError:
                 continue
+            if os.path.commonpath([path, self.within]) != self.within:
+                why = f"a symbolic link to {path}, outside {self.within}"
+            elif not stat.S_ISREG(info.st_mode):
+                why = "not a regular file"
+            else:
+                why = ""
+            if why:
+                if name not in self._not_read:
+                    self._not_read.add(name)
+                    out.not_read.append((name, why))
+                continue
+            self.cursors[name] = cursor
+            size = info.st_size
             if size == self.sizes.get(name):
                 continue
             with open(path, "rb") as handle:
@@ -320,8 +392,16 @@ class TensorboardTail:
                 self.cursors[name] = -1
                 out.broken.append(name)
                 continue
+            if not consumed and cursor + len(data) < size:  # the record at the cursor alone is more than a read
+                (length,) = struct.unpack_from("<Q", data)
+                if cursor + 16 + length > size:
+                    self.sizes[name] = size  # its end is not written yet: look again when the file grows
+                    self.waiting += size - cursor
+                    continue
+                out.too_large.append((name, length))
+                consumed = 16 + length
             self.cursors[name] = cursor + consumed
-            self.waiting += len(data) - consumed
+            self.waiting += max(0, len(data) - consumed)
             if cursor + len(data) == size:
                 self.sizes[name] = size
         return out

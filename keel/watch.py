@@ -47,6 +47,7 @@ Standard library only at module level (see keel/cli.py).
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -91,11 +92,12 @@ def _is_wandb_run_dir(path: Path) -> bool:
 def discover(paths: list[Path]) -> Iterator[tuple[str, Path, Path]]:
     """(kind, source, watched root) of every wandb transaction log and TensorBoard event
     directory under `paths`. A wandb run directory is not searched for event files (wandb's
-    `sync_tensorboard` copies them there: the same points twice)."""
+    `sync_tensorboard` copies them there: the same points twice). A log named itself is
+    followed wherever it links to: its root is the folder of the file it resolves to."""
     for root in paths:
         if root.is_file():
             if root.suffix == ".wandb":
-                yield "wandb", root, root.parent
+                yield "wandb", root, root.resolve().parent
             continue
         for directory, subdirs, files in os.walk(root):
             here = Path(directory)
@@ -108,6 +110,18 @@ def discover(paths: list[Path]) -> Iterator[tuple[str, Path, Path]]:
             subdirs[:] = sorted(d for d in subdirs if not (here / d).is_symlink())
             if any("tfevents" in name for name in files):
                 yield "tensorboard", here, root
+
+
+@functools.lru_cache(maxsize=4096)
+def _key_refusal(key: str) -> str | None:
+    """Why the server refuses `key` as a metric key (its own check, wire.parse_rows), or None."""
+    from wire import ProtocolError, parse_rows
+
+    try:
+        parse_rows([{"step": 0, "values": {key: 0.0}}])
+    except ProtocolError as exc:
+        return str(exc).removeprefix("rows[0]: ")
+    return None
 
 
 class Options:
@@ -133,6 +147,8 @@ class Follower:
         self.root = root
         self.options = options
         self.say = say
+        if kind == "wandb" and not self.source.is_relative_to(root.resolve()):
+            raise RuntimeError(f"a symbolic link to {self.source}, outside the watched {root.resolve()}")
         key = f"{kind}\0{self.source}\0{options.server}\0{options.project}"
         self.dir = options.state_root / "sources" / hashlib.sha256(key.encode()).hexdigest()[:24]
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -186,7 +202,7 @@ class Follower:
         if self.kind == "wandb":
             return WandbTail(str(self.source), cursor or 0)
         cursor = cursor or {}
-        return TensorboardTail(str(self.source), cursor.get("files"), cursor.get("plugins"))
+        return TensorboardTail(str(self.source), cursor.get("files"), cursor.get("plugins"), within=str(self.root))
 
     def _cursor(self) -> Any:
         from keel.tailing import WandbTail
@@ -269,6 +285,8 @@ class Follower:
 
         assert isinstance(self.tail, WandbTail)
         read = self.tail.read()
+        for size in read.too_large:
+            self._too_large(self.source, size)
         if read.run is not None:
             self.state["meta"] = read.run
         if read.config:
@@ -296,9 +314,14 @@ class Follower:
                         table.skipped[(column, "wandb's own bookkeeping column")] += 1
                         continue
                     if type(raw) is dict:
-                        pairs += [(self._keel_name(key), value) for key, value in flatten(column, raw)]
+                        for key, value in flatten(column, raw):
+                            inner = self._name(key, table)
+                            if inner is not None:
+                                pairs.append((inner, value))
                         continue
-                    name = names[column] = self._keel_name(column)
+                    name = self._name(column, table)
+                    if name is None:
+                        continue
                 pairs.append((name, raw))
             table.add_row(step, pairs, row.time)
         return table, read.exit_code, read.corrupt
@@ -314,6 +337,10 @@ class Follower:
             self.say(f"{self.label}: not stored: {what} (only scalars are)")
         for name in read.broken:
             self.say(f"{self.label}: the rest of {name} is unreadable (a bad record length) and is left")
+        for name, size in read.too_large:
+            self._too_large(self.source / name, size)
+        for name, why in read.not_read:
+            self.say(f"{self.label}: {self.source / name} not read: {why}")
         if not read.scalars:
             return None, None, read.corrupt
         if not self._decided:
@@ -323,11 +350,34 @@ class Follower:
         for scalar in read.scalars:
             if scalar.tag in step_keys:
                 continue
-            table.add(scalar.step, self._keel_name(scalar.tag), scalar.value, scalar.time)
+            key = self._name(scalar.tag, table)
+            if key is not None:
+                table.add(scalar.step, key, scalar.value, scalar.time)
         return table, None, read.corrupt
 
     def _keel_name(self, name: str) -> str:
         return self.name_map.keel_name(name) if self.name_map else name
+
+    def _name(self, column: str, table: Any) -> str | None:
+        """Keel's name of a logged column (kept in `_names`), or None for one the server
+        refuses as a metric key (a NUL, too long): its value is counted in `table` as not
+        stored (said once per key), and the rest of its step goes on."""
+        name = self._names.get(column)
+        if name is None:
+            name = self._keel_name(column)
+            refused = _key_refusal(name)
+            if refused is not None:
+                table.skipped[(column[:60], refused)] += 1
+                return None
+            self._names[column] = name
+        return name
+
+    def _too_large(self, path: Path, size: int) -> None:
+        from keel.tailing import _READ_LIMIT
+
+        self.state["too_large"] = self.state.get("too_large", 0) + 1
+        self.say(f"{self.label}: skipped a record of {size} bytes in {path}: larger than the "
+                 f"{_READ_LIMIT >> 20} MiB keel watch reads at once")  # fmt: skip
 
     def _frames(self, table: Any) -> list[str]:
         from keel.transfer import _frames
@@ -355,7 +405,7 @@ class Follower:
             if meta is None:  # a log without its run record: name it after its file
                 meta = {"id": self.source.stem.removeprefix("run-"), "name": "", "project": "", "tags": []}
             identity = f"wandb/{meta['project']}/{meta['id']}"
-            name = meta["name"] or meta["id"]
+            name = meta["name"] or meta["id"] or self.source.stem
             source.update(wandb_project=meta["project"], wandb_id=meta["id"])
             tags = list(meta["tags"])
         else:
@@ -364,11 +414,30 @@ class Follower:
             relative = self.source.relative_to(self.root.resolve()).as_posix() if self.source.is_relative_to(self.root.resolve()) else self.source.name
             name = self.root.resolve().name if relative == "." else f"{self.root.resolve().name}/{relative}"
             tags = []
+        fitted = self._fit(name, "run name")
+        if fitted != name:
+            source["name"] = name  # the whole name, in the run's config
+        tags = [tag for tag in (self._fit(tag, "tag") for tag in tags) if tag]
         self.state["run"] = {
-            "id": run_id_for(identity), "name": name, "project": self.options.project, "group": self.options.group,
+            "id": run_id_for(identity), "name": fitted, "project": self.options.project, "group": self.options.group,
             "config": self._source_config(source), "tags": list(dict.fromkeys([*tags, *self.options.tags])),
         }  # fmt: skip
         self.say(f"{self.label}: following {self.source} as run {self.state['run']['id']} on {self.options.server}")
+
+    def _fit(self, text: str, what: str) -> str:
+        """`text` as the server takes a name (wire's Limits): without NUL characters, and at
+        most `max_name_length` characters: its start and a hash of the whole, so that it
+        stays recognisable and two long names stay two. Said when it changes."""
+        from wire import Limits
+
+        limit = Limits().max_name_length
+        fitted = text.replace("\x00", "")
+        if len(fitted) > limit:
+            fitted = f"{fitted[: limit - 9]}~{hashlib.sha256(text.encode()).hexdigest()[:8]}"
+        if fitted != text:
+            self.say(f"{self.label}: the {what} ({len(text)} characters) is shortened to {fitted!r}: "
+                     f"the server takes {limit} characters at most, and no NUL")  # fmt: skip
+        return fitted
 
     def _source_config(self, source: dict[str, Any]) -> dict[str, Any]:
         """The Keel run's config as the source's is now: wandb's config without its own
@@ -430,7 +499,7 @@ class Follower:
     def _open_spool(self) -> None:
         from trainer_hooks.sender import Sender, SenderConfig
         from trainer_hooks.spool import Spool
-        from wire import RunInfo
+        from wire import ProtocolError, RunInfo, hello_message, parse_hello
 
         raw = self.state["run"]
         info = RunInfo(id=raw["id"], name=raw["name"], project=raw["project"], group=raw["group"], config=raw["config"], tags=raw["tags"])
@@ -439,6 +508,11 @@ class Follower:
             self.state["writer"] = self.spool.writer  # the server numbers this source's frames by it
             self._save()
         self._append(self.state.get("pending") or [])  # frames a killed watcher saved but did not spool
+        try:  # the server's own check of a hello: a run it fails is refused whenever it is sent
+            parse_hello(hello_message(info))
+        except ProtocolError as exc:
+            self.say(f"{self.label}: the server would refuse this run ({exc}); not sent, its frames stay in {self.spool.path}")
+            return
         self.sender = Sender(self.spool, self.options.server, token=self.options.token, config=SenderConfig(backoff_max=5.0))
         if self.state.get("status"):
             self.sender.request_finish(self.state["status"])
@@ -499,9 +573,13 @@ class Follower:
             self.say(f"{self.label}: the server refused it ({sender.last_error}); its frames stay in {spool.path}")
 
     def _summary(self) -> str:
+        from keel.tailing import _READ_LIMIT
+
         parts = [f"{self.state['points']} point(s) stored"]
         if self.state["corrupt"]:
             parts.append(f"{self.state['corrupt']} corrupt record(s) skipped")
+        if self.state.get("too_large"):
+            parts.append(f"{self.state['too_large']} record(s) larger than {_READ_LIMIT >> 20} MiB skipped")
         for slot, count in sorted(self.state["skipped"].items()):
             key, reason = slot.split("\t", 1)
             parts.append(f"{count} value(s) of {key!r} not stored ({reason})")
