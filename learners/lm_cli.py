@@ -14,6 +14,7 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import asdict
 from typing import Any
 
 _DEFAULT_LOSSES = "importance_sampling,ppo,cispo,tis,mis,stable_proxy,flash_reinforce,reinforce"
@@ -98,21 +99,31 @@ def _add_lm(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--server", required=True, help="server URL, e.g. http://127.0.0.1:8750")
     parser.add_argument("--name", default=None, help="run name (default {loss}-lag{lag}-{dtype}-s{seed})")
     parser.add_argument("--group", default=None, help="run group (default: the loss)")
+    parser.add_argument("--guard", action="store_true",
+                        help="roll back to the weights from before the collapse hazard rose when it passes "
+                             "--guard-hazard, or on a `rollback` command (docs/lm.md, \"The guard\")")  # fmt: skip
+    parser.add_argument("--guard-hazard", type=float, default=0.5, metavar="P",
+                        help="the hazard the guard acts at (default 0.5)")  # fmt: skip
 
 
 def _lm(args: argparse.Namespace) -> int:
     import torch
 
+    from learners.lm.guard import Guard, GuardConfig
     from learners.lm.learner import run_config, train
     from trainer_hooks.monitor import Monitor
+    from trainer_hooks.signals import Command
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     config = _config(
         args, loss=args.loss, lag=args.lag, sampler_dtype=args.sampler_dtype, seed=args.seed,
         step_delay=args.step_delay,
     )  # fmt: skip
+    guard = GuardConfig(hazard=args.guard_hazard) if args.guard else None
     try:
         config.check()
+        if guard is not None:
+            guard.check()
     except ValueError as exc:
         print(f"keel lm: {exc}", file=sys.stderr)
         return 2
@@ -123,12 +134,23 @@ def _lm(args: argparse.Namespace) -> int:
     def progress(step: int, reward: float) -> None:
         print(f"step {step + 1:>5}  reward/mean {reward:.3f}", file=sys.stderr, flush=True)
 
-    name = args.name or config.name
+    name = args.name or config.name + ("-guard" if guard else "")
+    stored = {**run_config(config), **({"guard": asdict(guard)} if guard else {})}
     with Monitor(
         args.server, run_name=name, project=args.project, group=args.group or config.loss,
-        config=run_config(config), tags=("lm",), token=args.token,
+        config=stored, tags=("lm",), token=args.token,
     ) as monitor:  # fmt: skip
-        result = train(config, monitor, progress=progress)
+
+        def on_guard(guarding: Guard) -> None:
+            def on_command(command: Command) -> str:
+                if command.action != "rollback":
+                    raise ValueError(f"keel lm --guard acts on 'rollback', not {command.action!r}")
+                guarding.ask()
+                return "rolling back at the end of the next step"
+
+            monitor.on_command(on_command)
+
+        result = train(config, monitor, progress=progress, guard=guard, hazard=lambda: monitor.hazard, on_guard=on_guard)
     window = min(50, len(result.rewards))
     start = statistics.fmean(result.rewards[:window])
     end = statistics.fmean(result.rewards[-window:])

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 __all__ = [
     "LOSSES",
+    "Alert",
+    "Command",
     "Monitor",
     "SenderConfig",
     "compute_advantages",
@@ -27,10 +29,13 @@ if TYPE_CHECKING:
     from trainer_hooks.metrics import grad_norm, nonfinite_count, stability_metrics
     from trainer_hooks.monitor import Monitor
     from trainer_hooks.sender import SenderConfig
+    from trainer_hooks.signals import Alert, Command
 
 _LAZY = {
     "Monitor": "trainer_hooks.monitor",
     "SenderConfig": "trainer_hooks.sender",
+    "Alert": "trainer_hooks.signals",
+    "Command": "trainer_hooks.signals",
     "stability_metrics": "trainer_hooks.metrics",
     "grad_norm": "trainer_hooks.metrics",
     "nonfinite_count": "trainer_hooks.metrics",

@@ -15,11 +15,14 @@ Trainer -> worker ("inbox"):
     ("batch", step, time, {key: float}, [FieldSpec])    body: the BatchInputs tensors
     ("partials", step, time, {key: float}, layout)      body: Partials.pack() as float64
     ("finish", status, deadline)                        deadline: time.time() to give up
+    ("listen", [signal, ...])                           the signals to ask the server for
+    ("answer", command id, ok, message)                 a command handler's answer
 
 Worker -> trainer ("replies"):
     ("ready",)                                          the spool is open
     ("drop", kind, count, detail)                       counted in Monitor.dropped
     ("log", level, message)                             for the trainer's "keel" logger
+    ("signal", message)                                 an alert, hazard or command (signals.py)
     ("done", delivered, rejected, unacked)              finish is over; the spool is closed
 
 Both ends are trusted (one user, one machine, a pipe only they hold), which is what makes
@@ -65,6 +68,8 @@ class WorkerStart:
     """Bytes of JSON the samples of one step may take."""
     decoder: bytes | None = None
     """The pickled `decode` of log_batch (token ids to strings), once one was given."""
+    listen: tuple[str, ...] = ()
+    """The signals to ask the server for (docs/protocol.md, "Signals")."""
 
 
 def encode(header: tuple[Any, ...], body: Sequence[Buffer] = ()) -> list[Buffer]:

@@ -294,11 +294,13 @@ class Link:
         *,
         on_drop: Callable[[str, int, str], None],
         name: str,
+        on_signal: Callable[[dict[str, Any]], None] = lambda message: None,
     ) -> None:
         self.worker_start = worker_start
         """Sent to each worker started; `Monitor` updates it (the decoder) for restarts."""
         self._feed = feed
         self._on_drop = on_drop
+        self._on_signal = on_signal
         self._name = name
         self._starts = 0
         self._process: subprocess.Popen[bytes] | None = None
@@ -416,6 +418,8 @@ class Link:
             self._on_drop(header[1], header[2], header[3])
         elif kind == "log":
             logger.log(header[1], "%s", header[2])
+        elif kind == "signal":
+            self._on_signal(header[1])
         elif kind == "ready":
             self.ready.set()
         elif kind == "done":

@@ -38,7 +38,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
@@ -50,6 +50,7 @@ from trainer_hooks.channel import Buffer, WorkerStart, encode
 from trainer_hooks.decoder import dumps as dump_decoder
 from trainer_hooks.link import Feed, Link, Pending
 from trainer_hooks.sender import SenderConfig, ingest_url
+from trainer_hooks.signals import Alert, Command, Signals
 from trainer_hooks.spool import Spool, default_spool_root
 from wire import (
     FINISH_STATUSES,
@@ -65,6 +66,11 @@ if TYPE_CHECKING:  # batched imports torch, which a floats-only Monitor does wit
 __all__ = ["Monitor"]
 
 logger = logging.getLogger("keel")
+
+_SETTLE_S = 5.0
+"""How long finish() waits for command handlers still at work."""
+LISTENED = ("alerts", "hazard")
+"""What every Monitor asks the server for; "commands" is added by `on_command`."""
 
 _LIMITS = Limits()
 # A killed job has a grace period (SLURM and Kubernetes default to 30 s) that checkpointing
@@ -181,6 +187,7 @@ class Monitor:
         self._delivered: bool | None = None  # what finish() returned
         self._exit_status: str | None = None  # set by the SIGTERM handler
         self._pid = os.getpid()
+        self._signals = Signals(self._answer, name=run_name)
         if not self.enabled:
             return
 
@@ -210,8 +217,9 @@ class Monitor:
             step_timeout=step_timeout,
             samples=samples,
             sample_bytes=sample_bytes,
+            listen=LISTENED,
         )
-        self._link = Link(worker_start, self._feed, on_drop=self._drop, name=run_name)
+        self._link = Link(worker_start, self._feed, on_drop=self._drop, name=run_name, on_signal=self._signals.receive)
         self._link.start()  # returns at once; calls wait in the pipe while it starts
         self._install_exit_hooks()
         self._announce(run_name)
@@ -222,6 +230,35 @@ class Monitor:
         count calls. A kind appears once something of it was dropped."""
         with self._drop_lock:
             return dict(self._dropped)
+
+    # -- what the server says (docs/integrate.md, "Acting on alerts") -------------------
+
+    @property
+    def alerts(self) -> list[Alert]:
+        """This run's firing alerts (rule, severity, started_step, message), as of the
+        server's last word; empty while it has not spoken (or on a rank that does not send)."""
+        return self._signals.alerts
+
+    @property
+    def hazard(self) -> float | None:
+        """The run's latest collapse hazard (docs/alerts.md), or None (warming up, no
+        server, a server without the hazard's metrics)."""
+        return self._signals.hazard
+
+    def on_command(self, handler: Callable[[Command], Any]) -> None:
+        """Call `handler(command)` for each command sent to this run (`POST
+        /api/v1/runs/{id}/commands`, or a rule's action), on a thread of the Monitor's, one
+        command at a time. Its return acknowledges the command (a value returned is its
+        message), an exception reports it failed. Commands are asked for only once a
+        handler is registered (before, they stay pending on the server). A command may be
+        delivered twice (after a reconnect): handlers run once per command id here."""
+        if self._signals.on_command(handler) and self.enabled:
+            listen = (*LISTENED, "commands")
+            self._link.worker_start = replace(self._link.worker_start, listen=listen)
+            self._feed.put(encode(("listen", listen)), always=True)
+
+    def _answer(self, command_id: str, ok: bool, message: str) -> None:
+        self._feed.put(encode(("answer", command_id, ok, message)), always=True)
 
     @property
     def url(self) -> str:
@@ -456,6 +493,8 @@ class Monitor:
             return self._delivered
         if os.getpid() != self._pid:  # a fork of the trainer (a data loader) exiting
             return True
+        # Answers to commands in hand go out before the finish (a `stop` is answered so).
+        self._signals.settle(min(_SETTLE_S, timeout / 4))
         self._request_finish(status, timeout)
         started = time.monotonic()
         self._feed.flush(timeout)

@@ -14,6 +14,11 @@ restarted process all resume the same way, from the last acked frame.
 A frame the server answers with `reject` breaks the protocol and will never be stored: it
 is copied out of the spool (`Spool.keep_rejected`), warned about once, and counts as done,
 so one bad frame never blocks the frames after it.
+
+Signals (docs/protocol.md): the hello asks for those in `listen` (`set_listen` changes them on
+the open connection); what the server sends of them goes to `on_signal`, and the trainer's
+answers to commands (`answer`) go out as soon as the connection streams, again after a
+reconnect if they had not been sent.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import logging
 import random
 import time
 from collections import deque
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +50,7 @@ from wire import (
     hello_message,
     points_frame,
 )
+from wire.signals import command_result_message, listen_message
 
 __all__ = ["ConnState", "Sender", "SenderConfig", "ingest_url", "upload"]
 
@@ -114,6 +121,8 @@ class Sender:
         token: str | None = None,
         config: SenderConfig | None = None,
         rng: random.Random | None = None,
+        listen: frozenset[str] = frozenset(),
+        on_signal: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.url = ingest_url(server_url)
         self.state = ConnState.DISCONNECTED
@@ -137,8 +146,22 @@ class Sender:
         """Frames the server refused as malformed (copied to the spool's rejected file)."""
         self._accepts: frozenset[str] = frozenset(ACCEPTS)  # the welcome says
         self._left_out: set[int] = set()  # frames whose details were kept aside already
+        self._listen = listen
+        self._listen_sent = True  # the hello carries it
+        self._on_signal = on_signal
+        self._answers: deque[tuple[str, bool, str]] = deque()  # to send
 
     # -- driving ------------------------------------------------------------------------
+
+    def set_listen(self, signals: frozenset[str]) -> None:
+        """Listen to these signals from now on (on the open connection too)."""
+        if signals != self._listen:
+            self._listen = signals
+            self._listen_sent = False
+
+    def answer(self, command_id: str, ok: bool, message: str) -> None:
+        """The trainer's answer to a command: sent once the connection streams."""
+        self._answers.append((command_id, ok, message))
 
     def request_finish(self, status: str) -> None:
         """Send `finish` with this status once every spooled frame is acked."""
@@ -163,6 +186,7 @@ class Sender:
             if self.state is not ConnState.STREAMING:
                 return
         try:
+            self._send_signals()
             self._send_ready()
             self._maybe_send_finish()
             self._receive(wait)
@@ -193,7 +217,10 @@ class Sender:
                     max_size=2**20,
                 )
             )
-            self._ws.send(json.dumps(hello_message(self._spool.run, self._spool.writer)))
+            hello = hello_message(self._spool.run, self._spool.writer)
+            if self._listen:
+                hello["listen"] = sorted(self._listen)
+            self._ws.send(json.dumps(hello))
             welcome = json.loads(self._ws.recv(timeout=self._config.connect_timeout))
             if welcome.get("type") == "error":
                 # The close that follows carries the code (4401: bad token, 1013: busy).
@@ -211,6 +238,7 @@ class Sender:
         except Exception as exc:  # refused, timed out, closed during hello, bad welcome...
             self._disconnect(exc)
             return
+        self._listen_sent = True
         self._spool.anchor(acked_seq)
         self._send_offset = self._spool.acked_offset
         self._inflight.clear()
@@ -223,6 +251,16 @@ class Sender:
                 self._spool.unacked,
             )
             self._outage_logged = False
+
+    def _send_signals(self) -> None:
+        if self.state is not ConnState.STREAMING:
+            return
+        if not self._listen_sent:
+            self._ws.send(json.dumps(listen_message(self._listen)))
+            self._listen_sent = True
+        while self._answers:
+            self._ws.send(json.dumps(command_result_message(*self._answers[0])))
+            self._answers.popleft()
 
     def _send_ready(self) -> None:
         if self.state is not ConnState.STREAMING:
@@ -293,6 +331,9 @@ class Sender:
             self._on_ack(int(message["seq"]))
         elif kind == "reject":
             self._on_reject(int(message["seq"]), f"{message.get('code')}: {message.get('message')}")
+        elif kind in ("alerts", "alert", "hazard", "command"):
+            if self._on_signal is not None:
+                self._on_signal(message)
         elif kind == "bye" and self.state is ConnState.FINISHING:
             self.state = ConnState.DONE
             self._close_socket()

@@ -93,6 +93,9 @@ class Worker:
         self._start: WorkerStart | None = None
         self._decoder: bytes | None = None  # the latest "decoder" message
         self._merger: StepMerger | None = None  # once "start" is served
+        self._made_sender: Sender | None = None  # once "start" is served
+        self._listen: tuple[str, ...] | None = None  # the latest "listen" message
+        self._answers: list[tuple[str, bool, str]] = []  # "answer"s that came before the sender
 
     def reply(self, message: tuple[Any, ...]) -> None:
         try:
@@ -105,6 +108,12 @@ class Worker:
 
     def _warn(self, message: str) -> None:
         logger.warning("keel: %s", message)
+
+    @property
+    def _sender(self) -> Sender:
+        """The server connection: serve() sets it up before the loop's first turn."""
+        assert self._made_sender is not None
+        return self._made_sender
 
     @property
     def _steps(self) -> StepMerger:
@@ -125,9 +134,17 @@ class Worker:
         spool = Spool.open(Path(start.spool_path))
         self._spool = spool
         self._config = start.sender_config
-        self._sender = Sender(
-            spool, start.server_url, token=start.token, config=start.sender_config
+        self._made_sender = Sender(
+            spool,
+            start.server_url,
+            token=start.token,
+            config=start.sender_config,
+            listen=frozenset(self._listen if self._listen is not None else start.listen),
+            on_signal=lambda message: self.reply(("signal", message)),
         )
+        for answer in self._answers:
+            self._sender.answer(*answer)
+        self._answers.clear()
         self._merger = StepMerger(
             self._drop,
             self._warn,
@@ -219,6 +236,15 @@ class Worker:
                 self._start = header[1]
             elif kind == "finish":
                 self._finish = (header[1], header[2])
+            elif kind == "listen":
+                self._listen = tuple(header[1])
+                if self._made_sender is not None:
+                    self._made_sender.set_listen(frozenset(self._listen))
+            elif kind == "answer":
+                if self._made_sender is not None:
+                    self._made_sender.answer(header[1], header[2], header[3])
+                else:
+                    self._answers.append((header[1], header[2], header[3]))
             elif kind == "decoder":
                 self._decoder = header[1]
                 if self._merger is not None:

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from learners.lm.guard import Guard, GuardConfig
 from learners.lm.model import GPT, SIZES, GPTConfig
 from learners.lm.sampler import DTYPES, Rollout, Sampler, WeightBoard
 from learners.lm.task import VOCAB, SortTask, token_texts
@@ -239,10 +240,16 @@ def train(
     config: LMConfig,
     monitor: MetricSink | None = None,
     progress: Callable[[int, float], None] | None = None,
+    *,
+    guard: GuardConfig | None = None,
+    hazard: Callable[[], float | None] = lambda: None,
+    on_guard: Callable[[Guard], None] = lambda guard: None,
 ) -> LMResult:
     """Run `config` to the end, the sampler on its own thread; log every step to `monitor`.
 
-    `progress(step, reward)` is called every 100 steps (a host sync, only then).
+    `progress(step, reward)` is called every 100 steps (a host sync, only then). With `guard`,
+    a `Guard` watches `hazard()` (the run's collapse hazard, read after each step) and rolls
+    back (learners/lm/guard.py); `on_guard` is handed it once made (to route commands to it).
 
     Per-step keys (besides stability_metrics'): `grad/norm`, `loss/total`,
     `loss/pg`, `loss/kl`, `perf/step_s`, `perf/tokens_per_s`,
@@ -264,6 +271,9 @@ def train(
         lag=config.lag, prompts=config.prompts, group=config.group, device=device,
         seed=config.seed + 1,
     )  # fmt: skip
+    guarding = Guard(guard, model, optimizer) if guard is not None else None
+    if guarding is not None:
+        on_guard(guarding)
     board.publish(0, model)
     sampler.start()
     rewards, step_s, sample_s = [], [], []
@@ -273,7 +283,9 @@ def train(
             waited = time.perf_counter()
             rollout = _take(batches, device)
             step_started = time.perf_counter()
-            out = learner_step(model, optimizer, rollout, config)
+            discarded = guarding is not None and guarding.discards(rollout.version)
+            out = learner_step(model, optimizer, rollout, config, update=not discarded)
+            guarded = {} if guarding is None else {**guarding.after_step(step, hazard()), "guard/discarded": float(discarded)}
             board.publish(step + 1, model)
             elapsed = time.perf_counter() - step_started
             tokens = out.learner_logp_B_T.numel()
@@ -306,6 +318,7 @@ def train(
                         "provenance/seq_id_first": rollout.seq_id_B[0],
                         "provenance/seq_id_last": rollout.seq_id_B[-1],
                         "provenance/sampler_version": rollout.version,
+                        **guarded,
                     },
                 )
             rewards.append(rollout.rewards_B.mean())
@@ -354,9 +367,10 @@ class StepOutput:
 
 
 def learner_step(
-    model: GPT, optimizer: torch.optim.Optimizer, rollout: Rollout, config: LMConfig
+    model: GPT, optimizer: torch.optim.Optimizer, rollout: Rollout, config: LMConfig, *, update: bool = True
 ) -> StepOutput:
-    """One update on `rollout`: its recorded log μ go straight into the loss."""
+    """One update on `rollout`: its recorded log μ go straight into the loss (no update, and a
+    zero gradient norm, when not `update`)."""
     digits = config.digits
     tokens_B_L = rollout.tokens_B_L
     logits_B_T_V = model(tokens_B_L[:, :-1])[:, digits:]  # position t predicts answer token t
@@ -371,10 +385,13 @@ def learner_step(
         config.loss, learner_logp_B_T, rollout.sampler_logp_B_T, adv_B, mask_B_T
     )
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    max_norm = config.clip if config.clip > 0 else math.inf
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)  # before clipping
-    optimizer.step()
+    if update:
+        loss.backward()
+        max_norm = config.clip if config.clip > 0 else math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)  # before clipping
+        optimizer.step()
+    else:
+        grad_norm = torch.zeros((), device=loss.device)
     return StepOutput(
         learner_logp_B_T.detach(), logits_B_T_V.detach(), mask_B_T, adv_B, loss.detach(),
         gate_mask, grad_norm,

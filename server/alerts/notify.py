@@ -10,6 +10,7 @@ from __future__ import annotations
 import fnmatch
 import time
 from typing import Any
+from urllib.parse import quote
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -51,6 +52,8 @@ def event_payload(event_type: str, alert: dict[str, Any], run: Run, base_url: st
             "group": run.group,
             "step": alert["resolved_step"] if alert["state"] == "resolved" else alert["fired_step"],
             "url": f"{base_url}/compare?runs={run.id}",
+            "run_url": f"{base_url}/runs/{quote(run.id, safe='')}",
+            "commands_url": f"{base_url}/api/v1/runs/{quote(run.id, safe='')}/commands",
         },
     }
 

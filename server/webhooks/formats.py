@@ -51,7 +51,10 @@ def slack(event: dict[str, Any]) -> dict[str, Any]:
         "blocks": [
             {"type": "section", "text": {"type": "mrkdwn", "text": _cut(f"*{_headline(event)}*\n{alert['message']}", SLACK_TEXT_LIMIT)}},
             {"type": "section", "text": {"type": "mrkdwn", "text": _cut(fields, SLACK_TEXT_LIMIT)}},
-            {"type": "actions", "elements": [{"type": "button", "text": {"type": "plain_text", "text": "Open in Keel"}, "url": alert["url"]}]},
+            {"type": "actions", "elements": [
+                {"type": "button", "text": {"type": "plain_text", "text": "Open in Keel"}, "url": alert["url"]},
+                *([{"type": "button", "text": {"type": "plain_text", "text": "Checkpoint or stop"}, "url": alert["run_url"]}] if alert.get("run_url") else []),
+            ]},
         ],
     }
 

@@ -73,6 +73,8 @@ async def queue_test_event(store: Store, hook_id: int, base_url: str) -> Deliver
                 "step": 0, "value": 0.0, "started_step": 0, "resolved_step": None, "fired_step": 0,
                 "message": "Keel test event: this webhook is configured correctly.", "fingerprint": "test",
                 "started_at": iso(now), "resolved_at": None, "url": f"{base_url}/compare?runs=",
+                "run_url": f"{base_url}/runs/00000000-0000-0000-0000-000000000000",
+                "commands_url": f"{base_url}/api/v1/runs/00000000-0000-0000-0000-000000000000/commands",
                 "rule_id": None, "silenced": False, "acknowledged_at": None, "acknowledged_by": None,
             },
         }

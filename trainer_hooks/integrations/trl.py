@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import TracebackType
@@ -35,6 +36,7 @@ from trl import GRPOTrainer
 
 from trainer_hooks.integrations.names import MAPS
 from trainer_hooks.monitor import Monitor
+from trainer_hooks.signals import Command
 
 __all__ = [
     "SOURCE_NONE",
@@ -67,6 +69,9 @@ stored as `trl/x`, and `eval_x` as `eval/` + the name of `x`."""
 SOURCE_SAMPLER = "sampler: vLLM logprobs"
 SOURCE_ROLLOUT = "sampler: rollout_func logprobs"
 SOURCE_STALENESS = "staleness-only: sampler logprobs are the learner's recomputation"
+DEFAULT_ACTIONS = {"checkpoint": "save", "stop": "stop"}
+"""A command's action -> what KeelCallback does on it (`actions`)."""
+
 SOURCE_NONE = "none: on-policy without vLLM, sampler logprobs are the learner's own (ratio 1)"
 SOURCE_UNAVAILABLE = "unavailable: a plain GRPOTrainer hands no per-token tensors to callbacks"
 
@@ -305,6 +310,12 @@ class KeelCallback(TrainerCallback):
         run_name: defaults to `args.run_name`, else "trl".
         config: stored with the run, next to `trl/args` (the GRPOConfig), `trl/version`,
             `keel/mismatch_source` and `gate/unit`.
+        actions: what the trainer does on a command to the run (docs/integrations/trl.md,
+            "Acting on alerts"): action name -> "save" (a checkpoint at the end of the
+            current step: `control.should_save`) or "stop" (a checkpoint, then
+            `control.should_training_stop`). By default `checkpoint` saves and `stop` stops;
+            `{}` acts on none (commands then stay pending). A command is acknowledged once
+            its checkpoint is saved, and fails if none is within `action_timeout_s`.
         monitor_kwargs: the other arguments of `Monitor` (project, group, tags, token, ...).
 
     The Monitor starts at `on_train_begin` and finishes at `on_train_end` ("finished").
@@ -319,11 +330,22 @@ class KeelCallback(TrainerCallback):
         *,
         run_name: str | None = None,
         config: Mapping[str, Any] | None = None,
+        actions: Mapping[str, str] | None = None,
+        action_timeout_s: float = 3600.0,
         **monitor_kwargs: Any,
     ) -> None:
         self.server_url = server_url
         self.run_name = run_name
         self.config = dict(config or {})
+        self.actions = dict(DEFAULT_ACTIONS if actions is None else actions)
+        if not set(self.actions.values()) <= {"save", "stop"}:
+            raise ValueError(f"actions map a command's action to 'save' or 'stop', got {self.actions}")
+        self.action_timeout_s = action_timeout_s
+        self._acting = threading.Condition()
+        self._wanted: set[str] = set()  # "save", "stop": asked by commands, done at the next step end
+        self._saves = 0  # checkpoints saved so far (on_save)
+        self._saved_step = -1
+        self._ended = False
         self.monitor_kwargs = monitor_kwargs
         self.monitor: Monitor | None = None
         self._source: str | None = None  # set by KeelGRPOMixin: per-token metrics will come
@@ -379,10 +401,33 @@ class KeelCallback(TrainerCallback):
             config=config,
             **self.monitor_kwargs,
         )
+        with self._acting:
+            self._ended = False
+        if self.actions:
+            self.monitor.on_command(self._on_command)
+
+    def _on_command(self, command: Command) -> str:
+        """On the Monitor's command thread: ask the training loop, wait for the checkpoint."""
+        what = self.actions.get(command.action)
+        if what is None:
+            raise ValueError(f"this trainer acts on {sorted(self.actions)}, not {command.action!r}")
+        with self._acting:
+            before = self._saves
+            self._wanted.add(what)
+            done = self._acting.wait_for(lambda: self._saves > before or self._ended, timeout=self.action_timeout_s)
+            if self._saves == before:
+                raise RuntimeError("training ended before a checkpoint was saved" if done else f"no step ended within {self.action_timeout_s:g} s")
+            return f"checkpoint saved at step {self._saved_step}" + ("; training stops" if what == "stop" else "")
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
+        with self._acting:
+            wanted, self._wanted = self._wanted, set()
+        if wanted:
+            control.should_save = True
+            if "stop" in wanted:
+                control.should_training_stop = True
         batches, self._pending = self._pending, []
         if self.monitor is None or not batches:
             return
@@ -425,9 +470,20 @@ class KeelCallback(TrainerCallback):
         if metrics:
             self.monitor.log(step, metrics)
 
+    def on_save(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        with self._acting:
+            self._saves += 1
+            self._saved_step = state.global_step
+            self._acting.notify_all()
+
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
+        with self._acting:
+            self._ended = True
+            self._acting.notify_all()
         self.finish("finished")
 
     def finish(self, status: str = "finished") -> None:

@@ -73,6 +73,10 @@ def test_non_finite_fires_critical_then_resolves_and_webhooks_arrive_signed(serv
         assert body["alert"]["run_id"] == run["id"] and body["alert"]["run_name"] == "nan-run"
         assert body["alert"]["rule"] == "non-finite value" and body["alert"]["severity"] == "critical"
         assert body["alert"]["url"].endswith(f"/compare?runs={run['id']}")
+        assert body["alert"]["run_url"] == f"{server.url}/runs/{run['id']}"
+        # The link an admin POSTs a command to (docs/alerts.md, "Acting on an alert").
+        command = httpx.post(body["alert"]["commands_url"], json={"action": "checkpoint"})
+        assert command.status_code == 202 and command.json()["run_id"] == run["id"]
     assert firing.json["alert"]["step"] == 20 and firing.json["alert"]["value"] == "nan"
     assert resolved.json["alert"]["step"] == 40
     assert firing.headers["webhook-id"] != resolved.headers["webhook-id"]

@@ -401,3 +401,49 @@ def test_micro_batches_concatenate_with_padding_that_never_counts() -> None:
     assert metrics["mismatch/ratio_max"].item() == pytest.approx(math.exp(0.5))
     assert metrics["reward/mean"].item() == pytest.approx(7 / 3)
     assert metrics["staleness/lag_max"].item() == 2
+
+
+# -- acting on commands (docs/integrations/trl.md, "Acting on alerts") --------------------
+
+
+def test_a_checkpoint_command_saves_and_a_stop_command_saves_and_stops(
+    sqlite_url: str, server_factory: Any, tmp_path: Path
+) -> None:
+    """The commands are sent from inside the reward function, while the run trains."""
+    server = server_factory(sqlite_url)
+    run_id = str(uuid.uuid4())
+    calls = {"n": 0}
+    sent: dict[str, str] = {}
+
+    def command(action: str) -> None:
+        response = httpx.post(f"{server.url}/api/v1/runs/{run_id}/commands", json={"action": action})
+        assert response.status_code == 202, response.text
+        sent[action] = response.json()["id"]
+
+    def reward(completions: list[str], **kwargs: Any) -> list[float | None]:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            command("checkpoint")
+        elif calls["n"] == 5:
+            command("stop")
+        return reward_a(completions)
+
+    trainer, _ = train(tmp_path, server.url, reward=reward, run_id=run_id, max_steps=12)
+    commands = {c["id"]: c for c in httpx.get(f"{server.url}/api/v1/runs/{run_id}/commands").json()}
+    checkpoint, stop = commands[sent["checkpoint"]], commands[sent["stop"]]
+    assert checkpoint["state"] == "acked" and stop["state"] == "acked", commands
+    saved_at = int(checkpoint["message"].removeprefix("checkpoint saved at step "))
+    stopped_at = int(stop["message"].removeprefix("checkpoint saved at step ").removesuffix("; training stops"))
+    assert 2 <= saved_at < stopped_at < 12
+    assert trainer.state.global_step == stopped_at  # stopped there, before max_steps
+    out = tmp_path / "out"
+    assert (out / f"checkpoint-{saved_at}").is_dir() and (out / f"checkpoint-{stopped_at}").is_dir()
+    assert run_of(server.url, run_id)["status"] == "finished"
+
+
+def test_actions_can_be_renamed_or_turned_off(sqlite_url: str, server_factory: Any, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="'save' or 'stop'"):
+        KeelCallback("http://127.0.0.1:1", actions={"checkpoint": "rollback"})
+    callback = KeelCallback("http://127.0.0.1:1", actions={"snapshot": "save"})
+    assert callback.actions == {"snapshot": "save"}
+    assert KeelCallback("http://127.0.0.1:1", actions={}).actions == {}

@@ -1,0 +1,133 @@
+"""`keel lm --guard`: a run that protects itself when its collapse hazard rises (docs/lm.md, "The guard").
+
+The guard keeps in memory, every `every` steps, a copy of the weights and the optimizer's
+state (the last `keep` of them: `every × keep` steps of history). After each step it reads
+the run's collapse hazard (what the server last said, `Monitor.hazard`, or one computed
+beside the loop) and whether a `rollback` command came. When the hazard passes `hazard`
+(or the command asks), it rolls back: the weights and optimizer state go back to the newest
+copy made before the hazard rose (before the first step of the rise above `hazard / 2`),
+the batches already sampled from the damaged weights are not trained on (the loop takes them,
+logs them, and skips the update), and a remedy applies for
+`cool_steps` steps: the learning rate times `lr_factor`. Then training goes on; the step
+count goes on too (the steps after the copy are lost, and counted).
+
+It never rolls back twice in a row for one rise: after a rollback the hazard must fall below
+`hazard` again (or `cool_steps` pass), and `max_rollbacks` bounds them all. Each rollback is on
+the run's charts: `guard/rollback` (1 at the step it happened), `guard/restored_step` (the step
+of the copy it went back to), `guard/steps_lost` (in all) and `guard/lr`.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["Guard", "GuardConfig"]
+
+
+@dataclass(frozen=True)
+class GuardConfig:
+    hazard: float = 0.5
+    """Roll back when the collapse hazard passes this."""
+    every: int = 10
+    """Steps between two kept copies of the weights and optimizer state."""
+    keep: int = 10
+    """Copies kept (the oldest goes)."""
+    lr_factor: float = 0.5
+    """The remedy: the learning rate times this for `cool_steps` steps after a rollback."""
+    cool_steps: int = 100
+    max_rollbacks: int = 5
+
+    def check(self) -> None:
+        if not 0 < self.hazard < 1 or self.every < 1 or self.keep < 1 or not 0 < self.lr_factor <= 1 or self.cool_steps < 0:
+            raise ValueError("guard: need 0 < hazard < 1, every >= 1, keep >= 1, 0 < lr_factor <= 1, cool_steps >= 0")
+
+
+@dataclass
+class _Copy:
+    step: int
+    """The copy holds the weights after this step's update."""
+    model: dict[str, torch.Tensor]
+    optimizer: dict[str, Any]
+
+
+class Guard:
+    def __init__(self, config: GuardConfig, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        config.check()
+        self.config = config
+        self.model = model
+        self.optimizer = optimizer
+        self.base_lrs = [group["lr"] for group in optimizer.param_groups]
+        self.copies: deque[_Copy] = deque(maxlen=config.keep)
+        self.rollbacks = 0
+        self.steps_lost = 0
+        self._rise_step: int | None = None  # first step of the current rise above hazard / 2
+        self._armed = True  # a rollback may happen (the hazard fell below the threshold since the last)
+        self._cool_until = -1
+        self._asked = threading.Event()  # a `rollback` command came (set from the Monitor's thread)
+        self.last_rollback: tuple[int, int] | None = None
+        """(step, restored step) of the last rollback."""
+
+    def discards(self, version: int) -> bool:
+        """Whether a batch sampled by this policy version came from the weights a rollback
+        threw away (it is then not trained on)."""
+        return self.last_rollback is not None and self.last_rollback[1] < version <= self.last_rollback[0]
+
+    def ask(self) -> None:
+        """Roll back at the end of the next step (a `rollback` command; any thread)."""
+        self._asked.set()
+
+    def after_step(self, step: int, hazard: float | None) -> dict[str, float]:
+        """Call after step `step`'s update (and before its weights are published): keeps a copy,
+        or rolls back. The guard's metrics for this step."""
+        config = self.config
+        if hazard is not None and hazard > config.hazard / 2:
+            if self._rise_step is None:
+                self._rise_step = step
+        elif hazard is not None:
+            self._rise_step = None
+        if hazard is not None and hazard <= config.hazard:
+            self._armed = True
+        asked = self._asked.is_set()
+        rolled = False
+        if asked or (hazard is not None and hazard > config.hazard and self._armed and step >= self._cool_until):
+            self._asked.clear()
+            if self.copies and self.rollbacks < config.max_rollbacks:
+                self._roll_back(step)
+                rolled = True
+        if not rolled and step % config.every == 0:
+            self.copies.append(_Copy(step, _cloned(self.model.state_dict()), copy.deepcopy(self.optimizer.state_dict())))
+        cooling = step + 1 < self._cool_until  # the next update
+        for group, lr in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
+            group["lr"] = lr * config.lr_factor if cooling else lr
+        return {
+            "guard/rollback": 1.0 if rolled else 0.0,
+            "guard/restored_step": float(self.last_rollback[1]) if self.last_rollback else float("nan"),
+            "guard/steps_lost": float(self.steps_lost),
+            "guard/lr": float(self.optimizer.param_groups[0]["lr"]),
+        }
+
+    def _roll_back(self, step: int) -> None:
+        rise = self._rise_step if self._rise_step is not None else step
+        before = [c for c in self.copies if c.step < rise]
+        target = before[-1] if before else self.copies[0]
+        self.model.load_state_dict(target.model)
+        self.optimizer.load_state_dict(copy.deepcopy(target.optimizer))
+        # Copies made after the target hold the damage: drop them.
+        while self.copies and self.copies[-1].step > target.step:
+            self.copies.pop()
+        self.rollbacks += 1
+        self.steps_lost += step - target.step
+        self.last_rollback = (step, target.step)
+        self._armed = False
+        self._rise_step = None
+        self._cool_until = step + 1 + self.config.cool_steps
+
+
+def _cloned(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {name: tensor.detach().clone() for name, tensor in state.items()}

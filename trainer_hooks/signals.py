@@ -1,0 +1,177 @@
+"""What the server tells the trainer, as the Monitor holds it (docs/integrate.md, "Acting on alerts").
+
+The Monitor's worker receives the run's signals on its ingest socket (docs/protocol.md,
+"Signals") and hands each to the training process (`channel.py`: ("signal", message)),
+where `Signals` keeps the run's firing alerts and latest hazard, and calls the command
+handlers the trainer registered, one command after another, on a thread of its own. Each
+answer goes back to the worker, which sends it to the server (and again after a reconnect
+until it is sent). A command delivered twice (the connection dropped before its answer
+reached the server) is answered again from what the handlers said the first time: a
+handler runs at most once per command in this process.
+
+Nothing here ever blocks or raises in the training thread: the properties copy under a
+lock, and a handler's exception is the command's failure, never the trainer's.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from wire.signals import Command
+
+__all__ = ["Alert", "Command", "Signals"]
+
+logger = logging.getLogger("keel")
+
+ANSWERS_KEPT = 10_000
+"""Commands whose answers are remembered (for repeats)."""
+
+
+@dataclass(frozen=True)
+class Alert:
+    """A firing alert of the run, as the server last said."""
+
+    id: int
+    rule: str
+    severity: str
+    started_step: int | None
+    message: str
+    metric: str = ""
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> Alert:
+        return cls(
+            id=int(raw["id"]),
+            rule=str(raw.get("rule") or ""),
+            severity=str(raw.get("severity") or ""),
+            started_step=raw.get("started_step"),
+            message=str(raw.get("message") or ""),
+            metric=str(raw.get("metric") or ""),
+        )
+
+
+Handler = Callable[[Command], Any]
+Answer = Callable[[str, bool, str], None]
+"""Hands (command id, ok, message) to the worker."""
+
+
+class Signals:
+    def __init__(self, answer: Answer, name: str = "") -> None:
+        self._answer = answer
+        self._name = name
+        self._lock = threading.Lock()
+        self._alerts: dict[int, Alert] = {}
+        self._hazard: tuple[int, float] | None = None
+        self._handlers: list[Handler] = []
+        self._answers: OrderedDict[str, tuple[bool, str]] = OrderedDict()
+        self._queue: queue.SimpleQueue[Command] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._open = 0  # commands received and not answered yet
+        self._settled = threading.Condition(self._lock)
+
+    # -- what the trainer reads --------------------------------------------------------
+
+    @property
+    def alerts(self) -> list[Alert]:
+        with self._lock:
+            return sorted(self._alerts.values(), key=lambda alert: alert.id)
+
+    @property
+    def hazard(self) -> float | None:
+        with self._lock:
+            return self._hazard[1] if self._hazard is not None else None
+
+    @property
+    def hazard_step(self) -> int | None:
+        with self._lock:
+            return self._hazard[0] if self._hazard is not None else None
+
+    def on_command(self, handler: Handler) -> bool:
+        """Register a handler; True for the first (the worker then starts listening)."""
+        if not callable(handler):
+            raise TypeError("on_command takes a function of one argument, the command")
+        with self._lock:
+            self._handlers.append(handler)
+            first = len(self._handlers) == 1
+            if first:
+                self._thread = threading.Thread(target=self._serve, name=f"keel-commands-{self._name}", daemon=True)
+                self._thread.start()
+        return first
+
+    # -- what the worker hands over (the replies thread) -------------------------------
+
+    def receive(self, message: dict[str, Any]) -> None:
+        try:
+            self._receive(message)
+        except Exception as exc:  # a malformed signal: it says nothing to the trainer
+            logger.debug("keel: signal not understood (%r): %s", exc, str(message)[:200])
+
+    def _receive(self, message: dict[str, Any]) -> None:
+        kind = message.get("type")
+        if kind == "alerts":
+            firing = [Alert.from_json(raw) for raw in message.get("firing") or ()]
+            with self._lock:
+                self._alerts = {alert.id: alert for alert in firing}
+        elif kind == "alert":
+            raw = message["alert"]
+            alert = Alert.from_json(raw)
+            with self._lock:
+                if raw.get("state") == "firing":
+                    self._alerts[alert.id] = alert
+                else:
+                    self._alerts.pop(alert.id, None)
+        elif kind == "hazard":
+            step, value = int(message["step"]), float(message["hazard"])
+            with self._lock:
+                if self._hazard is None or step >= self._hazard[0]:
+                    self._hazard = (step, value)
+        elif kind == "command":
+            command = Command.from_json(message["command"])
+            with self._lock:
+                self._open += 1
+            self._queue.put(command)
+
+    def settle(self, timeout: float) -> bool:
+        """Wait (at most `timeout` s) until every command received is answered, so the
+        answers leave before the run's finish; False if some are still open."""
+        with self._settled:
+            return self._settled.wait_for(lambda: self._open == 0 or not self._handlers, timeout=timeout)
+
+    # -- the command thread ------------------------------------------------------------
+
+    def _serve(self) -> None:
+        while True:
+            command = self._queue.get()
+            answered = self._answers.get(command.id)
+            if answered is None:
+                answered = self._run(command)
+                self._answers[command.id] = answered
+                while len(self._answers) > ANSWERS_KEPT:
+                    self._answers.popitem(last=False)
+            try:
+                self._answer(command.id, *answered)
+            except Exception:  # the worker is gone: the server sends the command again
+                logger.debug("keel: could not pass on the answer to command %s", command.id, exc_info=True)
+            with self._settled:
+                self._open -= 1
+                self._settled.notify_all()
+
+    def _run(self, command: Command) -> tuple[bool, str]:
+        with self._lock:
+            handlers = list(self._handlers)
+        said = []
+        for handler in handlers:
+            try:
+                result = handler(command)
+            except Exception as exc:
+                logger.warning("keel: command %s (%s) failed in %r: %r", command.id, command.action, handler, exc)
+                return False, f"{type(exc).__name__}: {exc}"
+            if result is not None:
+                said.append(str(result))
+        return True, "; ".join(said)
