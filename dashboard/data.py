@@ -174,6 +174,15 @@ class KeelApi:
             return None
         return [Alert.from_json(item) for item in payload if isinstance(item, dict)]
 
+    async def commands(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's commands, newest first ([] for an unknown run or an older server)."""
+        try:
+            response = await self._get(f"/runs/{run_id}/commands")
+        except httpx.HTTPError:
+            return []
+        payload = response.json() if response.status_code == 200 else []
+        return [c for c in payload if isinstance(c, dict)] if isinstance(payload, list) else []
+
     async def backtest(self, run_id: str, rules: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         """POST /backtest for one run: the default rules, or `rules`. Raises ValueError with
         the server's message when it refuses the rules (400, 404, 422)."""

@@ -8,7 +8,7 @@ import json
 from datetime import datetime, timezone
 from typing import Any
 
-from dash import Dash, Input, Output, State, dcc, html, no_update
+from dash import ClientsideFunction, Dash, Input, Output, State, dcc, html, no_update
 
 from dashboard.components import (
     ALERT_TOKENS_TYPE,
@@ -78,6 +78,7 @@ def layout(run_id: str, step: int | None = None) -> html.Div:
                 ],
                 className="two-col",
             ),
+            commands_panel(),
             html.Div(
                 [html.H2("Config"), html.Pre(id="run-config", className="config")],
                 className="panel section",
@@ -89,6 +90,49 @@ def layout(run_id: str, step: int | None = None) -> html.Div:
             html.Div(id="run-more-charts"),
         ]
     )
+
+
+def commands_panel() -> html.Div:
+    """Commands to the run's trainer: Checkpoint and Stop (shown to an admin only, sent from
+    the browser as the logged-in user: assets/commands.js) and each command's state."""
+    return html.Div(
+        [
+            html.H2("Commands"),
+            html.Div(
+                [
+                    html.Button("Checkpoint", id="command-checkpoint", n_clicks=0, className="button",
+                                title="ask the trainer to save a checkpoint now"),
+                    html.Button("Stop", id="command-stop", n_clicks=0, className="button",
+                                title="ask the trainer to save a checkpoint and stop"),
+                    html.Span(id="command-sent", className="sub"),
+                ],
+                id="command-buttons",
+                className="command-buttons",
+                style={"display": "none"},
+            ),
+            html.Div(id="run-commands"),
+        ],
+        className="panel section",
+    )  # fmt: skip
+
+
+def _commands_table(commands: list[dict[str, Any]]) -> Any:
+    if not commands:
+        return html.P("No commands sent to this run.", className="sub")
+    header = html.Tr([html.Th(h) for h in ("Action", "State", "Asked by", "When", "Answer")])
+    rows = [
+        html.Tr(
+            [
+                html.Td(c.get("action", "")),
+                html.Td(badge(str(c.get("state", ""))), className=f"command-{c.get('state', '')}"),
+                html.Td(str(c.get("requested_by", ""))),
+                html.Td(_when(datetime.fromtimestamp(float(c["created_at"]), timezone.utc).isoformat()) if c.get("created_at") else "—"),
+                html.Td(str(c.get("message") or "")),
+            ]
+        )
+        for c in commands
+    ]
+    return html.Table([html.Thead(header), html.Tbody(rows)], className="plain", id="commands-table")
 
 
 def backtest_panel() -> html.Div:
@@ -223,6 +267,31 @@ def _alerts_table(alerts: list[Alert] | None) -> Any:
 
 
 def register(dash_app: Dash, api: KeelApi) -> None:
+    dash_app.clientside_callback(
+        ClientsideFunction("keel_commands", "shown"),
+        Output("command-buttons", "style"),
+        Input("page-state", "data"),
+    )
+    dash_app.clientside_callback(
+        ClientsideFunction("keel_commands", "send"),
+        Output("command-sent", "children"),
+        Input("command-checkpoint", "n_clicks"),
+        Input("command-stop", "n_clicks"),
+        State("page-state", "data"),
+        prevent_initial_call=True,
+    )
+
+    @dash_app.callback(
+        Output("run-commands", "children"),
+        Input("page-state", "data"),
+        Input("live-data-tick", "data"),
+        Input("command-sent", "children"),
+    )
+    async def commands(state: dict[str, Any] | None, _tick: Any, _sent: Any) -> Any:
+        if not state or state.get("page") != "run":
+            return no_update
+        return _commands_table(await api.commands(state["runs"][0]))
+
     @dash_app.callback(
         Output("run-header", "children"),
         Output("run-overview", "children"),

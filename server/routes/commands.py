@@ -13,7 +13,7 @@ from server.auth import ADMIN, READ, presented_token
 from server.deps import HubDep, SettingsDep, StoreDep
 from server.errors import UnknownRun
 from server.schemas import ApiRoute, Text, errors
-from server.tokens import token_name
+from server.tokens import SCOPES, token_name, token_scopes
 from wire.signals import ACTION
 
 router = APIRouter(tags=["commands"], route_class=ApiRoute, responses=errors(401))
@@ -62,3 +62,15 @@ async def list_commands(run_id: RunId, store: StoreDep) -> list[dict[str, Any]]:
         return [run_commands.command_json(c) for c in await run_commands.list_commands(store, run_id)]
     except UnknownRun:
         raise _not_found(run_id) from None
+
+
+@router.get("/whoami")
+async def whoami(request: Request, store: StoreDep, settings: SettingsDep) -> dict[str, Any]:
+    """Who the request's token (or login cookie) is and what it may do: the run page shows its
+    Checkpoint and Stop buttons to an admin only. With auth off, everyone is admin."""
+    if not settings.auth_enabled:
+        return {"auth": False, "name": "local", "scopes": list(SCOPES)}
+    token = presented_token(request)
+    scopes = await token_scopes(store, token) if token else None
+    name = await token_name(store, token) if token and scopes is not None else None
+    return {"auth": True, "name": name, "scopes": sorted(scopes or ())}
