@@ -82,6 +82,10 @@ def _demo_runs(base: str, round_index: int, step_delay: float) -> dict[str, list
             name = f"lm-{loss}-lag8-bf16-s{seed}"
             runs[name] = ["lm", "--loss", loss, *LM_SETTINGS, "--seed", str(seed), "--step-delay", str(step_delay),
                           "--group", f"lm-{loss}", "--server", base, "--name", name]
+    # The guard beside its unguarded twin (same seed): a run that protects itself (docs/lm.md).
+    name = f"lm-ppo-lag8-bf16-s{seeds[0]}-guard"
+    runs[name] = ["lm", "--loss", "ppo", *LM_SETTINGS, "--seed", str(seeds[0]), "--step-delay", str(step_delay),
+                  "--group", "lm-ppo-guard", "--guard", "--server", base, "--name", name]
     return runs
 
 
@@ -119,7 +123,7 @@ def _demo(args: argparse.Namespace) -> int:
             runs = _demo_runs(base, round_index, args.step_delay)
             print(
                 f"keel demo: round {round_index + 1}: toy {' vs '.join(DEMO_ARMS)} (lag 8, severe mismatch) and "
-                f"transformer {' vs '.join(LM_ARMS)} (lag 8, bf16 sampler), {len(runs)} runs",
+                f"transformer {' vs '.join(LM_ARMS)} and a guarded ppo (lag 8, bf16 sampler), {len(runs)} runs",
                 flush=True,
             )
             children[:] = [

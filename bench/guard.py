@@ -1,0 +1,155 @@
+"""Does `keel lm --guard` save the runs that would collapse, and what does it cost the ones that would not?
+
+    .venv/bin/python -m bench.guard --corpus corpora/regimes --out guard.jsonl [--collapsed 60 --stable 60]
+
+Takes the settings of runs of a regime corpus (`keel lm-regimes`): those whose reward fell
+for good (a lasting collapse, learners/labels.py) and as many that never did, and trains each
+again twice, side by side in one process each (`--jobs` at once): without the guard and with
+it. The guard reads the collapse hazard of the built-in model, computed beside the loop from
+the same metrics the server would compute it from (what `Monitor.hazard` says, without the
+server's delay). Resumable: every finished run is one line of `--out`, and a line already
+there is not run again.
+
+Prints, for the would-be collapses (those that collapsed in the corpus) and the stable ones:
+the share that end without a lasting collapse, with and without the guard; the median final
+reward (mean of the last 50 steps) of each arm; rollbacks and steps lost. A run is
+asynchronous (the sampler races the learner), so the unguarded rerun of a corpus collapse may
+not collapse again: both figures are shown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+FINAL_WINDOW = 50
+
+
+def _pick(corpus: str, collapsed: int, stable: int) -> list[tuple[str, dict[str, Any]]]:
+    from learners.labels import falls, smoothed
+    from learners.lm.runfiles import read_dir
+
+    falling, steady = [], []
+    for run in read_dir(corpus):
+        label = falls(smoothed(run["series"]["reward/mean"]))
+        if label.collapse is not None:
+            falling.append(("collapsed", run["spec"]))
+        elif label.unjudged is None and not label.dips:
+            steady.append(("stable", run["spec"]))
+    return falling[:collapsed] + steady[:stable]
+
+
+def run_arm(kind: str, spec: dict[str, Any], guard: bool) -> dict[str, Any]:
+    """One run (in a worker process): its outcome."""
+    import torch
+
+    from learners.labels import falls, smoothed
+    from learners.lm.guard import GuardConfig
+    from learners.lm.learner import LMConfig, Recorder, train
+    from server.alerts.hazard import WARMUP, HazardModel, current_model, features, reads
+
+    torch.set_num_threads(1)
+    model = HazardModel(current_model())
+    state: dict[str, Any] = {}
+    latest: dict[str, float | None] = {"hazard": None}
+
+    class HazardRecorder(Recorder):
+        """Keeps the series and the hazard after each step, as the server computes it."""
+
+        def log(self, step: int, metrics: Any) -> None:
+            super().log(step, metrics)
+            values = {key: column[step] for key, column in self.series.items() if len(column) > step}
+            if reads(values):
+                x = features(state, values)
+                latest["hazard"] = model.probability(x) if state["n"] > WARMUP else None
+
+    recorder = HazardRecorder()
+    config = LMConfig(**spec)
+    train(config, recorder, guard=GuardConfig() if guard else None, hazard=lambda: latest["hazard"])
+    rewards = recorder.series["reward/mean"]
+    label = falls(smoothed(rewards))
+    rollbacks = recorder.series.get("guard/rollback", [])
+    lost = recorder.series.get("guard/steps_lost", [0.0])
+    return {
+        "name": config.name,
+        "kind": kind,
+        "guard": guard,
+        "collapse": label.collapse,
+        "final_reward": statistics.fmean(rewards[-FINAL_WINDOW:]),
+        "rollbacks": int(sum(r for r in rollbacks if r == r)),
+        "steps_lost": int(lost[-1]) if lost else 0,
+    }
+
+
+def _done(out: Path) -> dict[tuple[str, bool], dict[str, Any]]:
+    if not out.exists():
+        return {}
+    results = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+    return {(r["name"], r["guard"]): r for r in results}
+
+
+def report(results: list[dict[str, Any]]) -> str:
+    lines = []
+    for kind in ("collapsed", "stable"):
+        pairs: dict[str, dict[bool, dict[str, Any]]] = {}
+        for r in results:
+            if r["kind"] == kind:
+                pairs.setdefault(r["name"], {})[r["guard"]] = r
+        both = [p for p in pairs.values() if True in p and False in p]
+        if not both:
+            continue
+        n = len(both)
+
+        def share(guard: bool, pairs: list[dict[bool, dict[str, Any]]] = both) -> str:
+            healthy = sum(p[guard]["collapse"] is None for p in pairs)
+            return f"{healthy}/{len(pairs)} ({healthy / len(pairs):.0%})"
+
+        finals = {g: statistics.median(p[g]["final_reward"] for p in both) for g in (False, True)}
+        diffs = [p[True]["final_reward"] - p[False]["final_reward"] for p in both]
+        rollbacks = [p[True]["rollbacks"] for p in both]
+        lines.append(
+            f"{kind} in the corpus ({n} settings): end healthy without the guard {share(False)}, with it {share(True)}; "
+            f"median final reward {finals[False]:.3f} -> {finals[True]:.3f} (median change {statistics.median(diffs):+.3f}); "
+            f"runs rolled back {sum(r > 0 for r in rollbacks)}/{n}, rollbacks {sum(rollbacks)}, "
+            f"steps lost {sum(p[True]['steps_lost'] for p in both)}"
+        )
+        if kind == "collapsed":
+            again = [p for p in both if p[False]["collapse"] is not None]
+            if again:
+                lines.append(f"  of them collapsing again unguarded ({len(again)}): end healthy with the guard {share(True, again)}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--corpus", default="corpora/regimes")
+    parser.add_argument("--out", default="guard.jsonl", help="one line per finished run (resumable)")
+    parser.add_argument("--collapsed", type=int, default=60, help="would-be collapses taken (default 60)")
+    parser.add_argument("--stable", type=int, default=60, help="stable runs taken (default 60)")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--report", action="store_true", help="only print what --out holds")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    if not args.report:
+        done = _done(out)
+        todo = [(kind, spec, guard) for kind, spec in _pick(args.corpus, args.collapsed, args.stable) for guard in (False, True)]
+        from learners.lm.learner import LMConfig
+
+        todo = [t for t in todo if (LMConfig(**t[1]).name, t[2]) not in done]
+        print(f"bench.guard: {len(todo)} run(s) to go, {len(done)} done", file=sys.stderr, flush=True)
+        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+            for result in pool.map(run_arm, *zip(*todo, strict=True)) if todo else ():
+                with out.open("a") as file:
+                    file.write(json.dumps(result) + "\n")
+                print(f"  {result['name']} guard={result['guard']}: collapse {result['collapse']}, final {result['final_reward']:.3f}, rollbacks {result['rollbacks']}", file=sys.stderr, flush=True)
+    print(report(list(_done(out).values())))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
