@@ -17,7 +17,7 @@ from server.auth import allowed, presented_token
 from server.components import running
 from server.config import Settings
 from server.deps import get_components
-from server.origins import OriginGuard, SitePolicy
+from server.origins import OriginGuard, SecurityHeaders, SitePolicy
 from server.ratelimit import client_key
 from server.routes import alerts as alert_routes
 from server.routes import backtest as backtest_routes
@@ -99,7 +99,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # gzip for browsers and API clients that accept it; Dash's immutable files compressed once.
     app.add_middleware(GZipMiddleware, minimum_size=compression.MINIMUM_SIZE, compresslevel=compression.LEVEL)
     app.add_middleware(compression.StaticGzip)
-    # Added last, so outermost (outside Dash's middleware too): a request for a foreign
-    # Host, or a foreign page's write or websocket, reaches nothing else.
+    # Outside Dash's middleware too: a request for a foreign Host, or a foreign page's
+    # write or websocket, reaches nothing else.
     app.add_middleware(OriginGuard, policy=site_policy)
+    # Added last, so outermost: every response carries the security headers, the guard's
+    # refusals included (server/serving.py adds them to uvicorn's own responses).
+    app.add_middleware(SecurityHeaders)
     return app

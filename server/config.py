@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 from typing import Annotated, Any
@@ -52,6 +53,10 @@ class Settings(BaseSettings):
     allowed_origins: Annotated[list[str], NoDecode] = []
     """Origins (https://app.example.com) whose pages may write and open websockets, besides
     the server's own and public_url's (comma-separated). Other pages are refused with 403."""
+    forwarded_allow_ips: Annotated[list[str], NoDecode] = []
+    """Addresses (or networks, 10.0.0.0/8; "*": any) of the reverse proxies whose
+    X-Forwarded-For and X-Forwarded-Proto are believed (comma-separated). Empty: none,
+    and a client's address is always its connection's (rate limits, the access log)."""
     auth: bool | None = None
     """Require API tokens. Default: off on loopback, on for any other interface."""
     bootstrap_token: str | None = None
@@ -132,11 +137,25 @@ class Settings(BaseSettings):
             )
         return value
 
-    @field_validator("allowed_hosts", "allowed_origins", mode="before")
+    @field_validator("allowed_hosts", "allowed_origins", "forwarded_allow_ips", mode="before")
     @classmethod
     def _comma_separated(cls, value: Any) -> Any:
         if isinstance(value, str):
             return [item.strip() for item in value.split(",") if item.strip()]
+        return value
+
+    @field_validator("forwarded_allow_ips")
+    @classmethod
+    def _addresses(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            if entry == "*":
+                continue
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(
+                    f"KEEL_FORWARDED_ALLOW_IPS entries are addresses or networks (10.0.0.5, 10.0.0.0/8) or *, not {entry!r}"
+                ) from None
         return value
 
     @property

@@ -22,7 +22,9 @@ two attacks (docs/security.md):
 
 Cross-site reads need nothing here: the server sends no CORS headers, so a foreign page
 cannot read what it fetches. Every HTTP response also forbids framing by other sites
-(clickjacking).
+(clickjacking) and content sniffing: `SecurityHeaders`, outside everything else, this
+guard's own refusals included; server/serving.py adds the same to the responses uvicorn
+makes itself (a malformed request's 400, a slow head's 408, a websocket refusal).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.config import Settings
 
-__all__ = ["OriginGuard", "SitePolicy"]
+__all__ = ["SECURITY_HEADERS", "OriginGuard", "SecurityHeaders", "SitePolicy", "with_security_headers"]
 
 log = logging.getLogger("keel.origins")
 
@@ -47,11 +49,20 @@ WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 LOOPBACK_NAMES = frozenset({"localhost"})
 """Names no page can rebind: they resolve on the user's machine, never through DNS."""
 DEFAULT_PORTS = {"http": 80, "https": 443}
-FRAME_HEADERS = [
+SECURITY_HEADERS = (
     (b"x-frame-options", b"SAMEORIGIN"),
     (b"content-security-policy", b"frame-ancestors 'self'"),
     (b"x-content-type-options", b"nosniff"),
-]
+)
+"""On every HTTP response (docs/security.md): no other site may frame a page
+(clickjacking), and no browser may sniff a type other than the one sent."""
+
+
+def with_security_headers(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """`headers` and each of SECURITY_HEADERS it lacks (a response that sets one keeps its own)."""
+    headers = list(headers)
+    present = {name.lower() for name, _ in headers}
+    return headers + [(name, value) for name, value in SECURITY_HEADERS if name not in present]
 
 
 def host_name(host: str) -> str:
@@ -140,9 +151,30 @@ def _origins(entries: Iterable[str]) -> Iterable[str]:
         yield origin
 
 
+class SecurityHeaders:
+    """ASGI middleware, outermost on the app: SECURITY_HEADERS on every HTTP response and
+    every refused websocket handshake, whoever inside answered it (OriginGuard's 400 and
+    403, a 408, a 429, a 500)."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] in ("http.response.start", "websocket.http.response.start"):
+                message["headers"] = with_security_headers(message.get("headers", []))
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
 class OriginGuard:
     """ASGI middleware: refuses foreign Host names and foreign pages' writes and websockets
-    (see the module doc), and adds the anti-framing headers to every HTTP response."""
+    (see the module doc)."""
 
     def __init__(self, app: ASGIApp, policy: SitePolicy):
         self.app = app
@@ -159,16 +191,7 @@ class OriginGuard:
             # websocket implementation has the denial-response extension.
             await refusal(scope, receive, send)
             return
-        if scope["type"] == "websocket":
-            await self.app(scope, receive, send)
-            return
-
-        async def send_with_frame_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), *FRAME_HEADERS]
-            await send(message)
-
-        await self.app(scope, receive, send_with_frame_headers)
+        await self.app(scope, receive, send)
 
     def _refusal(self, scope: Scope, headers: Headers) -> PlainTextResponse | None:
         host = headers.get("host")

@@ -12,11 +12,20 @@ a request whose body is not complete `http_body_timeout_s` after its head.
 The websocket send buffer is bounded by uvicorn itself: its websocket `send` waits
 while the transport's write buffer is above its high-water mark (asyncio's 64 KiB), so
 at most that plus one message waits in the process for a peer that does not read.
+
+The protocols are uvicorn's with three more things: the head deadline (above); the
+security headers (server/origins.py) on the responses uvicorn makes itself (a malformed
+request's 400, a 500, a refused websocket handshake), which no ASGI middleware sees; and
+a websocket message over `max_frame_bytes` refused as Keel's protocol says (error
+`too_large`, close 4413), as soon as its frame header announces it, where uvicorn would
+close with 1009. Forwarded headers (X-Forwarded-For, -Proto) are believed only from
+`forwarded_allow_ips` (uvicorn's default believes 127.0.0.1).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from typing import Any, ClassVar
 
@@ -24,16 +33,19 @@ import h11
 import uvicorn
 from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.h11_impl import DEFAULT_MAX_INCOMPLETE_EVENT_SIZE, H11Protocol
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.frames import CloseCode
+from websockets.http11 import Response as WebSocketResponse
+from websockets.protocol import State
+from websockets.server import ServerProtocol
 
 from server.config import Settings
+from server.origins import SECURITY_HEADERS, with_security_headers
 from server.redaction import logging_config
+from wire import CLOSE_TOO_LARGE
 
-__all__ = ["BodyDeadline", "HeadDeadlineProtocol", "uvicorn_config"]
-
-WS_HEADROOM_BYTES = 1024 * 1024
-"""A websocket message may exceed max_frame_bytes by this much (framing, the error path
-answers an oversized frame with 4413 instead of uvicorn's blunt 1009)."""
+__all__ = ["BodyDeadline", "HeadDeadlineProtocol", "KeelWebSocketProtocol", "uvicorn_config"]
 
 
 def uvicorn_config(
@@ -52,12 +64,16 @@ def uvicorn_config(
         ),
         lifespan="on",
         http=head_deadline_protocol(settings.http_header_timeout_s),
-        # Pinned: the flow control described above is this implementation's.
-        ws="websockets-sansio",
-        ws_max_size=settings.max_frame_bytes + WS_HEADROOM_BYTES,
+        # uvicorn's websockets-sansio implementation (pinned: the flow control described
+        # above is its), refusing an oversized message with 4413.
+        ws=KeelWebSocketProtocol,
+        ws_max_size=settings.max_frame_bytes,
         ws_ping_interval=settings.ws_ping_interval_s,
         ws_ping_timeout=settings.ws_ping_timeout_s,
         timeout_keep_alive=settings.http_keep_alive_s,
+        # X-Forwarded-For/-Proto only from the proxies the operator names; none by default.
+        proxy_headers=bool(settings.forwarded_allow_ips),
+        forwarded_allow_ips=list(settings.forwarded_allow_ips),
     )
 
 
@@ -86,10 +102,25 @@ def database_password(database_url: str) -> str | None:
 
 def _request_timeout_response(reason: str) -> bytes:
     body = reason.encode()
+    security = b"".join(b"%s: %s\r\n" % header for header in SECURITY_HEADERS)
     return (
         b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\n"
-        b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+        b"connection: close\r\n%scontent-length: %d\r\n\r\n%s" % (security, len(body), body)
     )
+
+
+class SecureHeadersConnection(h11.Connection):
+    """h11's server side, adding the security headers to every response it sends: the
+    app's (which has them already) and uvicorn's own (400, 500, 503)."""
+
+    def send_with_data_passthrough(self, event: h11.Event) -> list[bytes] | None:  # what send() calls
+        if isinstance(event, h11.Response):  # not 100 Continue, which carries no page
+            headers = with_security_headers(event.headers.raw_items())
+            if len(headers) != len(event.headers):
+                event = h11.Response(
+                    status_code=event.status_code, headers=headers, reason=event.reason, http_version=event.http_version
+                )
+        return super().send_with_data_passthrough(event)
 
 
 HEAD_TIMEOUT_RESPONSE = _request_timeout_response("request head not received in time")
@@ -103,6 +134,8 @@ class HeadDeadlineProtocol(H11Protocol):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self._head_timer: asyncio.TimerHandle | None = None
+        max_event = self.config.h11_max_incomplete_event_size
+        self.conn = SecureHeadersConnection(h11.SERVER, DEFAULT_MAX_INCOMPLETE_EVENT_SIZE if max_event is None else max_event)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -143,6 +176,46 @@ class HeadDeadlineProtocol(H11Protocol):
 def head_deadline_protocol(timeout_s: float) -> type[HeadDeadlineProtocol]:
     """The protocol class uvicorn builds per connection, with this deadline."""
     return type("HeadDeadlineProtocol", (HeadDeadlineProtocol,), {"header_timeout_s": timeout_s})
+
+
+class _KeelServerProtocol(ServerProtocol):
+    """websockets' server side: a message over the size limit is answered as Keel's
+    protocol says, `{"type": "error", "code": "too_large", ...}` then close 4413, and
+    every handshake response carries the security headers."""
+
+    def fail(self, code: CloseCode | int, reason: str = "") -> None:
+        if code == CloseCode.MESSAGE_TOO_BIG and self.state is State.OPEN:
+            # The frame's header announced more than max_size: refused before its payload
+            # is read (or, compressed, as soon as it inflates past it).
+            limit = self.max_message_size
+            message = {"type": "error", "code": "too_large", "message": f"frame exceeds the limit of {limit} bytes"}
+            self.send_text(json.dumps(message).encode())
+            code, reason = CLOSE_TOO_LARGE, "frame too large"
+        super().fail(code, reason)
+
+    def reject(self, status: Any, text: str) -> WebSocketResponse:
+        return _secured(super().reject(status, text))
+
+    def send_response(self, response: WebSocketResponse) -> None:
+        super().send_response(_secured(response))
+
+
+def _secured(response: WebSocketResponse) -> WebSocketResponse:
+    for name, value in SECURITY_HEADERS:
+        if name.decode() not in response.headers:
+            response.headers[name.decode()] = value.decode()
+    return response
+
+
+class KeelWebSocketProtocol(WebSocketsSansIOProtocol):
+    """uvicorn's websockets-sansio protocol, with `_KeelServerProtocol` as its websocket."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        built = self.conn
+        self.conn = _KeelServerProtocol(
+            extensions=built.available_extensions, max_size=self.config.ws_max_size, logger=built.logger
+        )
 
 
 class _BodyTimeout(Exception):

@@ -57,11 +57,12 @@ def test_serve_prints_the_url_without_its_password(postgres_url: str, tmp_path: 
 
 
 def test_the_local_server_is_served_like_keel_serve(sqlite_url: str) -> None:
-    from server.serving import HeadDeadlineProtocol
+    from server.serving import HeadDeadlineProtocol, KeelWebSocketProtocol
 
     local = LocalServer(sqlite_url, ws_ping_timeout_s=33.0, http_keep_alive_s=7, max_frame_bytes=1_000_000)
     config = local.server.config
     assert config.ws_ping_timeout == 33.0 and config.ws_ping_interval == local.settings.ws_ping_interval_s
     assert config.timeout_keep_alive == 7
-    assert config.ws_max_size > 1_000_000
+    assert config.ws_max_size == 1_000_000 and config.ws is KeelWebSocketProtocol  # over it: 4413
     assert isinstance(config.http, type) and issubclass(config.http, HeadDeadlineProtocol)
+    assert config.proxy_headers is False  # no forwarded header believed (KEEL_FORWARDED_ALLOW_IPS)
