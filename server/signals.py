@@ -34,6 +34,9 @@ log = logging.getLogger("keel.signals")
 OUTBOX = 1024
 """Messages a socket holds for a trainer that does not read: past it the oldest go (an alert
 is in the next snapshot, a command is sent again on the next connection)."""
+HAZARD_PERIOD_S = 1.0
+"""A socket computes its run's hazard at most this often (a read of the new rows each time):
+a trainer acts on it within a second, and 64 runs streaming cost 64 small reads a second."""
 FIRING_LISTED = 100
 """Open alerts in the snapshot a socket sends when it starts listening to alerts."""
 
@@ -61,6 +64,7 @@ class TrainerSignals:
         self._resend = False  # the unanswered commands are to be sent
         self._hazard_of: float | None = None  # the run incarnation (started_at) whose hazard is due
         self._hazard_step = -1  # the step of the last hazard sent
+        self._hazard_at = -HAZARD_PERIOD_S  # when it was last computed (monotonic)
 
     def listen(self, signals: frozenset[str]) -> None:
         """Listen to these signals from now on (replacing what was asked before)."""
@@ -100,7 +104,11 @@ class TrainerSignals:
 
     async def _serve(self) -> None:
         while True:
-            await self._wake.wait()
+            timeout = None  # wait for news; or, with a hazard due, until it may be computed
+            if self._hazard_of is not None:
+                timeout = max(0.0, self._hazard_at + HAZARD_PERIOD_S - time.monotonic())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
             self._wake.clear()
             try:
                 await self._turn()
@@ -134,8 +142,9 @@ class TrainerSignals:
             if message.get("type") == "command":
                 sent_commands.append(message["command"]["id"])
         await run_commands.delivered(store, sent_commands, time.time())
-        if self._hazard_of is not None:
+        if self._hazard_of is not None and time.monotonic() >= self._hazard_at + HAZARD_PERIOD_S:
             started_at, self._hazard_of = self._hazard_of, None
+            self._hazard_at = time.monotonic()
             model = HazardModel(current_model())
             steps, hazard = await self.sources.hazards.so_far(store, self.run_id, started_at, model)
             if steps and steps[-1] > self._hazard_step:
