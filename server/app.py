@@ -23,6 +23,7 @@ from server.routes import alerts as alert_routes
 from server.routes import backtest as backtest_routes
 from server.routes import commands as command_routes
 from server.routes import health, login, runs, streams
+from server.routes import tokens as token_routes
 from server.serving import BodyDeadline
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/login", "/logout", "/docs", "/docs/oauth2-redirect", "/openapi.json"})
@@ -79,6 +80,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     api.include_router(alert_routes.router)
     api.include_router(backtest_routes.router)
     api.include_router(command_routes.router)
+    api.include_router(token_routes.router)
     app.include_router(api)
     app.include_router(health.router)
 

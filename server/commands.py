@@ -111,8 +111,10 @@ def _db(args: argparse.Namespace) -> int:
 
 
 def _add_token(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("action", choices=["create"])
-    parser.add_argument("--name", default="cli")
+    parser.add_argument("action", choices=["create", "list", "revoke"],
+                        help="create (printed once), list (names, scopes, revoked), revoke NAME (every live token of that name)")  # fmt: skip
+    parser.add_argument("revoked_name", nargs="?", default=None, metavar="NAME", help="revoke: the tokens' name")
+    parser.add_argument("--name", default="cli", help="create: the token's name")
     parser.add_argument("--scopes", default="ingest,read", help="comma-separated: ingest, read, admin")
     _add_database_url(parser)
 
@@ -122,20 +124,32 @@ def _token(args: argparse.Namespace) -> int:
 
     from server import db
     from server.storage import Store
-    from server.tokens import create_token
+    from server.tokens import create_token, list_tokens, revoke_tokens
 
+    if args.action == "revoke" and not args.revoked_name:
+        print("keel token revoke: name the tokens to revoke (keel token list shows them)")
+        return 2
     settings = _settings(args)
     db.upgrade(settings.database_url)
 
-    async def create() -> str:
+    async def with_store(job):  # type: ignore[no-untyped-def]
         store = Store(db.create_engine(settings.database_url))
         try:
-            return await create_token(store, args.name, [s for s in args.scopes.split(",") if s])
+            return await job(store)
         finally:
             await store.close()
 
+    if args.action == "list":
+        for row in asyncio.run(with_store(list_tokens)):
+            state = "revoked" if row.revoked else "live"
+            print(f"{row.id:>4}  {row.name:<24} {','.join(row.scopes):<20} {state}")
+        return 0
+    if args.action == "revoke":
+        count = asyncio.run(with_store(lambda store: revoke_tokens(store, args.revoked_name)))
+        print(f"keel: revoked {count} token(s) named {args.revoked_name!r}; their open sockets close within seconds")
+        return 0 if count else 1
     try:
-        token = asyncio.run(create())
+        token = asyncio.run(with_store(lambda store: create_token(store, args.name, [s for s in args.scopes.split(",") if s])))
     except ValueError as exc:
         print(f"keel: {exc}")
         return 2
@@ -184,7 +198,7 @@ def _prune(args: argparse.Namespace) -> int:
 
 COMMANDS = {
     "prune": ("Delete runs that ended long ago (retention), without stalling ingest.", _add_prune, _prune),
-    "token": ("Create an API token (printed once).", _add_token, _token),
+    "token": ("API tokens: create (printed once), list, revoke NAME.", _add_token, _token),
     "serve": ("Run the Keel server (ingest, API, dashboard).", _add_serve, _serve),
     "db": ("Database maintenance (migrations).", _add_db, _db),
 }

@@ -102,6 +102,9 @@ class Settings(BaseSettings):
     closed with 4408. Until its hello it holds no ingest slot."""
     ingest_idle_timeout_s: float = 300.0
     """An ingest socket that sends no frame for this long is closed with 4408."""
+    token_recheck_s: float = 2.0
+    """How often an open websocket's token is checked again: a revoked token's ingest and live
+    sockets are closed (4401) within this long."""
     ingest_buffer_bytes: int = 32 * 1024 * 1024
     """Bytes of ingest frames decoded and being written at once, over all sockets (a decoded
     frame takes about ten times its size): beyond it, sockets wait their turn unread, so a

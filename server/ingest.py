@@ -295,6 +295,10 @@ class IngestSession:
         else:
             raise ProtocolError(f"unknown message type {kind[:40]!r}")
 
+    async def revoked(self) -> None:
+        """The token this socket was opened with was revoked: say so and close (4401)."""
+        await self._fail({"type": "error", "code": "unauthorized", "message": "the token was revoked"}, CLOSE_AUTH)
+
     def _listen(self, message: dict[str, Any]) -> None:
         """A hello's or a listen message's `listen` (docs/protocol.md, "Signals")."""
         signals = parse_listen(message)

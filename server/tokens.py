@@ -10,7 +10,7 @@ import ipaddress
 import secrets
 import time
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from server.models import ApiToken
 from server.storage import Store
@@ -56,11 +56,29 @@ async def token_scopes(store: Store, token: str) -> set[str] | None:
     return set(SCOPES) if "admin" in scopes else scopes
 
 
-
-
 async def token_name(store: Store, token: str) -> str | None:
     """The name of a live (not revoked) token, None for an unknown one."""
     async with store.sessions() as session:
         return await session.scalar(
             select(ApiToken.name).where(ApiToken.token_hash == hash_token(token), ApiToken.revoked.is_(False))
         )
+
+
+async def list_tokens(store: Store) -> list[ApiToken]:
+    """Every token (live and revoked), oldest first; their hashes only, never the tokens."""
+    async with store.sessions() as session:
+        return list((await session.scalars(select(ApiToken).order_by(ApiToken.id))).all())
+
+
+async def revoke_tokens(store: Store, name: str) -> int:
+    """Revoke every live token named `name`; how many. A revoked token is refused by REST at
+    once and its open sockets are closed within `token_recheck_s` (server/routes/streams.py)."""
+    async with store.writing() as session:
+        result = await session.execute(
+            update(ApiToken).where(ApiToken.name == name, ApiToken.revoked.is_(False)).values(revoked=True)
+        )
+        return int(getattr(result, "rowcount", 0) or 0)
+
+
+def token_json(token: ApiToken) -> dict[str, object]:
+    return {"id": token.id, "name": token.name, "scopes": list(token.scopes), "created_at": token.created_at, "revoked": token.revoked}

@@ -8,12 +8,13 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from starlette.types import Message
 
 from server.auth import allowed, presented_token
+from server.config import Settings
 from server.deps import CommittedDep, ComponentsDep, HubDep, IngestSlotsDep, SettingsDep, StoreDep
 from server.fairlock import WRITE_OWNER
 from server.ingest import IngestSession, IngestSlots, refuse_overloaded, refuse_unauthorized
 from server.ratelimit import RateLimited, RateLimits, client_key
 from server.signals import SignalSources
-from wire import CLOSE_OVERLOADED, ProtocolError
+from wire import CLOSE_AUTH, CLOSE_OVERLOADED, ProtocolError
 
 router = APIRouter()
 
@@ -89,13 +90,34 @@ async def ingest(
             hello_timeout_s=settings.ingest_hello_timeout_s,
             idle_timeout_s=settings.ingest_idle_timeout_s,
         )
-        await session.serve()
+        serving = asyncio.create_task(session.serve())
+        revoked = asyncio.create_task(token_revoked(websocket, "ingest", settings))
+        try:
+            await asyncio.wait((serving, revoked), return_when=asyncio.FIRST_COMPLETED)
+            if revoked.done() and not serving.done():
+                await session.revoked()  # the session then sees its socket close and ends
+            await serving
+        finally:
+            for task in (serving, revoked):
+                task.cancel()
+            await asyncio.gather(serving, revoked, return_exceptions=True)
     finally:
         gate.release()
 
 
+async def token_revoked(websocket: WebSocket, scope: str, settings: Settings) -> None:
+    """Returns once the socket's token no longer has `scope` (revoked), looked at every
+    `token_recheck_s`; never with auth off."""
+    if not settings.auth_enabled:
+        await asyncio.Event().wait()
+    while True:
+        await asyncio.sleep(settings.token_recheck_s)
+        if not await allowed(websocket, scope):
+            return
+
+
 @router.websocket("/live")
-async def live(websocket: WebSocket, hub: HubDep, runs: str | None = None) -> None:
+async def live(websocket: WebSocket, hub: HubDep, settings: SettingsDep, runs: str | None = None) -> None:
     """Push committed points (and alert changes) of the given runs, or of all runs."""
     run_ids = frozenset(r for r in (runs or "").split(",") if r) or None
     if not await allowed(websocket, "read"):
@@ -115,10 +137,14 @@ async def live(websocket: WebSocket, hub: HubDep, runs: str | None = None) -> No
 
     pusher, reader = asyncio.create_task(push()), asyncio.create_task(drain_client())
     dropped = asyncio.create_task(subscription.wait_dropped())
-    tasks = (pusher, reader, dropped)
+    revoked = asyncio.create_task(token_revoked(websocket, "read", settings))
+    tasks = (pusher, reader, dropped, revoked)
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        if subscription.dropped and not reader.done():
+        if revoked.done() and not reader.done():
+            pusher.cancel()
+            await websocket.close(CLOSE_AUTH, "the token was revoked")
+        elif subscription.dropped and not reader.done():
             # The pusher may be stuck sending to a peer that does not read: nothing of
             # that message was written yet, so it is safe to cancel. The close frame
             # then waits behind what is in the socket's buffer (bounded, see
