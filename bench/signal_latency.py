@@ -23,6 +23,7 @@ import tempfile
 import threading
 import time
 import uuid
+from functools import partial
 
 import httpx
 
@@ -67,13 +68,8 @@ def main() -> None:
             receiver.arrivals.pop(monitor.run_id, None)
             started = time.perf_counter()
             monitor.log(step, {"m": 5.0})
-            fired = step
-
-            def arrived() -> bool:
-                return fired in handled
-
             with cond:
-                if not cond.wait_for(arrived, timeout=30):
+                if not cond.wait_for(partial(dict.__contains__, handled, step), timeout=30):
                     raise TimeoutError(f"no command for step {step}")
             handler_ms.append(1000 * (handled[step] - started))
             webhook_ms.append(1000 * (receiver.wait(monitor.run_id) - started))

@@ -15,7 +15,6 @@ from tests.support.hazard import collapsing_values, hazard_model
 from tests.support.raw_client import new_run, open_ingest, points
 
 
-
 def _hello(ws: Any, run: dict[str, Any], listen: list[str] | None = None) -> dict[str, Any]:
     message: dict[str, Any] = {"type": "hello", "protocol": 1, "run": run}
     if listen is not None:
