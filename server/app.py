@@ -13,7 +13,7 @@ from starlette.requests import HTTPConnection
 
 from dashboard import mount_dashboard
 from server import compression
-from server.auth import allowed, presented_token
+from server.auth import FailedAuthLimit, allowed, presented_token
 from server.components import running
 from server.config import Settings
 from server.deps import get_components
@@ -101,6 +101,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # gzip for browsers and API clients that accept it; Dash's immutable files compressed once.
     app.add_middleware(GZipMiddleware, minimum_size=compression.MINIMUM_SIZE, compresslevel=compression.LEVEL)
     app.add_middleware(compression.StaticGzip)
+    # Credentials from an address with too many failed authentications: 429, before any
+    # token is looked up; each failed lookup counted (server/auth.py).
+    app.add_middleware(FailedAuthLimit)
     # Outside Dash's middleware too: a request for a foreign Host, or a foreign page's
     # write or websocket, reaches nothing else.
     app.add_middleware(OriginGuard, policy=site_policy)

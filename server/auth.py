@@ -5,21 +5,35 @@ token arrives as `Authorization: Bearer <token>`, or, for browsers, as the
 HttpOnly `keel_token` cookie set by /login (a same-origin websocket sends it
 too). Never in the URL: URLs are written to access logs, proxies and browser
 history. Tokens themselves: server/tokens.py.
+
+Guessing is limited per client address (`FailedAuthLimit`): every token looked up for a
+request and found to be no live token's (a bad bearer token or cookie, a wrong token at
+/login, an unknown token at /whoami) spends one from the address's bucket
+(`auth_failures_per_s`, `auth_failures_burst`); while it is empty, a request from that
+address that carries a credential, or signs in, is answered 429 with Retry-After before
+anything is looked up.
 """
 
 from __future__ import annotations
 
+import logging
 import secrets
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from fastapi import Depends, HTTPException
 from starlette.requests import HTTPConnection
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from server.deps import get_components
-from server.tokens import token_scopes
+from server.ratelimit import RateLimiter, address_key
+from server.tokens import UNKNOWN_TOKEN_SEEN, token_scopes
 
 COOKIE = "keel_token"
+LOGIN_PATH = "/login"
+
+log = logging.getLogger("keel.auth")
 
 
 def presented_token(conn: HTTPConnection) -> str | None:
@@ -36,10 +50,15 @@ async def allowed(conn: HTTPConnection, scope: str) -> bool:
     token = presented_token(conn)
     if not token:
         return False
-    if scope == "read" and secrets.compare_digest(token, components.internal_token):
+    if scope == "read" and _same(token, components.internal_token):
         return True
     scopes = await token_scopes(components.store, token)
     return scopes is not None and scope in scopes
+
+
+def _same(token: str, secret: str) -> bool:
+    # As bytes: compare_digest refuses str with non-ASCII characters (a header may hold any latin-1).
+    return secrets.compare_digest(token.encode(), secret.encode())
 
 
 def require(scope: str) -> Callable[[HTTPConnection], Coroutine[Any, Any, None]]:
@@ -50,6 +69,52 @@ def require(scope: str) -> Callable[[HTTPConnection], Coroutine[Any, Any, None]]
             raise HTTPException(401, f"a token with the {scope!r} scope is required", headers={"WWW-Authenticate": "Bearer"})
 
     return check
+
+
+class FailedAuthLimit:
+    """ASGI middleware (inside OriginGuard): counts each failed token lookup of a request
+    against the client's address, and answers 429 to a request that carries a credential
+    (Authorization: Bearer, the login cookie) or signs in (POST /login) from an address
+    whose bucket is empty, before its token is looked up. The dashboard's own in-process
+    reads (the internal token) are never held. With auth off, nothing is counted."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        components = getattr(scope["app"].state, "components", None) if "app" in scope else None
+        if scope["type"] not in ("http", "websocket") or components is None or not components.settings.auth_enabled:
+            await self.app(scope, receive, send)
+            return
+        conn = HTTPConnection(scope)
+        limiter = components.rate_limits.auth_failures
+        address = address_key(conn)
+        token = presented_token(conn)
+        signs_in = scope["type"] == "http" and scope["method"] == "POST" and scope["path"] == LOGIN_PATH
+        if signs_in or (token and not _same(token, components.internal_token)):
+            state = limiter.peek(address, 1)
+            if not state.granted:
+                await _too_many_failures(state.retry_after_s, signs_in)(scope, receive, send)
+                return
+        reset = UNKNOWN_TOKEN_SEEN.set(lambda: _failed(limiter, address))
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            UNKNOWN_TOKEN_SEEN.reset(reset)
+
+
+def _failed(limiter: RateLimiter, address: str) -> None:
+    limiter.reserve(address, 1)
+    if not limiter.peek(address, 1).granted:
+        log.warning("too many failed authentications from %s: its credentials are refused (429) for now", address[5:])
+
+
+def _too_many_failures(retry_after_s: int, signs_in: bool) -> Response:
+    message = f"too many failed authentications from this address; retry in {retry_after_s} s"
+    headers = {"Retry-After": str(retry_after_s)}
+    if signs_in:  # a browser's form post: a page, not JSON
+        return HTMLResponse(f"<!doctype html><title>Keel: sign in</title><p>{message}</p>", 429, headers=headers)
+    return JSONResponse({"detail": message}, 429, headers=headers)
 
 
 READ = Depends(require("read"))

@@ -127,6 +127,11 @@ class Settings(BaseSettings):
     """An ingest frame over the rate is held back (the socket is not read) for up to this
     long; one that would have to wait longer closes the socket with 1013 and `retry_after_s`.
     REST writes are not held back: over the rate they get 429."""
+    auth_failures_per_s: float = 0.2
+    """Failed authentications per client address (a token that is no token's, in a request
+    or at /login), per second, after the burst. Beyond it, the address's credentials are
+    answered 429 with Retry-After without being looked up. 0 turns it off."""
+    auth_failures_burst: int = 20
 
     @field_validator("bootstrap_token")
     @classmethod

@@ -8,6 +8,10 @@ and then spent at once, so the bucket goes into debt and whoever asks next waits
 several sockets of one identity share one rate, whatever their number. REST asks with
 no wait (over the rate: 429 + Retry-After); ingest waits, pacing the sender, and closes
 the socket (1013, `retry_after_s`) only when the wait would pass `ingest_max_pacing_s`.
+
+Failed authentications (a token that is no token's, at /login or in a request) spend a
+third bucket, per client address whatever the token (server/auth.py): once it is empty,
+the address's credentials are answered 429 without being looked up.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from starlette.requests import HTTPConnection
 from server.config import Settings
 from wire import CLOSE_OVERLOADED, ProtocolError
 
-__all__ = ["RateLimited", "RateLimiter", "RateLimits", "Reservation", "TokenBucket", "client_key"]
+__all__ = ["RateLimited", "RateLimiter", "RateLimits", "Reservation", "TokenBucket", "address_key", "client_key"]
 
 MAX_KEYS = 10_000
 """Identities tracked at once; full buckets (clients quiet long enough) are forgotten first."""
@@ -63,6 +67,12 @@ class TokenBucket:
         self.tokens -= cost
         return Reservation(True, wait_s)
 
+    def peek(self, cost: float, now: float) -> Reservation:
+        """What `reserve(cost, now, 0)` would answer, spending nothing."""
+        tokens = min(self.burst, self.tokens + (now - self.updated) * self.rate)
+        wait_s = max(0.0, (min(cost, self.burst) - tokens) / self.rate)
+        return Reservation(wait_s <= 0, wait_s)
+
     def full(self, now: float) -> bool:
         return self.tokens + (now - self.updated) * self.rate >= self.burst
 
@@ -88,6 +98,11 @@ class RateLimiter:
             bucket = self._buckets[key] = TokenBucket(self.rate, self.burst, now)
         return bucket.reserve(cost, now, max_wait_s)
 
+    def peek(self, key: str, cost: float) -> Reservation:
+        """Whether `cost` would be granted now without waiting, spending nothing."""
+        bucket = self._buckets.get(key) if self.rate > 0 else None
+        return GRANTED if bucket is None else bucket.peek(cost, self.clock())
+
     def _forget(self, now: float) -> None:
         # A full bucket is what a new one would be: forgetting it changes nothing.
         for key in [key for key, bucket in self._buckets.items() if bucket.full(now)]:
@@ -106,6 +121,8 @@ class RateLimits:
     bytes: RateLimiter
     """Ingest frames and REST write bodies, by their length."""
     max_pacing_s: float
+    auth_failures: RateLimiter
+    """Failed authentications, one each, per client address (server/auth.py)."""
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RateLimits:
@@ -113,6 +130,7 @@ class RateLimits:
             requests=RateLimiter(settings.write_requests_per_s, settings.write_requests_burst),
             bytes=RateLimiter(settings.ingest_bytes_per_s, settings.ingest_bytes_burst),
             max_pacing_s=settings.ingest_max_pacing_s,
+            auth_failures=RateLimiter(settings.auth_failures_per_s, settings.auth_failures_burst),
         )
 
 
@@ -129,9 +147,15 @@ class RateLimited(ProtocolError):
         return {**super().to_message(), "retry_after_s": round(self.retry_after_s, 3)}
 
 
+def address_key(conn: HTTPConnection) -> str:
+    """The client's address as a key: its connection's, or the forwarded one from a proxy
+    named in KEEL_FORWARDED_ALLOW_IPS (server/serving.py)."""
+    return "addr:" + (conn.client.host if conn.client else "unknown")
+
+
 def client_key(conn: HTTPConnection, auth_enabled: bool, token: str | None) -> str:
     """Whom a request is counted against: its token (hashed: no secret kept in memory),
     or, with auth off or no token presented, its address."""
     if auth_enabled and token:
         return "token:" + hashlib.sha256(token.encode()).hexdigest()[:32]
-    return "addr:" + (conn.client.host if conn.client else "unknown")
+    return address_key(conn)

@@ -9,6 +9,8 @@ import hashlib
 import ipaddress
 import secrets
 import time
+from collections.abc import Callable
+from contextvars import ContextVar
 
 from sqlalchemy import select, update
 
@@ -47,10 +49,20 @@ async def create_token(store: Store, name: str, scopes: list[str], token: str | 
     return token
 
 
+UNKNOWN_TOKEN_SEEN: ContextVar[Callable[[], None] | None] = ContextVar("keel_unknown_token_seen", default=None)
+"""What to call when a lookup finds no live token: set per request by server.auth's
+`FailedAuthLimit`, which counts it against the client's address (docs/security.md)."""
+
+
 async def token_scopes(store: Store, token: str) -> set[str] | None:
+    """The scopes of a live token, None for an unknown or revoked one (a failed
+    authentication, reported to UNKNOWN_TOKEN_SEEN)."""
     async with store.sessions() as session:
         row = await session.scalar(select(ApiToken).where(ApiToken.token_hash == hash_token(token), ApiToken.revoked.is_(False)))
     if row is None:
+        report = UNKNOWN_TOKEN_SEEN.get()
+        if report is not None:
+            report()
         return None
     scopes = set(row.scopes)
     return set(SCOPES) if "admin" in scopes else scopes

@@ -8,7 +8,7 @@ import sys
 
 import httpx
 import pytest
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
 from tests.support.raw_client import new_run
@@ -101,3 +101,91 @@ def test_the_live_websocket_accepts_the_login_cookie(secured) -> None:
             assert json.loads(ws.recv(timeout=10))["type"] == "ack"
         message = json.loads(live.recv(timeout=10))
     assert message["type"] == "points" and message["rows"][0]["step"] == 3
+
+
+# -- failed authentications: limited per client address ---------------------------------
+
+FAILURES = {"auth_failures_per_s": 0.5, "auth_failures_burst": 3}
+"""Three failures, then one more every 2 s."""
+
+
+def _from(address: str) -> httpx.Client:
+    return httpx.Client(transport=httpx.HTTPTransport(local_address=address), timeout=10)
+
+
+def _socket_from(server, address: str, path: str, token: str):  # type: ignore[no-untyped-def]
+    import socket
+
+    sock = socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1])), source_address=(address, 0), timeout=10)
+    return connect(f"{server.ws_url}{path}", sock=sock, additional_headers={"Authorization": f"Bearer {token}"}, open_timeout=10)
+
+
+def _limited(response: httpx.Response) -> int:
+    assert response.status_code == 429, (response.status_code, response.text)
+    assert "too many failed authentications" in response.text
+    return int(response.headers["Retry-After"])
+
+
+def test_bad_bearer_tokens_are_limited_per_address_and_then_not_looked_up(server_factory, sqlite_url: str) -> None:
+    """A client could try tokens as fast as the server answered 401 (the outside tester's finding)."""
+    import time
+
+    secured = server_factory(sqlite_url, auth=True, bootstrap_token=ADMIN, **FAILURES)
+    runs = f"{secured.url}/api/v1/runs"
+    with _from("127.0.0.2") as guesser:
+        codes = [guesser.get(runs, headers={"Authorization": f"Bearer guess-{i}"}).status_code for i in range(3)]
+        assert codes == [401, 401, 401]
+        retry_after = _limited(guesser.get(runs, headers={"Authorization": "Bearer guess-3"}))
+        assert 1 <= retry_after <= 2
+        # While the address is limited, even a right token is not looked up (no oracle), nor a cookie.
+        _limited(guesser.get(runs, headers={"Authorization": f"Bearer {ADMIN}"}))
+        _limited(guesser.get(f"{secured.url}/", cookies={"keel_token": "guess-4"}))
+        assert guesser.get(f"{secured.url}/healthz").status_code == 200  # no credential: served
+        assert guesser.get(runs).status_code == 401
+    with _from("127.0.0.1") as other:  # another address has its own bucket
+        assert other.get(runs, headers={"Authorization": f"Bearer {ADMIN}"}).status_code == 200
+        assert other.get(runs, headers={"Authorization": "Bearer nope"}).status_code == 401
+    time.sleep(retry_after)
+    with _from("127.0.0.2") as guesser:
+        assert guesser.get(runs, headers={"Authorization": f"Bearer {ADMIN}"}).status_code == 200
+
+
+def test_failed_logins_are_limited_per_address(server_factory, sqlite_url: str) -> None:
+    secured = server_factory(sqlite_url, auth=True, bootstrap_token=ADMIN, **FAILURES)
+    with _from("127.0.0.3") as browser:
+        assert [browser.post(f"{secured.url}/login", data={"token": f"guess-{i}"}).status_code for i in range(3)] == [401] * 3
+        refused = browser.post(f"{secured.url}/login", data={"token": ADMIN}, follow_redirects=False)
+        assert _limited(refused) >= 1 and refused.headers["content-type"].startswith("text/html")
+        assert browser.get(f"{secured.url}/login").status_code == 200  # the form itself is still served
+    with _from("127.0.0.1") as browser:
+        assert browser.post(f"{secured.url}/login", data={"token": ADMIN}, follow_redirects=False).status_code == 303
+
+
+def test_bad_tokens_on_websockets_and_whoami_count_too(server_factory, sqlite_url: str) -> None:
+    secured = server_factory(sqlite_url, auth=True, bootstrap_token=ADMIN, **FAILURES)
+    with _socket_from(secured, "127.0.0.4", "/api/v1/ingest", "guess-0") as ws:
+        _closed_with(ws, 4401)
+    with _socket_from(secured, "127.0.0.4", "/api/v1/live", "guess-1") as ws:
+        _closed_with(ws, 4401)
+    with _from("127.0.0.4") as guesser:  # /whoami looks any token up: a failure like the others
+        assert guesser.get(f"{secured.url}/api/v1/whoami", headers={"Authorization": "Bearer guess-2"}).status_code == 200
+    with pytest.raises(InvalidStatus) as refused, _socket_from(secured, "127.0.0.4", "/api/v1/ingest", ADMIN):
+        pass
+    assert refused.value.response.status_code == 429 and int(refused.value.response.headers["Retry-After"]) >= 1
+    with _socket_from(secured, "127.0.0.1", "/api/v1/ingest", ADMIN) as ws:  # another address
+        ws.send(json.dumps({"type": "hello", "protocol": 1, "run": new_run()}))
+        assert json.loads(ws.recv(timeout=10))["type"] == "welcome"
+
+
+def test_a_token_with_characters_outside_ascii_is_refused_not_a_fault(secured) -> None:
+    for headers in ({"Authorization": "Bearer jeton-\xe9".encode("latin-1")}, {"Cookie": "keel_token=jeton-\xe9".encode("latin-1")}):
+        response = httpx.get(f"{secured.url}/api/v1/runs", headers=headers)
+        assert response.status_code == 401, (headers, response.status_code)
+        assert httpx.get(f"{secured.url}/", headers=headers, follow_redirects=False).status_code == 303
+
+
+def test_the_failure_limit_defaults() -> None:
+    from server.config import Settings
+
+    settings = Settings()
+    assert (settings.auth_failures_per_s, settings.auth_failures_burst) == (0.2, 20)

@@ -155,3 +155,16 @@ def test_ingest_slightly_over_the_rate_is_paced_not_refused(server_factory, sqli
         assert [recv(ws)["seq"] for _ in range(12)] == list(range(12))
         took = time.monotonic() - start
     assert 0.8 < took < 5  # 10 frames beyond the burst at 10 frames/s: about a second
+
+
+def test_peek_says_what_reserve_would_and_spends_nothing() -> None:
+    clock = FakeClock()
+    limiter = RateLimiter(rate=1.0, burst=2.0, clock=clock)
+    assert limiter.peek("a", 1).granted and len(limiter) == 0  # an unknown key: a full bucket, not stored
+    assert limiter.reserve("a", 1).granted and limiter.reserve("a", 1).granted
+    for _ in range(3):
+        refused = limiter.peek("a", 1)
+        assert not refused.granted and refused.wait_s == pytest.approx(1.0)
+    clock.now += 1.0
+    assert limiter.peek("a", 1).granted and limiter.reserve("a", 1).granted
+    assert RateLimiter(rate=0, burst=0, clock=clock).peek("a", 1e9).granted  # off
