@@ -5,12 +5,12 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, HTTPException, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from server.alerts import history, silences
 from server.alerts.rulebook import rule_json
-from server.auth import ADMIN, READ
+from server.auth import ADMIN, READ, allowed
 from server.deps import DeliveriesDep, RuleBookDep, SettingsDep, StoreDep
 from server.errors import NotFound
 from server.jsonview import alert_json
@@ -210,8 +210,11 @@ async def create_webhook(body: WebhookIn, store: StoreDep, settings: SettingsDep
 
 
 @router.get("/webhooks", dependencies=[READ])
-async def list_webhooks(store: StoreDep) -> list[dict[str, Any]]:
-    return [registry.webhook_json(hook) for hook in await registry.list_webhooks(store)]
+async def list_webhooks(request: Request, store: StoreDep) -> list[dict[str, Any]]:
+    """Every webhook. Its URL is whole for an admin token (or with auth off); a read token
+    sees `scheme://host/***`: a receiver's URL is often its secret (Slack's, Discord's)."""
+    whole_url = await allowed(request, "admin")
+    return [registry.webhook_json(hook, whole_url=whole_url) for hook in await registry.list_webhooks(store)]
 
 
 @router.delete("/webhooks/{hook_id}", status_code=204, dependencies=[ADMIN], responses=errors(404, 429))

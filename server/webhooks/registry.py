@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 import uuid
 from typing import Any
+from urllib.parse import urlsplit
 
 from sqlalchemy import select
 
@@ -18,7 +19,8 @@ from server.webhooks import signing
 from server.webhooks.formats import FORMATS
 
 __all__ = [
-    "create_webhook", "delete_webhook", "list_deliveries", "list_webhooks", "outbox_row", "queue_test_event", "webhook_json",
+    "create_webhook", "delete_webhook", "list_deliveries", "list_webhooks", "masked_url", "outbox_row", "queue_test_event",
+    "webhook_json",
 ]
 
 
@@ -29,8 +31,27 @@ def outbox_row(webhook_id: int, event_id: str, event_type: str, payload: dict[st
     )
 
 
-def webhook_json(hook: Webhook) -> dict[str, Any]:
-    return {"id": hook.id, "url": hook.url, "format": hook.format, "enabled": hook.enabled, "disabled_reason": hook.disabled_reason}
+URL_MASK = "***"
+
+
+def webhook_json(hook: Webhook, *, whole_url: bool = True) -> dict[str, Any]:
+    """A webhook as the API shows it. Its URL is whole only for an admin (`whole_url`):
+    a receiver's URL is often its secret (Slack's and Discord's carry it in the path)."""
+    url = hook.url if whole_url else masked_url(hook.url)
+    return {"id": hook.id, "url": url, "format": hook.format, "enabled": hook.enabled, "disabled_reason": hook.disabled_reason}
+
+
+def masked_url(url: str) -> str:
+    """`scheme://host[:port]/***`: where a webhook goes, not how to post to it (the userinfo,
+    path, query and fragment, where receivers keep their secrets, are left out)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    return f"{parts.scheme}://{netloc}{f':{port}' if port is not None else ''}/{URL_MASK}"
 
 
 async def create_webhook(store: Store, url: str, format_name: str, secret: str | None) -> Webhook:

@@ -189,3 +189,30 @@ def test_the_failure_limit_defaults() -> None:
 
     settings = Settings()
     assert (settings.auth_failures_per_s, settings.auth_failures_burst) == (0.2, 20)
+
+
+# -- webhook URLs: whole for an admin only -----------------------------------------------
+
+
+def test_a_read_token_sees_webhook_urls_masked_an_admin_whole(server_factory, database_url) -> None:
+    """A Slack or Discord webhook URL is its secret; a read token listed them whole."""
+    secured = server_factory(database_url, auth=True, bootstrap_token=ADMIN, allow_private_webhooks=True)
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    url = "http://127.0.0.1:9/services/T000/B000/slacksecret0123?token=qsecret"
+    created = httpx.post(f"{secured.url}/api/v1/webhooks", json={"url": url, "format": "slack"}, headers=admin)
+    assert created.status_code == 201 and created.json()["url"] == url
+    result = subprocess.run(
+        [sys.executable, "-m", "keel", "token", "create", "--scopes", "read,ingest", "--database-url", database_url],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    reader = {"Authorization": f"Bearer {result.stdout.splitlines()[0]}"}
+    listed = httpx.get(f"{secured.url}/api/v1/webhooks", headers=reader)
+    assert listed.status_code == 200
+    assert [hook["url"] for hook in listed.json()] == ["http://127.0.0.1:9/***"]
+    for secret in ("slacksecret0123", "qsecret", "services"):
+        assert secret not in listed.text, secret
+    assert [hook["url"] for hook in httpx.get(f"{secured.url}/api/v1/webhooks", headers=admin).json()] == [url]
+    # With auth off, whoever reaches the server is an admin: whole.
+    local = server_factory(database_url, allow_private_webhooks=True)
+    assert [hook["url"] for hook in httpx.get(f"{local.url}/api/v1/webhooks").json()] == [url]

@@ -191,3 +191,12 @@ def test_formats_name_the_essentials_and_respect_limits() -> None:
         and am["alerts"][0]["labels"]["alertname"] == "collapse risk"
     )
     assert am["alerts"][0]["endsAt"] == "0001-01-01T00:00:00Z"
+
+
+def test_a_masked_webhook_url_keeps_only_where_it_goes() -> None:
+    from server.webhooks.registry import masked_url
+
+    assert masked_url("https://hooks.slack.com/services/T0/B0/secret") == "https://hooks.slack.com/***"
+    assert masked_url("https://discord.com/api/webhooks/1/secret?wait=true") == "https://discord.com/***"
+    assert masked_url("http://user:pw@[::1]:8080/hook?token=x#f") == "http://[::1]:8080/***"
+    assert masked_url("http://10.0.0.5") == "http://10.0.0.5/***"
