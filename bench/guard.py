@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.guard --corpus corpora/regimes --out guard.jsonl [--collapsed 60 --stable 60]
 
 Takes the settings of runs of a regime corpus (`keel lm-regimes`): those whose reward fell
-for good (a lasting collapse, learners/labels.py) and as many that never did, and trains each
+for good (a lasting collapse, learners/labels.py) and as many that learned and never fell, and trains each
 again twice, side by side in one process each (`--jobs` at once): without the guard and with
 it. The guard reads the collapse hazard of the built-in model, computed beside the loop from
 the same metrics the server would compute it from (what `Monitor.hazard` says, without the
@@ -20,6 +20,7 @@ not collapse again: both figures are shown.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import statistics
 import sys
@@ -31,15 +32,19 @@ FINAL_WINDOW = 50
 
 
 def _pick(corpus: str, collapsed: int, stable: int) -> list[tuple[str, dict[str, Any]]]:
-    from learners.labels import falls, smoothed
+    """Runs that fell for good, and runs that learned (reached the label's 0.5) and never fell
+    (no dip, nothing unjudged), each in an order drawn from their names (every loss and
+    regime mixed, the same every time)."""
+    from learners.labels import REACH, falls, smoothed
     from learners.lm.runfiles import read_dir
 
     falling, steady = [], []
-    for run in read_dir(corpus):
-        label = falls(smoothed(run["series"]["reward/mean"]))
+    for run in sorted(read_dir(corpus), key=lambda run: hashlib.sha256(run["name"].encode()).hexdigest()):
+        rewards = smoothed(run["series"]["reward/mean"])
+        label = falls(rewards)
         if label.collapse is not None:
             falling.append(("collapsed", run["spec"]))
-        elif label.unjudged is None and not label.dips:
+        elif label.unjudged is None and not label.dips and max(rewards, default=0.0) >= REACH:
             steady.append(("stable", run["spec"]))
     return falling[:collapsed] + steady[:stable]
 
