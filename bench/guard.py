@@ -49,6 +49,25 @@ def _pick(corpus: str, collapsed: int, stable: int) -> list[tuple[str, dict[str,
     return falling[:collapsed] + steady[:stable]
 
 
+def _drawn(count: int, seed: int = 0) -> list[tuple[str, dict[str, Any]]]:
+    """Settings where PPO falls half the time in the regime corpus (unclipped, a learning rate
+    of 1.5e-3 or more: 8 of its 16 such runs fell for good), drawn with their other axes as
+    the corpus draws them: which twin would have collapsed is only known once the unguarded
+    one has run."""
+    import random
+
+    rng = random.Random(seed)
+    drawn = []
+    for index in range(count):
+        prompts, group = rng.choice([(16, 8), (8, 16), (32, 4), (8, 8)])
+        drawn.append(("drawn", {
+            "loss": "ppo", "lag": rng.randint(2, 12), "sampler_dtype": rng.choice(["bf16", "fp16", "fp32"]),
+            "lr": rng.choice([1.5e-3, 2e-3, 3e-3]), "clip": 0.0, "digits": rng.choice([2, 2, 3, 3, 4]),
+            "prompts": prompts, "group": group, "steps": 1000, "seed": 1000 + index,
+        }))  # fmt: skip
+    return drawn
+
+
 def run_arm(kind: str, spec: dict[str, Any], guard: bool) -> dict[str, Any]:
     """One run (in a worker process): its outcome."""
     import torch
@@ -85,6 +104,7 @@ def run_arm(kind: str, spec: dict[str, Any], guard: bool) -> dict[str, Any]:
         "kind": kind,
         "guard": guard,
         "collapse": label.collapse,
+        "peak": max(smoothed(rewards), default=0.0),
         "final_reward": statistics.fmean(rewards[-FINAL_WINDOW:]),
         "rollbacks": int(sum(r for r in rollbacks if r == r)),
         "steps_lost": int(lost[-1]) if lost else 0,
@@ -98,14 +118,32 @@ def _done(out: Path) -> dict[tuple[str, bool], dict[str, Any]]:
     return {(r["name"], r["guard"]): r for r in results}
 
 
+def _pairs(results: list[dict[str, Any]]) -> dict[str, list[dict[bool, dict[str, Any]]]]:
+    """Both arms of each setting, by what it is: "collapsed" and "stable" as the corpus ran them;
+    a drawn setting by what its unguarded twin did ("drawn, collapsed unguarded", "drawn,
+    learned and stayed"; one that never learned says nothing of the guard)."""
+    pairs: dict[tuple[str, str], dict[bool, dict[str, Any]]] = {}
+    for r in results:
+        pairs.setdefault((r["kind"], r["name"]), {})[r["guard"]] = r
+    grouped: dict[str, list[dict[bool, dict[str, Any]]]] = {}
+    for (kind, _), pair in pairs.items():
+        if True not in pair or False not in pair:
+            continue
+        if kind == "drawn":
+            unguarded = pair[False]
+            if unguarded["collapse"] is not None:
+                kind = "drawn, collapsed unguarded"
+            elif unguarded.get("peak", 0.0) >= 0.5:
+                kind = "drawn, learned and stayed unguarded"
+            else:
+                continue
+        grouped.setdefault(kind, []).append(pair)
+    return grouped
+
+
 def report(results: list[dict[str, Any]]) -> str:
     lines = []
-    for kind in ("collapsed", "stable"):
-        pairs: dict[str, dict[bool, dict[str, Any]]] = {}
-        for r in results:
-            if r["kind"] == kind:
-                pairs.setdefault(r["name"], {})[r["guard"]] = r
-        both = [p for p in pairs.values() if True in p and False in p]
+    for kind, both in _pairs(results).items():
         if not both:
             continue
         n = len(both)
@@ -118,7 +156,7 @@ def report(results: list[dict[str, Any]]) -> str:
         diffs = [p[True]["final_reward"] - p[False]["final_reward"] for p in both]
         rollbacks = [p[True]["rollbacks"] for p in both]
         lines.append(
-            f"{kind} in the corpus ({n} settings): end healthy without the guard {share(False)}, with it {share(True)}; "
+            f"{kind} ({n} settings): end healthy without the guard {share(False)}, with it {share(True)}; "
             f"median final reward {finals[False]:.3f} -> {finals[True]:.3f} (median change {statistics.median(diffs):+.3f}); "
             f"runs rolled back {sum(r > 0 for r in rollbacks)}/{n}, rollbacks {sum(rollbacks)}, "
             f"steps lost {sum(p[True]['steps_lost'] for p in both)}"
@@ -136,13 +174,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="guard.jsonl", help="one line per finished run (resumable)")
     parser.add_argument("--collapsed", type=int, default=60, help="would-be collapses taken (default 60)")
     parser.add_argument("--stable", type=int, default=60, help="stable runs taken (default 60)")
+    parser.add_argument("--draw", type=int, default=0, metavar="N",
+                        help="also N collapse-prone PPO settings drawn afresh (judged by their unguarded twin)")  # fmt: skip
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--report", action="store_true", help="only print what --out holds")
     args = parser.parse_args(argv)
     out = Path(args.out)
     if not args.report:
         done = _done(out)
-        todo = [(kind, spec, guard) for kind, spec in _pick(args.corpus, args.collapsed, args.stable) for guard in (False, True)]
+        picked = _pick(args.corpus, args.collapsed, args.stable) + _drawn(args.draw)
+        todo = [(kind, spec, guard) for kind, spec in picked for guard in (False, True)]
         from learners.lm.learner import LMConfig
 
         todo = [t for t in todo if (LMConfig(**t[1]).name, t[2]) not in done]
