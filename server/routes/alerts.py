@@ -238,15 +238,19 @@ async def test_webhook(
 
 
 @router.get("/webhooks/{hook_id}/deliveries", dependencies=[READ], responses=errors(404))
-async def list_deliveries(hook_id: RowId, store: StoreDep) -> list[dict[str, Any]]:
+async def list_deliveries(hook_id: RowId, request: Request, store: StoreDep) -> list[dict[str, Any]]:
+    """A webhook's deliveries, newest first; for a read token every URL in an error is masked
+    as the webhook's own (`scheme://host/***`)."""
     try:
         deliveries = await registry.list_deliveries(store, hook_id)
     except NotFound as exc:
         raise _missing(exc) from None
+    whole = await allowed(request, "admin")
     return [
         {
             "id": d.id, "event_id": d.event_id, "event_type": d.event_type, "status": d.status, "attempts": d.attempts,
-            "next_attempt_at": d.next_attempt_at, "last_error": d.last_error, "delivered_at": d.delivered_at,
+            "next_attempt_at": d.next_attempt_at, "last_error": d.last_error if whole else registry.masked_urls(d.last_error),
+            "delivered_at": d.delivered_at,
         }
         for d in deliveries
     ]

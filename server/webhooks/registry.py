@@ -4,6 +4,7 @@ send a test event, list deliveries), and `outbox_row`, how any event is queued f
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from typing import Any
@@ -38,7 +39,17 @@ def webhook_json(hook: Webhook, *, whole_url: bool = True) -> dict[str, Any]:
     """A webhook as the API shows it. Its URL is whole only for an admin (`whole_url`):
     a receiver's URL is often its secret (Slack's and Discord's carry it in the path)."""
     url = hook.url if whole_url else masked_url(hook.url)
-    return {"id": hook.id, "url": url, "format": hook.format, "enabled": hook.enabled, "disabled_reason": hook.disabled_reason}
+    reason = hook.disabled_reason if whole_url else masked_urls(hook.disabled_reason)
+    return {"id": hook.id, "url": url, "format": hook.format, "enabled": hook.enabled, "disabled_reason": reason}
+
+
+def masked_urls(text: str | None) -> str | None:
+    """`text` (a delivery's error, a disabled reason) with every URL in it masked as
+    `masked_url` does: an HTTP client's error often quotes the URL it failed to reach."""
+    return None if text is None else _URL.sub(lambda match: masked_url(match.group(0)), text)
+
+
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>()]+")
 
 
 def masked_url(url: str) -> str:

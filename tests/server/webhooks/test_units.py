@@ -200,3 +200,12 @@ def test_a_masked_webhook_url_keeps_only_where_it_goes() -> None:
     assert masked_url("https://discord.com/api/webhooks/1/secret?wait=true") == "https://discord.com/***"
     assert masked_url("http://user:pw@[::1]:8080/hook?token=x#f") == "http://[::1]:8080/***"
     assert masked_url("http://10.0.0.5") == "http://10.0.0.5/***"
+
+
+def test_every_url_in_a_delivery_error_is_masked_for_a_read_token() -> None:
+    from server.webhooks.registry import masked_urls
+
+    error = "ConnectError: could not reach https://hooks.slack.com/services/T0/B0/secret123 (then http://10.0.0.5:8080/x?token=q)"
+    masked = masked_urls(error)
+    assert masked == "ConnectError: could not reach https://hooks.slack.com/*** (then http://10.0.0.5:8080/***)"
+    assert masked_urls(None) is None and masked_urls("HTTP 500") == "HTTP 500"
