@@ -37,6 +37,7 @@ _COMMAND_MODULES: Mapping[str, tuple[str, ...]] = {
     "learners.toy_cli": ("torch",),
     "learners.lm_cli": ("torch",),
     "keel.commands": ("fastapi", "torch", "learners"),  # demo, eval-alerts: a server and the learners
+    "keel.parity": (),
     "keel.sync": (),
     "keel.transfer": (),
     "keel.watch": (),
