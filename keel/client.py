@@ -7,8 +7,8 @@
     df = client.series(run_id, "grad/norm", as_="pandas")          # a pandas Series by step
 
 The HTTP is the standard library's urllib, not httpx: the base install (what a GPU node
-or a bare notebook has) carries websockets only, and a few JSON GETs need nothing more.
-numpy and pandas are imported only when a method returns them.
+or a bare notebook has) carries websockets and cloudpickle only, and a few JSON GETs need
+nothing more. numpy and pandas are imported only when a method returns them.
 
 `series` returns every stored point unless `max_points` asks for the server's bucketed
 downsampling: the series endpoint answers at most 100 000 points at full resolution, so a
@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, overload
 
 from wire import KeelError, decode_value
+from wire.urls import api_url
 
 __all__ = ["Client", "ClientError", "SeriesArrays", "SERIES_PAGE_POINTS"]
 
@@ -69,7 +70,8 @@ class Client:
     """A Keel server's REST reads.
 
     Args:
-        url: the server, e.g. "http://127.0.0.1:8750".
+        url: the server, e.g. "http://127.0.0.1:8750" (https://, ws:// and wss:// work too;
+            wire/urls.py).
         token: an API token with read scope, when the server has auth on.
         timeout: seconds per HTTP request.
         page_points: points per series request when reading at full resolution; the
@@ -84,10 +86,7 @@ class Client:
         timeout: float = 60.0,
         page_points: int = SERIES_PAGE_POINTS,
     ) -> None:
-        parts = urllib.parse.urlsplit(url.strip())
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ValueError(f"server URL must look like http://host:port, got {url!r}")
-        self.base = url.strip().rstrip("/") + "/api/v1"
+        self.base = api_url(url)
         self.timeout = timeout
         self.page_points = max(1, min(page_points, SERIES_PAGE_POINTS))
         self._headers = {"Accept": "application/json"}

@@ -27,22 +27,13 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
+from wire.urls import api_url
+
 __all__ = ["ConfigPush", "Sent", "api_url"]
 
 FINAL_STATUSES = frozenset({400, 401, 403, 405, 413, 422})
 """Answers that say the request itself is refused: the same request gets the same answer.
 (A 404 is retried: the run's hello may not have reached the server yet.)"""
-
-
-def api_url(server_url: str) -> str:
-    """http(s)://host:port[/prefix]/api/v1 for the server URL `keel watch` takes (http(s):// or
-    ws(s)://, as `trainer_hooks.sender.ingest_url` takes it)."""
-    parts = urllib.parse.urlsplit(server_url.strip())
-    scheme = {"http": "http", "https": "https", "ws": "http", "wss": "https"}.get(parts.scheme.lower())
-    if scheme is None or not parts.netloc:
-        raise ValueError(f"server URL must look like http://host:port, got {server_url!r}")
-    path = parts.path.rstrip("/").removesuffix("/api/v1/ingest").removesuffix("/api/v1")
-    return urllib.parse.urlunsplit((scheme, parts.netloc, path + "/api/v1", "", ""))
 
 
 @dataclass(frozen=True)

@@ -167,7 +167,9 @@ def _post_frames(server_url: str, run_id: str, frames: list[str], token: str | N
     import urllib.parse
     import urllib.request
 
-    url = f"{server_url.rstrip('/')}/api/v1/runs/{urllib.parse.quote(run_id, safe='')}/points"
+    from wire.urls import api_url
+
+    url = f"{api_url(server_url)}/runs/{urllib.parse.quote(run_id, safe='')}/points"
     headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
     for frame in frames:
         request = urllib.request.Request(url, data=f'{{"rows":{frame}}}'.encode(), headers=headers, method="POST")

@@ -86,11 +86,11 @@ def test_the_base_install_is_the_trainer_side(base_install: dict[str, str]) -> N
         """
         import importlib.util
         from trainer_hooks import Monitor
-        print(sorted(m for m in ("websockets", "fastapi", "sqlalchemy", "torch") if importlib.util.find_spec(m)))
+        print(sorted(m for m in ("websockets", "cloudpickle", "fastapi", "sqlalchemy", "torch") if importlib.util.find_spec(m)))
         """
     ))  # fmt: skip
     assert found.returncode == 0, found.stderr
-    assert found.stdout.strip() == "['websockets']"
+    assert found.stdout.strip() == "['cloudpickle', 'websockets']"  # cloudpickle: log_batch's decode
     assert _run(base_install, "keel", "sync", "--help").returncode == 0
 
 

@@ -68,6 +68,8 @@ class WorkerStart:
     """Bytes of JSON the samples of one step may take."""
     decoder: bytes | None = None
     """The pickled `decode` of log_batch (token ids to strings), once one was given."""
+    import_path: tuple[str, ...] = ()
+    """The trainer's sys.path when it pickled `decoder` (decoder.py: what it imports)."""
     listen: tuple[str, ...] = ()
     """The signals to ask the server for (docs/protocol.md, "Signals")."""
 

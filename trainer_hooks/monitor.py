@@ -43,13 +43,13 @@ from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit, urlunsplit
 
 from trainer_hooks.capture import Capture, Captured, HostCopy, ship_inputs, to_host
 from trainer_hooks.channel import Buffer, WorkerStart, encode
 from trainer_hooks.decoder import dumps as dump_decoder
+from trainer_hooks.decoder import import_path, same
 from trainer_hooks.link import Feed, Link, Pending
-from trainer_hooks.sender import SenderConfig, ingest_url
+from trainer_hooks.sender import SenderConfig
 from trainer_hooks.signals import Alert, Command, Signals
 from trainer_hooks.spool import Spool, default_spool_root
 from wire import (
@@ -59,6 +59,7 @@ from wire import (
     hello_message,
     parse_hello,
 )
+from wire.urls import ingest_url, run_page_url
 
 if TYPE_CHECKING:  # batched imports torch, which a floats-only Monitor does without
     from trainer_hooks.batched import BatchInputs
@@ -98,12 +99,12 @@ DROP_KINDS = (
 
 def dashboard_url(server_url: str, run_id: str) -> str:
     """The dashboard's page of a run (dashboard/app.py PAGE_PATHS: /runs/{run_id})."""
-    parts = urlsplit(server_url.strip())
-    scheme = parts.scheme.lower()
-    scheme = {"ws": "http", "wss": "https"}.get(scheme, scheme)
-    path = parts.path.rstrip("/")
-    path = path.removesuffix("/api/v1/ingest")
-    return urlunsplit((scheme, parts.netloc, f"{path}/runs/{run_id}", "", ""))
+    return run_page_url(server_url, run_id)
+
+
+def _name(function: Any) -> str:
+    """A callable's name for a message (its repr may hold a whole tokenizer)."""
+    return str(getattr(function, "__qualname__", None) or type(function).__name__)
 
 
 def _is_rank_zero() -> bool:
@@ -166,6 +167,7 @@ class Monitor:
             raise ValueError("samples and sample_bytes must be >= 0")
         self.samples = samples
         self._decode: Any = None  # the last decode given to log_batch (sent to the worker)
+        self._decode_refused = False  # a decode could not be pickled (said once)
         self.run_id = run_id or str(uuid.uuid4())
         self.server_url = server_url
         self.enabled = _is_rank_zero()
@@ -331,10 +333,11 @@ class Monitor:
         (length, Σℓ) pairs and its `samples` worst sequences with the tokens around their
         worst token. `token_ids` [B, T] are the sampled ids; `seq_ids` [B] integer ids of
         the sequences (else their row in the step's batch); `decode` maps a list of ids to
-        a list of strings (a Hugging Face tokenizer's `convert_ids_to_tokens`). `decode`
-        is pickled once and runs in the worker; without it (or if the worker could not
-        import it: a lambda, or a function of a script run as `python train.py`; see
-        trainer_hooks/decoder.py) the samples show ids.
+        a list of strings (a Hugging Face tokenizer's `convert_ids_to_tokens`, or a lambda
+        or a function of the script). `decode` is pickled once (with cloudpickle: a lambda,
+        a closure or a function of `__main__` by value; see trainer_hooks/decoder.py) and
+        runs in the worker; without it (or if it cannot be pickled: it holds a socket or a
+        lock, said once) the samples show ids.
         """
         if self._closed or os.getpid() != self._pid:
             return
@@ -357,7 +360,7 @@ class Monitor:
                 token_ids=token_ids,
                 seq_ids=seq_ids,
             )
-            if decode is not None and decode is not self._decode and self.enabled:
+            if decode is not None and self.enabled and not same(decode, self._decode):
                 self._send_decoder(decode)
             parallel = data_parallel()  # then every rank takes part in the all-reduces
             if not (self.enabled or parallel):
@@ -377,15 +380,25 @@ class Monitor:
             self._drop("error", 1, f"log_batch({step!r}) dropped: {exc!r}")
 
     def _send_decoder(self, decode: Any) -> None:
-        """Give the worker `decode` (pickled), now and at any restart."""
+        """Give the worker `decode` (pickled, decoder.py), now and at any restart. One that
+        cannot be pickled is reported once (the samples keep their token ids)."""
         self._decode = decode
         try:
             blob = dump_decoder(decode)
         except Exception as exc:
-            self._drop("error", 1, f"decode cannot be sent to the worker ({exc}); samples show token ids")
+            if not self._decode_refused:
+                self._decode_refused = True
+                detail = (
+                    f"log_batch's decode {_name(decode)} cannot be sent to the Monitor's worker process "
+                    f"({type(exc).__name__}: {exc}); the samples show token ids without text. Pass a "
+                    "decode that pickles (one that holds no socket, lock or open file), e.g. a "
+                    "tokenizer's convert_ids_to_tokens"
+                )
+                self._drop("error", 1, detail, warn=True)
             return
-        self._link.worker_start = replace(self._link.worker_start, decoder=blob)
-        if not self._feed.put(encode(("decoder", blob)), always=True):
+        path = import_path()
+        self._link.worker_start = replace(self._link.worker_start, decoder=blob, import_path=path)
+        if not self._feed.put(encode(("decoder", blob, path)), always=True):
             self._drop("queue_full", 1, "the send queue is full (is the worker stalled?)")
 
     def _ships(self, inputs: BatchInputs) -> bool:
@@ -467,14 +480,15 @@ class Monitor:
     def _feed_error(self, detail: str) -> None:
         self._drop("error", 1, detail)
 
-    def _drop(self, kind: str, count: int, detail: str) -> None:
-        """Count `count` values (calls, for error and queue_full) not stored; warn once per kind."""
+    def _drop(self, kind: str, count: int, detail: str, *, warn: bool = False) -> None:
+        """Count `count` values (calls, for error and queue_full) not stored; warn once per
+        kind (and whenever `warn`: a caller that says why once)."""
         with self._drop_lock:
             self._dropped[kind] = self._dropped.get(kind, 0) + count
             first = kind not in self._first_drop
             if first:
                 self._first_drop[kind] = detail
-        if first:
+        if first or warn:
             logger.warning("keel: %s; dropped (%s). Counted in Monitor.dropped", detail, kind)
 
     # -- finishing ---------------------------------------------------------------------

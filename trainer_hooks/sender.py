@@ -33,7 +33,6 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
@@ -51,6 +50,7 @@ from wire import (
     points_frame,
 )
 from wire.signals import command_result_message, listen_message
+from wire.urls import ingest_url
 
 __all__ = ["ConnState", "Sender", "SenderConfig", "ingest_url", "upload"]
 
@@ -96,18 +96,6 @@ class ConnState(enum.Enum):
     """`bye` received: the server holds every frame and the final status."""
     REJECTED = "rejected"
     """The server refused our credentials or the run; dialing again cannot help."""
-
-
-def ingest_url(server_url: str) -> str:
-    """ws(s)://host:port[/prefix]/api/v1/ingest for an http(s):// or ws(s):// server URL."""
-    parts = urlsplit(server_url.strip())
-    scheme = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}.get(parts.scheme.lower())
-    if scheme is None or not parts.netloc:
-        raise ValueError(f"server URL must look like http://host:port, got {server_url!r}")
-    path = parts.path.rstrip("/")
-    if not path.endswith("/api/v1/ingest"):
-        path += "/api/v1/ingest"
-    return urlunsplit((scheme, parts.netloc, path, "", ""))
 
 
 class Sender:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import pickle
 import signal
 import sys
 import threading
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer_hooks.channel import Reader, WorkerStart, encode, write_all
+from trainer_hooks.decoder import loads as load_decoder
 from trainer_hooks.sender import ConnState, Sender
 from trainer_hooks.spool import Spool
 from trainer_hooks.steps import Call, DetailOptions, StepMerger
@@ -91,7 +91,7 @@ class Worker:
         self._calls: deque[Call] = deque()  # waiting for the batching window
         self._finish: tuple[str, float] | None = None  # (status, deadline)
         self._start: WorkerStart | None = None
-        self._decoder: bytes | None = None  # the latest "decoder" message
+        self._decoder: tuple[bytes, tuple[str, ...]] | None = None  # the latest "decoder" message
         self._merger: StepMerger | None = None  # once "start" is served
         self._made_sender: Sender | None = None  # once "start" is served
         self._listen: tuple[str, ...] | None = None  # the latest "listen" message
@@ -151,7 +151,9 @@ class Worker:
             start.step_timeout,
             DetailOptions(worst=start.samples, max_sample_bytes=start.sample_bytes),
         )
-        self._set_decoder(self._decoder or start.decoder)
+        if self._decoder is None and start.decoder is not None:
+            self._decoder = (start.decoder, start.import_path)
+        self._set_decoder()
         os.set_blocking(self._inbox, False)
         self.reply(("ready",))
         orphaned = False
@@ -246,9 +248,9 @@ class Worker:
                 else:
                     self._answers.append((header[1], header[2], header[3]))
             elif kind == "decoder":
-                self._decoder = header[1]
+                self._decoder = (header[1], tuple(header[2]))
                 if self._merger is not None:
-                    self._set_decoder(self._decoder)
+                    self._set_decoder()
             else:
                 try:
                     call = _call(header, body)
@@ -257,12 +259,13 @@ class Worker:
                 except Exception as exc:
                     self._drop("error", 1, f"step {header[1]} lost: {exc!r}")
 
-    def _set_decoder(self, blob: bytes | None) -> None:
-        """log_batch's `decode`, pickled by the trainer: token ids to strings."""
-        if blob is None:
+    def _set_decoder(self) -> None:
+        """log_batch's `decode`, pickled by the trainer (decoder.py): token ids to strings."""
+        if self._decoder is None:
             return
+        blob, path = self._decoder
         try:
-            self._steps.details.decode = pickle.loads(blob)
+            self._steps.details.decode = load_decoder(blob, path, own_process=self._parent_alive is not None)
         except Exception as exc:  # the samples then carry token ids without text
             self._drop("error", 1, f"decode could not be loaded in the worker: {exc!r}")
 
