@@ -12,7 +12,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,18 +22,11 @@ import pytest
 from keel.importers import _wandb_records, run_id_for
 from tests.support.raw_client import hello, new_run, open_ingest, points, recv
 from tests.support.server import REPO_ROOT, keel_serve
+from tests.support.watched import api_get as _get
+from tests.support.watched import stored_series as _series
+from tests.support.watched import wait_for as _wait
 
 WANDB_ENV = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_CONSOLE": "off"}
-
-
-def _wait(check: Callable[[], Any], timeout: float = 60.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what or check}")
 
 
 class Watch:
@@ -69,19 +61,6 @@ class Watch:
 
     def states(self) -> list[dict[str, Any]]:
         return [json.loads(path.read_text()) for path in sorted(self.state.glob("sources/*/watch.json"))]
-
-
-def _get(url: str, path: str, **params: Any) -> Any:
-    response = httpx.get(f"{url}/api/v1{path}", params=params, timeout=30)
-    if response.status_code == 404:
-        return None
-    response.raise_for_status()
-    return response.json()
-
-
-def _series(url: str, run_id: str, key: str) -> dict[int, float]:
-    body = _get(url, f"/runs/{run_id}/series", key=key, max_points=100_000)
-    return {} if body is None else dict(zip(body["steps"], body["values"], strict=True))
 
 
 def _steps(url: str, run_id: str, key: str) -> list[int]:
