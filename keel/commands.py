@@ -89,6 +89,22 @@ def _demo_runs(base: str, round_index: int, step_delay: float) -> dict[str, list
     return runs
 
 
+def _demo_comparisons(runs: dict[str, list[str]]) -> list[tuple[str, set[str]]]:
+    """The compare pages of one demo round, as (label, run names): the toy A/B, the
+    transformer A/B (the guarded PPO beside them) and the guarded PPO beside its twin."""
+    toy = {name for name in runs if not name.startswith("lm-")}
+    transformer = set(runs) - toy
+    guarded = {name for name in transformer if name.endswith("-guard")}
+    twins = {name.removesuffix("-guard") for name in guarded} & transformer
+    pages = [
+        (f"toy {' vs '.join(DEMO_ARMS)}", toy),
+        (f"transformer {' vs '.join(LM_ARMS)} (and the guarded ppo)", transformer),
+    ]
+    if guarded and twins:
+        pages.append(("guarded ppo beside its unguarded twin", guarded | twins))
+    return [(label, names) for label, names in pages if names]
+
+
 def _demo(args: argparse.Namespace) -> int:
     """Serve on the embedded database and stream A/B experiments, round after round: toy runs
     (IS vs CISPO) and small transformers trained asynchronously on a stale bf16 sampler
@@ -130,11 +146,16 @@ def _demo(args: argparse.Namespace) -> int:
                 subprocess.Popen(keel_command(*command), stdout=subprocess.DEVNULL, preexec_fn=_die_with_parent)
                 for command in runs.values()
             ]
-            toy = {name for name in runs if not name.startswith("lm-")}
-            for label, names in (("toy", toy), ("transformer", set(runs) - toy)):
-                run_ids = _wait_for_runs(base, names, stop)
-                if run_ids:
-                    print(f"keel demo: {label} runs live at {base}/compare?runs={','.join(run_ids)}", flush=True)
+            # One compare page per A/B, printed once all of its runs exist (the transformers
+            # import torch first, so theirs can take minutes on a slow machine).
+            ids: dict[str, str] = {}
+            for label, names in _demo_comparisons(runs):
+                missing = names - ids.keys()
+                if missing:
+                    ids.update(zip(sorted(missing), _wait_for_runs(base, missing, stop, timeout_s=600.0), strict=False))
+                if names <= ids.keys():
+                    page = f"{base}/compare?runs={','.join(ids[name] for name in sorted(names))}"
+                    print(f"keel demo: {label}: {page}", flush=True)
             for child in children:
                 while child.poll() is None:
                     if stop.wait(0.5):

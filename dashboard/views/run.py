@@ -1,5 +1,5 @@
-"""/runs/<id> — one run: overview, alerts, config, a chart for every metric it logs, and its
-collapse hazard after the headline charts."""
+"""/runs/<id> — one run: overview, alerts, the headline charts and its collapse hazard in the
+first view; then commands, config and backtest (folded) and a chart for every other metric."""
 
 from __future__ import annotations
 
@@ -71,24 +71,34 @@ def layout(run_id: str, step: int | None = None) -> html.Div:
             dcc.Store(id="run-keys"),
             dcc.Store(id="run-sent"),
             html.Div(html.H1("Loading run…"), id="run-header", className="page-title"),
+            # The first view (1500 × 1000): the header, a compact overview and alerts, the
+            # chart controls and the headline charts. Commands, config and backtest follow
+            # the charts; config and backtest are folded until opened.
             html.Div(
                 [
                     html.Div([html.H2("Overview"), html.Div(id="run-overview")], className="panel"),
-                    html.Div([html.H2("Alerts"), html.Div(id="run-alerts")], className="panel"),
+                    html.Div([html.H2("Alerts"), html.Div(id="run-alerts")], className="panel alerts-panel"),
                 ],
-                className="two-col",
+                className="two-col first-view",
             ),
-            commands_panel(),
-            html.Div(
-                [html.H2("Config"), html.Pre(id="run-config", className="config")],
-                className="panel section",
-            ),
-            backtest_panel(),
             html.Div(chart_controls(aggregate=False, extra_metrics=False), className="section"),
             html.Div(id="run-charts"),
+            commands_panel(),
+            fold("Config", html.Pre(id="run-config", className="config"), "run-config-fold"),
+            backtest_panel(),
             details_section(step),
             html.Div(id="run-more-charts"),
         ]
+    )
+
+
+def fold(title: str, body: Any, fold_id: str) -> html.Details:
+    """A panel folded under its title, closed until opened (its contents keep their ids)."""
+    return html.Details(
+        [html.Summary(title, className="fold-title"), html.Div(body, className="fold-body")],
+        id=fold_id,
+        open=False,
+        className="panel section fold",
     )
 
 
@@ -135,10 +145,10 @@ def _commands_table(commands: list[dict[str, Any]]) -> Any:
     return html.Table([html.Thead(header), html.Tbody(rows)], className="plain", id="commands-table")
 
 
-def backtest_panel() -> html.Div:
-    return html.Div(
+def backtest_panel() -> html.Details:
+    return fold(
+        "Backtest",
         [
-            html.H2("Backtest"),
             html.P(
                 "Replay this run's stored points through alert rules, with the server's own "
                 "detectors: where each would have fired shows on the charts as an open diamond. "
@@ -154,7 +164,7 @@ def backtest_panel() -> html.Div:
             html.Button("Backtest", id="backtest-run", n_clicks=0, className="button"),
             html.Div(id="backtest-result"),
         ],
-        className="panel section",
+        "backtest-fold",
     )
 
 

@@ -334,6 +334,7 @@ def test_run_page_shows_every_metric_its_config_and_alerts(server, browser, arti
     keys = [c["key"] for c in drawn_charts(browser, 6)]
     assert keys[:5] == list(HEADLINE) and keys[5] == "policy/entropy"
     assert live_stats(browser)["seen"] >= 1  # asked for once scrolled to
+    browser.execute_script("document.getElementById('run-config-fold').open = true")  # folded on load
     wait_until(lambda: '"seed": 3' in text_of(browser, "run-config"), message="config")
     alerts = wait_until(lambda: text_of(browser, "run-alerts"), message="alerts panel")
     assert "non-finite" in alerts  # the alert engine's default rule fired on the NaN
@@ -446,6 +447,7 @@ def test_a_backtest_shows_where_a_rule_would_have_fired_on_the_run_page(server, 
         '{"name": "kl high", "metric": "mismatch/kl", "detector": "threshold",'
         ' "params": {"threshold": 0.1}, "severity": "critical", "for_steps": 3}'
     )
+    browser.find_element("css selector", "#backtest-fold > summary").click()  # folded on load
     browser.find_element("id", "backtest-rules").send_keys(rule)
     browser.find_element("id", "backtest-run").click()
     summary = wait_until(lambda: text_of(browser, "backtest-summary"), message="backtest summary")

@@ -164,6 +164,7 @@ def test_markup_a_trainer_sends_is_text_on_every_page(server, browser, artifacts
     wait_until(lambda: NAME in text_of(browser, "run-header"), 30, message="run header")
     assert f"group {GROUP}" in text_of(browser, "run-header")
     assert TAG in text_of(browser, "run-overview")
+    browser.execute_script("document.getElementById('run-config-fold').open = true")  # folded on load
     assert json.loads(text_of(browser, "run-config"))["note"] == CONFIG
     message = f"non-finite {ALERT_KEY}=nan at step {NAN_STEP}"
     wait_until(lambda: message in text_of(browser, "run-alerts"), 30, message="the non-finite alert")
