@@ -21,6 +21,8 @@ __all__ = ["KeelApi", "in_process_client"]
 
 # The newest alerts of the runs a page shows (the API's own maximum).
 _ALERTS_LIMIT = 10_000
+# The run_ids of one GET /alerts (the API's own maximum, server/routes/alerts.py).
+_ALERTS_RUNS_PER_READ = 1000
 
 
 def in_process_client(app: Any, token: str | None = None) -> httpx.AsyncClient:
@@ -157,13 +159,38 @@ class KeelApi:
     async def alerts(
         self, run_ids: str | Iterable[str], state: str | None = None
     ) -> list[Alert] | None:
-        """Alerts of these runs in one read, or None when the server has no alerts API (yet)."""
+        """Alerts of these runs (at most 1000 a read), or None when the server has no alerts
+        API (yet) or a read fails."""
         ids = [run_ids] if isinstance(run_ids, str) else list(dict.fromkeys(run_ids))
         if not ids:
             return []  # no run_id would mean every run
+        found: list[Alert] = []
+        for first in range(0, len(ids), _ALERTS_RUNS_PER_READ):
+            page = await self._alerts(run_id=ids[first : first + _ALERTS_RUNS_PER_READ], state=state)
+            if page is None:
+                return None
+            found += page
+        return found
+
+    async def firing_alerts(self) -> list[Alert] | None:
+        """Every firing alert of every run, newest first: one read per 10,000 alerts (paged by
+        `before_id`), whatever the number of runs. None when a read fails."""
+        found: list[Alert] = []
+        before: int | None = None
+        while True:
+            page = await self._alerts(state="firing", before_id=before)
+            if page is None:
+                return None
+            found += page
+            ids = [int(alert.id) for alert in page if alert.id.isdigit()]
+            if len(page) < _ALERTS_LIMIT or not ids or (before is not None and min(ids) >= before):
+                return found
+            before = min(ids)
+
+    async def _alerts(self, **params: Any) -> list[Alert] | None:
         try:
-            response = await self._get("/alerts", run_id=ids, state=state, limit=_ALERTS_LIMIT)
-        except httpx.HTTPError:
+            response = await self._get("/alerts", limit=_ALERTS_LIMIT, **params)
+        except Exception:  # noqa: BLE001 - in-process, the app's own exception comes through
             return None
         if response.status_code != 200:
             return None

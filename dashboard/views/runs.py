@@ -8,7 +8,8 @@ from typing import Any
 from urllib.parse import quote
 
 import dash_ag_grid as dag
-from dash import Dash, Input, Output, dcc, html
+import httpx
+from dash import Dash, Input, Output, dcc, html, no_update
 
 from dashboard.components import display_status, live_target
 from dashboard.data import KeelApi
@@ -17,9 +18,10 @@ from dashboard.summary import wire
 from dashboard.text import markdown_text
 from dashboard.theme import CRITICAL_HAZARD, HAZARD_TOOLTIP, HEADLINE_KEYS, metric_info
 
-__all__ = ["layout", "register", "health", "run_rows", "filter_runs"]
+__all__ = ["layout", "register", "health", "run_rows", "filter_runs", "read_error"]
 
 SEVERITY_RANK = {"critical": 2, "warning": 1}
+GRID_STYLE = {"height": "calc(100vh - 230px)", "minHeight": "320px"}
 SHORT_TITLES = {
     "reward/mean": "Reward",
     "mismatch/kl": "KL",
@@ -187,6 +189,8 @@ def layout() -> html.Div:
                 ],
                 className="toolbar panel",
             ),
+            # Says when a read fails (the runs, or their alerts): never "Loading…" forever.
+            html.Div(id="runs-error", className="notice", role="alert", hidden=True),
             dag.AgGrid(
                 id="runs-grid",
                 columnDefs=_columns(),
@@ -211,7 +215,7 @@ def layout() -> html.Div:
                     "selectionColumnDef": {"pinned": "left", "width": 48},
                     "tooltipShowDelay": 300,
                 },
-                style={"height": "calc(100vh - 230px)", "minHeight": "320px"},
+                style=GRID_STYLE,
             ),
         ]
     )
@@ -224,14 +228,24 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         Output("runs-grid", "rowData"),
         Output("runs-count", "children"),
         *(Output(f"filter-{name}", "options") for name in filters),
+        Output("runs-error", "children"),
+        Output("runs-error", "hidden"),
+        Output("runs-grid", "style"),
         *(Input(f"filter-{name}", "value") for name in filters),
         Input("live-data-tick", "data"),
     )
     async def table(*args: Any) -> tuple[Any, ...]:
         chosen = dict(zip(filters, args[: len(filters)], strict=True))
-        runs = await api.runs(latest=HEADLINE_KEYS, hazard=True)
+        try:
+            runs = await api.runs(latest=HEADLINE_KEYS, hazard=True)
+        except Exception as exc:  # noqa: BLE001 - whatever it was, the page says so
+            # The grid hidden: its loading overlay would say "Loading…" for a read that failed.
+            message = f"Could not read the runs: {read_error(exc)}. Retrying on the next update."
+            hidden_grid = {**GRID_STYLE, "display": "none"}
+            return (no_update, "", *(no_update for _ in filters), message, False, hidden_grid)
         shown = filter_runs(runs, chosen)
-        firing = await api.alerts([r["id"] for r in shown], "firing")
+        # One read of every firing alert, joined here: never one run_id per shown run in the URL.
+        firing = await api.firing_alerts()
         tails = {
             run["id"]: {
                 key: Series.from_json({"steps": [point["step"]], "values": [point["value"]]})
@@ -247,7 +261,15 @@ def register(dash_app: Dash, api: KeelApi) -> None:
             "status": ["live", "finished", "failed", "stale"],
         }
         count = f"{len(shown)} of {len(runs)}" if len(shown) != len(runs) else f"{len(runs)}"
-        return (run_rows(shown, tails, by_run), count, *(options[name] for name in filters))
+        error = "Could not read the alerts: health shows n/a." if firing is None else ""
+        return (
+            run_rows(shown, tails, by_run),
+            count,
+            *(options[name] for name in filters),
+            error,
+            not error,
+            GRID_STYLE,
+        )
 
     dash_app.clientside_callback(
         """
@@ -263,6 +285,22 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         Output("compare-link", "children"),
         Input("runs-grid", "selectedRows"),
     )
+
+
+def read_error(exc: BaseException) -> str:
+    """What went wrong with a read, in a few words: the API's status and detail, or the error."""
+    if isinstance(exc, httpx.HTTPStatusError):
+        response = exc.response
+        detail = ""
+        try:
+            payload = response.json()
+            detail = str(payload.get("detail", "")) if isinstance(payload, dict) else ""
+        except ValueError:
+            detail = response.text[:200]
+        path = response.request.url.path
+        return f"HTTP {response.status_code} from GET {path}" + (f" ({detail})" if detail else "")
+    first_line = str(exc).strip().split("\n", 1)[0][:200]  # not a whole SQL statement
+    return f"{type(exc).__name__}: {first_line}" if first_line else type(exc).__name__
 
 
 def _group_alerts(alerts: Sequence[Alert]) -> dict[str, list[Alert]]:

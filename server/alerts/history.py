@@ -15,10 +15,21 @@ __all__ = ["acknowledge", "list_alerts"]
 
 
 async def list_alerts(
-    store: Store, *, run_ids: Sequence[str] | None, state: str | None, severity: str | None, project: str | None, limit: int
+    store: Store,
+    *,
+    run_ids: Sequence[str] | None,
+    state: str | None,
+    severity: str | None,
+    project: str | None,
+    limit: int,
+    before_id: int | None = None,
 ) -> list[Alert]:
-    """Newest first; `run_ids` (None: every run) filters to those runs."""
+    """Newest first; `run_ids` (None: every run) filters to those runs, `before_id` to the
+    alerts older than that id (the next page). The route caps `run_ids` (one bound
+    parameter each: SQLite and PostgreSQL refuse a statement past their own limits)."""
     query = select(Alert).order_by(Alert.id.desc()).limit(limit)
+    if before_id is not None:
+        query = query.where(Alert.id < before_id)
     if run_ids:
         query = query.where(Alert.run_id.in_(run_ids))
     if state is not None:

@@ -34,16 +34,30 @@ def _missing(exc: NotFound) -> HTTPException:
 # -- alerts -----------------------------------------------------------------------
 
 
+MAX_RUNS_PER_READ = 1000
+"""The most `run_id`s one GET /alerts takes (as GET /runs and /series): more is a 422 that
+says so. Each is a bound parameter of one statement, and URLs that long are refused by
+proxies (and by uvicorn itself well before 10,000 ids); read many runs' alerts by
+`project`/`state` and join, or page with `before_id`."""
+
+
 @router.get("/alerts", dependencies=[READ])
 async def list_alerts(
     store: StoreDep,
-    run_id: Annotated[list[Text] | None, Query(description="repeat for several runs")] = None,
+    run_id: Annotated[
+        list[Text] | None,
+        Query(max_length=MAX_RUNS_PER_READ, description=f"repeat for several runs, at most {MAX_RUNS_PER_READ}"),
+    ] = None,
     state: Literal["pending", "firing", "resolved"] | None = None,
     severity: Text | None = None,
     project: Text | None = None,
     limit: int = Query(500, ge=1, le=10_000),
+    before_id: int | None = Query(None, ge=1, le=MAX_INT, description="the next page: alerts older than this id"),
 ) -> list[dict[str, Any]]:
-    alerts = await history.list_alerts(store, run_ids=run_id, state=state, severity=severity, project=project, limit=limit)
+    """Newest first, `limit` at a time; pass the last id of a page as `before_id` for the next."""
+    alerts = await history.list_alerts(
+        store, run_ids=run_id, state=state, severity=severity, project=project, limit=limit, before_id=before_id
+    )
     return [alert_json(alert) for alert in alerts]
 
 
