@@ -4,13 +4,19 @@ Each reader returns `ImportedRun`s: the run's description, its rows and a report
 every value it did not take (never dropped silently). Nothing here touches the network;
 keel/transfer.py uploads what they return through the ingest protocol.
 
-- TensorBoard: every directory under LOGDIR holding event files is one run, read with
-  TensorBoard's own EventAccumulator. Scalars only (legacy `simple_value` summaries and
-  TF2 scalar tensors); step = the event's step, time = the earliest wall time of the step.
+One reader per log format, shared with `keel watch`: a wandb `.wandb` transaction log and
+TensorBoard event files are read by keel/tailing.py's incremental readers (the framing,
+and what a corrupt, torn or oversized record does, live there alone), read after read to
+the end, and their names become Keel's through `Renamer`, the same as the watcher's
+(`--framework`, trainer_hooks/integrations/names.py). Importing a finished log and watching
+it land the same run (`run_id_for`), the same points, under the same names.
+
+- TensorBoard: every directory under LOGDIR holding event files is one run. Scalars only
+  (legacy `simple_value` summaries and TF2 scalar tensors); step = the event's step, time =
+  the earliest wall time of the step.
 - wandb offline runs (`wandb/offline-run-*/run-*.wandb`): the transaction log wandb
-  writes, a LevelDB-style record log of `wandb_internal_pb2.Record` protobufs. wandb
-  >= 0.20 reads it in its Go core only (the Python `DataStore` is gone), so the framing
-  is read here and each record decoded with wandb's own protobuf classes.
+  writes, a LevelDB-style record log of `wandb_internal_pb2.Record` protobufs, decoded with
+  wandb's own protobuf classes (wandb >= 0.20 has no Python reader of it).
 - wandb history exports (`run.history()` / `scan_history()` written as CSV, a JSON
   array of row objects, or JSON lines): `_step` is the step, `_timestamp` the time.
 
@@ -21,31 +27,38 @@ again writes to the same run, where the server keeps each (run, key, step) once.
 from __future__ import annotations
 
 import csv
+import functools
 import hashlib
-import importlib
 import json
 import math
 import os
-import struct
 import uuid
-import zlib
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from wire import KeelError, Limits, Row
 
+if TYPE_CHECKING:
+    from keel.tailing import HistoryRow, Scalar
+
 __all__ = [
+    "FRAMEWORK_CHOICES",
     "ImportSourceError",
     "ImportedRun",
     "PointTable",
+    "Renamer",
+    "choose_framework",
     "read_tensorboard",
     "read_wandb",
     "run_id_for",
 ]
 
+FRAMEWORK_CHOICES = ("auto", "none", "verl", "trl", "openrlhf", "prime-rl", "areal", "slime", "skyrl", "nemo-rl")
+"""`--framework` of `keel import` and `keel watch`: `auto`, `none` or a framework of
+trainer_hooks/integrations/names.py (`FRAMEWORKS`)."""
 _LIMITS = Limits()
 _MAX_STEP = 2**62  # the protocol's bound on a step
 _RUN_ID_NAMESPACE = uuid.UUID("6f1d7c2e-54b1-5c55-9a51-0c2a4f3e6b70")
@@ -127,6 +140,10 @@ class ImportedRun:
     tags: list[str] = field(default_factory=list)
     not_imported: list[str] = field(default_factory=list)
     """Whole tags or records left out, in words ("histograms 'weights'")."""
+    framework: str | None = None
+    """Whose name map named its metrics (trainer_hooks/integrations/names.py), or None."""
+    framework_why: str = ""
+    """Why that framework (`--framework`, or what `auto` recognised)."""
 
     @property
     def run_id(self) -> str:
@@ -164,6 +181,105 @@ def flatten(prefix: str, value: Any) -> Iterator[tuple[str, Any]]:
         yield prefix, value
 
 
+# -- names ------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=4096)
+def key_refusal(key: str) -> str | None:
+    """Why the server refuses `key` as a metric key (its own check, wire.parse_rows), or None."""
+    from wire import ProtocolError, parse_rows
+
+    try:
+        parse_rows([{"step": 0, "values": {key: 0.0}}])
+    except ProtocolError as exc:
+        return str(exc).removeprefix("rows[0]: ")
+    return None
+
+
+def choose_framework(option: str, names: Iterable[str], config: Mapping[str, Any] | None) -> tuple[str | None, str]:
+    """(framework or None, why) for `--framework option` (`auto`, `none` or a framework of
+    trainer_hooks/integrations/names.py): `auto` recognises it from the logged names and the
+    config (`detect_framework`)."""
+    from trainer_hooks.integrations.names import detect_framework
+
+    if option == "auto":
+        return detect_framework(names, config)
+    return (None if option == "none" else option), "--framework"
+
+
+class Renamer:
+    """The logged names of one source run as Keel stores them, under a framework's name map
+    (trainer_hooks/integrations/names.py; None: as logged). `keel import` and `keel watch`
+    both turn what keel/tailing.py reads into points through this, so a source lands under
+    the same names whichever command read it.
+
+    A name the server refuses as a metric key (a NUL, too long) is not stored: its values are
+    counted in the table's `skipped`, and the rest of its step goes on. wandb's `_step` and
+    the framework's step columns (`NameMap.step_keys`) give the step and are not metrics;
+    wandb's other `_` columns (`_runtime`...) are counted as its bookkeeping."""
+
+    def __init__(self, framework: str | None) -> None:
+        from trainer_hooks.integrations.names import MAPS
+
+        self.framework = framework
+        self.name_map = MAPS.get(framework) if framework else None
+        self.step_keys: tuple[str, ...] = self.name_map.step_keys if self.name_map else ()
+        self._names: dict[str, str] = {}
+        """{logged column: Keel name} of the columns met so far."""
+
+    def name(self, column: str, table: PointTable) -> str | None:
+        """Keel's name of a logged column, or None for one the server refuses as a key (its
+        value counted in `table` as not stored)."""
+        name = self._names.get(column)
+        if name is None:
+            name = self.name_map.keel_name(column) if self.name_map else column
+            refused = key_refusal(name)
+            if refused is not None:
+                table.skipped[(column[:60], refused)] += 1
+                return None
+            self._names[column] = name
+        return name
+
+    def add_wandb_rows(self, rows: Iterable[HistoryRow], table: PointTable) -> None:
+        """wandb history rows (of a `.wandb` log, or of a history export) into `table`."""
+        step_keys = self.step_keys
+        names = self._names
+        for row in rows:
+            items = row.items
+            step = next((items[key] for key in step_keys if key in items), items.get(_WANDB_STEP, row.step))
+            if isinstance(step, float) and step.is_integer():
+                step = int(step)
+            pairs = []
+            for column, raw in items.items():
+                name = names.get(column)
+                if name is None or type(raw) is dict:
+                    if column in step_keys or column in (_WANDB_STEP, _WANDB_TIME):
+                        continue
+                    if column.startswith("_"):  # _runtime and the like: wandb's, not the trainer's
+                        table.skipped[(column, "wandb's own bookkeeping column")] += 1
+                        continue
+                    if type(raw) is dict:
+                        for key, value in flatten(column, raw):
+                            inner = self.name(key, table)
+                            if inner is not None:
+                                pairs.append((inner, value))
+                        continue
+                    name = self.name(column, table)
+                    if name is None:
+                        continue
+                pairs.append((name, raw))
+            table.add_row(step, pairs, row.time)
+
+    def add_scalars(self, scalars: Iterable[Scalar], table: PointTable) -> None:
+        """TensorBoard scalars into `table` (step: the event's)."""
+        for scalar in scalars:
+            if scalar.tag in self.step_keys:
+                continue
+            key = self.name(scalar.tag, table)
+            if key is not None:
+                table.add(scalar.step, key, scalar.value, scalar.time)
+
+
 # -- TensorBoard ------------------------------------------------------------------------
 
 
@@ -180,43 +296,43 @@ def _tensorboard_run_dirs(logdir: Path) -> list[Path]:
     return found
 
 
-def read_tensorboard(logdir: Path, *, name: str | None = None) -> list[ImportedRun]:
-    """One ImportedRun per directory under `logdir` that holds event files."""
-    try:
-        from tensorboard.backend.event_processing import event_accumulator as ea
-        from tensorboard.util import tensor_util
-    except ImportError:
-        raise ImportSourceError("reading TensorBoard logs needs `pip install tensorboard`") from None
+def read_tensorboard(logdir: Path, *, name: str | None = None, framework: str = "auto") -> list[ImportedRun]:
+    """One ImportedRun per directory under `logdir` that holds event files, each read to its
+    end by `keel watch`'s reader (keel/tailing.py's TensorboardTail, read after read as the
+    watcher reads it) and named by `framework` as `keel watch --framework` names it."""
+    from keel.tailing import TensorboardTail, reads_to_the_end
 
     run_dirs = _tensorboard_run_dirs(logdir)
     runs = []
     for run_dir in run_dirs:
-        events = sorted(path.name for path in run_dir.iterdir() if "tfevents" in path.name)
-        # size 0 keeps every event; one of each other kind is enough to name what is left out.
-        guidance = {kind: 1 for kind in (ea.HISTOGRAMS, ea.COMPRESSED_HISTOGRAMS, ea.IMAGES, ea.AUDIO)}
-        accumulator = ea.EventAccumulator(str(run_dir), size_guidance={**guidance, ea.SCALARS: 0, ea.TENSORS: 0})
         try:
-            accumulator.Reload()
-        except Exception as exc:  # a truncated or foreign file: say which
-            raise ImportSourceError(f"cannot read the event files in {run_dir}: {exc}") from exc
+            tail = TensorboardTail(str(run_dir), within=str(logdir))
+        except RuntimeError as exc:  # tensorboard is not installed
+            raise ImportSourceError(str(exc)) from None
         table = PointTable()
-        tags = accumulator.Tags()
-        for tag in tags["scalars"]:
-            for event in accumulator.Scalars(tag):
-                table.add(event.step, tag, event.value, event.wall_time)
-        not_imported = []
-        for tag in tags["tensors"]:
-            plugin = accumulator.SummaryMetadata(tag).plugin_data.plugin_name
-            if plugin != "scalars":
-                not_imported.append(f"{plugin or 'tensor'} {tag!r}")
-                continue
-            for tensor_event in accumulator.Tensors(tag):
-                array = tensor_util.make_ndarray(tensor_event.tensor_proto)
-                value = float(array.reshape(-1)[0]) if array.size == 1 else array
-                table.add(tensor_event.step, tag, value, tensor_event.wall_time)
-        for kind in ("histograms", "images", "audio"):
-            not_imported += [f"{kind} {tag!r}" for tag in tags.get(kind, [])]
+        renamer: Renamer | None = None
+        why = ""
+        not_scalars: set[str] = set()
+        notes: list[str] = []
+        corrupt = 0
+        for read in reads_to_the_end(tail):
+            corrupt += read.corrupt
+            not_scalars |= read.not_scalars
+            notes += [f"the rest of {file} (a bad record length: unreadable)" for file in read.broken]
+            notes += [_too_large_note(file, size) for file, size in read.too_large]
+            notes += [f"{file} ({reason})" for file, reason in read.not_read]
+            if read.scalars:
+                if renamer is None:
+                    chosen, why = choose_framework(framework, {scalar.tag for scalar in read.scalars}, {})
+                    renamer = Renamer(chosen)
+                renamer.add_scalars(read.scalars, table)
+        if corrupt:
+            notes.append(f"{corrupt} corrupt record(s) in {run_dir.name} (skipped)")
+        if tail.waiting:
+            notes.append(f"the last {tail.waiting} byte(s) of its event files (not a whole record: a writer killed mid-write?)")
+        events = sorted(tail.cursors) or tail.files()
         relative = run_dir.relative_to(logdir).as_posix()
+        chosen = renamer.framework if renamer else None
         runs.append(
             ImportedRun(
                 # The run directory's name and its first event file (named by creation time,
@@ -224,58 +340,30 @@ def read_tensorboard(logdir: Path, *, name: str | None = None) -> list[ImportedR
                 identity=f"tensorboard/{run_dir.name}/{events[0]}",
                 name=_name("" if relative == "." else relative, name, single=len(run_dirs) == 1, base=logdir.name),
                 table=table,
-                config={"keel_import": {"source": "tensorboard", "path": str(run_dir.resolve())}},
-                not_imported=not_imported,
+                config={"keel_import": {"source": "tensorboard", "path": str(run_dir.resolve()), "framework": chosen}},
+                not_imported=[*sorted(not_scalars), *notes],
+                framework=chosen,
+                framework_why=why,
             )
         )
     return runs
 
 
+def _too_large_note(file: str, size: int) -> str:
+    from keel.tailing import _READ_LIMIT
+
+    return f"a record of {size} bytes in {file} (larger than the {_READ_LIMIT >> 20} MiB read at once: skipped)"
+
+
 # -- wandb ------------------------------------------------------------------------------
 
-# The framing of a .wandb file (LevelDB's log format, with wandb's own 7-byte file header
-# and crc32 of type + data): 32 KiB blocks of records `crc u32 | length u16 | type u8 | data`.
-_WANDB_HEADER = struct.pack("<4sHB", b":W&B", 0xBEE1, 0)
-_BLOCK = 32 * 1024
-_RECORD_HEAD = struct.Struct("<IHB")
-_FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
 
-
-def _wandb_records(data: bytes) -> tuple[list[bytes], int]:
-    """The records of a .wandb file's bytes, and how many bytes at the end could not be read
-    (a run killed mid-write leaves a torn tail; a bad checksum ends the readable part)."""
-    if not data.startswith(_WANDB_HEADER):
-        raise ImportSourceError("not a wandb transaction log (the header is not ':W&B')")
-    records: list[bytes] = []
-    pending = b""
-    pos = good_end = len(_WANDB_HEADER)
-    while pos + _RECORD_HEAD.size <= len(data):
-        room = _BLOCK - pos % _BLOCK
-        if room < _RECORD_HEAD.size:  # a block's zero-filled trailer
-            pos += room
-            continue
-        checksum, length, kind = _RECORD_HEAD.unpack_from(data, pos)
-        if kind == 0 and length == 0 and checksum == 0:  # zero padding before the next block
-            pos += room
-            continue
-        payload = data[pos + _RECORD_HEAD.size : pos + _RECORD_HEAD.size + length]
-        if len(payload) < length or zlib.crc32(payload, zlib.crc32(bytes([kind]))) != checksum:
-            break
-        pos += _RECORD_HEAD.size + length
-        if kind == _FULL:
-            records.append(payload)
-        elif kind == _FIRST:
-            pending = payload
-        elif kind == _MIDDLE:
-            pending += payload
-        elif kind == _LAST:
-            records.append(pending + payload)
-            pending = b""
-        else:
-            break
-        if kind in (_FULL, _LAST):
-            good_end = pos
-    return records, len(data) - good_end
+def wandb_run(meta: Mapping[str, Any] | None, log: Path) -> tuple[dict[str, Any], str, str]:
+    """(run record, identity, name) of a `.wandb` log whose run record is `meta` (id, name,
+    project, tags; None: the log has none readable, and is named after its file)."""
+    if meta is None:
+        meta = {"id": log.stem.removeprefix("run-"), "name": "", "project": "", "tags": []}
+    return dict(meta), f"wandb/{meta['project']}/{meta['id']}", meta["name"] or meta["id"] or log.stem
 
 
 def _wandb_log_files(path: Path) -> list[Path]:
@@ -293,54 +381,49 @@ def _wandb_log_files(path: Path) -> list[Path]:
     )
 
 
-def _read_wandb_log(log: Path) -> tuple[dict[str, Any], PointTable, list[str]]:
-    try:  # by name: the module re-exports the protobuf classes of the installed protobuf
-        wandb_internal_pb2: Any = importlib.import_module("wandb.proto.wandb_internal_pb2")
-    except ImportError:
-        raise ImportSourceError("reading wandb run files needs `pip install wandb`") from None
-    records, torn = _wandb_records(log.read_bytes())
-    meta: dict[str, Any] = {"config": {}}
-    table = PointTable()
-    notes = [f"the last {torn} bytes of {log.name} (unreadable: a run killed mid-write?)"] if torn else []
-    for payload in records:
-        record = wandb_internal_pb2.Record()
-        record.ParseFromString(payload)
-        kind = record.WhichOneof("record_type")
-        if kind == "run":
-            run = record.run
-            meta.update(id=run.run_id, name=run.display_name, project=run.project, tags=list(run.tags))
-            meta["config"].update(_wandb_items(run.config.update))
-        elif kind == "config":
-            meta["config"].update(_wandb_items(record.config.update))
-        elif kind == "history":
-            items = dict(_wandb_items(record.history.item))
-            _add_history_row(table, items, default_step=record.history.step.num)
-    if "id" not in meta:
-        raise ImportSourceError(f"{log} has no run record (is it a wandb run file?)")
-    meta["config"].pop("_wandb", None)
-    return meta, table, notes
+@dataclass
+class _WandbLog:
+    meta: dict[str, Any] | None
+    config: dict[str, Any]
+    table: PointTable
+    notes: list[str]
+    framework: str | None
+    why: str
 
 
-def _wandb_items(items: Any) -> Iterator[tuple[str, Any]]:
-    for item in items:
-        key = item.key or ".".join(item.nested_key)
-        yield key, json.loads(item.value_json)  # json reads wandb's NaN and Infinity
+def _read_wandb_log(log: Path, framework: str) -> _WandbLog:
+    """The whole of a `.wandb` log, read by `keel watch`'s reader (keel/tailing.py's
+    WandbTail, read after read as the watcher reads it), named as the watcher names it."""
+    from keel.tailing import WandbTail, reads_to_the_end
 
-
-def _add_history_row(table: PointTable, items: Mapping[str, Any], default_step: int | None = None) -> None:
-    step = items.get(_WANDB_STEP, default_step)
-    if isinstance(step, float) and step.is_integer():
-        step = int(step)
-    wall_time = items.get(_WANDB_TIME)
-    wall_time = float(wall_time) if isinstance(wall_time, (int, float)) else None
-    for column, raw in items.items():
-        if column in (_WANDB_STEP, _WANDB_TIME):
-            continue
-        if column.startswith("_"):  # _runtime and the like: wandb's, not the user's metrics
-            table.skipped[(column, "wandb's own bookkeeping column")] += 1
-            continue
-        for key, value in flatten(column, raw):
-            table.add(step, key, value, wall_time)
+    try:
+        tail = WandbTail(str(log))
+    except RuntimeError as exc:  # wandb is not installed
+        raise ImportSourceError(str(exc)) from None
+    out = _WandbLog(None, {}, PointTable(), [], None, "")
+    renamer: Renamer | None = None
+    corrupt = 0
+    try:
+        for read in reads_to_the_end(tail):
+            if read.run is not None:
+                out.meta = read.run
+            out.config.update(read.config)
+            corrupt += read.corrupt
+            out.notes += [_too_large_note(log.name, size) for size in read.too_large]
+            if read.rows:
+                if renamer is None:
+                    keys = {key for row in read.rows for key in row.items}
+                    out.framework, out.why = choose_framework(framework, keys, out.config)
+                    renamer = Renamer(out.framework)
+                renamer.add_wandb_rows(read.rows, out.table)
+    except ValueError as exc:  # not a wandb transaction log
+        raise ImportSourceError(str(exc)) from None
+    if corrupt:
+        out.notes.append(f"{corrupt} corrupt record(s) in {log.name} (skipped)")
+    if tail.waiting:
+        out.notes.append(f"the last {tail.waiting} bytes of {log.name} (unreadable: a run killed mid-write?)")
+    out.config.pop("_wandb", None)
+    return out
 
 
 def _read_history_file(path: Path) -> list[dict[str, Any]]:
@@ -370,13 +453,14 @@ def _csv_value(cell: str) -> float | str:
         return cell
 
 
-def read_wandb(path: Path, *, name: str | None = None) -> list[ImportedRun]:
+def read_wandb(path: Path, *, name: str | None = None, framework: str = "auto") -> list[ImportedRun]:
     """An offline run directory (or a wandb/ directory of them, or one .wandb file), or a
-    history export (.csv, .json, .jsonl)."""
+    history export (.csv, .json, .jsonl); names mapped by `framework` as `keel watch
+    --framework` maps them."""
     if not path.exists():
         raise ImportSourceError(f"{path} does not exist")
     if path.is_file() and path.suffix.lower() in (".csv", ".json", ".jsonl"):
-        return [_read_history_export(path, name)]
+        return [_read_history_export(path, name, framework)]
     logs = _wandb_log_files(path)
     if not logs:
         raise ImportSourceError(
@@ -385,30 +469,40 @@ def read_wandb(path: Path, *, name: str | None = None) -> list[ImportedRun]:
         )
     runs = []
     for log in logs:
-        meta, table, notes = _read_wandb_log(log)
-        source = {"source": "wandb", "path": str(log.resolve()), "wandb_project": meta["project"], "wandb_id": meta["id"]}
+        read = _read_wandb_log(log, framework)
+        meta, identity, run_name = wandb_run(read.meta, log)
+        source = {"source": "wandb", "path": str(log.resolve()), "wandb_project": meta["project"], "wandb_id": meta["id"],
+                  "framework": read.framework}  # fmt: skip
         runs.append(
             ImportedRun(
-                identity=f"wandb/{meta['project']}/{meta['id']}",
-                name=_name(meta["name"] or meta["id"], name, single=len(logs) == 1),
-                table=table,
-                config={**meta["config"], "keel_import": source},
-                tags=meta["tags"],
-                not_imported=notes,
+                identity=identity,
+                name=_name(run_name, name, single=len(logs) == 1),
+                table=read.table,
+                config={**read.config, "keel_import": source},
+                tags=list(meta["tags"]),
+                not_imported=read.notes,
+                framework=read.framework,
+                framework_why=read.why,
             )
         )
     return runs
 
 
-def _read_history_export(path: Path, name: str | None) -> ImportedRun:
+def _read_history_export(path: Path, name: str | None, framework: str) -> ImportedRun:
     rows = _read_history_file(path)
     if not rows:
         raise ImportSourceError(f"{path} holds no rows")
     if not any(_WANDB_STEP in row for row in rows):
         raise ImportSourceError(f"{path} has no {_WANDB_STEP!r} column to take the step from")
+    from keel.tailing import HistoryRow
+
+    chosen, why = choose_framework(framework, {key for row in rows for key in row}, {})
     table = PointTable()
+    history = []
     for row in rows:
-        _add_history_row(table, row)
+        stamp = row.get(_WANDB_TIME)
+        history.append(HistoryRow(None, float(stamp) if isinstance(stamp, (int, float)) else None, row))
+    Renamer(chosen).add_wandb_rows(history, table)
     # The file's name and its first row: the same export, moved or grown, is the same run.
     first = json.dumps(rows[0], sort_keys=True, default=str)
     digest = hashlib.sha256(first.encode()).hexdigest()[:16]
@@ -416,5 +510,7 @@ def _read_history_export(path: Path, name: str | None) -> ImportedRun:
         identity=f"wandb-history/{path.name}/{digest}",
         name=name or path.stem,
         table=table,
-        config={"keel_import": {"source": "wandb-history", "path": str(path.resolve())}},
+        config={"keel_import": {"source": "wandb-history", "path": str(path.resolve()), "framework": chosen}},
+        framework=chosen,
+        framework_why=why,
     )

@@ -1,4 +1,6 @@
-"""Incremental readers of a trainer's logs while it writes them (`keel watch`, keel/watch.py).
+"""The one reader of each log format: incremental readers of a trainer's logs while it
+writes them (`keel watch`, keel/watch.py), also read to the end for `keel import`
+(keel/importers.py, `reads_to_the_end`), so a log reads the same either way.
 
 Each reader keeps a cursor: the byte offset just past the last record it handed out, so a
 reader built again from a saved cursor goes on exactly where the last one stopped. A record
@@ -8,10 +10,12 @@ parser refuses) is counted and skipped, never a crash. A record larger than one 
 big image or tensor) is skipped whole once it is all there, found by its framing alone, and
 reported with its size: the reader goes on after it.
 
-- wandb: the run's transaction log `run-<id>.wandb` (keel/importers.py describes the
-  framing: LevelDB's log format, 32 KiB blocks). After a corrupt record the reader resumes at
-  the next block, as LevelDB's reader does. Records are decoded with wandb's own protobuf
-  classes (`wandb.proto.wandb_internal_pb2`).
+- wandb: the run's transaction log `run-<id>.wandb`: wandb's 7-byte header (`:W&B`, 0xBEE1,
+  version 0), then LevelDB's log format: 32 KiB blocks of fragments `crc32 u32 | length u16 |
+  type u8 | data` (crc32 of type and data; type 1 a whole record, 2/3/4 its first, middle,
+  last fragment; a block's last < 7 bytes zero-filled). After a record whose head cannot be
+  one the reader resumes at the next block, as LevelDB's reader does. Records are decoded
+  with wandb's own protobuf classes (`wandb.proto.wandb_internal_pb2`).
 - TensorBoard: each event file is a sequence of TFRecords, `length u64 | masked crc32c of
   the length u32 | data | masked crc32c of the data u32`, each data an `Event` protobuf
   (decoded with tensorboard's classes). A record whose length checksum is wrong leaves no
@@ -38,7 +42,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["HistoryRow", "TensorboardTail", "WandbTail", "masked_crc32c"]
+__all__ = ["HistoryRow", "TensorboardTail", "WandbTail", "masked_crc32c", "reads_to_the_end"]
 
 _WANDB_HEADER = struct.pack("<4sHB", b":W&B", 0xBEE1, 0)
 _BLOCK = 32 * 1024
@@ -93,7 +97,7 @@ def _wandb_pb2() -> Any:
             for module in [m for m in sys.modules if m == "wandb" or m.startswith("wandb.")]:
                 del sys.modules[module]
     except ImportError:
-        raise RuntimeError("following wandb runs needs `pip install wandb`") from None
+        raise RuntimeError("reading wandb run files needs `pip install wandb`") from None
 
 
 def _value(value_json: str) -> Any:
@@ -349,7 +353,7 @@ class TensorboardTail:
             self._event_pb2: Any = importlib.import_module("tensorboard.compat.proto.event_pb2")
             self._tensor_util: Any = importlib.import_module("tensorboard.util.tensor_util")
         except ImportError:
-            raise RuntimeError("following TensorBoard logs needs `pip install tensorboard`") from None
+            raise RuntimeError("reading TensorBoard logs needs `pip install tensorboard`") from None
 
     def files(self) -> list[str]:
         try:
@@ -450,3 +454,18 @@ class TensorboardTail:
             else:
                 plugin = self.plugins.get(value.tag) or {"histo": "histograms", "image": "images", "audio": "audio"}.get(kind or "", kind or "value")
                 out.not_scalars.add(f"{plugin} {value.tag!r}")
+
+
+# -- to the end -------------------------------------------------------------------------
+
+
+def reads_to_the_end(tail: WandbTail | TensorboardTail) -> Iterator[Any]:
+    """Every read of `tail` (a WandbRead or TensorboardRead each) until one leaves its cursor
+    where it was: a log read whole the way `keel watch` reads it as it grows (`keel import`).
+    What is left then, `tail.waiting` bytes, is not a whole record (a writer killed
+    mid-write); a record larger than a read is skipped and reported by both alike."""
+    while True:
+        before = tail.cursor if isinstance(tail, WandbTail) else dict(tail.cursors)
+        yield tail.read()
+        if (tail.cursor if isinstance(tail, WandbTail) else tail.cursors) == before:
+            return

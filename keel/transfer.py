@@ -45,6 +45,8 @@ def _fail(command: str, message: str) -> int:
 
 
 def _add_import(parser: argparse.ArgumentParser) -> None:
+    from keel.importers import FRAMEWORK_CHOICES
+
     sources = parser.add_subparsers(dest="source", required=True, metavar="SOURCE")
     for source, what, help_text in (
         ("tensorboard", "logdir", "a TensorBoard log directory (every directory with event files is a run)"),
@@ -60,6 +62,9 @@ def _add_import(parser: argparse.ArgumentParser) -> None:
         sub.add_argument("--token", default=None, help="API token with ingest scope (default: $KEEL_TOKEN)")
         sub.add_argument("--timeout", type=float, default=300.0, help="seconds to keep trying per run (default 300)")
         sub.add_argument("--dry-run", action="store_true", help="read and report, upload nothing")
+        sub.add_argument("--framework", choices=FRAMEWORK_CHOICES, default="auto",
+                         help="whose metric names to map to Keel's, as keel watch --framework does "
+                              "(default auto: recognised from the names and the config)")  # fmt: skip
 
 
 def _import(args: argparse.Namespace) -> int:
@@ -72,7 +77,7 @@ def _import(args: argparse.Namespace) -> int:
         return _fail(command, "--server URL is required (or --dry-run)")
     reader = read_tensorboard if args.source == "tensorboard" else read_wandb
     try:
-        runs = reader(path.expanduser(), name=args.name)
+        runs = reader(path.expanduser(), name=args.name, framework=args.framework)
     except (ImportSourceError, OSError) as exc:
         return _fail(command, str(exc))
     token = args.token if args.token is not None else os.environ.get("KEEL_TOKEN")
@@ -81,6 +86,8 @@ def _import(args: argparse.Namespace) -> int:
         run.tags = list(dict.fromkeys([*run.tags, *args.tag]))
         rows = run.table.rows()
         summary = f"run {run.name!r} ({run.run_id}): {run.table.points} point(s) at {len(run.table.values)} step(s)"
+        if run.table.points and args.framework == "auto":
+            print(f"keel {command}: run {run.name!r}: framework {run.framework or 'none'} ({run.framework_why})")
         if not rows:
             print(f"keel {command}: {summary}: nothing to import, skipped")
         elif args.dry_run:

@@ -47,7 +47,6 @@ Standard library only at module level (see keel/cli.py).
 from __future__ import annotations
 
 import argparse
-import functools
 import hashlib
 import json
 import os
@@ -60,8 +59,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from keel.config_push import ConfigPush, Sent
+    from keel.importers import Renamer
     from keel.tailing import TensorboardTail, WandbTail
-    from trainer_hooks.integrations.names import NameMap
     from trainer_hooks.sender import Sender
     from trainer_hooks.spool import Spool
 
@@ -69,7 +68,6 @@ __all__ = ["COMMANDS", "Watcher", "default_state_root"]
 
 STATE_FORMAT = 1
 STATE_FILE = "watch.json"
-_FRAMEWORK_CHOICES = ("auto", "none", "verl", "trl", "openrlhf", "prime-rl", "areal", "slime", "skyrl", "nemo-rl")
 
 
 def default_state_root() -> Path:
@@ -112,18 +110,6 @@ def discover(paths: list[Path]) -> Iterator[tuple[str, Path, Path]]:
                 yield "tensorboard", here, root
 
 
-@functools.lru_cache(maxsize=4096)
-def _key_refusal(key: str) -> str | None:
-    """Why the server refuses `key` as a metric key (its own check, wire.parse_rows), or None."""
-    from wire import ProtocolError, parse_rows
-
-    try:
-        parse_rows([{"step": 0, "values": {key: 0.0}}])
-    except ProtocolError as exc:
-        return str(exc).removeprefix("rows[0]: ")
-    return None
-
-
 class Options:
     def __init__(self, args: argparse.Namespace) -> None:
         self.server: str = args.server
@@ -162,10 +148,9 @@ class Follower:
         self.spool: Spool | None = None
         self.sender: Sender | None = None
         self.tail: WandbTail | TensorboardTail = self._tail()
-        self.name_map: NameMap | None = None
-        self._names: dict[str, str] = {}
-        """{logged column: Keel name} of the columns met so far, under `name_map`."""
-        self._decided = False
+        self.renamer: Renamer | None = None
+        """Keel's names of the source's (keel/importers.py, as `keel import` names them);
+        None until the framework is decided."""
         self._config_push: ConfigPush | None = None
         self._config_check = True
         """The source's config may differ from the one the server acknowledged: compare them."""
@@ -213,25 +198,21 @@ class Follower:
 
     # -- framework ------------------------------------------------------------------------
 
-    def _use_framework(self, framework: str | None) -> None:
-        from trainer_hooks.integrations.names import MAPS
+    def _use_framework(self, framework: str | None) -> Renamer:
+        from keel.importers import Renamer
 
-        self.name_map = MAPS.get(framework) if framework else None
-        self._names = {}
-        self._decided = True
+        self.renamer = Renamer(framework)
+        return self.renamer
 
-    def _decide(self, names: set[str]) -> None:
-        from trainer_hooks.integrations.names import detect_framework
+    def _decide(self, names: set[str]) -> Renamer:
+        from keel.importers import choose_framework
 
-        chosen = self.options.framework
-        if chosen == "auto":
-            framework, why = detect_framework(names, self.state["config"])
+        framework, why = choose_framework(self.options.framework, names, self.state["config"])
+        if self.options.framework == "auto":
             self.say(f"{self.label}: framework {framework or 'none'} ({why})"
                      + ("" if framework else "; names are kept as logged, --framework chooses one"))  # fmt: skip
-        else:
-            framework = None if chosen == "none" else chosen
         self.state["framework"] = framework
-        self._use_framework(framework)
+        return self._use_framework(framework)
 
     @property
     def label(self) -> str:
@@ -280,7 +261,7 @@ class Follower:
             self._request_finish(f"wandb exit code {exit_code}")
 
     def _read_wandb(self) -> tuple[Any, int | None, int]:
-        from keel.importers import PointTable, flatten
+        from keel.importers import PointTable
         from keel.tailing import WandbTail
 
         assert isinstance(self.tail, WandbTail)
@@ -294,36 +275,9 @@ class Follower:
             self._config_check = True
         if not read.rows:
             return None, read.exit_code, read.corrupt
-        if not self._decided:
-            self._decide({key for row in read.rows for key in row.items})
+        renamer = self.renamer or self._decide({key for row in read.rows for key in row.items})
         table = PointTable()
-        step_keys = self.name_map.step_keys if self.name_map else ()
-        names = self._names
-        for row in read.rows:
-            items = row.items
-            step = next((items[key] for key in step_keys if key in items), items.get("_step", row.step))
-            if isinstance(step, float) and step.is_integer():
-                step = int(step)
-            pairs = []
-            for column, raw in items.items():
-                name = names.get(column)
-                if name is None or type(raw) is dict:
-                    if column in step_keys or column in ("_step", "_timestamp"):
-                        continue
-                    if column.startswith("_"):  # _runtime and the like: wandb's, not the trainer's
-                        table.skipped[(column, "wandb's own bookkeeping column")] += 1
-                        continue
-                    if type(raw) is dict:
-                        for key, value in flatten(column, raw):
-                            inner = self._name(key, table)
-                            if inner is not None:
-                                pairs.append((inner, value))
-                        continue
-                    name = self._name(column, table)
-                    if name is None:
-                        continue
-                pairs.append((name, raw))
-            table.add_row(step, pairs, row.time)
+        renamer.add_wandb_rows(read.rows, table)
         return table, read.exit_code, read.corrupt
 
     def _read_tensorboard(self) -> tuple[Any, int | None, int]:
@@ -343,34 +297,10 @@ class Follower:
             self.say(f"{self.label}: {self.source / name} not read: {why}")
         if not read.scalars:
             return None, None, read.corrupt
-        if not self._decided:
-            self._decide({scalar.tag for scalar in read.scalars})
+        renamer = self.renamer or self._decide({scalar.tag for scalar in read.scalars})
         table = PointTable()
-        step_keys = self.name_map.step_keys if self.name_map else ()
-        for scalar in read.scalars:
-            if scalar.tag in step_keys:
-                continue
-            key = self._name(scalar.tag, table)
-            if key is not None:
-                table.add(scalar.step, key, scalar.value, scalar.time)
+        renamer.add_scalars(read.scalars, table)
         return table, None, read.corrupt
-
-    def _keel_name(self, name: str) -> str:
-        return self.name_map.keel_name(name) if self.name_map else name
-
-    def _name(self, column: str, table: Any) -> str | None:
-        """Keel's name of a logged column (kept in `_names`), or None for one the server
-        refuses as a metric key (a NUL, too long): its value is counted in `table` as not
-        stored (said once per key), and the rest of its step goes on."""
-        name = self._names.get(column)
-        if name is None:
-            name = self._keel_name(column)
-            refused = _key_refusal(name)
-            if refused is not None:
-                table.skipped[(column[:60], refused)] += 1
-                return None
-            self._names[column] = name
-        return name
 
     def _too_large(self, path: Path, size: int) -> None:
         from keel.tailing import _READ_LIMIT
@@ -397,15 +327,11 @@ class Follower:
         return frames
 
     def _describe_run(self) -> None:
-        from keel.importers import run_id_for
+        from keel.importers import run_id_for, wandb_run
 
-        meta = self.state.get("meta")
         source = {"source": self.kind, "path": str(self.source), "framework": self.state.get("framework")}
         if self.kind == "wandb":
-            if meta is None:  # a log without its run record: name it after its file
-                meta = {"id": self.source.stem.removeprefix("run-"), "name": "", "project": "", "tags": []}
-            identity = f"wandb/{meta['project']}/{meta['id']}"
-            name = meta["name"] or meta["id"] or self.source.stem
+            meta, identity, name = wandb_run(self.state.get("meta"), self.source)  # as keel import names it
             source.update(wandb_project=meta["project"], wandb_id=meta["id"])
             tags = list(meta["tags"])
         else:
@@ -652,10 +578,12 @@ class Watcher:
 
 
 def _add_watch(parser: argparse.ArgumentParser) -> None:
+    from keel.importers import FRAMEWORK_CHOICES
+
     parser.add_argument("paths", nargs="+", type=Path, metavar="PATH",
                         help="directories to follow: wandb/ directories or run directories, TensorBoard log directories")  # fmt: skip
     parser.add_argument("--server", required=True, help="Keel server URL, e.g. http://127.0.0.1:8750")
-    parser.add_argument("--framework", choices=_FRAMEWORK_CHOICES, default="auto",
+    parser.add_argument("--framework", choices=FRAMEWORK_CHOICES, default="auto",
                         help="whose metric names to map to Keel's (default auto: recognised from the names and the config)")  # fmt: skip
     parser.add_argument("--project", default="default", help="Keel project of the runs (default: default)")
     parser.add_argument("--group", default=None, help="Keel group of the runs")

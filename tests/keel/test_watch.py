@@ -19,7 +19,8 @@ import httpx
 import numpy as np
 import pytest
 
-from keel.importers import _wandb_records, run_id_for
+from keel.importers import run_id_for
+from keel.tailing import WandbTail, reads_to_the_end
 from tests.support.raw_client import hello, new_run, open_ingest, points, recv
 from tests.support.server import REPO_ROOT, keel_serve
 from tests.support.watched import api_get as _get
@@ -254,17 +255,12 @@ def _finished_wandb_run(root: Path, steps: int) -> Path:
     return log
 
 
-def _history_steps(data: bytes) -> list[int]:
-    """Steps of the whole history records in `data`, read by `keel import`'s own reader."""
-    from wandb.proto import wandb_internal_pb2
-
-    steps = []
-    for payload in _wandb_records(data)[0]:
-        record = wandb_internal_pb2.Record()
-        record.ParseFromString(payload)
-        if record.WhichOneof("record_type") == "history":
-            steps.append(record.history.step.num)
-    return steps
+def _history_steps(data: bytes, tmp: Path) -> list[int]:
+    """Steps of the whole history records in `data`, read to the end by the reader both
+    `keel watch` and `keel import` read with."""
+    log = tmp / "history-steps.wandb"
+    log.write_bytes(data)
+    return [row.step for read in reads_to_the_end(WandbTail(str(log))) for row in read.rows if row.step is not None]
 
 
 def _history_record_of(data: bytes, step: int) -> int:
@@ -302,7 +298,7 @@ def test_a_partly_written_record_is_waited_for_and_a_corrupt_one_counted_and_ski
     watch = Watch(tmp_path, server.url, [tmp_path / "logs"]).start()
     run_id = run_id_for("wandb/cut/c1")
     try:
-        before = [step for step in _history_steps(data[:cut])]
+        before = _history_steps(data[:cut], tmp_path)
         assert 20 not in before and 19 in before
         _wait(lambda: _steps(server.url, run_id, "loss") == [s for s in before if s != 7], 60, "the whole records")
         time.sleep(1.0)  # the torn record is still not taken

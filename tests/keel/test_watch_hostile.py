@@ -1,7 +1,8 @@
 """`keel watch` on logs that real trainers write now and then, or that someone wrote to hurt
 it: a record larger than a read, a NUL in a metric name, a run name longer than the server
 takes, a run the server refuses whatever is sent, event files linked from outside the
-watched folder. The logs are written here byte by byte in the loggers' own formats (wandb's
+watched folder; and `keel import` of the same logs, which reads them with the same readers
+and names them the same way. The logs are written here byte by byte in the loggers' own formats (wandb's
 LevelDB-framed transaction log, TensorBoard's TFRecords), the servers are real."""
 
 from __future__ import annotations
@@ -117,9 +118,10 @@ def _tf_version() -> bytes:
 
 
 @contextmanager
-def _watching(paths: list[Path], server_url: str, state: Path, project: str = "default") -> Iterator[list[str]]:
+def _watching(paths: list[Path], server_url: str, state: Path, project: str = "default",
+              framework: str = "none") -> Iterator[list[str]]:  # fmt: skip
     """`keel watch PATHS` run in a thread; yields the lines it says, as it says them."""
-    args = argparse.Namespace(server=server_url, token=None, project=project, group=None, tag=[], framework="none",
+    args = argparse.Namespace(server=server_url, token=None, project=project, group=None, tag=[], framework=framework,
                               state=state, finish_after=600.0)  # fmt: skip
     said: list[str] = []
     watcher = Watcher(paths, Options(args), interval=0.05, scan_interval=0.2, say=said.append)
@@ -345,3 +347,114 @@ def test_event_files_linked_from_outside_the_watched_folder_are_not_read(server_
     (linked,) = _said(said, "events.out.tfevents.1700000002.host.1.0")
     assert f"outside {root.resolve()}" in linked
     assert "not a regular file" in _said(said, "events.out.tfevents.1700000004.host.1.0")[0]
+
+
+# -- 5. keel import reads and names as keel watch does ---------------------------------------
+
+
+def _import(*argv: str | Path) -> int:
+    """`keel import ...`, parsed as `keel` parses it."""
+    from keel.transfer import COMMANDS
+
+    parser = argparse.ArgumentParser(prog="keel")
+    sub = parser.add_subparsers(dest="command", required=True)
+    help_text, add_arguments, run = COMMANDS["import"]
+    add_arguments(sub.add_parser("import", help=help_text))
+    args = parser.parse_args(["import", *map(str, argv)])
+    return int(run(args))
+
+
+def _stored(url: str, run_id: str) -> dict[str, dict[int, float]]:
+    """Every key of a run with its points."""
+    keys = _get(url, f"/runs/{run_id}/keys") or []
+    return {info["key"]: _series(url, run_id, info["key"]) for info in keys}
+
+
+_VERL_ROW = {"rollout_corr/k3_kl": 0.001, "actor/pg_loss": -0.5, "actor/pg_clipfrac": 0.125, "note": "text"}
+
+
+def _verl_logs(root: Path) -> tuple[Path, Path, str, str]:
+    """A finished verl run's wandb log and TensorBoard directory under `root`; their run ids."""
+    run_dir = root / "wandb" / "offline-run-20260101_000000-v1"
+    run_dir.mkdir(parents=True)
+    rows = [_wandb_row(step, {key: value * (step + 1) if isinstance(value, float) else value for key, value in _VERL_ROW.items()})
+            for step in range(6)]  # fmt: skip
+    config = {"actor_rollout_ref": {"actor": {"ppo_epochs": 1}}, "algorithm": {"adv_estimator": "grpo"}}
+    (run_dir / "run-v1.wandb").write_bytes(_wandb_log([_wandb_run("v1", "verl-grpo", "rl", config), *rows, _wandb_exit()]))
+    tb = root / "tb" / "grpo"
+    tb.mkdir(parents=True)
+    name = "events.out.tfevents.1700000000.host.1.0"
+    events = [_tf_scalar(step, tag, value * (step + 1)) for step in range(6) for tag, value in _VERL_ROW.items() if isinstance(value, float)]
+    (tb / name).write_bytes(_tfrecords([_tf_version(), *events]))
+    return run_dir, tb, run_id_for("wandb/rl/v1"), run_id_for(f"tensorboard/grpo/{name}")
+
+
+@pytest.mark.parametrize("framework", ["verl", "auto"])
+def test_import_with_a_framework_lands_the_names_watch_lands(server_factory, tmp_path: Path, framework: str) -> None:
+    """Watched, then imported into the same runs: not one metric under two names."""
+    run_dir, tb, wandb_id, tb_id = _verl_logs(tmp_path / "logs")
+    server = server_factory(f"sqlite:///{tmp_path / 'keel.db'}")
+    with _watching([tmp_path / "logs"], server.url, tmp_path / "state", framework=framework):
+        _wait(lambda: len(_series(server.url, wandb_id, "mismatch/kl")) == 6, 60, "the wandb run")
+        _wait(lambda: len(_series(server.url, tb_id, "mismatch/kl")) == 6, 60, "the TensorBoard run")
+        time.sleep(0.5)
+    watched = {run_id: _stored(server.url, run_id) for run_id in (wandb_id, tb_id)}
+    for run_id in (wandb_id, tb_id):
+        assert set(watched[run_id]) == {"mismatch/kl", "loss/pg", "verl/actor/pg_clipfrac"}, run_id
+        assert sorted(watched[run_id]["loss/pg"]) == list(range(6))
+
+    assert _import("wandb", run_dir, "--server", server.url, "--framework", framework) == 0
+    assert _import("tensorboard", tb, "--server", server.url, "--framework", framework) == 0
+    assert {run_id: _stored(server.url, run_id) for run_id in (wandb_id, tb_id)} == watched
+
+    # Imported alone (another server), the same runs hold the same points under the same names.
+    alone = server_factory(f"sqlite:///{tmp_path / 'alone.db'}")
+    assert _import("wandb", run_dir, "--server", alone.url, "--framework", framework) == 0
+    assert _import("tensorboard", tb, "--server", alone.url, "--framework", framework) == 0
+    assert {run_id: _stored(alone.url, run_id) for run_id in (wandb_id, tb_id)} == watched
+    run = _get(alone.url, f"/runs/{wandb_id}")
+    assert run["config"]["keel_import"]["framework"] == "verl" and run["config"]["algorithm"] == {"adv_estimator": "grpo"}
+
+
+def test_a_corrupt_and_an_oversized_record_are_handled_alike_by_import_and_watch(server_factory, tmp_path: Path, capsys) -> None:
+    """One corrupt record (a bad checksum) and one larger than a read (> 8 MiB), in a wandb log
+    and in an event file: watch and import each skip exactly those and store the rest."""
+    logs = tmp_path / "logs"
+    run_dir = logs / "wandb" / "offline-run-20260101_000000-h1"
+    run_dir.mkdir(parents=True)
+    records = [_wandb_run("h1", "hostile", "rl")] + [_wandb_row(step, {"loss": step + 0.5}) for step in range(10)] + [_wandb_exit()]
+    records[6] = _wandb_row(5, {"loss": 5.5, "table": "x" * BIG})
+    data = bytearray(_wandb_log(records))
+    at = len(_wandb_log(records[:3])) + 7 + 2  # inside step 2's payload: its checksum fails
+    data[at] ^= 0x01
+    (run_dir / "run-h1.wandb").write_bytes(bytes(data))
+    tb = logs / "tb" / "ppo"
+    tb.mkdir(parents=True)
+    events = [_tf_version()] + [_tf_scalar(step, "loss", step + 0.5) for step in range(10)]
+    events[6] = _tf_image(5, "samples", BIG)
+    framed = bytearray(_tfrecords(events))
+    at = len(_tfrecords(events[:3])) + 12 + 2  # inside step 2's event: its data checksum fails
+    framed[at] ^= 0x01
+    name = "events.out.tfevents.1700000000.host.1.0"
+    (tb / name).write_bytes(bytes(framed))
+    wandb_id, tb_id = run_id_for("wandb/rl/h1"), run_id_for(f"tensorboard/ppo/{name}")
+    expected = {"loss": {step: step + 0.5 for step in range(10) if step not in (2, 5)}}
+
+    watched = server_factory(f"sqlite:///{tmp_path / 'watched.db'}")
+    with _watching([logs], watched.url, tmp_path / "state") as said:
+        _wait(lambda: _said(said, "run 'hostile': finished;"), 60, "finished")
+        _wait(lambda: len(_series(watched.url, tb_id, "loss")) == 8, 60, "the TensorBoard run")
+        time.sleep(0.5)
+    assert _stored(watched.url, wandb_id) == expected and _stored(watched.url, tb_id) == expected
+    assert len(_said(said, "1 corrupt record(s) skipped in")) == 2 and len(_said(said, "skipped a record of")) == 2
+
+    imported = server_factory(f"sqlite:///{tmp_path / 'imported.db'}")
+    capsys.readouterr()
+    assert _import("wandb", run_dir, "--server", imported.url) == 0
+    assert _import("tensorboard", tb, "--server", imported.url) == 0
+    out = capsys.readouterr().out
+    assert _stored(imported.url, wandb_id) == expected and _stored(imported.url, tb_id) == expected
+    assert "not imported: 1 corrupt record(s) in run-h1.wandb (skipped)" in out
+    assert f"not imported: a record of {len(records[6])} bytes in run-h1.wandb" in out
+    assert "not imported: 1 corrupt record(s) in ppo (skipped)" in out
+    assert f"not imported: a record of {len(events[6])} bytes in {name}" in out

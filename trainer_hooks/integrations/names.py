@@ -1,8 +1,10 @@
 """Every framework's metric names that mean what a Keel name means, in one place.
 
 The same maps serve the native integrations (`trainer_hooks.integrations.verl`, `.trl`,
-`.openrlhf`), `keel import` and `keel watch` (docs/integrations/). Standard library only:
-`keel watch` runs where neither torch nor the framework is installed.
+`.openrlhf`), and `keel import --framework` and `keel watch --framework` alike (both name a
+log's metrics through keel/importers.py's `Renamer`, so a log imported and watched lands each
+metric under one name; docs/integrations/watch.md). Standard library only: `keel watch` runs
+where neither torch nor the framework is installed.
 
 The rule for an entry: the framework's number is the quantity Keel's name stands for
 (docs/metrics.md): the same estimator, over the same tokens, of the same two policies, before
