@@ -27,14 +27,23 @@ __all__ = [
     "EDGE_Y",
     "EDGE_SYMBOL",
     "EDGE_LABEL",
+    "LOG_FLOOR",
+    "log_floor",
+    "zero_label",
 ]
 
 Figure = dict[str, Any]
 
-# Where non-finite markers sit on the overlaid [0, 1] axis, and how they look.
-EDGE_Y = {"+inf": 0.975, "nan": 0.93, "-inf": 0.025}
-EDGE_SYMBOL = {"+inf": "triangle-up", "nan": "x", "-inf": "triangle-down"}
-EDGE_LABEL = {"+inf": "+Inf", "nan": "NaN", "-inf": "−Inf"}
+# Where non-finite markers (and, on a log axis, values ≤ 0) sit on the overlaid [0, 1]
+# axis, and how they look.
+EDGE_Y = {"+inf": 0.975, "nan": 0.93, "-inf": 0.025, "zero": 0.045}
+EDGE_SYMBOL = {"+inf": "triangle-up", "nan": "x", "-inf": "triangle-down", "zero": "circle-open"}
+EDGE_LABEL = {"+inf": "+Inf", "nan": "NaN", "-inf": "−Inf", "zero": "0"}
+LOG_FLOOR = 0.1
+"""On a log axis a smoothed line is drawn down to LOG_FLOOR × the smallest positive value its
+run logged: the EMA of positive values never falls below their minimum, so below that it is
+zeros (or negatives) pulling it towards 0, not a measurement; it would dive decades (0.6⁵⁰ ≈
+1e-11 after 50 zeros). Those points are gaps; the zeros themselves are edge markers."""
 BACKTEST_Y = 0.14
 """Backtest firings' open diamonds: just above the real alerts' (y2 runs 0..1)."""
 ALERT_Y = 0.07
@@ -92,6 +101,29 @@ def _drawable_or_none(values: Sequence[float | None], log_y: bool) -> list[float
     return [v if drawable(v, log_y) else None for v in values]
 
 
+def log_floor(values: Sequence[float | None]) -> float | None:
+    """LOG_FLOOR × the smallest positive finite value, or None when there is none."""
+    positive = [v for v in values if v is not None and math.isfinite(v) and v > 0]
+    return LOG_FLOOR * min(positive) if positive else None
+
+
+def _smoothed_drawn(values: Sequence[float | None], log_y: bool, floor: float | None) -> list[float | None]:
+    """A smoothed line's drawable values; on a log axis the ones below its floor are gaps."""
+    drawn = _drawable_or_none(values, log_y)
+    if not log_y or floor is None:
+        return drawn
+    return [v if v is not None and v >= floor else None for v in drawn]
+
+
+def _line_floor(series: Series) -> float | None:
+    return log_floor([*series.values, *(series.mins or ())])
+
+
+def zero_label(value: float) -> str:
+    """The hover text of a value ≤ 0 marked on a log chart's edge (the live updater's too)."""
+    return "0" if value == 0 else f"{value!r} (≤ 0)"
+
+
 ENVELOPE_POINTS = 250
 """Buckets of a line's min–max band: the band is a translucent area, so half the line's
 resolution draws the same picture with half its points, and merging buckets keeps every
@@ -143,21 +175,30 @@ def _envelope(line: RunLine, colour: str, log_y: bool) -> Figure | None:
     }
 
 
-def _nonfinite_trace(line: RunLine, colour: str) -> Figure:
-    points = nonfinite_points(line.series)
+def _nonfinite_trace(line: RunLine, colour: str, log_y: bool = False) -> Figure:
+    """Markers at the plot edge: non-finite values, and on a log axis the values ≤ 0 (which
+    the axis cannot place: gaps in the line, an open circle at the bottom edge, hover "0")."""
+    points: list[tuple[int, str, str]] = [(p.step, p.kind, EDGE_LABEL[p.kind]) for p in nonfinite_points(line.series)]
+    if log_y:
+        points += [
+            (step, "zero", zero_label(v))
+            for step, v in zip(line.series.steps, line.series.values, strict=True)
+            if math.isfinite(v) and v <= 0
+        ]
+        points.sort(key=lambda p: p[0])
     return {
         "type": "scatter",
-        "x": [p.step for p in points],
-        "y": [EDGE_Y[p.kind] for p in points],
+        "x": [step for step, _, _ in points],
+        "y": [EDGE_Y[kind] for _, kind, _ in points],
         "yaxis": "y2",
         "mode": "markers",
         "marker": {
-            "symbol": [EDGE_SYMBOL[p.kind] for p in points],
+            "symbol": [EDGE_SYMBOL[kind] for _, kind, _ in points],
             "size": 9,
             "color": colour,
             "line": {"width": 1, "color": INK},
         },
-        "text": [EDGE_LABEL[p.kind] for p in points],
+        "text": [text for _, _, text in points],
         # The name comes in as data, never as template text (a run may be called "%{y}").
         "hovertemplate": "%{fullData.name}: %{text}<extra></extra>",
         "showlegend": False,
@@ -191,12 +232,13 @@ def run_traces(line: RunLine, style: Style, smoothing: float, log_y: bool) -> li
     )
     if smoothed:
         values, state = ema(series.values, smoothing)
+        floor = _line_floor(series) if log_y else None
         traces.append(
             {
                 "type": "scatter",
                 "mode": "lines",
                 "x": list(series.steps),
-                "y": _drawable_or_none(values, log_y),
+                "y": _smoothed_drawn(values, log_y, floor),
                 "name": plot_text(line.name),
                 "legendgroup": line.run_id,
                 "line": {"color": style.colour, "dash": style.dash, "width": 2},
@@ -206,10 +248,11 @@ def run_traces(line: RunLine, style: Style, smoothing: float, log_y: bool) -> li
                     "role": "smooth",
                     "last_step": series.last_step,
                     "ema": {"value": state.value, "count": state.count},
+                    **({"floor": floor} if log_y else {}),
                 },
             }
         )
-    traces.append(_nonfinite_trace(line, style.colour))
+    traces.append(_nonfinite_trace(line, style.colour, log_y))
     return traces
 
 
@@ -223,11 +266,15 @@ def group_traces(
     group = members[0].group or members[0].name
     curves = []
     traces: list[Figure] = []
+    floors = [f for f in (_line_floor(line.series) for line in members) if f is not None] if log_y else []
+    floor = min(floors) if floors else None
     for line in members:
         values = (
             ema(line.series.values, smoothing)[0] if smoothing > 0 else list(line.series.values)
         )
         curves.append((line.series.steps, values))
+        if smoothing > 0:
+            values = _smoothed_drawn(values, log_y, _line_floor(line.series) if log_y else None)
         traces.append(
             {
                 "type": "scatter",
@@ -244,8 +291,8 @@ def group_traces(
             }
         )
     band = group_band(curves, spread=spread)
-    mean = _drawable_or_none(band.mean, log_y)
-    upper = _drawable_or_none(band.upper, log_y)
+    mean = _smoothed_drawn(band.mean, log_y, floor)
+    upper = _smoothed_drawn(band.upper, log_y, floor)
     # On a log axis a band reaching 0 or below is cut at the mean (its lower half cannot show).
     lower = [lo if drawable(lo, log_y) else mu for lo, mu in zip(band.lower, mean, strict=True)]
     label = plot_text(f"{group} (n={len(members)})")

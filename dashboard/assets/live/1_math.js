@@ -33,6 +33,28 @@
     return Number.isFinite(value) && (value > 0 || !logAxis);
   }
 
+  /*
+   * A smoothed line on a log axis stops at LOG_FLOOR × the smallest positive value its run
+   * logged (traces.LOG_FLOOR, log_floor): below it the EMA is zeros pulling it to 0.
+   * `floor` (null: no positive value yet) lowered by one more value; `aboveFloor` says
+   * whether a smoothed value is drawn.
+   */
+  var LOG_FLOOR = 0.1;
+  function logFloor(floor, value) {
+    if (!(Number.isFinite(value) && value > 0)) return floor;
+    var candidate = LOG_FLOOR * value;
+    return floor === null || floor === undefined || candidate < floor ? candidate : floor;
+  }
+  function aboveFloor(value, floor, logAxis) {
+    if (!drawable(value, logAxis)) return false;
+    return !logAxis || floor === null || floor === undefined || value >= floor;
+  }
+
+  /* The hover text of a value ≤ 0 marked on a log chart's edge (traces.zero_label). */
+  function zeroLabel(value) {
+    return value === 0 ? "0" : String(value) + " (≤ 0)";
+  }
+
   /* The y range that shows a flat series flat (figures.flat_range); null when it varies. */
   function flatRange(extent, logAxis, flat) {
     if (!extent || !flat) return null;
@@ -68,6 +90,9 @@
     parseValue: parseValue,
     nonFiniteKind: nonFiniteKind,
     drawable: drawable,
+    logFloor: logFloor,
+    aboveFloor: aboveFloor,
+    zeroLabel: zeroLabel,
     flatRange: flatRange,
     emaStep: emaStep,
     ema: ema,

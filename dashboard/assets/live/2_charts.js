@@ -105,7 +105,9 @@
           xs.push(row.step);
           if (finite) {
             var smoothed = math.emaStep(ema, value, weight);
-            ys.push(math.drawable(smoothed, logAxis) ? smoothed : null);
+            // On a log axis, not below its floor: zeros decaying the EMA are not a dive.
+            if (logAxis) tm.floor = math.logFloor(tm.floor, value);
+            ys.push(math.aboveFloor(smoothed, tm.floor, logAxis) ? smoothed : null);
           } else {
             ys.push(null);
           }
@@ -115,6 +117,13 @@
           ys.push(mark[0]);
           symbols.push(mark[1]);
           texts.push(mark[2]);
+        } else if (logAxis && value <= 0) {
+          // A value ≤ 0 the log axis cannot place: an open circle at the bottom edge.
+          var zero = edge.zero || [0.045, "circle-open", "0"];
+          xs.push(row.step);
+          ys.push(zero[0]);
+          symbols.push(zero[1]);
+          texts.push(math.zeroLabel(value));
         }
       }
       if (last !== -Infinity) tm.last_step = last;
