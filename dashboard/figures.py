@@ -12,7 +12,8 @@ plot edge on an overlaid, fixed [0, 1] axis, so zoom and log scale cannot hide t
 
 The y axis never zooms into rounding error: a series flat to within FLAT_SPAN of its
 size gets a fixed range of ±FLAT_PAD around it (`flat_range`; the browser applies the
-same rule to live points from `meta.y_extent`). On a log axis values ≤ 0 are gaps; a chart
+same rule to live points from `meta.y_extent`). On a log axis values ≤ 0 are gaps marked at the
+bottom edge ("zero" edge markers) and a smoothed line stops at its floor (traces.LOG_FLOOR); a chart
 with nothing positive to show is drawn on a linear axis with a note instead.
 """
 
