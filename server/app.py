@@ -14,6 +14,7 @@ from starlette.requests import HTTPConnection
 from dashboard import mount_dashboard
 from server import compression
 from server.auth import FailedAuthLimit, allowed, presented_token
+from server.bodies import BodyLimit
 from server.components import running
 from server.config import Settings
 from server.deps import get_components
@@ -37,23 +38,16 @@ def is_open_path(path: str) -> bool:
 
 
 async def limit_writes(conn: HTTPConnection) -> None:
-    """REST writes count against the client's request and byte buckets (server/ratelimit.py)."""
+    """REST writes count against the client's request bucket (server/ratelimit.py); their
+    bodies are charged to its byte bucket as they are read (server/bodies.py)."""
     if conn.scope["type"] != "http" or conn.scope["method"] not in WRITE_METHODS:
         return
     components = get_components(conn)
     client = client_key(conn, components.settings.auth_enabled, presented_token(conn))
-    try:
-        body_bytes = int(conn.headers.get("content-length", 0))
-    except ValueError:
-        body_bytes = 0
-    limits = components.rate_limits
-    for limiter, cost in ((limits.requests, 1), (limits.bytes, body_bytes)):
-        reservation = limiter.reserve(client, cost)
-        if not reservation.granted:
-            retry_after = reservation.retry_after_s
-            raise HTTPException(
-                429, f"rate limit exceeded; retry in {retry_after} s", headers={"Retry-After": str(retry_after)}
-            )
+    reservation = components.rate_limits.requests.reserve(client, 1)
+    if not reservation.granted:
+        retry_after = reservation.retry_after_s
+        raise HTTPException(429, f"rate limit exceeded; retry in {retry_after} s", headers={"Retry-After": str(retry_after)})
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -107,6 +101,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # Outside Dash's middleware too: a request for a foreign Host, or a foreign page's
     # write or websocket, reaches nothing else.
     app.add_middleware(OriginGuard, policy=site_policy)
+    # Outside everything that reads a body (authentication, the login form, FastAPI's
+    # parsing, Dash): a body over its route's limit is refused (413) while it is read.
+    app.add_middleware(BodyLimit, settings=settings)
     # Added last, so outermost: every response carries the security headers, the guard's
     # refusals included (server/serving.py adds them to uvicorn's own responses).
     app.add_middleware(SecurityHeaders)

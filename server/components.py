@@ -68,7 +68,7 @@ async def running(settings: Settings, internal_token: str) -> AsyncIterator[Comp
     if settings.migrate_on_start:
         await db.upgrade_async(settings.database_url)
     engine = db.create_engine(settings.database_url)
-    store = Store(engine)
+    store = Store(engine, max_keys_per_run=settings.max_keys_per_run, max_config_bytes=settings.max_config_bytes)
     # Replicas may share a PostgreSQL database: they feed each other's live pages.
     fanout = None if store.sqlite else Fanout(store, settings.database_url)
     hub = LiveHub(

@@ -67,6 +67,16 @@ class Settings(BaseSettings):
     stale_after_s: float = 120.0
     """A running run that has sent nothing for this long is reported as "stale"."""
     max_frame_bytes: int = 8 * 1024 * 1024
+    """Largest websocket message, and largest body of the requests that carry what a frame
+    does (POST /runs/{id}/points, PATCH /runs/{id}) and of the dashboard's callbacks."""
+    max_body_bytes: int = 1024 * 1024
+    """Largest body of every other request (rules, silences, webhooks, tokens, commands,
+    backtests); /login takes 4 KiB. Over it: 413, while it is read (server/bodies.py)."""
+    max_keys_per_run: int = 10_000
+    """Distinct metric keys a run may have: a frame or REST write whose new keys would
+    take the run past it is refused whole (keys the run has are always taken)."""
+    max_config_bytes: int = 1024 * 1024
+    """A run's config as compact JSON, at its hello and after each PATCH's merge."""
     max_rows_per_frame: int = 10_000
     max_keys_per_row: int = 1_000
     max_key_length: int = 200

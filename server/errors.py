@@ -3,6 +3,7 @@ catches what Keel raises on purpose with one `except`. docs/architecture.md list
 
     KeelError
     ├── ProtocolError      a frame or request body that breaks the wire protocol (4400/4413, 422)
+    │   └── TooLarge       what a run would grow past a bound: its metric keys, its config (413)
     ├── SpoolBusyError     (client) another live process owns the run's spool
     ├── NotFound           a run, rule, alert, silence or webhook that does not exist (404)
     │   └── UnknownRun     the run of a points write, a read or a finish
@@ -16,7 +17,7 @@ catches what Keel raises on purpose with one `except`. docs/architecture.md list
 
 from __future__ import annotations
 
-from wire import KeelError, ProtocolError
+from wire import CLOSE_TOO_LARGE, KeelError, ProtocolError
 
 __all__ = [
     "Conflict",
@@ -28,8 +29,19 @@ __all__ = [
     "RunConflict",
     "SeqGap",
     "Superseded",
+    "TooLarge",
     "UnknownRun",
 ]
+
+
+class TooLarge(ProtocolError):
+    """A write that would take its run past one of the server's bounds: more distinct metric
+    keys than `max_keys_per_run`, a config larger than `max_config_bytes`. Nothing of it is
+    stored. A points frame is rejected (`reject`, code `too_large`), a hello closed with
+    4413, a REST write answered 413."""
+
+    def __init__(self, message: str):
+        super().__init__(message, code="too_large", close_code=CLOSE_TOO_LARGE)
 
 
 class NotFound(KeelError, LookupError):

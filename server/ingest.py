@@ -24,7 +24,7 @@ from psycopg_pool import PoolTimeout
 from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeout
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from server.errors import Conflict
+from server.errors import Conflict, TooLarge
 from server.live import LiveHub
 from server.live_messages import live_points_message, live_status_message
 from server.run_commands import answer
@@ -271,7 +271,12 @@ class IngestSession:
                 await self.store.reject_frame(self.run_id, frame, time.time())
                 await self._send(reject_message(frame.seq, exc))
                 return
-            result = await self.store.write_points(self.run_id, rows, time.time(), frame)
+            try:
+                result = await self.store.write_points(self.run_id, rows, time.time(), frame)
+            except TooLarge as exc:  # new keys past the run's limit: nothing of it stored
+                await self.store.reject_frame(self.run_id, frame, time.time())
+                await self._send(reject_message(frame.seq, exc))
+                return
             await self._send({"type": "ack", "seq": frame.seq})
             if result.stored:
                 await self.committed.points(self.run_id, result.started_at, rows)

@@ -15,7 +15,7 @@ from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
 from server.alerts.hazard import HazardModel, current_model
 from server.auth import ADMIN, INGEST, READ, presented_token
 from server.deps import CommittedDep, ComponentsDep, SettingsDep, StoreDep
-from server.errors import Conflict, UnknownRun
+from server.errors import Conflict, TooLarge, UnknownRun
 from server.fairlock import WRITE_OWNER
 from server.ratelimit import client_key
 from server.retention import delete_run
@@ -356,6 +356,8 @@ async def post_points(
         result = await store.write_points(run_id, rows, time.time())
     except UnknownRun:
         raise _not_found(run_id) from None
+    except TooLarge as exc:  # new keys past the run's limit
+        raise HTTPException(413, str(exc)) from None
     await committed.points(run_id, result.started_at, rows)
     return PointsWritten(stored_rows=len(rows), last_step=result.last_step)
 
@@ -398,6 +400,8 @@ async def update_run(run_id: RunId, request: Request, store: StoreDep, settings:
         run = await store.update_config(run_id, config)
     except UnknownRun:
         raise _not_found(run_id) from None
+    except TooLarge as exc:  # the merged config past its limit
+        raise HTTPException(413, str(exc)) from None
     return RunDetail.from_run(run, now=time.time(), stale_after_s=settings.stale_after_s)
 
 

@@ -6,6 +6,7 @@
 - writes.py: how points are written (an ack always means committed), and `WritePath`, the
   one interface behind which SQLite (sqlite.py) and PostgreSQL (postgres.py) differ,
   chosen once here;
+- bounds.py: what a run may grow to (its metric keys, its config's size);
 - rollups.py: the rollup scheme, and the SQL that keeps and reads it per database;
 - reads.py: runs, keys, rows, and series downsampled from the rollups;
 - details.py: step details (histograms, samples, sequences), written with the points of
@@ -41,8 +42,13 @@ __all__ = [
 
 
 class Store:
-    def __init__(self, engine: AsyncEngine):
+    def __init__(
+        self, engine: AsyncEngine, *, max_keys_per_run: int = 10_000, max_config_bytes: int = 1024 * 1024
+    ):
+        """`max_keys_per_run`, `max_config_bytes`: what a run may grow to (server/storage/bounds.py)."""
         self.engine = engine
+        self.max_keys_per_run = max_keys_per_run
+        self.max_config_bytes = max_config_bytes
         self.sessions = session_factory(engine)
         self._writes: WritePath = (
             SqliteWritePath(self.sessions) if is_sqlite(engine) else PostgresWritePath(engine, self.sessions)
@@ -77,10 +83,11 @@ class Store:
         (`write_points`): a hello alone, or resends of acked frames, never reopen it.
 
         Returns the writer's acked seq and the connection's session id (for `FrameRef`).
-        Raises RunConflict for a run of another project.
+        Raises RunConflict for a run of another project, TooLarge (nothing stored) for a
+        new run whose config is over `max_config_bytes`.
         """
         async with self.writing() as session:
-            return await open_run(session, info, now, writer)
+            return await open_run(session, info, now, writer, self.max_config_bytes)
 
     async def finish_run(self, run_id: str, status: str, now: float) -> None:
         async with self.writing() as session:
@@ -89,9 +96,10 @@ class Store:
     async def update_config(self, run_id: str, config: dict[str, Any]) -> Run:
         """Set the top-level keys of `config` in the run's config, keeping its other keys;
         the run as stored after. Setting the same keys again changes nothing (idempotent).
-        Raises UnknownRun."""
+        Raises UnknownRun, or TooLarge (nothing changed) when the merged config would be
+        over `max_config_bytes` as JSON."""
         async with self.writing() as session:
-            return await writes.update_config(session, run_id, config)
+            return await writes.update_config(session, run_id, config, self.max_config_bytes)
 
     async def write_points(
         self, run_id: str, rows: list[Row], now: float, frame: FrameRef | None = None
@@ -100,9 +108,10 @@ class Store:
         written again; without one (REST) only (series, step) idempotency applies.
 
         Raises SeqGap or Superseded (nothing written) when the frame cannot be this
-        writer's next one over this connection.
+        writer's next one over this connection, TooLarge (nothing written) when its new
+        keys would give the run more than `max_keys_per_run`.
         """
-        return await writes.write_points(self._writes, self._series, run_id, rows, now, frame)
+        return await writes.write_points(self._writes, self._series, run_id, rows, now, frame, self.max_keys_per_run)
 
     async def reject_frame(self, run_id: str, frame: FrameRef, now: float) -> None:
         """Use up `frame.seq` without storing anything: the frame breaks the protocol, and

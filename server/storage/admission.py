@@ -25,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from server.errors import RunConflict, SeqGap, Superseded, UnknownRun
 from server.models import Run, RunWriter
+from server.storage.bounds import check_config
 from wire import RunInfo
 
 __all__ = ["FrameRef", "Head", "admit", "advance", "check_frame", "open_run", "update_run"]
@@ -51,14 +52,19 @@ class Head:
     """Tells incarnations of a run id apart (deleted and created again)."""
 
 
-async def open_run(session: AsyncSession, info: RunInfo, now: float, writer: str) -> tuple[int, str]:
+async def open_run(
+    session: AsyncSession, info: RunInfo, now: float, writer: str, max_config_bytes: int
+) -> tuple[int, str]:
     """Create the run, or resume it (config and status kept), and make a new connection
     `writer`'s, superseding any earlier one. Returns the writer's acked seq and the
-    connection's session id (for `FrameRef`). Raises RunConflict for a run of another project.
+    connection's session id (for `FrameRef`). Raises RunConflict for a run of another
+    project, TooLarge for a new run whose config is over `max_config_bytes` as JSON (a
+    resumed run keeps its stored config: the hello's is not stored, so not checked).
     """
     session_id = uuid.uuid4().hex
     run = await session.get(Run, info.id, with_for_update=True)
     if run is None:
+        check_config(info.id, info.config, max_config_bytes, "the hello's run.config")
         session.add(
             Run(
                 id=info.id,

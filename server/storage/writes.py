@@ -32,18 +32,22 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from server.errors import UnknownRun
 from server.models import Run, Series
 from server.storage.admission import FrameRef, admit, advance
+from server.storage.bounds import check_config, check_new_keys
 from server.storage.details import has_details, insert_details
 from server.storage.rollups import Dialect
 from wire import Row
 
 __all__ = [
-    "POINTS_PER_TRANSACTION", "RunUpdate", "SeriesCache", "WritePath", "WriteResult",
+    "POINTS_PER_TRANSACTION", "SERIES_PER_STATEMENT", "RunUpdate", "SeriesCache", "WritePath", "WriteResult",
     "finish_run", "last_step", "reject_frame", "update_config", "write_points",
 ]
 
 POINTS_PER_TRANSACTION = 5_000
 """Points written per transaction of one frame: about 20 ms of SQLite's write lock, so other
 clients' frames go in between those of a huge one."""
+SERIES_PER_STATEMENT = 5_000
+"""Series made (and their ids read back) per statement: SQLite binds at most 32,766 values
+in one, and the first transaction of a frame makes the series of all its keys."""
 
 
 @dataclass(frozen=True)
@@ -140,10 +144,21 @@ class WritePath(Protocol):
 
 
 async def write_points(
-    path: WritePath, series: SeriesCache, run_id: str, rows: list[Row], now: float, frame: FrameRef | None
+    path: WritePath,
+    series: SeriesCache,
+    run_id: str,
+    rows: list[Row],
+    now: float,
+    frame: FrameRef | None,
+    max_keys: int,
 ) -> WriteResult:
     """`Store.write_points`: the frame in one statement if the database can, else in
-    transactions of at most `POINTS_PER_TRANSACTION` points, the last one acking it."""
+    transactions of at most `POINTS_PER_TRANSACTION` points, the last one acking it.
+
+    The first transaction makes the series of every key of the frame, after checking that
+    the new ones keep the run within `max_keys` (server/storage/bounds.py): a frame that
+    would pass it raises TooLarge with nothing stored, and one cut into several
+    transactions cannot be pushed past it by another writer's keys between them."""
     details = has_details(rows)
     if frame is not None and not details:
         written = await path.write_frame(run_id, rows, now, frame, series)
@@ -152,7 +167,10 @@ async def write_points(
     chunks = _chunks(rows, POINTS_PER_TRANSACTION)
     result = WriteResult(stored=True, acked_seq=-1, last_step=None, started_at=math.nan)
     for index, chunk in enumerate(chunks):
-        result = await _write_chunk(path, series, run_id, rows, chunk, index == len(chunks) - 1, now, frame, details)
+        keys = {key for row in (rows if index == 0 else chunk) for key in row.values}
+        result = await _write_chunk(
+            path, series, run_id, rows, chunk, keys, index == len(chunks) - 1, now, frame, details, max_keys
+        )
         if not result.stored:
             return result
     return result
@@ -164,20 +182,22 @@ async def _write_chunk(
     run_id: str,
     rows: list[Row],
     chunk: list[Row],
+    keys: set[str],
     last: bool,
     now: float,
     frame: FrameRef | None,
     details: bool,
+    max_keys: int,
 ) -> WriteResult:
     """One transaction of `write_points`; the last one also moves the writer's acked seq.
+    `keys`: the series it makes sure of (the chunk's, or the whole frame's in the first);
     `details`: whether any row of the frame has step details."""
     async with path.transaction() as session:
         head = await admit(session, run_id, frame)
         acked_seq, stored_last_step = head.acked_seq, head.last_step
         if frame is not None and frame.seq <= acked_seq:
             return WriteResult(stored=False, acked_seq=acked_seq, last_step=stored_last_step, started_at=head.started_at)
-        keys = {key for row in chunk for key in row.values}
-        series_ids = await _ensure_series(path, series, session, run_id, head.started_at, keys)
+        series_ids = await _ensure_series(path, series, session, run_id, head.started_at, keys, max_keys)
         update = None
         if last:
             stored_last_step = last_step(stored_last_step, rows)
@@ -192,8 +212,16 @@ async def _write_chunk(
 
 
 async def _ensure_series(
-    path: WritePath, series: SeriesCache, session: AsyncSession, run_id: str, started_at: float, keys: Iterable[str]
+    path: WritePath,
+    series: SeriesCache,
+    session: AsyncSession,
+    run_id: str,
+    started_at: float,
+    keys: Iterable[str],
+    max_keys: int,
 ) -> dict[str, int]:
+    """The series id of each of `keys`, making the series the run lacks; TooLarge (nothing
+    made) if they would give the run more than `max_keys` keys."""
     ids: dict[str, int] = {}
     missing: list[str] = []
     for key in keys:
@@ -203,10 +231,11 @@ async def _ensure_series(
         else:
             ids[key] = cached
     if missing:
-        await path.add_series(session, run_id, missing)
-        found = await session.execute(
-            select(Series.key, Series.id).where(Series.run_id == run_id, Series.key.in_(missing))
-        )
+        await check_new_keys(session, run_id, missing, max_keys)
+    for start in range(0, len(missing), SERIES_PER_STATEMENT):
+        batch = missing[start : start + SERIES_PER_STATEMENT]
+        await path.add_series(session, run_id, batch)
+        found = await session.execute(select(Series.key, Series.id).where(Series.run_id == run_id, Series.key.in_(batch)))
         ids.update({key: series_id for key, series_id in found})
     return ids
 
@@ -230,15 +259,18 @@ async def finish_run(session: AsyncSession, run_id: str, status: str, now: float
         raise UnknownRun(run_id)
 
 
-async def update_config(session: AsyncSession, run_id: str, config: dict[str, Any]) -> Run:
+async def update_config(session: AsyncSession, run_id: str, config: dict[str, Any], max_bytes: int) -> Run:
     """`Store.update_config`: the run's config with the top-level keys of `config` set to
-    its values (the others kept), under the run's lock (as a write of its points takes it)."""
+    its values (the others kept), under the run's lock (as a write of its points takes it);
+    TooLarge, nothing changed, if the merged config would be over `max_bytes` as JSON."""
     run = await session.get(Run, run_id, with_for_update=True)
     if run is None:
         raise UnknownRun(run_id)
+    merged = {**(run.config or {}), **config}
+    check_config(run_id, merged, max_bytes, "this update")
     # A new dict, not the stored one changed in place: a JSON column only writes what is
     # assigned to it (SQLAlchemy does not see a mutation inside the value).
-    run.config = {**(run.config or {}), **config}
+    run.config = merged
     return run
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -93,6 +94,32 @@ def test_rest_writes_are_limited_per_token(server_factory, sqlite_url: str) -> N
     assert codes == [201, 201, 201, 429, 429]
     # Another token (here: none at all, so refused by auth, not by the limiter) has its own bucket.
     assert httpx.post(f"{server.url}/api/v1/silences", json=silence).status_code == 401
+
+
+def test_rest_write_bodies_are_charged_by_the_bytes_read_chunked_too(server_factory, sqlite_url: str) -> None:
+    """A chunked body has no Content-Length: it is charged as it is read, so the byte rate
+    holds it as it holds one with a length (five chunked posts of points all passed where
+    the third should have been refused)."""
+    rows = [{"step": step, "values": {"loss": 0.5}} for step in range(2500)]
+    body = json.dumps({"rows": rows}).encode()
+    server = server_factory(sqlite_url, ingest_bytes_per_s=1.0, ingest_bytes_burst=int(2.5 * len(body)))
+    run = new_run()
+    with open_ingest(server) as ws:
+        hello(ws, run)
+    url = f"{server.url}/api/v1/runs/{run['id']}/points"
+
+    def chunked() -> Iterator[bytes]:
+        for start in range(0, len(body), 16 * 1024):
+            yield body[start : start + 16 * 1024]
+
+    with _client("127.0.0.2") as streamer:
+        responses = [streamer.post(url, content=chunked()) for _ in range(5)]
+    assert [r.status_code for r in responses] == [200, 200, 429, 429, 429], [r.text[:80] for r in responses]
+    refused = responses[-1]
+    assert "rate limit" in refused.json()["detail"] and int(refused.headers["Retry-After"]) >= 1
+    with _client("127.0.0.3") as sender:  # with a Content-Length: charged whole, before it is read
+        codes = [sender.post(url, content=body).status_code for _ in range(5)]
+    assert codes == [200, 200, 429, 429, 429], codes
 
 
 def _ingest_from(server, address: str):  # type: ignore[no-untyped-def]
