@@ -224,7 +224,7 @@ class Sender:
             self._disconnect(exc, rejected=status in (401, 403))
             return
         except Exception as exc:  # refused, timed out, closed during hello, bad welcome...
-            self._disconnect(exc)
+            self._disconnect(exc, at_hello=True)
             return
         self._listen_sent = True
         self._spool.anchor(acked_seq)
@@ -366,7 +366,7 @@ class Sender:
         if self._inflight and time.monotonic() - self._inflight[0][3] > self._config.ack_timeout:
             raise TimeoutError(f"no ack for {self._config.ack_timeout:.0f} s")
 
-    def _disconnect(self, exc: BaseException, *, rejected: bool = False) -> None:
+    def _disconnect(self, exc: BaseException, *, rejected: bool = False, at_hello: bool = False) -> None:
         close_code = _close_code(exc)
         server_code, self._server_code = self._server_code, None
         self._close_socket()
@@ -380,7 +380,11 @@ class Sender:
             self.state = ConnState.REJECTED
             logger.error("keel: %s refused our credentials (%s)", self.url, self.last_error)
             return
-        if close_code == CLOSE_CONFLICT and server_code == "run_conflict":
+        if (close_code == CLOSE_CONFLICT and server_code == "run_conflict") or (
+            at_hello and close_code in (CLOSE_MALFORMED, CLOSE_TOO_LARGE)
+        ):
+            # The run itself is refused (another project's id; a config over the server's
+            # limit): the same hello can never be welcomed. The spool stays for keel sync.
             self.state = ConnState.REJECTED
             logger.error("keel: %s refused run %s (%s)", self.url, self._spool.run.id, self.last_error)
             return

@@ -38,3 +38,18 @@ def test_a_rejected_frame_is_kept_aside_and_the_frames_after_it_are_stored(
     assert server.run(run.id)["status"] == "finished"
     refusals = [r for r in caplog.records if "refused a frame" in r.getMessage()]
     assert len(refusals) == 1 and str(spool.rejected_path) in refusals[0].getMessage()
+
+
+def test_a_run_whose_hello_the_server_refuses_is_not_dialled_again(server_factory, sqlite_url, tmp_path, caplog) -> None:
+    """A config over the server's limit (4413 at the hello) can never be welcomed: the sender
+    says so once and stops, keeping the spool (it used to redial every 2 s, forever)."""
+    server = server_factory(sqlite_url, max_config_bytes=1000)
+    run = RunInfo(id="6e1d4b63-7f1b-4a68-8b66-2e5d1f8f0002", name="big-config", config={"notes": "x" * 5000})
+    spool = Spool.open(tmp_path / "spool" / run.id, run=run)
+    spool.append(json.dumps([{"step": 0, "values": {"m": 1.0}}]))
+    with caplog.at_level(logging.ERROR, logger="keel"):
+        sender = upload(spool, server.url, status="finished", timeout=20)
+    assert sender.state is ConnState.REJECTED and spool.unacked == 1
+    refusals = [r for r in caplog.records if "refused run" in r.getMessage()]
+    assert len(refusals) == 1 and ("4413" in refusals[0].getMessage() or "too_large" in refusals[0].getMessage())
+    spool.close()
