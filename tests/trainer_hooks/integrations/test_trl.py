@@ -8,6 +8,7 @@ Every expected value is TRL's own `trainer.state.log_history` or follows from th
 from __future__ import annotations
 
 import math
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -416,7 +417,12 @@ def test_a_checkpoint_command_saves_and_a_stop_command_saves_and_stops(
     sent: dict[str, str] = {}
 
     def command(action: str) -> None:
-        response = httpx.post(f"{server.url}/api/v1/runs/{run_id}/commands", json={"action": action})
+        deadline = time.monotonic() + 30
+        while True:  # the Monitor's worker says hello in the background: the run may not be there yet
+            response = httpx.post(f"{server.url}/api/v1/runs/{run_id}/commands", json={"action": action})
+            if response.status_code != 404 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
         assert response.status_code == 202, response.text
         sent[action] = response.json()["id"]
 
