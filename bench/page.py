@@ -103,7 +103,7 @@ from bench import peers as peer_venvs
 from bench.page_data import HEADLINE_KEYS, metric_keys, step_values
 from bench.support import ROOT, keel_server
 from keel.local import free_port
-from wire import Row, RunInfo, hello_message, points_message
+from wire import Row, RunInfo, decode_value, hello_message, points_message
 
 warnings.filterwarnings("ignore", message=r"connect\(\) must be used as a context manager")
 
@@ -542,11 +542,7 @@ def get_json(url: str) -> Any:
 
 
 def wire_float(value: Any) -> float:
-    return (
-        float(value)
-        if not isinstance(value, str)
-        else {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}[value]
-    )
+    return decode_value(value)
 
 
 def ema(values: list[float], weight: float) -> list[float | None]:

@@ -23,6 +23,7 @@ from dashboard.distributions import (
 from dashboard.figures import base_layout
 from dashboard.theme import INK, SEVERITY_COLOURS
 from dashboard.traces import EDGE_SYMBOL, EDGE_Y
+from wire import read_value
 
 __all__ = [
     "Distribution",
@@ -286,7 +287,6 @@ def fit_text(fit: dict[str, Any]) -> str:
 
 
 def _number(raw: Any) -> float:
-    if isinstance(raw, (int, float)):
-        return float(raw)
-    return {"inf": math.inf, "+inf": math.inf, "-inf": -math.inf}.get(str(raw), math.nan)
+    value = read_value(raw)
+    return math.nan if value is None else value
 

@@ -14,6 +14,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from wire import read_value
+
 __all__ = [
     "parse_value",
     "Series",
@@ -27,18 +29,10 @@ __all__ = [
     "group_band",
 ]
 
-_NON_FINITE = {"nan": math.nan, "inf": math.inf, "+inf": math.inf, "-inf": -math.inf}
-
-
 def parse_value(raw: Any) -> float:
     """A wire value (number, "nan", "inf", "-inf" or null) as a float; null and junk read as NaN."""
-    if isinstance(raw, bool) or raw is None:
-        return math.nan
-    if isinstance(raw, (int, float)):
-        return float(raw)
-    if isinstance(raw, str):
-        return _NON_FINITE.get(raw.strip().lower(), math.nan)
-    return math.nan
+    value = read_value(raw)
+    return math.nan if value is None else value
 
 
 @dataclass(frozen=True)

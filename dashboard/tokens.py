@@ -14,6 +14,7 @@ from typing import Any
 from dash import html
 
 from dashboard.coefficients import TokenContext, sequence_drift, token_coefficients
+from wire import read_value
 
 __all__ = ["token_colour", "token_hover", "sample_card", "sample_header", "colour_legend", "ELL_FULL"]
 
@@ -26,11 +27,8 @@ BLUE = (37, 99, 235)  # the sampler liked it more (r < 1)
 
 
 def _number(raw: Any) -> float | None:
-    if raw is None:
-        return None
-    if isinstance(raw, (int, float)):
-        return float(raw)
-    return {"nan": math.nan, "inf": math.inf, "+inf": math.inf, "-inf": -math.inf}.get(str(raw))
+    """A sample's value: None when absent (shown as —), NaN when unreadable."""
+    return read_value(raw, missing=None)
 
 
 def _fmt(value: float | None, digits: int = 4) -> str:

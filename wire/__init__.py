@@ -47,6 +47,7 @@ from wire.messages import (
     parse_writer,
     points_frame,
     points_message,
+    read_value,
     reject_message,
 )
 
@@ -88,5 +89,6 @@ __all__ = [
     "parse_writer",
     "points_frame",
     "points_message",
+    "read_value",
     "reject_message",
 ]

@@ -52,6 +52,7 @@ __all__ = [
     "parse_writer",
     "points_frame",
     "points_message",
+    "read_value",
     "reject_message",
 ]
 
@@ -203,6 +204,17 @@ def decode_value(raw: Any) -> float:
             return decoded
         raise ProtocolError(f"metric value {raw[:40]!r} is not a number, 'nan', 'inf' or '-inf'")
     raise ProtocolError(f"metric value of type {type(raw).__name__} is not a number")
+
+
+def read_value(raw: Any, missing: float | None = math.nan) -> float | None:
+    """A value read back from Keel's JSON to show it (pages, benchmarks): as `decode_value`,
+    but null (no value) is `missing` and anything else it refuses reads as NaN, never an error."""
+    if raw is None:
+        return missing
+    try:
+        return decode_value(raw)
+    except ProtocolError:
+        return math.nan
 
 
 def _require_dict(obj: Any, what: str) -> dict[str, Any]:

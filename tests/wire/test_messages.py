@@ -262,3 +262,16 @@ def test_any_details_are_parsed_or_refused_with_a_protocol_error(candidate: list
     text = json.dumps(encode_rows(parsed), allow_nan=False)
     again = parse_rows(json.loads(text), Limits(max_samples_bytes=2_000))
     assert json.dumps(encode_rows(again), allow_nan=False) == text
+
+
+def test_read_value_is_decode_value_that_never_raises_and_says_what_null_is() -> None:
+    import math
+
+    from wire import read_value
+
+    assert read_value(0.5) == 0.5 and read_value(3) == 3.0
+    assert math.isnan(read_value("nan")) and read_value("inf") == math.inf and read_value("-Inf") == -math.inf
+    assert read_value("+inf") == math.inf
+    assert math.isnan(read_value(None)) and read_value(None, missing=None) is None
+    for junk in ("0.5", "abc", True, [1], {"a": 1}, 10**400):
+        assert math.isnan(read_value(junk)), junk  # refused by decode_value: NaN, never an error
