@@ -28,7 +28,7 @@ from server.errors import Conflict, TooLarge
 from server.live import LiveHub
 from server.live_messages import live_points_message, live_status_message
 from server.run_commands import answer
-from server.signals import SignalSources, TrainerSignals, offered
+from server.signals import SignalSources, TrainerSignals
 from server.storage import FrameRef, Store
 from wire import (
     ACCEPTS,
@@ -48,7 +48,7 @@ from wire import (
     parse_writer,
     reject_message,
 )
-from wire.signals import parse_command_result, parse_listen
+from wire.signals import SIGNALS, parse_command_result, parse_listen
 
 log = logging.getLogger("keel.ingest")
 
@@ -255,7 +255,7 @@ class IngestSession:
             self.state = IngestState.STREAMING
             welcome = {"type": "welcome", "run_id": info.id, "acked_seq": acked_seq, "accepts": list(ACCEPTS)}
             if self.sources is not None:
-                welcome["signals"] = offered()
+                welcome["signals"] = list(SIGNALS)
             await self._send(welcome)
             self._listen(message)
             return

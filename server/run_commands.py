@@ -24,9 +24,8 @@ from server.models import Command, Run
 from server.storage import Store
 from wire.signals import Command as WireCommand
 
-__all__ = ["STATES", "add_command", "answer", "command_json", "create", "delivered", "list_commands", "publish", "unanswered"]
+__all__ = ["add_command", "answer", "command_json", "create", "delivered", "list_commands", "publish", "signal_message", "unanswered"]
 
-STATES = ("pending", "delivered", "acked", "failed")
 LISTED = 200
 """Commands a run's list shows (the newest)."""
 
@@ -47,10 +46,6 @@ def add_command(session: AsyncSession, run_id: str, action: str, payload: dict[s
     return command
 
 
-def wire_command(command: Command) -> WireCommand:
-    return WireCommand(command.id, command.action, dict(command.payload), command.requested_by, command.created_at)
-
-
 def command_json(command: Command) -> dict[str, Any]:
     """The API shape of a command (REST and the run page)."""
     return {
@@ -69,7 +64,9 @@ def command_json(command: Command) -> dict[str, Any]:
 
 def signal_message(command: Command) -> dict[str, Any]:
     """What a listening trainer is sent (docs/protocol.md, "Signals")."""
-    return {"type": "command", "run_id": command.run_id, "command": wire_command(command).to_json()}
+    return {"type": "command", "run_id": command.run_id, "command": WireCommand(
+        command.id, command.action, dict(command.payload), command.requested_by, command.created_at
+    ).to_json()}
 
 
 def publish(hub: LiveHub, commands: list[Command]) -> None:

@@ -37,22 +37,6 @@ def _no_nul(value: str) -> str:
     return value
 
 
-def has_nul(value: Any) -> bool:
-    """Whether any string of a JSON value (a key or a value, at any depth) contains NUL."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            if "\x00" in item:
-                return True
-        elif isinstance(item, dict):
-            stack.extend(item)
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return False
-
-
 Text = Annotated[str, AfterValidator(_no_nul)]
 """Every string the API accepts, in a path, a query or a body: PostgreSQL text cannot hold
 NUL, and SQLite would store what PostgreSQL refuses."""
@@ -82,6 +66,13 @@ _ERROR_DESCRIPTIONS = {
 def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI `responses=` for these error statuses (422 FastAPI documents itself)."""
     return {code: {"model": ErrorOut, "description": _ERROR_DESCRIPTIONS[code]} for code in codes}
+
+
+RunId = Annotated[Text, Path(description="the run's id, as its client chose it")]
+
+
+def run_not_found(run_id: str) -> HTTPException:
+    return HTTPException(status_code=404, detail=f"run {run_id!r} not found")
 
 
 def unprocessable(message: str, *loc: str | int) -> HTTPException:

@@ -25,7 +25,6 @@ from server.alerts.hazard import HazardCache, HazardModel, current_model
 from server.jsonview import alert_json
 from server.live import Listener, LiveHub
 from server.storage import Store
-from wire.signals import SIGNALS
 
 __all__ = ["SignalSources", "TrainerSignals"]
 
@@ -150,8 +149,3 @@ class TrainerSignals:
             if steps and steps[-1] > self._hazard_step:
                 self._hazard_step = steps[-1]
                 await self._send({"type": "hazard", "run_id": self.run_id, "step": steps[-1], "hazard": hazard[-1]})
-
-
-def offered() -> list[str]:
-    """What a welcome says this server sends."""
-    return list(SIGNALS)

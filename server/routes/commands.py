@@ -5,20 +5,19 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import orjson
-from fastapi import APIRouter, HTTPException, Path, Request
+from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from server import run_commands
 from server.auth import ADMIN, READ, presented_token
 from server.deps import HubDep, SettingsDep, StoreDep
 from server.errors import UnknownRun
-from server.schemas import ApiRoute, Text, errors
+from server.schemas import ApiRoute, RunId, Text, errors, run_not_found
 from server.tokens import SCOPES, token_name, token_scopes
 from wire.signals import ACTION
 
 router = APIRouter(tags=["commands"], route_class=ApiRoute, responses=errors(401))
 
-RunId = Annotated[Text, Path(description="the run's id, as its client chose it")]
 MAX_PAYLOAD_BYTES = 64 * 1024
 """A command's payload, as JSON, at most."""
 
@@ -38,10 +37,6 @@ class CommandIn(BaseModel):
         return payload
 
 
-def _not_found(run_id: str) -> HTTPException:
-    return HTTPException(status_code=404, detail=f"run {run_id!r} not found")
-
-
 @router.post("/runs/{run_id}/commands", status_code=202, dependencies=[ADMIN], responses=errors(400, 404, 429))
 async def send_command(run_id: RunId, body: CommandIn, request: Request, store: StoreDep, hub: HubDep, settings: SettingsDep) -> dict[str, Any]:
     """Ask the run's trainer to do something: `pending` until a writer of the run that listens
@@ -51,7 +46,7 @@ async def send_command(run_id: RunId, body: CommandIn, request: Request, store: 
     try:
         command = await run_commands.create(store, hub, run_id, body.action, body.payload, by)
     except UnknownRun:
-        raise _not_found(run_id) from None
+        raise run_not_found(run_id) from None
     return run_commands.command_json(command)
 
 
@@ -61,7 +56,7 @@ async def list_commands(run_id: RunId, store: StoreDep) -> list[dict[str, Any]]:
     try:
         return [run_commands.command_json(c) for c in await run_commands.list_commands(store, run_id)]
     except UnknownRun:
-        raise _not_found(run_id) from None
+        raise run_not_found(run_id) from None
 
 
 @router.get("/whoami")

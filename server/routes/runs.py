@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Annotated, Literal
 
 import orjson
-from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
+from fastapi import APIRouter, HTTPException, Query, Request, Response
 
 from server.alerts.hazard import HazardModel, current_model
 from server.auth import ADMIN, INGEST, READ, presented_token
@@ -32,6 +32,7 @@ from server.schemas import (
     ListedRun,
     PointsWritten,
     RunDetail,
+    RunId,
     SamplesOut,
     SampleStepsOut,
     SequencesOut,
@@ -39,7 +40,7 @@ from server.schemas import (
     SeriesOut,
     Text,
     errors,
-    has_nul,
+    run_not_found,
     unprocessable,
 )
 from server.storage.details import parse_cursor
@@ -47,17 +48,12 @@ from wire import CLOSE_TOO_LARGE, ProtocolError, encode_value, parse_config, par
 
 router = APIRouter(tags=["runs"], route_class=ApiRoute, responses=errors(401))
 
-RunId = Annotated[Text, Path(description="the run's id, as its client chose it")]
 StepBound = Annotated[int | None, Query(ge=0, le=MAX_STEP)]
 RunStatus = Literal["running", "finished", "failed", "killed", "stale"]
 MAX_RUNS_PER_READ = 1000
 """Runs one read may name."""
 MAX_KEYS_PER_READ = 1000
 """Keys one `latest` read may name."""
-
-
-def _not_found(run_id: str) -> HTTPException:
-    return HTTPException(status_code=404, detail=f"run {run_id!r} not found")
 
 
 @router.get("/runs", response_model=list[ListedRun], response_model_exclude_unset=True, dependencies=[READ])
@@ -126,7 +122,7 @@ async def get_run(run_id: RunId, store: StoreDep, settings: SettingsDep) -> RunD
     try:
         run = await store.get_run(run_id)
     except UnknownRun:
-        raise _not_found(run_id) from None
+        raise run_not_found(run_id) from None
     return RunDetail.from_run(run, now=time.time(), stale_after_s=settings.stale_after_s)
 
 
@@ -135,7 +131,7 @@ async def run_keys(run_id: RunId, store: StoreDep) -> list[KeyOut]:
     try:
         return [KeyOut.from_info(info) for info in await store.keys(run_id)]
     except UnknownRun:
-        raise _not_found(run_id) from None
+        raise run_not_found(run_id) from None
 
 
 @router.get("/runs/{run_id}/latest", dependencies=[READ], responses=errors(404))
@@ -146,7 +142,7 @@ async def run_latest(
     try:
         latest = await store.latest(run_id, [key for key in keys.split(",") if key][:MAX_KEYS_PER_READ])
     except UnknownRun:
-        raise _not_found(run_id) from None
+        raise run_not_found(run_id) from None
     return {key: {"step": step, "value": encode_value(value)} for key, (step, value) in latest.items()}
 
 
@@ -164,7 +160,7 @@ async def run_series(
     try:
         data = await store.series(run_id, key, max_points=max_points, start=start, end=end)
     except UnknownRun:
-        raise _not_found(run_id) from None
+        raise run_not_found(run_id) from None
     return SeriesOut.from_data(data)
 
 
@@ -198,7 +194,7 @@ async def run_hazard(
     try:
         run = await components.store.get_run(run_id)
     except UnknownRun:
-        raise _not_found(run_id) from None
+        raise run_not_found(run_id) from None
     model = HazardModel(current_model())  # the one model in use now, for the values and their horizon
     steps, hazard = await components.hazards.so_far(components.store, run_id, run.started_at, model)
     steps, hazard = max_per_bucket(steps, hazard, max_points)
@@ -238,7 +234,7 @@ async def run_distributions(
             run_id, key, start=start if from_ is None else from_, end=end if to is None else to, max_steps=max_steps
         )
     except UnknownRun:
-        raise _not_found(run_id) from None
+        raise run_not_found(run_id) from None
     body = {
         "key": data.key, "edges": data.edges, "steps": data.steps, "counts": data.counts, "nan": data.nans,
         "bucketed": data.bucketed, "left_out": data.left_out,
@@ -257,7 +253,7 @@ async def run_samples(
     try:
         found = await store.samples(run_id, step)
     except UnknownRun:
-        raise _not_found(run_id) from None
+        raise run_not_found(run_id) from None
     return _json(b'{"step":' + orjson.dumps(found.step) + b',"samples":' + found.samples_json.encode() + b"}")
 
 
@@ -267,7 +263,7 @@ async def run_sample_steps(run_id: RunId, store: StoreDep) -> Response:
     try:
         steps = await store.sample_steps(run_id)
     except UnknownRun:
-        raise _not_found(run_id) from None
+        raise run_not_found(run_id) from None
     return _json(orjson.dumps({"steps": steps}))
 
 
@@ -288,7 +284,7 @@ async def run_sequences(
             run_id, start=start if from_ is None else from_, end=end if to is None else to, max_points=max_points
         )
     except UnknownRun:
-        raise _not_found(run_id) from None
+        raise run_not_found(run_id) from None
     fit = None
     if data.fit is not None:
         fit = {"slope_per_1k": encode_value(data.fit.slope_per_1k), "intercept": encode_value(data.fit.intercept), "n": data.fit.n}
@@ -314,7 +310,7 @@ async def run_details(
     try:
         found = await store.stored_details(run_id, after=after, limit=limit)
     except UnknownRun:
-        raise _not_found(run_id) from None
+        raise run_not_found(run_id) from None
     rows = []
     for detail in found:
         head = b'{"step":%d,"values":{},' % detail.step
@@ -339,8 +335,6 @@ async def post_points(
     """`{"rows": [...]}`, stored as a points frame on the ingest socket would be (docs/protocol.md)."""
     WRITE_OWNER.set(client_key(request, settings.auth_enabled, presented_token(request)))
     body = await request.body()
-    if len(body) > settings.max_frame_bytes:
-        raise HTTPException(413, f"body of {len(body)} bytes exceeds {settings.max_frame_bytes}")
     try:
         payload = orjson.loads(body)
         if not isinstance(payload, dict):
@@ -355,7 +349,7 @@ async def post_points(
     try:
         result = await store.write_points(run_id, rows, time.time())
     except UnknownRun:
-        raise _not_found(run_id) from None
+        raise run_not_found(run_id) from None
     except TooLarge as exc:  # new keys past the run's limit
         raise HTTPException(413, str(exc)) from None
     await committed.points(run_id, result.started_at, rows)
@@ -377,8 +371,6 @@ async def update_run(run_id: RunId, request: Request, store: StoreDep, settings:
     again changes nothing: a client may repeat it until it sees the answer."""
     WRITE_OWNER.set(client_key(request, settings.auth_enabled, presented_token(request)))
     body = await request.body()
-    if len(body) > settings.max_frame_bytes:
-        raise HTTPException(413, f"body of {len(body)} bytes exceeds {settings.max_frame_bytes}")
     try:
         payload = orjson.loads(body)  # the hello's parser: no NaN, no 1e400, no lone surrogate
     except orjson.JSONDecodeError as exc:
@@ -394,12 +386,10 @@ async def update_run(run_id: RunId, request: Request, store: StoreDep, settings:
         config = parse_config(payload["config"], "config")
     except ProtocolError as exc:
         raise unprocessable(str(exc), "config") from None
-    if has_nul(config):
-        raise unprocessable("must not contain NUL (\\x00) characters", "config")
     try:
         run = await store.update_config(run_id, config)
     except UnknownRun:
-        raise _not_found(run_id) from None
+        raise run_not_found(run_id) from None
     except TooLarge as exc:  # the merged config past its limit
         raise HTTPException(413, str(exc)) from None
     return RunDetail.from_run(run, now=time.time(), stale_after_s=settings.stale_after_s)
@@ -412,6 +402,6 @@ async def remove_run(run_id: RunId, store: StoreDep, force: bool = False) -> Non
     try:
         await delete_run(store, run_id, force=force)
     except UnknownRun:
-        raise _not_found(run_id) from None
+        raise run_not_found(run_id) from None
     except Conflict as exc:
         raise HTTPException(409, str(exc)) from None
