@@ -175,6 +175,12 @@ class Client:
             page = self._full_series(run_id, key, start, end)
         return _shaped(page, as_)
 
+    def points(self, run: RunRef, key: str, *, start: int | None = None, end: int | None = None) -> tuple[list[int], list[float]]:
+        """Every stored point of `key` with start <= step <= end, as plain lists (steps,
+        values): `series` without numpy (the base install has none)."""
+        page = self._full_series(self._run_id(run), key, start, end)
+        return page["steps"], page["values"]
+
     def _run_id(self, run: RunRef) -> str:
         if isinstance(run, dict):
             return str(run["id"])

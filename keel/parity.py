@@ -456,12 +456,11 @@ def read_run(
     client: Client, run: dict[str, Any], start: int | None, end: int | None, taus: Sequence[float]
 ) -> tuple[dict[str, list[float]], list[str]]:
     """The run's per-step values of every parity metric it has in start..end, and notes."""
-    run_id = str(run["id"])
     stored = {info["key"] for info in client.keys(run)}
     values: dict[str, list[float]] = {}
     for key in SCALAR_KEYS:
         if key in stored:
-            values[key] = _series(client, run_id, key, start, end)
+            values[key] = client.points(run, key, start=start, end=end)[1]
     notes: list[str] = []
     edges, counts, nans, left_out = _distributions(client, run, start, end)
     if left_out:
@@ -471,17 +470,6 @@ def read_run(
         values.update(from_histograms)
         notes += histogram_notes
     return values, notes
-
-
-def _series(client: Client, run_id: str, key: str, start: int | None, end: int | None) -> list[float]:
-    from keel.client import SERIES_PAGE_POINTS
-
-    # One undownsampled page is every point of up to 100 000 steps, read with the standard
-    # library; a longer range goes through Client.series, which pages (and needs numpy).
-    page = client._series_page(run_id, key, start, end, SERIES_PAGE_POINTS)
-    if not page["downsampled"]:
-        return [float(value) for value in page["values"]]
-    return [float(value) for value in client.series({"id": run_id}, key, start=start, end=end).values.tolist()]
 
 
 def _distributions(

@@ -48,6 +48,10 @@ def test_a_full_resolution_read_pages_through_ranges_and_misses_nothing(server) 
     expected = [s for s in sorted(values) if 3_500 <= s <= 600_000]
     assert window.steps.tolist() == expected
     np.testing.assert_array_equal(window.values, np.array([values[s] for s in expected]))
+    # The same points as plain lists, without numpy (keel parity on the base install).
+    steps, plain = client.points(run_id, "x", start=3_500, end=600_000)
+    assert steps == expected and all(type(v) is float for v in plain)
+    np.testing.assert_array_equal(np.array(plain), np.array([values[s] for s in expected]))
 
 
 def test_a_series_longer_than_the_servers_largest_page_comes_back_exact(server_factory, sqlite_url) -> None:
