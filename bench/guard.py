@@ -75,7 +75,7 @@ def run_arm(kind: str, spec: dict[str, Any], guard: bool) -> dict[str, Any]:
     from learners.labels import falls, smoothed
     from learners.lm.guard import GuardConfig
     from learners.lm.learner import LMConfig, Recorder, train
-    from server.alerts.hazard import WARMUP, HazardModel, current_model, features, reads
+    from server.alerts.hazard import HazardModel, current_model, hazard_at, reads
 
     torch.set_num_threads(1)
     model = HazardModel(current_model())
@@ -89,8 +89,7 @@ def run_arm(kind: str, spec: dict[str, Any], guard: bool) -> dict[str, Any]:
             super().log(step, metrics)
             values = {key: column[step] for key, column in self.series.items() if len(column) > step}
             if reads(values):
-                x = features(state, values)
-                latest["hazard"] = model.probability(x) if state["n"] > WARMUP else None
+                latest["hazard"] = hazard_at(state, values, model)
 
     recorder = HazardRecorder()
     config = LMConfig(**spec)

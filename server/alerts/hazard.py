@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FEATURES", "HORIZON", "INPUTS", "MODEL", "Hazard", "HazardCache", "HazardModel", "current_model", "features",
-    "hazard_series", "use_model",
+    "hazard_at", "hazard_series", "reads", "use_model",
 ]  # fmt: skip
 
 HORIZON = 50
@@ -241,7 +241,7 @@ def hazard_series(rows: Sequence[Mapping[str, float]], model: HazardModel | None
     model = model or HazardModel(current_model())
     state: dict[str, Any] = {}
     # As the detector: a step without any of READS is not a step of the hazard.
-    return [_step(state, values, model) for values in rows]
+    return [hazard_at(state, values, model) for values in rows]
 
 
 @dataclass
@@ -293,20 +293,22 @@ class HazardCache:
             self._tracks.popitem(last=False)
         kept, newest = (rows[:-1], rows[-1:]) if rows else ([], [])
         for row in kept:
-            value = _step(track.state, row.values, model)
+            value = hazard_at(track.state, row.values, model)
             track.through = row.step
             if value is not None:
                 track.steps.append(row.step)
                 track.hazard.append(value)
         steps, hazard = track.steps, track.hazard
         for row in newest:
-            value = _step(copy.deepcopy(track.state), row.values, model)
+            value = hazard_at(copy.deepcopy(track.state), row.values, model)
             if value is not None:
                 steps, hazard = [*steps, row.step], [*hazard, value]
         return steps, hazard
 
 
-def _step(state: dict[str, Any], values: Mapping[str, float], model: HazardModel) -> float | None:
+def hazard_at(state: dict[str, Any], values: Mapping[str, float], model: HazardModel) -> float | None:
+    """The hazard after one more step of a run (`state` carries the features over): None for
+    a step that is not one of the hazard's (`reads`) or inside the warm-up."""
     if not reads(values):
         return None
     x = features(state, values)
