@@ -21,11 +21,11 @@ import pytest
 
 from keel.importers import run_id_for
 from keel.tailing import WandbTail, reads_to_the_end
+from tests.support.monitor import wait_until as _wait
 from tests.support.raw_client import hello, new_run, open_ingest, points, recv
 from tests.support.server import REPO_ROOT, keel_serve
 from tests.support.watched import api_get as _get
 from tests.support.watched import stored_series as _series
-from tests.support.watched import wait_for as _wait
 
 WANDB_ENV = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_CONSOLE": "off"}
 

@@ -24,9 +24,9 @@ import pytest
 from keel.importers import run_id_for
 from keel.tailing import TensorboardTail, WandbTail, masked_crc32c
 from keel.watch import Options, Watcher
+from tests.support.monitor import wait_until as _wait
 from tests.support.watched import api_get as _get
 from tests.support.watched import stored_series as _series
-from tests.support.watched import wait_for as _wait
 
 BIG = 9 * 1024 * 1024
 """A record payload larger than a reader's read (8 MiB): an image or a tensor, say."""

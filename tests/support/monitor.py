@@ -119,14 +119,14 @@ def assert_every_step_once(server: ServerProcess, run_id: str, steps: int) -> No
         assert values == [headline(step)[key] for step in range(steps)], key
 
 
-def wait_until(
-    condition: Callable[[], bool], timeout: float = 30.0, what: str = "condition"
-) -> None:
+def wait_until(condition: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
+    """`condition()`'s first truthy value; AssertionError after `timeout` s."""
     deadline = time.monotonic() + timeout
-    while not condition():
+    while not (value := condition()):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(0.02)
+    return value
 
 
 def learner_batches(steps: int, seqs: int, length: int, seed: int) -> tuple[Any, Any, Any, Any]:

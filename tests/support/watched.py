@@ -2,22 +2,9 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from typing import Any
 
 import httpx
-
-
-def wait_for(check: Callable[[], Any], timeout: float = 60.0, what: str = "") -> Any:
-    """`check()`'s first truthy value, looked at every 0.2 s; AssertionError after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what or check}")
 
 
 def api_get(url: str, path: str, **params: Any) -> Any:
