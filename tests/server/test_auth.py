@@ -105,8 +105,8 @@ def test_the_live_websocket_accepts_the_login_cookie(secured) -> None:
 
 # -- failed authentications: limited per client address ---------------------------------
 
-FAILURES = {"auth_failures_per_s": 0.5, "auth_failures_burst": 3}
-"""Three failures, then one more every 2 s."""
+FAILURES = {"auth_failures_per_s": 0.1, "auth_failures_burst": 3}
+"""Three failures, then one more every 10 s: slow enough that a loaded machine never refills the bucket mid-test."""
 
 
 def _from(address: str) -> httpx.Client:
@@ -136,7 +136,7 @@ def test_bad_bearer_tokens_are_limited_per_address_and_then_not_looked_up(server
         codes = [guesser.get(runs, headers={"Authorization": f"Bearer guess-{i}"}).status_code for i in range(3)]
         assert codes == [401, 401, 401]
         retry_after = _limited(guesser.get(runs, headers={"Authorization": "Bearer guess-3"}))
-        assert 1 <= retry_after <= 2
+        assert 1 <= retry_after <= 10
         # While the address is limited, even a right token is not looked up (no oracle), nor a cookie.
         _limited(guesser.get(runs, headers={"Authorization": f"Bearer {ADMIN}"}))
         _limited(guesser.get(f"{secured.url}/", cookies={"keel_token": "guess-4"}))
