@@ -215,3 +215,24 @@ def test_learners_are_built_on_trainer_hooks_alone() -> None:
 def test_this_check_sees_imports_inside_functions() -> None:
     """The graph above counts a function-level import (the kind that hides a cycle)."""
     assert "learners.stream" in _graph()["learners.toy_cli"]
+
+
+def test_the_parity_statistics_need_no_server_dependency() -> None:
+    """`keel parity` runs on the base install (no Dash, no FastAPI) and decides with
+    dashboard.parity, as the compare page's parity view does: that module imports the
+    standard library and `wire` only, and importing the `dashboard` package it is in runs
+    no other import (dashboard/__init__.py builds the app inside mount_dashboard only)."""
+    parity = {imported for imported in imported_modules("dashboard.parity", MODULES["dashboard.parity"])}
+    package = ast.parse(MODULES["dashboard"].read_text()).body
+    at_import = {
+        alias.name if isinstance(node, ast.Import) else str(node.module)
+        for node in package
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in node.names
+    }
+    wrong = {
+        imported for imported in parity | at_import
+        if _top(imported) != "wire" and _top(imported) not in sys.stdlib_module_names
+    }
+    assert wrong == set()
+    assert "dashboard.parity" in _graph()["keel.parity"]
