@@ -8,6 +8,7 @@ from typing import Any
 
 from server.alerts.collapse import CollapseRisk
 from server.alerts.detectors import Climb, CoClimb, Detector, NonFinite, Silent, Threshold
+from server.alerts.gate_gap import GateAgainstGap
 from server.alerts.hazard import Hazard
 
 __all__ = ["DETECTORS", "DEFAULT_RULES", "RuleSpec", "build_detector", "SEVERITIES"]
@@ -15,7 +16,7 @@ __all__ = ["DETECTORS", "DEFAULT_RULES", "RuleSpec", "build_detector", "SEVERITI
 SEVERITIES = ("info", "warning", "critical")
 
 DETECTORS: dict[str, type[Detector]] = {
-    cls.kind: cls for cls in (NonFinite, Threshold, Climb, CoClimb, CollapseRisk, Hazard, Silent)
+    cls.kind: cls for cls in (NonFinite, Threshold, Climb, CoClimb, GateAgainstGap, CollapseRisk, Hazard, Silent)
 }
 
 HEADLINE_AND_LOSS = "reward/mean,mismatch/kl,gate/frac,mismatch/ratio_max,grad/norm,loss/*"
