@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         results = asyncio.run(replay())
     except NotFound as exc:
-        print(f"keel backtest: {exc} not found" if "not found" not in str(exc) else f"keel backtest: {exc}", file=sys.stderr)
+        print(f"keel backtest: {exc}", file=sys.stderr)
         return 2
     except DBAPIError as exc:
         print(f"keel backtest: cannot read the database ({type(exc.orig).__name__}); is it a Keel database "

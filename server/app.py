@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.middleware.gzip import GZipMiddleware
-from fastapi.responses import RedirectResponse, Response
+from fastapi.responses import JSONResponse, RedirectResponse, Response
 from starlette.requests import HTTPConnection
 
 from dashboard import mount_dashboard
@@ -18,6 +18,7 @@ from server.bodies import BodyLimit
 from server.components import running
 from server.config import Settings
 from server.deps import get_components
+from server.errors import NotFound
 from server.origins import OriginGuard, SecurityHeaders, SitePolicy
 from server.ratelimit import client_key
 from server.routes import alerts as alert_routes
@@ -50,6 +51,15 @@ async def limit_writes(conn: HTTPConnection) -> None:
         raise HTTPException(429, f"rate limit exceeded; retry in {retry_after} s", headers={"Retry-After": str(retry_after)})
 
 
+async def not_found(conn: HTTPConnection, exc: Exception) -> Response:
+    """Every route's 404: what the domain raised (`NotFound`: no such run, rule, alert,
+    silence or webhook), its message as the body's `detail`, as FastAPI answers an
+    HTTPException. A websocket's is left to its route, as before."""
+    if conn.scope["type"] != "http":
+        raise exc
+    return JSONResponse({"detail": str(exc)}, status_code=404)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     internal_token = secrets.token_urlsafe(32)
@@ -66,6 +76,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="Live stability monitoring for off-policy RL training",
         version="0.1.0",
         lifespan=lifespan,
+        exception_handlers={NotFound: not_found},
     )
 
     api = APIRouter(prefix="/api/v1", dependencies=[Depends(limit_writes)])

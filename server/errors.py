@@ -49,7 +49,11 @@ class NotFound(KeelError, LookupError):
 
 
 class UnknownRun(NotFound):
-    """No run with this id has said hello."""
+    """No run with this id has said hello. Its message is the API's 404 for the run."""
+
+    def __init__(self, run_id: str):
+        super().__init__(f"run {run_id!r} not found")
+        self.run_id = run_id
 
 
 class InvalidRequest(KeelError, ValueError):

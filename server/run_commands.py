@@ -78,7 +78,7 @@ def publish(hub: LiveHub, commands: list[Command]) -> None:
 async def create(store: Store, hub: LiveHub, run_id: str, action: str, payload: dict[str, Any], requested_by: str) -> Command:
     async with store.writing() as session:
         if await session.get(Run, run_id) is None:
-            raise UnknownRun(f"no run {run_id!r}")
+            raise UnknownRun(run_id)
         command = add_command(session, run_id, action, payload, requested_by, time.time())
     publish(hub, [command])
     return command
@@ -87,7 +87,7 @@ async def create(store: Store, hub: LiveHub, run_id: str, action: str, payload: 
 async def list_commands(store: Store, run_id: str) -> list[Command]:
     async with store.sessions() as session:
         if await session.get(Run, run_id) is None:
-            raise UnknownRun(f"no run {run_id!r}")
+            raise UnknownRun(run_id)
         query = select(Command).where(Command.run_id == run_id).order_by(Command.created_at.desc()).limit(LISTED)
         return list((await session.scalars(query)).all())
 

@@ -71,10 +71,6 @@ def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
 RunId = Annotated[Text, Path(description="the run's id, as its client chose it")]
 
 
-def run_not_found(run_id: str) -> HTTPException:
-    return HTTPException(status_code=404, detail=f"run {run_id!r} not found")
-
-
 def unprocessable(message: str, *loc: str | int) -> HTTPException:
     """A refusal by the handler, in the same form as FastAPI's own validation errors."""
     return HTTPException(422, [{"loc": ["body", *loc], "msg": message, "type": "value_error"}])

@@ -5,14 +5,13 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from server.alerts import history, silences
 from server.alerts.rulebook import rule_json
 from server.auth import ADMIN, READ, allowed
 from server.deps import DeliveriesDep, RuleBookDep, SettingsDep, StoreDep
-from server.errors import NotFound
 from server.jsonview import alert_json
 from server.schemas import MAX_INT, ApiRoute, Name, RowId, Text, errors, unprocessable
 from server.webhooks import registry
@@ -25,10 +24,6 @@ STRICT = ConfigDict(strict=True)
 """Bodies take JSON's types as they are: `true` is not a number, nor `1` a boolean."""
 StepCount = Annotated[int, Field(ge=0, le=MAX_INT)]
 Action = Annotated[str, Field(pattern=f"^{ACTION.pattern}$", description="1-64 of [A-Za-z0-9_.-]")]
-
-
-def _missing(exc: NotFound) -> HTTPException:
-    return HTTPException(404, str(exc))
 
 
 # -- alerts -----------------------------------------------------------------------
@@ -68,10 +63,7 @@ class AckIn(BaseModel):
 
 @router.post("/alerts/{alert_id}/ack", dependencies=[ADMIN], responses=errors(400, 404, 429))
 async def acknowledge(alert_id: RowId, store: StoreDep, body: AckIn | None = None) -> dict[str, Any]:
-    try:
-        return alert_json(await history.acknowledge(store, alert_id, (body or AckIn()).by))
-    except NotFound as exc:
-        raise _missing(exc) from None
+    return alert_json(await history.acknowledge(store, alert_id, (body or AckIn()).by))
 
 
 # -- rules ------------------------------------------------------------------------
@@ -131,8 +123,6 @@ async def update_rule(rule_id: RowId, body: RulePatch, rules: RuleBookDep) -> di
         if changes.get("action") == "":
             changes["action"] = None
         rule = await rules.update(rule_id, changes)
-    except NotFound as exc:
-        raise _missing(exc) from None
     except ValueError as exc:
         raise unprocessable(str(exc)) from None
     return rule_json(rule)
@@ -140,10 +130,7 @@ async def update_rule(rule_id: RowId, body: RulePatch, rules: RuleBookDep) -> di
 
 @router.delete("/rules/{rule_id}", status_code=204, dependencies=[ADMIN], responses=errors(404, 429))
 async def delete_rule(rule_id: RowId, rules: RuleBookDep) -> None:
-    try:
-        await rules.delete(rule_id)
-    except NotFound as exc:
-        raise _missing(exc) from None
+    await rules.delete(rule_id)
 
 
 # -- silences -----------------------------------------------------------------------
@@ -193,10 +180,7 @@ async def create_silence(body: SilenceIn, store: StoreDep) -> dict[str, Any]:
 
 @router.delete("/silences/{silence_id}", dependencies=[ADMIN], responses=errors(404, 429))
 async def expire_silence(silence_id: RowId, store: StoreDep) -> dict[str, Any]:
-    try:
-        return silences.silence_json(await silences.expire_silence(store, silence_id), time.time())
-    except NotFound as exc:
-        raise _missing(exc) from None
+    return silences.silence_json(await silences.expire_silence(store, silence_id), time.time())
 
 
 # -- webhooks -----------------------------------------------------------------------
@@ -233,20 +217,14 @@ async def list_webhooks(request: Request, store: StoreDep) -> list[dict[str, Any
 
 @router.delete("/webhooks/{hook_id}", status_code=204, dependencies=[ADMIN], responses=errors(404, 429))
 async def delete_webhook(hook_id: RowId, store: StoreDep) -> None:
-    try:
-        await registry.delete_webhook(store, hook_id)
-    except NotFound as exc:
-        raise _missing(exc) from None
+    await registry.delete_webhook(store, hook_id)
 
 
 @router.post("/webhooks/{hook_id}/test", status_code=202, dependencies=[ADMIN], responses=errors(404, 429))
 async def test_webhook(
     hook_id: RowId, store: StoreDep, settings: SettingsDep, deliveries: DeliveriesDep
 ) -> dict[str, Any]:
-    try:
-        delivery = await registry.queue_test_event(store, hook_id, settings.base_url)
-    except NotFound as exc:
-        raise _missing(exc) from None
+    delivery = await registry.queue_test_event(store, hook_id, settings.base_url)
     deliveries.wake()
     return {"event_id": delivery.event_id, "status": "queued"}
 
@@ -255,10 +233,7 @@ async def test_webhook(
 async def list_deliveries(hook_id: RowId, request: Request, store: StoreDep) -> list[dict[str, Any]]:
     """A webhook's deliveries, newest first; for a read token every URL in an error is masked
     as the webhook's own (`scheme://host/***`)."""
-    try:
-        deliveries = await registry.list_deliveries(store, hook_id)
-    except NotFound as exc:
-        raise _missing(exc) from None
+    deliveries = await registry.list_deliveries(store, hook_id)
     whole = await allowed(request, "admin")
     return [
         {

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
 from server.alerts.backtest import DEFAULT_RULES, backtest_runs, rule_from_json, stored_rules
 from server.auth import READ
 from server.deps import StoreDep
-from server.errors import NotFound, UnknownRun
 from server.schemas import MAX_INT, ApiRoute, Name, Text, errors, unprocessable
 
 __all__ = ["router"]
@@ -59,10 +58,5 @@ async def backtest(body: BacktestIn, store: StoreDep) -> dict[str, Any]:
             rules = list(DEFAULT_RULES)
     except ValueError as exc:
         raise unprocessable(str(exc), "rules") from None
-    except NotFound as exc:
-        raise HTTPException(404, str(exc)) from None
-    try:
-        results = await backtest_runs(store, rules, body.run_ids)
-    except UnknownRun as exc:
-        raise HTTPException(404, f"run {exc} not found") from None
+    results = await backtest_runs(store, rules, body.run_ids)
     return {"runs": [result.to_json() for result in results]}

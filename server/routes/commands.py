@@ -11,8 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from server import run_commands
 from server.auth import ADMIN, READ, presented_token
 from server.deps import HubDep, SettingsDep, StoreDep
-from server.errors import UnknownRun
-from server.schemas import ApiRoute, RunId, Text, errors, run_not_found
+from server.schemas import ApiRoute, RunId, Text, errors
 from server.tokens import SCOPES, token_name, token_scopes
 from wire.signals import ACTION
 
@@ -43,20 +42,14 @@ async def send_command(run_id: RunId, body: CommandIn, request: Request, store: 
     to commands receives it (`delivered`), then `acked` or `failed` as its handler answers."""
     token = presented_token(request)
     by = (await token_name(store, token) if token and settings.auth_enabled else None) or "local"
-    try:
-        command = await run_commands.create(store, hub, run_id, body.action, body.payload, by)
-    except UnknownRun:
-        raise run_not_found(run_id) from None
+    command = await run_commands.create(store, hub, run_id, body.action, body.payload, by)
     return run_commands.command_json(command)
 
 
 @router.get("/runs/{run_id}/commands", dependencies=[READ], responses=errors(404))
 async def list_commands(run_id: RunId, store: StoreDep) -> list[dict[str, Any]]:
     """The run's commands, newest first (the last 200), with their state and who asked."""
-    try:
-        return [run_commands.command_json(c) for c in await run_commands.list_commands(store, run_id)]
-    except UnknownRun:
-        raise run_not_found(run_id) from None
+    return [run_commands.command_json(c) for c in await run_commands.list_commands(store, run_id)]
 
 
 @router.get("/whoami")

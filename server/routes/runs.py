@@ -40,7 +40,6 @@ from server.schemas import (
     SeriesOut,
     Text,
     errors,
-    run_not_found,
     unprocessable,
 )
 from server.storage.details import parse_cursor
@@ -119,19 +118,13 @@ async def series_of_runs(
 
 @router.get("/runs/{run_id}", response_model=RunDetail, dependencies=[READ], responses=errors(404))
 async def get_run(run_id: RunId, store: StoreDep, settings: SettingsDep) -> RunDetail:
-    try:
-        run = await store.get_run(run_id)
-    except UnknownRun:
-        raise run_not_found(run_id) from None
+    run = await store.get_run(run_id)
     return RunDetail.from_run(run, now=time.time(), stale_after_s=settings.stale_after_s)
 
 
 @router.get("/runs/{run_id}/keys", response_model=list[KeyOut], dependencies=[READ], responses=errors(404))
 async def run_keys(run_id: RunId, store: StoreDep) -> list[KeyOut]:
-    try:
-        return [KeyOut.from_info(info) for info in await store.keys(run_id)]
-    except UnknownRun:
-        raise run_not_found(run_id) from None
+    return [KeyOut.from_info(info) for info in await store.keys(run_id)]
 
 
 @router.get("/runs/{run_id}/latest", dependencies=[READ], responses=errors(404))
@@ -139,10 +132,7 @@ async def run_latest(
     run_id: RunId, store: StoreDep, keys: Annotated[Text, Query(description="comma-separated metric keys")]
 ) -> dict[str, dict[str, int | float | str]]:
     """The last logged point of each key: `{key: {"step", "value"}}` (keys without points are left out)."""
-    try:
-        latest = await store.latest(run_id, [key for key in keys.split(",") if key][:MAX_KEYS_PER_READ])
-    except UnknownRun:
-        raise run_not_found(run_id) from None
+    latest = await store.latest(run_id, [key for key in keys.split(",") if key][:MAX_KEYS_PER_READ])
     return {key: {"step": step, "value": encode_value(value)} for key, (step, value) in latest.items()}
 
 
@@ -157,10 +147,7 @@ async def run_series(
     start: StepBound = None,
     end: StepBound = None,
 ) -> SeriesOut:
-    try:
-        data = await store.series(run_id, key, max_points=max_points, start=start, end=end)
-    except UnknownRun:
-        raise run_not_found(run_id) from None
+    data = await store.series(run_id, key, max_points=max_points, start=start, end=end)
     return SeriesOut.from_data(data)
 
 
@@ -191,10 +178,7 @@ async def run_hazard(
 ) -> HazardOut:
     """The run's collapse hazard from its stored points: at each step past the warm-up, the
     estimated probability that the run collapses within the next `horizon` steps."""
-    try:
-        run = await components.store.get_run(run_id)
-    except UnknownRun:
-        raise run_not_found(run_id) from None
+    run = await components.store.get_run(run_id)
     model = HazardModel(current_model())  # the one model in use now, for the values and their horizon
     steps, hazard = await components.hazards.so_far(components.store, run_id, run.started_at, model)
     steps, hazard = max_per_bucket(steps, hazard, max_points)
@@ -229,12 +213,9 @@ async def run_distributions(
     """A histogram key's counts per step (docs/protocol.md, "Step details"): steps whose edges
     differ from the newest step's are left out; more than `max_steps` steps are answered in
     buckets of consecutive steps (each its last step), their counts summed exactly."""
-    try:
-        data = await store.distributions(
-            run_id, key, start=start if from_ is None else from_, end=end if to is None else to, max_steps=max_steps
-        )
-    except UnknownRun:
-        raise run_not_found(run_id) from None
+    data = await store.distributions(
+        run_id, key, start=start if from_ is None else from_, end=end if to is None else to, max_steps=max_steps
+    )
     body = {
         "key": data.key, "edges": data.edges, "steps": data.steps, "counts": data.counts, "nan": data.nans,
         "bucketed": data.bucketed, "left_out": data.left_out,
@@ -250,20 +231,14 @@ async def run_samples(
 ) -> Response:
     """The worst sequences of the latest step <= `step` that has samples (the run's latest
     such step without `step`), worst first; `{"step": null, "samples": []}` when none."""
-    try:
-        found = await store.samples(run_id, step)
-    except UnknownRun:
-        raise run_not_found(run_id) from None
+    found = await store.samples(run_id, step)
     return _json(b'{"step":' + orjson.dumps(found.step) + b',"samples":' + found.samples_json.encode() + b"}")
 
 
 @router.get("/runs/{run_id}/samples/steps", response_model=SampleStepsOut, dependencies=[READ], responses=errors(404))
 async def run_sample_steps(run_id: RunId, store: StoreDep) -> Response:
     """The steps that have samples, ascending."""
-    try:
-        steps = await store.sample_steps(run_id)
-    except UnknownRun:
-        raise run_not_found(run_id) from None
+    steps = await store.sample_steps(run_id)
     return _json(orjson.dumps({"steps": steps}))
 
 
@@ -279,12 +254,9 @@ async def run_sequences(
 ) -> Response:
     """The (length, Σℓ) pairs of steps `from`..`to`, and the least-squares line of Σℓ on
     length through the finite ones answered (`slope_per_1k`: Σℓ per 1,000 tokens)."""
-    try:
-        data = await store.sequences(
-            run_id, start=start if from_ is None else from_, end=end if to is None else to, max_points=max_points
-        )
-    except UnknownRun:
-        raise run_not_found(run_id) from None
+    data = await store.sequences(
+        run_id, start=start if from_ is None else from_, end=end if to is None else to, max_points=max_points
+    )
     fit = None
     if data.fit is not None:
         fit = {"slope_per_1k": encode_value(data.fit.slope_per_1k), "intercept": encode_value(data.fit.intercept), "n": data.fit.n}
@@ -307,10 +279,7 @@ async def run_details(
             after = parse_cursor(cursor)
         except ValueError as exc:
             raise HTTPException(422, [{"loc": ["query", "cursor"], "msg": str(exc), "type": "value_error"}]) from None
-    try:
-        found = await store.stored_details(run_id, after=after, limit=limit)
-    except UnknownRun:
-        raise run_not_found(run_id) from None
+    found = await store.stored_details(run_id, after=after, limit=limit)
     rows = []
     for detail in found:
         head = b'{"step":%d,"values":{},' % detail.step
@@ -348,8 +317,6 @@ async def post_points(
         raise unprocessable(str(exc)) from None
     try:
         result = await store.write_points(run_id, rows, time.time())
-    except UnknownRun:
-        raise run_not_found(run_id) from None
     except TooLarge as exc:  # new keys past the run's limit
         raise HTTPException(413, str(exc)) from None
     await committed.points(run_id, result.started_at, rows)
@@ -388,8 +355,6 @@ async def update_run(run_id: RunId, request: Request, store: StoreDep, settings:
         raise unprocessable(str(exc), "config") from None
     try:
         run = await store.update_config(run_id, config)
-    except UnknownRun:
-        raise run_not_found(run_id) from None
     except TooLarge as exc:  # the merged config past its limit
         raise HTTPException(413, str(exc)) from None
     return RunDetail.from_run(run, now=time.time(), stale_after_s=settings.stale_after_s)
@@ -401,7 +366,5 @@ async def remove_run(run_id: RunId, store: StoreDep, force: bool = False) -> Non
     A running run is refused (409) unless `force`."""
     try:
         await delete_run(store, run_id, force=force)
-    except UnknownRun:
-        raise run_not_found(run_id) from None
     except Conflict as exc:
         raise HTTPException(409, str(exc)) from None

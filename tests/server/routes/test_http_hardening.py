@@ -65,6 +65,31 @@ def test_ids_beyond_the_integer_columns_are_422_and_unknown_ids_404(server) -> N
         assert missing.status_code == 404 and "not found" in missing.json()["detail"], (path, missing.text)
 
 
+def test_every_missing_thing_is_one_404_body_with_its_message(server) -> None:
+    """The app's one NotFound handler (server/app.py): each route's 404 is `{"detail": msg}`."""
+    api = f"{server.url}/api/v1"
+    last = 2**31 - 1
+    expected = [
+        ("GET", "/runs/nope", None, "run 'nope' not found"),
+        ("GET", "/runs/nope/series?key=a", None, "run 'nope' not found"),
+        ("GET", "/runs/nope/hazard", None, "run 'nope' not found"),
+        ("DELETE", "/runs/nope", None, "run 'nope' not found"),
+        ("POST", "/runs/nope/points", {"rows": [{"step": 0, "values": {"a": 1.0}}]}, "run 'nope' not found"),
+        ("GET", "/runs/nope/commands", None, "run 'nope' not found"),
+        ("POST", "/runs/nope/commands", {"action": "stop"}, "run 'nope' not found"),
+        ("POST", "/backtest", {"run_ids": ["nope"]}, "run 'nope' not found"),
+        ("POST", "/backtest", {"run_ids": ["nope"], "rule_ids": [last]}, f"rule {last} not found"),
+        ("DELETE", f"/rules/{last}", None, f"rule {last} not found"),
+        ("POST", f"/alerts/{last}/ack", None, f"alert {last} not found"),
+        ("DELETE", f"/silences/{last}", None, f"silence {last} not found"),
+        ("GET", f"/webhooks/{last}/deliveries", None, f"webhook {last} not found"),
+    ]
+    for method, path, body, message in expected:
+        response = httpx.request(method, api + path, json=body)
+        assert (response.status_code, response.json()) == (404, {"detail": message}), (method, path, response.text)
+        assert response.headers["content-type"] == "application/json"
+
+
 def test_series_step_bounds_are_the_bigint_range(server) -> None:
     run_id = _stored_run(server)
     url = f"{server.url}/api/v1/runs/{run_id}/series"
