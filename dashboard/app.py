@@ -18,9 +18,13 @@ from dashboard.components import empty_state, shell
 from dashboard.data import KeelApi, in_process_client
 from dashboard.views import charts, compare, details, run, runs
 
-__all__ = ["mount", "build_dash", "route", "PAGE_PATHS"]
+__all__ = ["mount", "build_dash", "route", "PAGE_PATHS", "LIVE_PARTS"]
 
 ASSETS = Path(__file__).parent / "assets"
+
+LIVE_PARTS = ("math", "charts", "tail", "scheduler", "socket", "start")
+"""The live updater's scripts (assets/live/<part>.js) in the order the page loads them:
+each part uses the ones before it. Dash loads the rest of assets/ by itself, sorted by name."""
 
 PAGE_PATHS = ("/", "/compare", "/runs/{run_id}")
 """Paths that serve the dashboard's page."""
@@ -37,6 +41,16 @@ def route(pathname: str | None, search: str | None) -> Any:
     return empty_state("Page not found", f"Nothing at {pathname}.")
 
 
+def live_scripts() -> list[dict[str, str]]:
+    """The live updater's <script> sources, in LIVE_PARTS' order, each with its file's
+    modification time as the query (as Dash marks its own assets, so an edit is refetched)."""
+    sources = []
+    for part in LIVE_PARTS:
+        modified = (ASSETS / "live" / f"{part}.js").stat().st_mtime
+        sources.append({"src": f"/assets/live/{part}.js?m={modified}"})
+    return sources
+
+
 def build_dash(server: FastAPI, api: KeelApi) -> Dash:
     """A Dash app living on `server`, reading through `api`."""
     dash_app = Dash(
@@ -45,6 +59,8 @@ def build_dash(server: FastAPI, api: KeelApi) -> Dash:
         title="Keel",
         update_title="",
         assets_folder=str(ASSETS),
+        assets_path_ignore=["^live$"],  # loaded in LIVE_PARTS' order instead, below
+        external_scripts=live_scripts(),
         suppress_callback_exceptions=True,
         compress=False,
         meta_tags=[{"name": "viewport", "content": "width=device-width, initial-scale=1"}],

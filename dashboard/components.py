@@ -10,6 +10,7 @@ from dash import dcc, html, no_update
 from plotly.io.json import to_json_plotly
 
 from dashboard.figures import message_figure
+from dashboard.theme import KL_BANDS
 
 __all__ = [
     "GRAPH_TYPE",
@@ -40,7 +41,7 @@ INITIAL_SMOOTHING = 0.6
 """The smoothing slider's value when a page opens (the EMA weight of the first figures)."""
 SEEN_TYPE = "metric-seen"
 """The store beside each chart that the browser sets once the chart comes near the view
-(assets/live/6_start.js): a chart's figure is fetched only then, so charts far below the
+(assets/live/start.js): a chart's figure is fetched only then, so charts far below the
 fold cost neither the server nor the page anything until scrolled to."""
 ALERT_TOKENS_TYPE = "alert-tokens"
 """The "tokens" button of an alert in the run page's alerts table:
@@ -128,7 +129,8 @@ def radio(component_id: str, labels: dict[str, str]) -> dcc.RadioItems:
 
 
 def chart_controls(*, aggregate: bool, extra_metrics: bool) -> html.Div:
-    """Smoothing, aggregation, y scale (every chart page has these ids) and extra metrics."""
+    """Smoothing, aggregation, y scale, the KL chart's healthy band (every chart page has these
+    ids) and extra metrics."""
     controls = html.Div(
         [
             _field(
@@ -160,6 +162,13 @@ def chart_controls(*, aggregate: bool, extra_metrics: bool) -> html.Div:
             _field(
                 "Y scale",
                 radio("opt-yscale", {"auto": "auto", "linear": "linear", "log": "log"}),
+            ),
+            _field(
+                "KL healthy band",
+                radio(
+                    "opt-kl-band",
+                    {"none": "none"} | {kind: f"{label} {low:g}–{high:g}" for kind, (label, low, high) in KL_BANDS.items()},
+                ),
             ),
         ],
         className="toolbar panel",

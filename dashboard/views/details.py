@@ -5,7 +5,7 @@ charts and the hazard (docs/dashboard.md, "Step details").
 - Σℓ of each sequence against its length, with the least-squares slope per 1,000 tokens;
 - the token view: a step's worst sequences, each token coloured by ℓ.
 
-All three draw first on the page's "drawn" tick (assets/live/6_start.js), after the charts
+All three draw first on the page's "drawn" tick (assets/live/start.js), after the charts
 above them, and again on the data tick while the run streams: at most every few seconds, and
 never while the tab is hidden. A click on any chart of the page opens the token view at the
 step clicked.

@@ -408,7 +408,7 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         state: dict[str, Any] | None, _tick: Any, shown: list[str] | None
     ) -> tuple[Any, Any, Any]:
         """The headline charts (and the hazard) first; every other metric's charts once the
-        page has drawn those (the "drawn" tick, assets/live/6_start.js): a run that logs 40
+        page has drawn those (the "drawn" tick, assets/live/start.js): a run that logs 40
         metrics would otherwise queue 40 charts beside the five a researcher looks at first.
         `run-keys` holds the keys whose charts are on the page."""
         if not state or state.get("page") != "run":

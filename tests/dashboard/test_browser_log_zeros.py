@@ -1,5 +1,5 @@
 """Zeros on a log axis in headless Chromium: the history the server draws and the points the
-live updater appends (assets/live/1_math.js logFloor/aboveFloor, 2_charts.js) agree: zeros
+live updater appends (assets/live/math.js logFloor/aboveFloor, charts.js) agree: zeros
 are open circles at the bottom edge with hover "0", the smoothed line stops at its floor."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The arithmetic the live updater shares with Python (assets/live/1_math.js against
+"""The arithmetic the live updater shares with Python (assets/live/math.js against
 dashboard/series.py and dashboard/figures.py), run in the browser on the same vectors."""
 
 from __future__ import annotations

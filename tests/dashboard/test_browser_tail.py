@@ -1,7 +1,7 @@
 """The live tail in a real headless Chromium: a pushed point is painted over the chart at
 once, where Plotly draws it later, and a point the axes cannot place is drawn at once.
 
-The tail (assets/live/3_tail.js) is a canvas over the plot: the test keeps a copy of it
+The tail (assets/live/tail.js) is a canvas over the plot: the test keeps a copy of it
 while the figure does not hold the step yet, then reads where Plotly's own SVG path puts
 that step once the figure took it in, and looks at the copy there.
 """

@@ -8,6 +8,7 @@ import re
 import httpx
 from websockets.sync.client import connect
 
+from dashboard.app import ASSETS, LIVE_PARTS
 from tests.support.toy_runs import LiveRun
 
 DASH_ENTRY = 'id="react-entry-point"'
@@ -20,11 +21,23 @@ def test_pages_are_served_with_the_live_script(server) -> None:
         assert response.status_code == 200, path
         assert response.headers["content-type"].startswith("text/html")
         assert DASH_ENTRY in response.text and "<title>Keel</title>" in response.text
-        parts = re.findall(r'src="/assets/live/(\d_\w+)\.js\?m=\d+', response.text)
-        assert parts == ["1_math", "2_charts", "3_tail", "4_scheduler", "5_socket", "6_start"], path  # in this order
-    script = httpx.get(f"{server.url}/assets/live/2_charts.js")
+        parts = re.findall(r'src="/assets/live/(\w+)\.js\?m=[\d.]+"', response.text)
+        assert parts == ["math", "charts", "tail", "scheduler", "socket", "start"], path  # in this order
+        # ... after React (they are plain scripts) and before Dash's renderer, which draws the page
+        scripts = re.findall(r'<script[^>]*src="([^"?]+)', response.text)
+        renderer = next(i for i, src in enumerate(scripts) if "dash_renderer" in src)
+        assert max(i for i, src in enumerate(scripts) if "/assets/live/" in src) < renderer, path
+    script = httpx.get(f"{server.url}/assets/live/charts.js", headers={"accept-encoding": "gzip"})
     assert script.status_code == 200 and "extendTraces" in script.text
+    assert script.headers["content-encoding"] == "gzip"  # compressed like the rest of the page
     assert httpx.get(f"{server.url}/_dash-layout").json()["type"] == "Div"
+
+
+def test_every_live_script_is_in_the_declared_order_once() -> None:
+    """A part added to assets/live/ must be listed in LIVE_PARTS (Dash no longer loads the
+    folder by itself), and a listed part must exist."""
+    on_disk = sorted(path.stem for path in (ASSETS / "live").iterdir())
+    assert on_disk == sorted(LIVE_PARTS) and len(set(LIVE_PARTS)) == len(LIVE_PARTS)
 
 
 def test_api_routes_keep_working_next_to_dash(server) -> None:

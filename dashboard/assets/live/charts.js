@@ -1,6 +1,6 @@
 /*
- * Keel live updates, part 2 of 6: what a chart is waiting to draw, and drawing it into
- * the figure (3_tail.js paints it over the chart until then).
+ * Keel live updates: what a chart is waiting to draw, and drawing it into
+ * the figure (tail.js paints it over the chart until then).
  *
  * Chart conventions come from dashboard/figures.py: layout.meta says what the chart
  * shows; each trace's meta its run and role ("raw", "smooth", "nonfinite", ...). Pushed
@@ -222,7 +222,7 @@
 
   /*
    * Room on the right of an autoranged step axis for the points to come, so that the live
-   * tail (3_tail.js) can paint them before the next redraw: when the appends reach the end
+   * tail (tail.js) can paint them before the next redraw: when the appends reach the end
    * of the x range, it is widened to HEADROOM of the steps shown past the newest (at least
    * MIN_HEADROOM steps). Set on gd.layout itself so that the redraw appending the points
    * applies it (a relayout would be a second redraw). A zoomed axis is left alone.

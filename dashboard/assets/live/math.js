@@ -1,16 +1,17 @@
 /*
- * Keel live updates, part 1 of 6: the arithmetic the browser shares with Python.
+ * Keel live updates: the arithmetic the browser shares with Python.
  *
  * The live updater (dashboard/assets/live/) appends pushed points to the charts the
- * server drew. Its parts, loaded in this order (Dash loads assets sorted by name):
- *   1_math.js       values, smoothing and the y range, as dashboard/series.py and
- *                   dashboard/figures.py compute them (tests/dashboard check both on
- *                   the same vectors)
- *   2_charts.js     what a chart is waiting to draw, and drawing it into the figure
- *   3_tail.js       the points not drawn into the figure yet, painted over it at once
- *   4_scheduler.js  when each chart draws: a share of the main thread, visible charts only
- *   5_socket.js     the websocket, and the server redraws it asks for
- *   6_start.js      wiring: which runs, which charts, page visibility, instrumentation
+ * server drew. Its parts, in the order the page loads them (declared once, as
+ * dashboard/app.py LIVE_PARTS; Dash leaves this folder out of its own asset loading):
+ *   math.js       values, smoothing and the y range, as dashboard/series.py and
+ *                 dashboard/figures.py compute them (tests/dashboard check both on
+ *                 the same vectors)
+ *   charts.js     what a chart is waiting to draw, and drawing it into the figure
+ *   tail.js       the points not drawn into the figure yet, painted over it at once
+ *   scheduler.js  when each chart draws: a share of the main thread, visible charts only
+ *   socket.js     the websocket, and the server redraws it asks for
+ *   start.js      wiring: which runs, which charts, page visibility, instrumentation
  * Every part adds its functions to window.keelLive; none keeps state on DOM nodes.
  */
 (function (live) {

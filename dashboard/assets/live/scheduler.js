@@ -1,8 +1,8 @@
 /*
- * Keel live updates, part 4 of 6: when each chart paints its tail and draws.
+ * Keel live updates: when each chart paints its tail and draws.
  *
  * Pushed rows are taken into each chart's pending appends at once (cheap), and painted
- * over the chart as its live tail (3_tail.js) within TAIL_INTERVAL_MS: that is when a point
+ * over the chart as its live tail (tail.js) within TAIL_INTERVAL_MS: that is when a point
  * shows. Drawing the appends into the figure is a Plotly redraw of the whole chart (every
  * trace, every point: tens of ms on a laptop, however few points are appended), so it
  * comes out of a budget: the page earns BUSY_SHARE ms of drawing per ms of wall time (up to

@@ -1,5 +1,5 @@
 /*
- * Keel live updates, part 5 of 6: the websocket, and the server redraws it asks for.
+ * Keel live updates: the websocket, and the server redraws it asks for.
  *
  * One WebSocket to /api/v1/live per page, subscribed to the runs the page names in its
  * [data-live-runs] element ("*" = every run); reconnects with backoff. Points go to the

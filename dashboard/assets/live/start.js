@@ -1,5 +1,5 @@
 /*
- * Keel live updates, part 6 of 6: wiring.
+ * Keel live updates: wiring.
  *
  * Watches the page (Dash replaces it on navigation) for the live target and for new
  * figures; follows which charts are in view and whether the tab is shown. A chart's figure

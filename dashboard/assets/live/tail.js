@@ -1,18 +1,18 @@
 /*
- * Keel live updates, part 3 of 6: the live tail, painted without redrawing the chart.
+ * Keel live updates: the live tail, painted without redrawing the chart.
  *
  * Plotly has no incremental append: extendTraces redraws the whole chart, every trace and
  * every point (tens of ms with many runs). So a chart takes its pushed points into the
- * figure only now and then, out of a share of the main thread (4_scheduler.js). Until
+ * figure only now and then, out of a share of the main thread (scheduler.js). Until
  * then they are painted at once on a canvas laid over the plot area: the same lines, in
  * each trace's colour, width, dash and opacity, placed by Plotly's own axis mapping, for
  * the cost of a few line segments. The tail is exactly the chart's pending appends
- * (2_charts.js), so the redraw that takes them into the figure clears it.
+ * (charts.js), so the redraw that takes them into the figure clears it.
  *
  * A point the axes cannot place (past the end of the x range, above or below the y
  * range) or a non-finite marker needs that redraw: `paint` says the chart is urgent and
  * the scheduler draws it first. A redraw leaves room on the right of an autoranged step
- * axis (2_charts.js), so the next points of a growing run can be painted here.
+ * axis (charts.js), so the next points of a growing run can be painted here.
  *
  * Reads Plotly's computed axes (gd._fullLayout.xaxis: range, c2l, c2p, _offset, _length),
  * the mapping plotly.js itself draws with.
@@ -76,7 +76,7 @@
 
   /*
    * Paint `gd`'s pending appends over it. The raw points now shown leave the chart's
-   * instrumentation list for keelLive.drew (6_start.js). Returns {urgent}: whether a point
+   * instrumentation list for keelLive.drew (start.js). Returns {urgent}: whether a point
    * could not be placed (the chart needs its redraw).
    */
   function paint(gd) {
