@@ -10,7 +10,6 @@ from dash import dcc, html, no_update
 from plotly.io.json import to_json_plotly
 
 from dashboard.figures import message_figure
-from dashboard.theme import KL_BANDS
 
 __all__ = [
     "GRAPH_TYPE",
@@ -129,8 +128,7 @@ def radio(component_id: str, labels: dict[str, str]) -> dcc.RadioItems:
 
 
 def chart_controls(*, aggregate: bool, extra_metrics: bool) -> html.Div:
-    """Smoothing, aggregation, y scale, the KL chart's healthy band (every chart page has these
-    ids) and extra metrics."""
+    """Smoothing, aggregation, y scale (every chart page has these ids) and extra metrics."""
     controls = html.Div(
         [
             _field(
@@ -162,13 +160,6 @@ def chart_controls(*, aggregate: bool, extra_metrics: bool) -> html.Div:
             _field(
                 "Y scale",
                 radio("opt-yscale", {"auto": "auto", "linear": "linear", "log": "log"}),
-            ),
-            _field(
-                "KL healthy band",
-                radio(
-                    "opt-kl-band",
-                    {"none": "none"} | {kind: f"{label} {low:g}–{high:g}" for kind, (label, low, high) in KL_BANDS.items()},
-                ),
             ),
         ],
         className="toolbar panel",
