@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from server import db
-from server.alerts.coordination import for_store
+from server.alerts.coordination import Coordination, Replicated, SingleProcess
 from server.alerts.engine import AlertEngine
 from server.alerts.hazard import HazardCache
 from server.alerts.notify import Notifier
@@ -69,8 +69,14 @@ async def running(settings: Settings, internal_token: str) -> AsyncIterator[Comp
         await db.upgrade_async(settings.database_url)
     engine = db.create_engine(settings.database_url)
     store = Store(engine, max_keys_per_run=settings.max_keys_per_run, max_config_bytes=settings.max_config_bytes)
-    # Replicas may share a PostgreSQL database: they feed each other's live pages.
-    fanout = None if store.sqlite else Fanout(store, settings.database_url)
+    # Replicas may share a PostgreSQL database (the store's write path says whether this
+    # one can be shared): they feed each other's live pages and take turns with a run's alerts.
+    fanout: Fanout | None
+    coordination: Coordination
+    if store.shared:
+        fanout, coordination = Fanout(store, settings.database_url), Replicated(store)
+    else:
+        fanout, coordination = None, SingleProcess(store)
     hub = LiveHub(
         buffer_bytes=settings.live_buffer_bytes,
         total_buffer_bytes=settings.live_total_buffer_bytes,
@@ -82,7 +88,6 @@ async def running(settings: Settings, internal_token: str) -> AsyncIterator[Comp
         timeout_s=settings.webhook_timeout_s,
         policy=RetryPolicy(max_attempts=settings.webhook_max_attempts, base_s=settings.webhook_retry_base_s),
     )
-    coordination = for_store(store)
     rulebook = RuleBook(store, ttl_s=coordination.rules_ttl_s)
     alerts = AlertEngine(store, hub, rulebook, coordination, Notifier(settings.base_url), on_outbox=deliveries.wake)
     components = Components(

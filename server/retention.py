@@ -53,8 +53,9 @@ async def delete_run(store: Store, run_id: str, *, force: bool = False) -> int:
                 break
     await _delete_details(store, run_id)
     async with store.writing() as session:
-        locked = select(Run.id).where(Run.id == run_id)
-        await session.execute(locked if store.sqlite else locked.with_for_update())
+        # The lock every write takes first (server/storage/admission.py); on SQLite, whose
+        # one writer at a time is the lock, SQLAlchemy leaves FOR UPDATE out.
+        await session.execute(select(Run.id).where(Run.id == run_id).with_for_update())
         every_series = select(Series.id).where(Series.run_id == run_id).scalar_subquery()
         result = await session.execute(delete(Point).where(Point.series_id.in_(every_series)))
         deleted += int(getattr(result, "rowcount", 0) or 0)

@@ -40,7 +40,7 @@ from server.alerts.state import Change, Tracked
 from server.models import Rule
 from server.storage import Store
 
-__all__ = ["Coordination", "Evaluation", "Replicated", "SingleProcess", "Stale", "advisory_key", "for_store"]
+__all__ = ["Coordination", "Evaluation", "Replicated", "SingleProcess", "Stale", "advisory_key"]
 
 _LOCK_RUN_SQL = text("SELECT pg_advisory_xact_lock(:key)")
 
@@ -98,10 +98,6 @@ taking over the run replays at most this much of its stored points. Under 64 liv
 checkpoint a second cost as many database round trips as storing the frames."""
 
 
-def for_store(store: Store, *, checkpoint_s: float = CHECKPOINT_S) -> Coordination:
-    return SingleProcess(store, checkpoint_s) if store.sqlite else Replicated(store, checkpoint_s)
-
-
 class _Checkpoints:
     """When an evaluation's states are written: with every alert change, else at most
     every `checkpoint_s` per run (and on shutdown), so a crash loses at most this much
@@ -134,7 +130,7 @@ def _resume_after(tracked: dict[int, Tracked]) -> int:
 class SingleProcess:
     rules_ttl_s = math.inf
 
-    def __init__(self, store: Store, checkpoint_s: float):
+    def __init__(self, store: Store, checkpoint_s: float = CHECKPOINT_S):
         self.store = store
         self.checkpoints = _Checkpoints(checkpoint_s)
 

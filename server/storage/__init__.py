@@ -53,9 +53,8 @@ class Store:
         self._writes: WritePath = (
             SqliteWritePath(self.sessions) if is_sqlite(engine) else PostgresWritePath(engine, self.sessions)
         )
-        self.sqlite = self._writes.dialect == "sqlite"
-        """Whether the database is SQLite, for the components that pick their own
-        implementation by it (alert coordination, fan-out, webhook delivery, retention)."""
+        self.shared = self._writes.shared
+        """Whether other server processes may share the database (`WritePath.shared`)."""
         self._series = SeriesCache()
 
     async def close(self) -> None:

@@ -32,6 +32,7 @@ def _stored(value: float) -> float | None:
 
 class SqliteWritePath:
     dialect: Dialect = "sqlite"
+    shared = False
 
     def __init__(self, sessions: async_sessionmaker[AsyncSession]):
         self.sessions = sessions

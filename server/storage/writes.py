@@ -120,6 +120,10 @@ class WritePath(Protocol):
 
     dialect: Dialect
     """Which database's SQL the reads use (server/storage/rollups.py)."""
+    shared: bool
+    """Whether several server processes may share this database (PostgreSQL's replicas):
+    what live fan-out and the alerts' coordination are chosen by (server/components.py).
+    SQLite's belongs to one process, whose writer lock is in memory."""
 
     def transaction(self) -> AbstractAsyncContextManager[AsyncSession]:
         """A write transaction, committed when the block exits."""

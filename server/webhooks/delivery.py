@@ -140,9 +140,10 @@ class DeliveryWorker:
                 .where(Delivery.status == "pending", Delivery.next_attempt_at <= now)
                 .order_by(Delivery.next_attempt_at, Delivery.id)
                 .limit(limit)
+                # Replicas claim different rows. SQLite has no row locks (SQLAlchemy leaves
+                # the clause out): its one writer at a time claims alone.
+                .with_for_update(skip_locked=True, of=Delivery)
             )
-            if not self.store.sqlite:
-                query = query.with_for_update(skip_locked=True, of=Delivery)
             claimed = [(delivery, hook) for delivery, hook in await session.execute(query)]
             for delivery, _ in claimed:
                 delivery.next_attempt_at = now + self.lease_s
