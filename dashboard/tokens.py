@@ -14,6 +14,7 @@ from typing import Any
 from dash import html
 
 from dashboard.coefficients import TokenContext, sequence_drift, token_coefficients
+from dashboard.topk import TOPK_TOKEN, entries_by_position, first_shown, token_class, topk_panel
 from wire import read_value
 
 __all__ = ["token_colour", "token_hover", "sample_card", "sample_header", "colour_legend", "ELL_FULL"]
@@ -142,17 +143,24 @@ def sample_card(rank: int, sample: dict[str, Any]) -> html.Div:
     count = max((len(sample[name]) for name in ("tokens", "log_ratio", "learner_logprob", "sampler_logprob") if isinstance(sample.get(name), list)), default=0)
     start = int(sample.get("start") or 0)
     drift = _drift(sample)
+    topk = entries_by_position(sample)
+    panel = topk_panel(rank, sample)
+    chosen = first_shown(sample, topk) if topk else None
     spans = []
     for index in range(count):
         text = str(texts[index]) if index < len(texts) else f"[{index + start}]"
         position = start + index
         background, ink = token_colour(_token_ell(sample, index))
+        extra: dict[str, Any] = {}
+        if position in topk:  # a click shows this token's top-k (views/token_view.py)
+            extra = {"id": {"type": TOPK_TOKEN, "sample": rank, "position": position}, "n_clicks": 0}
         spans.append(
             html.Span(
                 _shown_text(text),
                 title=token_hover(text, position, sample, index, drift=drift),
-                className="tok worst" if position == sample.get("worst") else "tok",
+                className=token_class(position, sample.get("worst"), position in topk, chosen),
                 style={"backgroundColor": background, "color": ink},
+                **extra,
             )
         )
     shown = f"tokens {start}–{start + count - 1} of {sample.get('length', '?')}" if count else "no tokens sent"
@@ -160,6 +168,7 @@ def sample_card(rank: int, sample: dict[str, Any]) -> html.Div:
         [
             html.Div([*sample_header(rank, sample), html.Span(shown, className="sub")], className="sample-head"),
             html.Div(spans, className="sample-tokens"),
+            *panel,
         ],
         className="sample",
     )

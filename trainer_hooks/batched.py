@@ -47,6 +47,10 @@ class BatchInputs:
     """The sampled token ids [B, T], for the step details' samples (`details.py`)."""
     seq_ids: Tensor | None = None
     """The caller's sequence ids [B] (integers), for the samples."""
+    sampler_topk_ids: Tensor | None = None
+    """The sampler's top-k token ids at each position [B, T, k] (< 0: no entry)."""
+    sampler_topk_logprobs: Tensor | None = None
+    """Their log-probabilities under the sampler [B, T, k]."""
 
     def arguments(self) -> dict[str, Any]:
         """Every input, by name (what is shipped to the worker and copied)."""
@@ -70,7 +74,7 @@ class BatchInputs:
         for field in fields(self):
             value = getattr(self, field.name)
             if isinstance(value, Tensor):
-                vocab = tuple(value.shape[2:]) if field.name == "logits" else ()
+                vocab = tuple(value.shape[2:]) if field.name in _PER_POSITION else ()
                 kinds.append((value.dtype, value.dim(), vocab))
             else:
                 kinds.append(type(value))  # None, or an int learner_version
@@ -100,7 +104,10 @@ class BatchInputs:
         version = self.learner_version
         if isinstance(version, Tensor) and tuple(version.shape) not in ((), per_seq):
             return False  # per sequence when concat() joined micro-batches of other versions
-        return self.logits is None or tuple(self.logits.shape[:2]) == tokens
+        return all(
+            getattr(self, name) is None or tuple(getattr(self, name).shape[:2]) == tokens
+            for name in _PER_POSITION
+        ) and _same_k(self.sampler_topk_ids, self.sampler_topk_logprobs)
 
     def compute(self) -> dict[str, Tensor]:
         return stability_metrics(**self.metric_arguments())
@@ -119,8 +126,21 @@ class BatchInputs:
             rewards=self.rewards,
             advantages=self.advantages,
             sampler_version=self.sampler_version,
+            logits=self.logits,
+            sampler_topk_ids=self.sampler_topk_ids,
+            sampler_topk_logprobs=self.sampler_topk_logprobs,
             worst=worst,
         )
+
+
+_PER_POSITION = ("logits", "sampler_topk_ids", "sampler_topk_logprobs")
+"""[B, T, ...] inputs: their trailing dims (vocabulary, k) must agree to stack."""
+
+
+def _same_k(ids: Tensor | None, logprobs: Tensor | None) -> bool:
+    if ids is None or logprobs is None:
+        return ids is None and logprobs is None
+    return ids.dim() == 3 and tuple(ids.shape) == tuple(logprobs.shape)
 
 
 def concat(batches: Sequence[BatchInputs]) -> BatchInputs:

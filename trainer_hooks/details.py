@@ -8,7 +8,9 @@ Besides its scalars, a step sends (docs/protocol.md, "Step details"):
   negative advantage that the learner likes more than the sampler did (A < 0, r > 1);
   importance sampling and PPO give them a step r times their advantage (with advantages);
 - `samples`: the step's `k` worst sequences, ranked by their largest ℓ (NaN first), each
-  with the tokens around its worst token (ids, decoded text, ℓ, log μ, log π);
+  with the tokens around its worst token (ids, decoded text, ℓ, log μ, log π) and, given
+  the sampler's top-k, both engines' top-k at the worst token and at the shown token whose
+  top-k disagree most (`topk`: `TOPK_POSITIONS`);
 - `sequences`: (length, Σℓ) of the step's sequences, a uniform subsample of at most
   `PAIRS` of them: mismatch against length.
 
@@ -33,13 +35,14 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from trainer_hooks.metrics import UNBOUNDED_EPS, data_parallel
+from trainer_hooks.metrics import UNBOUNDED_EPS, data_parallel, topk_disagreement
 from wire import encode_samples
 
 __all__ = [
     "EDGES",
     "HISTOGRAM_KEYS",
     "PAIRS",
+    "TOPK_POSITIONS",
     "WINDOW",
     "DetailPartials",
     "Details",
@@ -76,6 +79,24 @@ _BLOCKS = ("valid", "token_id", "log_ratio", "sampler_logprob", "learner_logprob
 _SPAN = 2 * WINDOW + 1
 _COLUMNS = _HEAD + len(_BLOCKS) * _SPAN
 _F64 = torch.float64
+TOPK_POSITIONS = 2
+"""Tokens of a sample that carry both engines' top-k: its worst token (largest ℓ), and the
+shown token with the largest top-k total variation (when that is another one)."""
+# After the _COLUMNS, per top-k position: its offset in the window, tv, kl, then five
+# blocks of k: the sampler's ids and log μ, the learner's top-k ids and log π, and the
+# learner's log π of the sampler's ids.
+_TOPK_HEAD = 3
+_TOPK_BLOCKS = (
+    "sampler_token_ids",
+    "sampler_logprobs",
+    "learner_token_ids",
+    "learner_logprobs",
+    "learner_logprobs_of_sampler_ids",
+)
+
+
+def _topk_width(k: int) -> int:
+    return TOPK_POSITIONS * (_TOPK_HEAD + len(_TOPK_BLOCKS) * k) if k else 0
 
 
 @dataclass(frozen=True)
@@ -98,16 +119,19 @@ class DetailPartials:
     """Data-parallel ranks gathered: samples then name their rank in `seq_id`."""
     given_ids: bool = False
     """The caller's sequence ids are in the index column (else the row in the batch)."""
+    topk: int = 0
+    """k of the sampler's top-k in the worst rows' top-k columns (0: none given)."""
 
     def pack(self) -> tuple[Tensor, tuple[Any, ...]]:
         """One float64 vector and its layout (`unpack`), for the Monitor's one copy."""
         pieces = [self.counts.reshape(-1), self.worst.reshape(-1), self.pairs.reshape(-1)]
         packed = torch.cat([*(p.to(_F64) for p in pieces), self.seqs.to(_F64).reshape(-1)])
-        return packed, (tuple(self.worst.shape), self.unbounded, self.world, self.given_ids)
+        layout = (tuple(self.worst.shape), self.unbounded, self.world, self.given_ids, self.topk)
+        return packed, layout
 
     @classmethod
     def unpack(cls, packed: Tensor, layout: tuple[Any, ...]) -> DetailPartials:
-        worst_shape, unbounded, world, given_ids = layout
+        worst_shape, unbounded, world, given_ids, topk = layout
         counts_n = 2 * (BINS + 1)
         worst_n = worst_shape[0] * worst_shape[1]
         pairs_n = PAIRS * 3
@@ -119,6 +143,7 @@ class DetailPartials:
             unbounded=unbounded,
             world=world,
             given_ids=given_ids,
+            topk=topk,
         )
 
 
@@ -167,15 +192,19 @@ def detail_partials(
     rewards: Tensor | None = None,
     advantages: Tensor | None = None,
     sampler_version: Tensor | None = None,
+    logits: Tensor | None = None,
+    sampler_topk_ids: Tensor | None = None,
+    sampler_topk_logprobs: Tensor | None = None,
     worst: int = 4,
 ) -> DetailPartials:
     """The details of one [B, T] batch (the arguments of `stability_metrics`, the sampled
     token ids [B, T] and the caller's sequence ids [B], integers). All-reduced and
-    all-gathered under data parallel."""
+    all-gathered under data parallel (every rank with the same k)."""
     with torch.no_grad():
+        topk = (sampler_topk_ids, sampler_topk_logprobs, logits)
         part = _local(
             sampler_logprobs, learner_logprobs, mask, token_ids, seq_ids, rewards, advantages,
-            sampler_version, worst,
+            sampler_version, worst, topk,
         )  # fmt: skip
         if not data_parallel():
             return part
@@ -200,6 +229,7 @@ def detail_partials(
             unbounded=part.unbounded,
             world=world,
             given_ids=part.given_ids,
+            topk=part.topk,
         )
 
 
@@ -213,6 +243,7 @@ def _local(
     advantages: Tensor | None,
     sampler_version: Tensor | None,
     worst: int,
+    topk: tuple[Tensor | None, Tensor | None, Tensor | None] = (None, None, None),
 ) -> DetailPartials:
     if learner_logprobs.dim() != 2:
         raise ValueError("step details take one [B, T] batch")
@@ -248,7 +279,9 @@ def _local(
     seq_log_ratio = torch.where(valid, ell, 0).sum(-1).to(_F64)
     take = min(worst, seqs)
     rows = score_B.topk(take).indices if take else torch.zeros(0, dtype=torch.long, device=device)
-    table = torch.full((worst, _COLUMNS), math.nan, dtype=_F64, device=device)
+    topk_ids, topk_logprobs, logits = topk
+    k = 0 if topk_ids is None or topk_logprobs is None else int(topk_ids.shape[-1])
+    table = torch.full((worst, _COLUMNS + _topk_width(k)), math.nan, dtype=_F64, device=device)
     table[:, _SCORE] = -math.inf
     if take:
         pos = worst_pos[rows]
@@ -281,6 +314,9 @@ def _local(
             if block is not None:
                 start = _HEAD + number * _SPAN
                 head[:, start : start + _SPAN] = block.to(_F64)
+        if k:
+            assert topk_ids is not None and topk_logprobs is not None
+            head[:, _COLUMNS:] = _topk_columns(rows, window, shown, topk_ids, topk_logprobs, logits)
 
     # (length, Σℓ) of a uniform subsample: the PAIRS smallest random keys.
     keys = torch.where(valid.any(-1), _keys(seqs, device), math.inf)
@@ -292,7 +328,65 @@ def _local(
         seqs=torch.full((1,), seqs, dtype=_F64, device=device),
         unbounded=advantages is not None,
         given_ids=seq_ids is not None,
+        topk=k,
     )
+
+
+def _topk_columns(
+    rows: Tensor,
+    window: Tensor,
+    shown: Tensor,
+    topk_ids: Tensor,
+    topk_logprobs: Tensor,
+    logits: Tensor | None,
+) -> Tensor:
+    """The top-k columns of the worst rows [take, _topk_width(k)]: only their windows'
+    logits are soft-maxed (take × (2·WINDOW + 1) positions, not the batch's B × T)."""
+    take, k = rows.shape[0], topk_ids.shape[-1]
+    at = rows.unsqueeze(-1), window
+    ids_W = topk_ids[at].long()  # [take, span, k]
+    logprobs_W = topk_logprobs[at].to(_F64)
+    picks = [torch.full((take,), WINDOW, dtype=torch.long, device=rows.device)]
+    tv_W = kl_W = logp_W = None
+    if logits is not None:
+        logp_W = torch.log_softmax(logits[at].to(torch.promote_types(logits.dtype, torch.float32)), -1)
+        tv_W, kl_W, listed = topk_disagreement(logp_W, ids_W, logprobs_W)
+        score = torch.where(shown & listed, tv_W, -math.inf)
+        score[:, WINDOW] = -math.inf  # the worst token is the first pick already
+        best, second = score.max(-1)
+        picks.append(torch.where(best > -math.inf, second, -1))
+    out = torch.full((take, _topk_width(k)), math.nan, dtype=_F64, device=rows.device)
+    width = _TOPK_HEAD + len(_TOPK_BLOCKS) * k
+    every = torch.arange(take, device=rows.device)
+    for number, pick in enumerate(picks):
+        chosen = pick >= 0
+        offset = pick.clamp_min(0)
+        ids = ids_W[every, offset]
+        vocab = logp_W.shape[-1] if logp_W is not None else None
+        entry = (ids >= 0) if vocab is None else (ids >= 0) & (ids < vocab)
+        columns: dict[str, Tensor] = {
+            "sampler_token_ids": torch.where(entry, ids.to(_F64), math.nan),
+            "sampler_logprobs": torch.where(entry, logprobs_W[every, offset], math.nan),
+        }
+        head = [offset.to(_F64), torch.full((take,), math.nan, dtype=_F64, device=rows.device)]
+        head.append(head[1])
+        if logp_W is not None and tv_W is not None and kl_W is not None:
+            head[1], head[2] = tv_W[every, offset].to(_F64), kl_W[every, offset].to(_F64)
+            logp = logp_W[every, offset]  # [take, V]
+            top = logp.topk(min(k, logp.shape[-1]), dim=-1)
+            columns["learner_token_ids"] = top.indices.to(_F64)
+            columns["learner_logprobs"] = top.values.to(_F64)
+            mine = logp.gather(-1, torch.where(entry, ids, 0)).to(_F64)
+            columns["learner_logprobs_of_sampler_ids"] = torch.where(entry, mine, math.nan)
+        block = out[:, number * width : (number + 1) * width]
+        block[:, 0] = torch.where(chosen, head[0], math.nan)
+        block[:, 1], block[:, 2] = head[1], head[2]
+        for index, name in enumerate(_TOPK_BLOCKS):
+            if name in columns:
+                values = columns[name]
+                start = _TOPK_HEAD + index * k
+                block[:, start : start + values.shape[-1]] = values
+    return out
 
 
 def _top_worst(rows: Tensor, k: int) -> Tensor:
@@ -316,11 +410,13 @@ def merge_details(parts: Sequence[DetailPartials]) -> DetailPartials:
     parallel each rank's after that rank's own, whatever the other ranks' batch sizes)."""
     if len(parts) == 1:
         return parts[0]
+    topk = parts[0].topk if all(p.topk == parts[0].topk for p in parts) else 0
     with torch.no_grad():
         offsets = torch.zeros(max(p.seqs.numel() for p in parts), dtype=_F64)  # rows per rank
         worsts = []
         for part in parts:
-            shifted = part.worst.clone()
+            # Calls with other top-k (or none) than the others: the step's samples go without.
+            shifted = part.worst[:, : _COLUMNS + _topk_width(topk)].clone()
             if not part.given_ids:
                 ranks = shifted[:, _RANK].nan_to_num(0).long()  # NaN: a row without a sequence
                 shifted[:, _INDEX] += offsets.to(shifted.device)[ranks]
@@ -335,6 +431,7 @@ def merge_details(parts: Sequence[DetailPartials]) -> DetailPartials:
             unbounded=all(p.unbounded for p in parts),
             world=max(p.world for p in parts),
             given_ids=all(p.given_ids for p in parts),
+            topk=topk,
         )
 
 
@@ -356,7 +453,7 @@ def finalize_details(
             histogram["nan"] = row[BINS]
         histograms[key] = histogram
     ranks = part.world > 1 and not part.given_ids
-    samples = _samples(part.worst.to("cpu", _F64), decode, ranks)
+    samples = _samples(part.worst.to("cpu", _F64), decode, ranks, part.topk)
     samples = _within(samples, max_sample_bytes)
     pairs = part.pairs.to("cpu", _F64)
     pairs = pairs[torch.isfinite(pairs[:, 0])]
@@ -369,7 +466,7 @@ def finalize_details(
 
 
 def _samples(
-    table: Tensor, decode: Callable[[list[int]], list[str]] | None, ranks: bool
+    table: Tensor, decode: Callable[[list[int]], list[str]] | None, ranks: bool, topk: int = 0
 ) -> list[dict[str, Any]]:
     samples = []
     for row in table.tolist():
@@ -407,8 +504,66 @@ def _samples(
             sample["token_ids"] = token_ids
             if decode is not None:
                 sample["tokens"] = _decoded(decode, token_ids)
+        entries = _topk_entries(row[_COLUMNS:], topk, keep, worst, decode)
+        if entries:
+            sample["topk"] = entries
         samples.append(sample)
     return samples
+
+
+def _topk_entries(
+    columns: list[float],
+    k: int,
+    keep: range,
+    worst: int,
+    decode: Callable[[list[int]], list[str]] | None,
+) -> list[dict[str, Any]]:
+    """A sample's `topk` (docs/protocol.md): per chosen token, both engines' top-k, the
+    sampler's sorted by its log μ; numbers to 6 significant digits (what the view shows)."""
+    entries = []
+    width = _TOPK_HEAD + len(_TOPK_BLOCKS) * k
+    for number in range(TOPK_POSITIONS if k else 0):
+        block = columns[number * width : (number + 1) * width]
+        if math.isnan(block[0]) or int(block[0]) not in keep:
+            continue
+        lists = {
+            name: block[_TOPK_HEAD + i * k : _TOPK_HEAD + (i + 1) * k]
+            for i, name in enumerate(_TOPK_BLOCKS)
+        }
+        sampler = [i for i in range(k) if not math.isnan(lists["sampler_token_ids"][i])]
+        sampler.sort(key=lambda i: -_or_low(lists["sampler_logprobs"][i]))
+        learner = [i for i in range(k) if not math.isnan(lists["learner_token_ids"][i])]
+        if not sampler and not learner:
+            continue
+        entry: dict[str, Any] = {
+            "position": worst - WINDOW + int(block[0]),
+            "tv": _optional(_short(block[1])),
+            "kl": _optional(_short(block[2])),
+            "sampler_token_ids": [int(lists["sampler_token_ids"][i]) for i in sampler],
+            "sampler_logprobs": [_short(lists["sampler_logprobs"][i]) for i in sampler],
+        }
+        if learner:
+            entry["learner_token_ids"] = [int(lists["learner_token_ids"][i]) for i in learner]
+            entry["learner_logprobs"] = [_short(lists["learner_logprobs"][i]) for i in learner]
+            of_sampler = lists["learner_logprobs_of_sampler_ids"]
+            entry["learner_logprobs_of_sampler_ids"] = [_short(of_sampler[i]) for i in sampler]
+        if decode is not None:
+            ids = entry["sampler_token_ids"] + entry.get("learner_token_ids", [])
+            texts = _decoded(decode, ids)
+            entry["sampler_tokens"] = texts[: len(sampler)]
+            if learner:
+                entry["learner_tokens"] = texts[len(sampler) :]
+        entries.append(entry)
+    return entries
+
+
+def _short(value: float) -> float:
+    """6 significant digits: what the token view shows, at half the JSON of a float64."""
+    return float(f"{value:.6g}") if math.isfinite(value) else value
+
+
+def _or_low(value: float) -> float:
+    return -math.inf if math.isnan(value) else value
 
 
 def _decoded(decode: Callable[[list[int]], list[str]], token_ids: list[int]) -> list[str]:
@@ -432,16 +587,28 @@ def _size(sample: dict[str, Any]) -> int:
 
 
 def _within(samples: list[dict[str, Any]], budget: int) -> list[dict[str, Any]]:
-    """Samples within `budget` bytes of JSON: windows narrowed around the worst token
-    first, then the least bad samples left out."""
+    """Samples within `budget` bytes of JSON: the top-k of other tokens than the worst
+    left out first, then windows narrowed around the worst token, then the top-k left
+    out, then the least bad samples."""
     if budget <= 0:
         return []
-    while samples and sum(map(_size, samples)) > budget:
+
+    def over() -> bool:
+        return sum(map(_size, samples)) > budget
+
+    if over():
+        for sample in samples:
+            if "topk" in sample:
+                sample["topk"] = sample["topk"][:1]
+    while samples and over():
         widest = max(samples, key=lambda s: len(s["log_ratio"]))
         shown = len(widest["log_ratio"])
         if shown > 1:
             for sample in samples:
                 _narrow(sample, max(1, shown // 2))
+        elif any("topk" in sample for sample in samples):
+            for sample in samples:
+                sample.pop("topk", None)
         else:
             samples = samples[:-1]
     return samples
@@ -458,3 +625,8 @@ def _narrow(sample: dict[str, Any], width: int) -> None:
         if name in sample:
             sample[name] = sample[name][first : first + width]
     sample["start"] += first
+    if "topk" in sample:
+        inside = range(sample["start"], sample["start"] + width)
+        sample["topk"] = [entry for entry in sample["topk"] if entry["position"] in inside]
+        if not sample["topk"]:
+            del sample["topk"]

@@ -43,6 +43,7 @@ __all__ = [
     "nonfinite_count",
     "stability_metrics",
     "stability_partials",
+    "topk_disagreement",
 ]
 
 LOG_RATIO_CLAMP = 30.0
@@ -170,6 +171,8 @@ def stability_metrics(
     logits: Tensor | None = None,
     sampler_version: Tensor | None = None,
     learner_version: Tensor | int | None = None,
+    sampler_topk_ids: Tensor | None = None,
+    sampler_topk_logprobs: Tensor | None = None,
     quantile: bool = True,
 ) -> dict[str, Tensor]:
     """The docs/metrics.md metrics of one batch, as 0-dim float32 tensors on the input device.
@@ -186,6 +189,10 @@ def stability_metrics(
         logits: learner logits [..., B, T, V] for the exact entropy.
         sampler_version: weights version each sequence was sampled with, [..., B].
         learner_version: version of the weights being trained (int or tensor).
+        sampler_topk_ids, sampler_topk_logprobs: the sampler's top-k at each position,
+            [..., B, T, k] (ids, and their log μ as the sampler returned them; an id < 0
+            or ≥ V is no entry): with `logits`, how far the two engines' distributions are
+            apart over the sampler's top-k (`topk_disagreement`). Ignored without logits.
         quantile: compute `mismatch/log_ratio_p99` (one top-k of the tokens).
 
     Returns keys (always): `mismatch/kl`, `mismatch/kl_k1`, `mismatch/kl_k2`,
@@ -198,7 +205,9 @@ def stability_metrics(
     (token-mean −log μ) without. With quantile: `mismatch/log_ratio_p99`.
     With rewards: `reward/mean`, `reward/std` (population std). With advantages:
     `mismatch/unbounded_frac`. With gate_mask:
-    `gate/frac`. With both versions: `staleness/lag_mean`, `staleness/lag_max`.
+    `gate/frac`. With both versions: `staleness/lag_mean`, `staleness/lag_max`. With
+    logits and the sampler's top-k: `mismatch/topk_tv`, `mismatch/topk_tv_max`,
+    `mismatch/topk_kl` (over the tokens with at least one top-k entry; NaN without one).
 
     Padding never counts: a sequence is a row with at least one mask-1 token;
     rewards, advantages and versions of empty rows are ignored.
@@ -214,6 +223,8 @@ def stability_metrics(
             logits=logits,
             sampler_version=sampler_version,
             learner_version=learner_version,
+            sampler_topk_ids=sampler_topk_ids,
+            sampler_topk_logprobs=sampler_topk_logprobs,
             quantile=quantile,
         )
     )
@@ -230,6 +241,8 @@ def stability_partials(
     logits: Tensor | None = None,
     sampler_version: Tensor | None = None,
     learner_version: Tensor | int | None = None,
+    sampler_topk_ids: Tensor | None = None,
+    sampler_topk_logprobs: Tensor | None = None,
     quantile: bool = True,
 ) -> Partials:
     """`stability_metrics` up to the final divisions (all-reduced under data parallel).
@@ -249,6 +262,8 @@ def stability_partials(
             sampler_version,
             learner_version,
             quantile,
+            sampler_topk_ids,
+            sampler_topk_logprobs,
         )
         if not data_parallel():
             return partials
@@ -354,11 +369,15 @@ def _local_partials(
     sampler_version: Tensor | None,
     learner_version: Tensor | int | None,
     quantile: bool,
+    sampler_topk_ids: Tensor | None = None,
+    sampler_topk_logprobs: Tensor | None = None,
 ) -> Partials:
     """Per-rank sums (reduced with SUM) and extremes (reduced with MAX).
 
     Without a mask nothing is masked: the toy grid's hot path skips every where().
     """
+    if (sampler_topk_ids is None) != (sampler_topk_logprobs is None):
+        raise ValueError("sampler_topk_ids and sampler_topk_logprobs go together")
     *lead, seqs, seq_len = learner_logprobs.shape
     ell = log_ratio(learner_logprobs, sampler_logprobs)
     ratio_minus_one = torch.expm1(ell)  # keeps k3 accurate when ℓ ~ 1e-3 (bf16 mismatch)
@@ -416,6 +435,13 @@ def _local_partials(
         logp_V = torch.log_softmax(logits.to(ell.dtype), dim=-1)
         entropy = torch.special.entr(logp_V.exp()).sum(-1)
         sums["entropy"] = _masked_sum(entropy, valid)
+        if sampler_topk_ids is not None and sampler_topk_logprobs is not None:
+            tv, kl, listed = topk_disagreement(logp_V, sampler_topk_ids, sampler_topk_logprobs)
+            counted = listed if valid is None else valid & listed
+            sums["topk_tokens"] = _masked_sum(counted, None)
+            sums["topk_tv"] = _masked_sum(tv, counted)
+            sums["topk_kl"] = _masked_sum(kl, counted)
+            maxes["topk_tv_max"] = _masked_max(tv, counted)
     else:
         sums["entropy_est"] = -_masked_sum(sampler_logprobs.to(ell.dtype), valid)
     if rewards is not None:
@@ -452,6 +478,45 @@ def _local_partials(
     # Boolean indexing would sync to learn the count: padding becomes −inf instead.
     abs_log_ratio = torch.where(valid_tokens, ell.abs(), -math.inf).flatten(-2)
     return Partials(sums, maxes, abs_log_ratio=abs_log_ratio)
+
+
+def topk_disagreement(
+    learner_logp_V: Tensor, sampler_topk_ids: Tensor, sampler_topk_logprobs: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """How far the sampler's and the learner's next-token distributions are apart, seen
+    through the sampler's top-k S (docs/metrics.md, "Both engines' view of a token").
+
+    Both distributions are coarsened to k + 1 outcomes: each token of S, and "any other
+    token" with the mass 1 − Σ_S left over. μ_j is the sampler's probability of j as it
+    returned it, π_j = softmax(logits)_j the learner's. Per position:
+
+        tv = ½ (Σ_S |μ_j − π_j| + |μ_rest − π_rest|)
+        kl = Σ_S μ_j log(μ_j / π_j) + μ_rest log(μ_rest / π_rest)    (KL(μ‖π), π ≥ PROB_CLAMP)
+
+    Coarsening never increases a divergence, so both are lower bounds of the total
+    variation and the KL of the full distributions (exact when S holds every token either
+    engine gives mass to). Args: the learner's log-softmax [..., V]; the top-k ids and
+    their log μ [..., k] (an id < 0 or ≥ V is no entry: a position with fewer than k).
+    Returns (tv, kl, listed) [...]: `listed` is whether the position has an entry; tv and
+    kl are 0 where it has none.
+    """
+    vocab = learner_logp_V.shape[-1]
+    entry = (sampler_topk_ids >= 0) & (sampler_topk_ids < vocab)
+    ids = torch.where(entry, sampler_topk_ids, 0).long()
+    log_pi = learner_logp_V.gather(-1, ids)
+    log_mu = sampler_topk_logprobs.to(log_pi.dtype)
+    mu = torch.where(entry, log_mu.exp(), 0)
+    pi = torch.where(entry, log_pi.exp(), 0)
+    mu_rest = (1 - mu.sum(-1)).clamp_min(0)
+    pi_rest = (1 - pi.sum(-1)).clamp_min(0)
+    tv = 0.5 * ((mu - pi).abs().sum(-1) + (mu_rest - pi_rest).abs())
+    # xlogy: a μ of 0 adds 0 whatever π is; π is floored so that one token the learner
+    # rules out does not make the step's mean infinite.
+    floor = math.log(PROB_CLAMP)
+    kl_S = torch.special.xlogy(mu, mu) - mu * log_pi.clamp_min(floor)
+    kl = torch.where(entry, kl_S, 0).sum(-1)
+    kl = kl + torch.special.xlogy(mu_rest, mu_rest) - mu_rest * pi_rest.clamp_min(PROB_CLAMP).log()
+    return tv, kl, entry.any(-1)
 
 
 def _exact_quantile(values: Tensor, count: Tensor, q: float) -> Tensor:
@@ -543,6 +608,11 @@ def _finalize(
         out["gate/frac"] = sums["gated"] / sums["gate_units"]
     if "unbounded" in sums:
         out["mismatch/unbounded_frac"] = sums["unbounded"] / tokens
+    if "topk_tv" in sums:
+        listed = sums["topk_tokens"]
+        out["mismatch/topk_tv"] = sums["topk_tv"] / listed
+        out["mismatch/topk_kl"] = sums["topk_kl"] / listed
+        out["mismatch/topk_tv_max"] = torch.where(listed > 0, maxes["topk_tv_max"], math.nan)
     if "lag" in sums:
         out["staleness/lag_mean"] = sums["lag"] / seqs
         out["staleness/lag_max"] = torch.where(seqs > 0, maxes["lag_max"], math.nan)

@@ -314,6 +314,8 @@ class Monitor:
         token_ids: Any = None,
         seq_ids: Any = None,
         decode: Any = None,
+        sampler_topk_ids: Any = None,
+        sampler_topk_logprobs: Any = None,
     ) -> None:
         """`log(step, {**stability_metrics(sampler_logprobs, ...), **metrics})`, cheaper.
 
@@ -338,6 +340,12 @@ class Monitor:
         a closure or a function of `__main__` by value; see trainer_hooks/decoder.py) and
         runs in the worker; without it (or if it cannot be pickled: it holds a socket or a
         lock, said once) the samples show ids.
+
+        `sampler_topk_ids` and `sampler_topk_logprobs` [B, T, k] are the sampler's top-k at
+        each position (vLLM's `logprobs=k`, SGLang's `top_logprobs_num=k`; an id < 0 marks
+        a missing entry). With `logits`, the step gets `mismatch/topk_tv`, `_tv_max` and
+        `_kl` (docs/metrics.md, "Both engines' view of a token"), and its worst samples carry
+        both engines' top-k at their worst tokens. Without them nothing of this is computed.
         """
         if self._closed or os.getpid() != self._pid:
             return
@@ -359,6 +367,8 @@ class Monitor:
                 learner_version=learner_version,
                 token_ids=token_ids,
                 seq_ids=seq_ids,
+                sampler_topk_ids=sampler_topk_ids,
+                sampler_topk_logprobs=sampler_topk_logprobs,
             )
             if decode is not None and self.enabled and not same(decode, self._decode):
                 self._send_decoder(decode)

@@ -31,6 +31,7 @@ __all__ = [
     "MAX_STEP",
     "PROTOCOL_VERSION",
     "SAMPLE_FIELDS",
+    "TOPK_FIELDS",
     "Histogram",
     "Limits",
     "Row",
@@ -155,8 +156,22 @@ class Sequences:
 SAMPLE_FIELDS = (
     "seq_id", "version", "reward", "advantage", "length", "seq_log_ratio", "max_log_ratio",
     "start", "worst", "tokens", "token_ids", "log_ratio", "sampler_logprob", "learner_logprob",
+    "topk",
 )
 """The fields of a sample (one of a step's worst sequences), in the order they are kept."""
+TOPK_FIELDS = (
+    "position", "tv", "kl", "sampler_token_ids", "sampler_tokens", "sampler_logprobs",
+    "learner_logprobs_of_sampler_ids", "learner_token_ids", "learner_tokens", "learner_logprobs",
+)
+"""The fields of one entry of a sample's `topk`: both engines' top-k at one token."""
+_TOPK_KINDS = {
+    "sampler_token_ids": "ids", "learner_token_ids": "ids", "sampler_tokens": "text", "learner_tokens": "text",
+    "sampler_logprobs": "numbers", "learner_logprobs": "numbers", "learner_logprobs_of_sampler_ids": "numbers",
+}
+_TOPK_ALIGNED = (
+    ("sampler_token_ids", "sampler_tokens", "sampler_logprobs", "learner_logprobs_of_sampler_ids"),
+    ("learner_token_ids", "learner_tokens", "learner_logprobs"),
+)
 _SAMPLE_INTS = frozenset(("length", "start", "worst"))
 _SAMPLE_NUMBERS = frozenset(("version", "reward", "advantage", "seq_log_ratio", "max_log_ratio"))
 _TOKEN_NUMBERS = ("log_ratio", "sampler_logprob", "learner_logprob")
@@ -483,7 +498,7 @@ def _parse_sample(raw: Any, what: str, limits: Limits) -> dict[str, Any]:
     for name in SAMPLE_FIELDS:
         value = raw.get(name)
         if value is None:
-            if name in raw and name not in _TOKEN_LISTS:
+            if name in raw and name not in (*_TOKEN_LISTS, "topk"):
                 sample[name] = None
             continue
         field_what = f"{what}.{name}"
@@ -498,28 +513,63 @@ def _parse_sample(raw: Any, what: str, limits: Limits) -> dict[str, Any]:
         elif name in _SAMPLE_NUMBERS:
             if type(value) is not int or not -MAX_DETAIL_INT - 1 <= value <= MAX_DETAIL_INT:
                 value = _number(value, field_what)
+        elif name == "topk":
+            value = _parse_topk(value, field_what, limits)
         else:  # a per-token list
-            if not isinstance(value, list):
-                raise ProtocolError(f"{field_what} must be a list")
-            if len(value) > limits.max_sample_tokens:
-                raise _too_large(f"{field_what} has {len(value)} tokens; the limit is {limits.max_sample_tokens}")
+            value = _parse_list(value, field_what, limits, "text" if name == "tokens" else "ids" if name == "token_ids" else "numbers")
             if tokens >= 0 and len(value) != tokens:
                 raise ProtocolError(f"{what}: the per-token lists must be aligned ({name} has {len(value)}, not {tokens})")
             tokens = len(value)
-            if name == "tokens":
-                for position, token in enumerate(value):
-                    if not isinstance(token, str) or len(token) > limits.max_token_length:
-                        raise ProtocolError(f"{field_what}[{position}] must be a string of at most {limits.max_token_length} characters")
-                value = list(value)
-            elif name == "token_ids":
-                for position, token_id in enumerate(value):
-                    if type(token_id) is not int or not -MAX_DETAIL_INT - 1 <= token_id <= MAX_DETAIL_INT:
-                        raise ProtocolError(f"{field_what}[{position}] must be a 64-bit integer")
-                value = list(value)
-            else:
-                value = _numbers(value, field_what)
         sample[name] = value
     return sample
+
+
+def _parse_list(value: Any, what: str, limits: Limits, kind: str) -> list[Any]:
+    """A list of strings ("text"), 64-bit integers ("ids") or wire numbers ("numbers")."""
+    if not isinstance(value, list):
+        raise ProtocolError(f"{what} must be a list")
+    if len(value) > limits.max_sample_tokens:
+        raise _too_large(f"{what} has {len(value)} tokens; the limit is {limits.max_sample_tokens}")
+    if kind == "text":
+        for position, token in enumerate(value):
+            if not isinstance(token, str) or len(token) > limits.max_token_length:
+                raise ProtocolError(f"{what}[{position}] must be a string of at most {limits.max_token_length} characters")
+        return list(value)
+    if kind == "ids":
+        for position, token_id in enumerate(value):
+            if type(token_id) is not int or not -MAX_DETAIL_INT - 1 <= token_id <= MAX_DETAIL_INT:
+                raise ProtocolError(f"{what}[{position}] must be a 64-bit integer")
+        return list(value)
+    return _numbers(value, what)
+
+
+def _parse_topk(raw: Any, what: str, limits: Limits) -> list[dict[str, Any]]:
+    """A sample's `topk`: per token, both engines' top-k (`TOPK_FIELDS`; others dropped)."""
+    if not isinstance(raw, list):
+        raise ProtocolError(f"{what} must be a list")
+    if len(raw) > limits.max_sample_tokens:
+        raise _too_large(f"{what} has {len(raw)} entries; the limit is {limits.max_sample_tokens}")
+    entries = []
+    for number, item in enumerate(raw):
+        item_what = f"{what}[{number}]"
+        if not isinstance(item, dict):
+            raise ProtocolError(f"{item_what} must be a JSON object")
+        entry: dict[str, Any] = {"position": _count(item.get("position"), f"{item_what}.position")}
+        for name in ("tv", "kl"):
+            if item.get(name) is not None:
+                entry[name] = _number(item[name], f"{item_what}.{name}")
+        for group in _TOPK_ALIGNED:
+            size = -1
+            for name in group:
+                if item.get(name) is None:
+                    continue
+                value = _parse_list(item[name], f"{item_what}.{name}", limits, _TOPK_KINDS[name])
+                if size >= 0 and len(value) != size:
+                    raise ProtocolError(f"{item_what}: {', '.join(group)} must be aligned ({name} has {len(value)}, not {size})")
+                size = len(value)
+                entry[name] = value
+        entries.append({name: entry[name] for name in TOPK_FIELDS if name in entry})
+    return entries
 
 
 def _parse_sequences(raw: Any, what: str, limits: Limits) -> Sequences | None:
@@ -569,10 +619,19 @@ def encode_samples(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for name, value in sample.items():
             if name in _TOKEN_NUMBERS and isinstance(value, list):
                 out[name] = [_wire_number(v) for v in value]
+            elif name == "topk" and isinstance(value, list):
+                out[name] = [_topk_json(entry) for entry in value]
             else:
                 out[name] = _wire_number(value)
         encoded.append(out)
     return encoded
+
+
+def _topk_json(entry: dict[str, Any]) -> dict[str, Any]:
+    return {
+        name: [_wire_number(v) for v in value] if isinstance(value, list) else _wire_number(value)
+        for name, value in entry.items()
+    }
 
 
 def encode_details(row: Row) -> dict[str, Any]:

@@ -1,6 +1,9 @@
 """The run page's token view: a step's worst sequences, each token coloured by ℓ, with the
 step picker, and the clicks on the page's charts that open it (views/details.py places it).
 
+The browser's part (a chart's click, an alert's button, the URL) is assets/token_view.js,
+the clientside namespace `keel_tokens`.
+
 The step shown is `tokens-shown` ({"step", "explicit"}): explicit once a step was asked for
 (`?step=S`, the step box, prev/next, a click on a chart), else the run's latest step with
 samples, followed while the run streams.
@@ -10,12 +13,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from dash import ALL, Dash, Input, Output, State, ctx, dcc, html
+from dash import ALL, MATCH, ClientsideFunction, Dash, Input, Output, State, ctx, dcc, html
 from dash.exceptions import PreventUpdate
 
 from dashboard.components import ALERT_TOKENS_TYPE, GRAPH_TYPE, HAZARD_GRAPH
 from dashboard.data import KeelApi
 from dashboard.tokens import colour_legend, sample_card
+from dashboard.topk import TOPK_PANEL, TOPK_STORE, TOPK_TOKEN, choose, token_class
 from dashboard.views.detail_states import LOADING, NO_DETAILS, placeholder
 
 __all__ = ["panel", "register", "run_of", "NO_DETAILS"]
@@ -58,65 +62,39 @@ def panel(step: int | None) -> html.Div:
             ),
             colour_legend(),
             html.Div(placeholder(LOADING, kind="sub"), id="tokens-view"),
-            dcc.Store(id="tokens-url"),  # written by nothing: FOLLOW_URL's output
+            dcc.Store(id="tokens-url"),  # written by nothing: keel_tokens.follow_url's output
         ],
         id="tokens",
         className="panel section",
     )
 
 
-# Opens the token view at `step`: the URL names it (?step=S, without a reload), the view
-# scrolls in, and the step goes to the view's step field.
-OPEN_AT_STEP = """
-    var url = new URL(window.location.href);
-    url.searchParams.set("step", String(step));
-    window.history.replaceState(window.history.state, "", url.toString());
-    var view = document.getElementById("tokens");
-    if (view) view.scrollIntoView({behavior: "smooth", block: "start"});
-    return step;
-}
-"""
-
-# A click on a chart opens the token view at the clicked step: the point's x (its step) on
-# the metric charts (an alert's ◆ included), the hazard and the heatmap; on the length
-# scatter the step is the point's customdata. The URL follows (?step=S), without a reload.
-STEP_FROM_CLICK = """
-function (%s) {
-    var hit = (window.dash_clientside.callback_context.triggered || [])[0];
-    var point = hit && hit.value && hit.value.points && hit.value.points[0];
-    var raw = point ? point.%s : null;
-    if (raw === null || raw === undefined || !isFinite(Number(raw))) return window.dash_clientside.no_update;
-    var step = Math.round(Number(raw));
-""" + OPEN_AT_STEP
-
-# An alert's "tokens" button (run page, alerts table) opens the token view at the alert's
-# first step: the step is in the button's id.
-STEP_FROM_ALERT = """
-function (clicks) {
-    var hit = (window.dash_clientside.callback_context.triggered || [])[0];
-    if (!hit || !hit.value) return window.dash_clientside.no_update;
-    var step = JSON.parse(hit.prop_id.slice(0, hit.prop_id.lastIndexOf("."))).step;
-""" + OPEN_AT_STEP
-
-# The URL names the step the token view shows, once the user picked one.
-FOLLOW_URL = """
-function (shown) {
-    if (!shown || !shown.explicit || shown.step === null) return window.dash_clientside.no_update;
-    var url = new URL(window.location.href);
-    if (url.searchParams.get("step") !== String(shown.step)) {
-        url.searchParams.set("step", String(shown.step));
-        window.history.replaceState(window.history.state, "", url.toString());
-    }
-    return window.dash_clientside.no_update;
-}
-"""
-
-
 def register(dash_app: Dash, api: KeelApi) -> None:
     _register_clicks(dash_app)
     dash_app.clientside_callback(
-        FOLLOW_URL, Output("tokens-url", "data"), Input("tokens-shown", "data"), prevent_initial_call=True
+        ClientsideFunction("keel_tokens", "follow_url"),
+        Output("tokens-url", "data"),
+        Input("tokens-shown", "data"),
+        prevent_initial_call=True,
     )
+
+    @dash_app.callback(
+        Output({"type": TOPK_PANEL, "sample": MATCH}, "children"),
+        Output({"type": TOPK_TOKEN, "sample": MATCH, "position": ALL}, "className"),
+        Input({"type": TOPK_TOKEN, "sample": MATCH, "position": ALL}, "n_clicks"),
+        State({"type": TOPK_STORE, "sample": MATCH}, "data"),
+        prevent_initial_call=True,
+    )
+    def choose_token(_clicks: list[int], stored: dict[str, Any] | None) -> tuple[Any, list[str]]:
+        """A click on a token that carries both engines' top-k shows them."""
+        trigger = ctx.triggered_id
+        if not isinstance(trigger, dict) or not stored:
+            raise PreventUpdate
+        block = choose(int(trigger["position"]), stored)
+        if block is None:
+            raise PreventUpdate
+        positions = [output["id"]["position"] for output in ctx.outputs_list[1]]
+        return block, [token_class(p, stored.get("worst"), True, trigger["position"]) for p in positions]
 
     @dash_app.callback(
         Output("tokens-view", "children"),
@@ -179,16 +157,20 @@ def _register_clicks(dash_app: Dash) -> None:
     """Every chart's click opens the token view (one callback per kind of chart: the hazard
     chart and the metric charts come and go with the data)."""
     output = Output("tokens-step", "value", allow_duplicate=True)
+    # The step is the clicked point's x on the metric charts (an alert's ◆ included), the
+    # hazard and the heatmap; on the length scatter it is the point's customdata.
     sources = [
-        (Input({"type": GRAPH_TYPE, "key": ALL}, "clickData"), "x"),
-        (Input(HAZARD_GRAPH, "clickData"), "x"),
-        (Input("dist-graph", "clickData"), "x"),
-        (Input("seq-graph", "clickData"), "customdata"),
+        (Input({"type": GRAPH_TYPE, "key": ALL}, "clickData"), "step_from_x"),
+        (Input(HAZARD_GRAPH, "clickData"), "step_from_x"),
+        (Input("dist-graph", "clickData"), "step_from_x"),
+        (Input("seq-graph", "clickData"), "step_from_customdata"),
     ]
-    for source, field in sources:
-        dash_app.clientside_callback(STEP_FROM_CLICK % ("clicks", field), output, source, prevent_initial_call=True)
+    for source, function in sources:
+        dash_app.clientside_callback(
+            ClientsideFunction("keel_tokens", function), output, source, prevent_initial_call=True
+        )
     dash_app.clientside_callback(
-        STEP_FROM_ALERT,
+        ClientsideFunction("keel_tokens", "step_from_alert"),
         output,
         Input({"type": ALERT_TOKENS_TYPE, "alert": ALL, "step": ALL}, "n_clicks"),
         prevent_initial_call=True,

@@ -225,3 +225,79 @@ def test_the_compare_page_charts_tail_frac_when_a_run_logs_it(server, browser) -
     assert console_errors(browser) == []
     detailed.close()
     plain.close()
+
+
+def _topk_entry(position: int, sampled: int, shift: float) -> dict[str, Any]:
+    """Both engines' top-4 at a token: the sampler's μ, and a learner that moved `shift` of
+    the mass from the sampler's first token to the sampled one (its third)."""
+    mu = [0.5, 0.25, 0.15, 0.05]
+    pi_of_sampler = [0.5 - shift, 0.25, 0.15 + shift, 0.05]
+    ids = [7, 8, sampled, 9]
+    learner = sorted(zip(pi_of_sampler, ids, strict=True), reverse=True)
+    return {
+        "position": position,
+        "tv": shift,
+        "kl": sum(m * math.log(m / p) for m, p in zip(mu, pi_of_sampler, strict=True)),
+        "sampler_token_ids": ids,
+        "sampler_tokens": [" cat", " dog", f" tok{sampled}", " eel"],
+        "sampler_logprobs": [math.log(m) for m in mu],
+        "learner_logprobs_of_sampler_ids": [math.log(p) for p in pi_of_sampler],
+        "learner_token_ids": [i for _, i in learner],
+        "learner_tokens": [{7: " cat", 8: " dog", 9: " eel"}.get(i, f" tok{i}") for _, i in learner],
+        "learner_logprobs": [math.log(p) for p, _ in learner],
+    }
+
+
+def _table_rows(block: Any, side: str) -> list[list[str]]:
+    rows = block.find_elements("css selector", f".topk-{side} tbody tr")
+    return [[cell.text for cell in row.find_elements("css selector", "td")] for row in rows]
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_the_token_view_shows_both_engines_top_k_of_a_chosen_token(server, browser, artifacts) -> None:
+    run = LiveRun(server, "topk", "cispo")
+    rows = detail_rows(range(0, 3), samples_every=1)
+    sample = rows[-1]["samples"][0]
+    worst_at = sample["worst"] - sample["start"]
+    other = sample["worst"] + 2
+    sample["topk"] = [
+        _topk_entry(sample["worst"], sample["token_ids"][worst_at], 0.3),
+        _topk_entry(other, sample["token_ids"][worst_at + 2], 0.1),
+    ]
+    _post(server, run.id, rows)
+    browser.get(f"{server.url}/runs/{run.id}")
+    wait_until(lambda: "step 2" in text_of(browser, "tokens-caption"), 40, message="token view")
+    card = browser.find_elements("css selector", "#tokens-view .sample")[0]
+    chosen = card.find_elements("css selector", ".tok.has-topk")
+    assert [t.text.strip() for t in chosen] == [sample["tokens"][worst_at].strip(), sample["tokens"][worst_at + 2].strip()]
+    assert "topk-chosen" in chosen[0].get_attribute("class")
+
+    # The worst token's: the sampler's top-k with μ and π of each id, the learner's with π and
+    # μ; the sampled token marked on both sides.
+    block = card.find_element("css selector", ".topk-block")
+    sampled = f"' tok{sample['token_ids'][worst_at]}'"
+    assert f"position {sample['worst']} · top-k TV 0.3 · KL" in block.find_element("css selector", ".topk-facts").text
+    assert _table_rows(block, "sampler") == [
+        ["1", "' cat'", "0.5000", "0.2000", ""],
+        ["2", "' dog'", "0.2500", "0.2500", ""],
+        ["3", sampled, "0.1500", "0.4500", "◀ sampled"],
+        ["4", "' eel'", "0.0500", "0.0500", ""],
+    ]
+    assert _table_rows(block, "learner")[0] == ["1", sampled, "0.4500", "0.1500", "◀ sampled"]
+    assert [r[0:3] for r in _table_rows(block, "learner")[1:]] == [["2", "' dog'", "0.2500"], ["3", "' cat'", "0.2000"], ["4", "' eel'", "0.0500"]]
+    screenshot(browser, artifacts / "token_view_topk.png")
+
+    # A click on the other underlined token shows its own top-k.
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", chosen[1])
+    chosen[1].click()
+    wait_until(
+        lambda: f"position {other} ·" in card.find_element("css selector", ".topk-facts").text, 20, message="the chosen token's top-k"
+    )
+    block = card.find_element("css selector", ".topk-block")
+    assert _table_rows(block, "sampler")[0] == ["1", "' cat'", "0.5000", "0.4000", ""]
+    assert "topk-chosen" in chosen[1].get_attribute("class") and "topk-chosen" not in chosen[0].get_attribute("class")
+    assert "worst" in chosen[0].get_attribute("class")
+    # The other samples carry none: no panel.
+    assert all(not c.find_elements("css selector", ".topk-block") for c in browser.find_elements("css selector", "#tokens-view .sample")[1:])
+    assert console_errors(browser) == []
+    run.close()
