@@ -10,6 +10,7 @@ from dash import dcc, html, no_update
 from plotly.io.json import to_json_plotly
 
 from dashboard.figures import message_figure
+from dashboard.theme import KL_BANDS
 
 __all__ = [
     "GRAPH_TYPE",
@@ -28,6 +29,7 @@ __all__ = [
     "page_state",
     "live_target",
     "changed_only",
+    "data_attributes",
     "radio",
     "digest",
 ]
@@ -63,7 +65,7 @@ def display_status(status: str) -> str:
     return STATUS_LABELS.get(status, status)
 
 
-def _data(**attributes: str) -> dict[str, Any]:
+def data_attributes(**attributes: str) -> dict[str, Any]:
     """data-* attributes for a Dash html component (read by the live updater (assets/live/) and CSS)."""
     return {f"data-{name.replace('_', '-')}": value for name, value in attributes.items()}
 
@@ -88,7 +90,7 @@ def shell() -> html.Div:
                         className="keel-nav",
                     ),
                     html.Div(className="spacer"),
-                    html.Span(id="live-indicator", **_data(state="off")),
+                    html.Span(id="live-indicator", **data_attributes(state="off")),
                     html.A("API docs", href="/docs", className="docs-link"),
                 ],
                 className="keel-header",
@@ -106,7 +108,7 @@ def page_state(page: str, runs: list[str], height: int) -> dcc.Store:
 def live_target(runs: list[str] | str) -> html.Div:
     """Tells the live updater (assets/live/) which runs to subscribe to ("*" for all)."""
     target = runs if isinstance(runs, str) else ",".join(runs)
-    return html.Div(id="live-target", hidden=True, **_data(live_runs=target))
+    return html.Div(id="live-target", hidden=True, **data_attributes(live_runs=target))
 
 
 def _field(caption: str, control: Any, class_name: str = "field", **style: Any) -> html.Div:
@@ -128,7 +130,8 @@ def radio(component_id: str, labels: dict[str, str]) -> dcc.RadioItems:
 
 
 def chart_controls(*, aggregate: bool, extra_metrics: bool) -> html.Div:
-    """Smoothing, aggregation, y scale (every chart page has these ids) and extra metrics."""
+    """Smoothing, aggregation, y scale, the KL chart's healthy band (every chart page has these
+    ids) and extra metrics."""
     controls = html.Div(
         [
             _field(
@@ -160,6 +163,13 @@ def chart_controls(*, aggregate: bool, extra_metrics: bool) -> html.Div:
             _field(
                 "Y scale",
                 radio("opt-yscale", {"auto": "auto", "linear": "linear", "log": "log"}),
+            ),
+            _field(
+                "KL healthy band",
+                radio(
+                    "opt-kl-band",
+                    {"none": "none"} | {kind: f"{label} {low:g}–{high:g}" for kind, (label, low, high) in KL_BANDS.items()},
+                ),
             ),
         ],
         className="toolbar panel",
@@ -202,7 +212,7 @@ def metric_graph(key: str, height: int, figure: dict[str, Any] | None = None) ->
             ),
         ],
         className="chart-card",
-        **_data(key=key, **({"seen": "drawn"} if figure is not None else {})),
+        **data_attributes(key=key, **({"seen": "drawn"} if figure is not None else {})),
     )
 
 

@@ -79,6 +79,9 @@ class ChartOptions:
     x_range: tuple[float, float] | None = None
     """A zoomed view to keep; None autoranges."""
     height: int = 300
+    band: tuple[str, float, float] | None = None
+    """A healthy band to shade across the chart, (label, low, high) in the metric's units
+    (theme.KL_BANDS on the KL chart); None shades nothing."""
 
 
 def _annotation(text: str, *, colour: str = MUTED) -> Figure:
@@ -230,7 +233,7 @@ def metric_figure(
         for line in lines:
             traces.extend(run_traces(line, styles[line.run_id], options.smoothing, log_y))
     shapes, alert_traces = alert_overlays(key, lines, alerts, backtest)
-    layout["shapes"] = shapes
+    layout["shapes"] = shapes if options.band is None else [_band_shape(options.band), *shapes]
     traces.extend(alert_traces)
 
     empty = not any(line.series.steps for line in lines)
@@ -284,9 +287,34 @@ def metric_figure(
         "flat": {"span": FLAT_SPAN, "pad": FLAT_PAD, "range": y_range},
         "log_fallback": log_note is not None,
         "last_steps": {line.run_id: line.series.last_step for line in lines},
+        "band": None if options.band is None else list(options.band),
         "edge": {kind: [EDGE_Y[kind], EDGE_SYMBOL[kind], EDGE_LABEL[kind]] for kind in EDGE_Y},
     }
     return {"data": traces, "layout": layout}
+
+
+def _band_shape(band: tuple[str, float, float]) -> Figure:
+    """A band across the chart from low to high on y, under the lines, labelled inside its
+    top left (on a log axis Plotly places a shape by its data values, as on a linear one)."""
+    label, low, high = band
+    return {
+        "name": "band",
+        "type": "rect",
+        "xref": "paper",
+        "yref": "y",
+        "x0": 0,
+        "x1": 1,
+        "y0": low,
+        "y1": high,
+        "fillcolor": "rgba(21,128,61,0.08)",
+        "line": {"width": 1, "dash": "dot", "color": "rgba(21,128,61,0.5)"},
+        "layer": "below",
+        "label": {
+            "text": plot_text(f"healthy: {label} ({low:g}–{high:g})"),
+            "textposition": "top left",
+            "font": {"size": 10, "color": "rgba(21,128,61,0.9)"},
+        },
+    }
 
 
 HAZARD_TITLE = "collapse hazard"

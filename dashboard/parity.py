@@ -54,10 +54,12 @@ __all__ = [
     "ParityError",
     "ParityReport",
     "compare",
+    "format_ratio",
     "histogram_values",
     "holm",
     "mann_whitney_p",
     "min_attainable_p",
+    "pool",
     "tail_key",
 ]
 
@@ -278,7 +280,7 @@ class ParityReport:
             p = "-" if metric.p_adjusted is None else f"{metric.p_adjusted:.2g}"
             rows.append((
                 metric.key, f"{metric.steps_a}/{metric.steps_b}", f"{metric.median_a:.3g}",
-                f"{metric.median_b:.3g}", _format_ratio(metric.ratio), p, metric.verdict,
+                f"{metric.median_b:.3g}", format_ratio(metric.ratio), p, metric.verdict,
             ))  # fmt: skip
         widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
         lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
@@ -293,7 +295,7 @@ class ParityReport:
         ) or "A vs B"
         differing = [metric for metric in self.metrics if metric.verdict == "differs"]
         if differing:
-            parts = [f"{m.key} {_format_ratio(m.ratio)} (p={m.p_adjusted:.2g})" for m in differing]
+            parts = [f"{m.key} {format_ratio(m.ratio)} (p={m.p_adjusted:.2g})" for m in differing]
             return f"DIFFERENT ({names}): B/A of the medians: " + ", ".join(parts)
         if self.exit_code == EXIT_INCOMPARABLE:
             return f"INCOMPARABLE ({names}): no metric has enough steps in both runs to test"
@@ -301,7 +303,8 @@ class ParityReport:
         return f"SAME ({names}): {tested} metric(s) tested, none differs beyond its tolerance at alpha={self.alpha:g}"
 
 
-def _format_ratio(ratio: float) -> str:
+def format_ratio(ratio: float) -> str:
+    """B/A as the report shows it: "2.33x", "inf", "nan"."""
     if math.isnan(ratio):
         return "nan"
     if math.isinf(ratio):
@@ -447,3 +450,17 @@ def _edge_index(edges: Sequence[float], value: float) -> int | None:
         if math.isclose(edge, value, rel_tol=_EDGE_RTOL):
             return index
     return None
+
+
+# -- groups -------------------------------------------------------------------------------
+
+
+def pool(runs: Sequence[Mapping[str, Sequence[float]]]) -> dict[str, list[float]]:
+    """A group's per-step values: each metric's values of every run that has it, one run after
+    another, so each step of each run is one observation (the runs of a group are draws of
+    one setting, as the steps of a run are). A metric no run has is absent."""
+    pooled: dict[str, list[float]] = {}
+    for values in runs:
+        for key, steps in values.items():
+            pooled.setdefault(key, []).extend(steps)
+    return pooled

@@ -14,6 +14,8 @@ __all__ = [
     "HEADLINE_KEYS",
     "HAZARD_TOOLTIP",
     "CRITICAL_HAZARD",
+    "KL_KEY",
+    "KL_BANDS",
     "MetricInfo",
     "metric_info",
     "SEVERITY_COLOURS",
@@ -101,3 +103,13 @@ CRITICAL_HAZARD = 0.5
 def metric_info(key: str) -> MetricInfo:
     """What we know about a metric; unknown keys get their own name as title, linear axis."""
     return _KNOWN.get(key) or MetricInfo(key, key, key.rsplit("/", 1)[-1], False)
+
+
+KL_KEY = "mismatch/kl"
+KL_BANDS = {
+    "dense": ("dense model", 1e-5, 1e-3),
+    "moe": ("MoE", 1e-3, 1e-1),
+}
+"""Healthy ranges of the sampler–learner KL (k3, `mismatch/kl`) as the Miles/slime write-up on
+training–inference mismatch gives them, by model kind: (label, low, high). The KL chart shades
+the one a user picks (components.chart_controls, "KL healthy band")."""

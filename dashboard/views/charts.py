@@ -27,6 +27,7 @@ from dashboard.components import GRAPH_TYPE, HAZARD_GRAPH, SEEN_TYPE, ZOOM_TYPE
 from dashboard.data import KeelApi
 from dashboard.figures import ChartOptions, RunLine, hazard_figure, metric_figure
 from dashboard.series import Alert, Series
+from dashboard.theme import KL_BANDS, KL_KEY
 
 __all__ = ["register", "zoom_range", "chart_figure", "load_hazard", "hazards", "HISTORY_POINTS", "HAZARD_POINTS", "ZOOM_POINTS", "UNCHANGED"]
 
@@ -93,6 +94,7 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         Input("opt-smoothing", "value"),
         Input("opt-aggregate", "value"),
         Input("opt-yscale", "value"),
+        Input("opt-kl-band", "value"),
         Input(zoom_store, "data"),
         Input("live-tick", "data"),
         Input("backtest-firings", "data"),
@@ -106,6 +108,7 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         smoothing: float | None,
         aggregate: str | None,
         yscale: str | None,
+        kl_band: str | None,
         relayout: dict[str, Any] | None,
         tick: dict[str, Any] | None,
         backtest: dict[str, Any] | None,
@@ -115,6 +118,8 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         if not state or not seen:
             raise PreventUpdate
         triggers = {item["prop_id"] for item in ctx.triggered}
+        if triggers == {"opt-kl-band.value"} and graph_id["key"] != KL_KEY:
+            raise PreventUpdate  # the band is the KL chart's alone
         # A backtest's firings show on its run's page only, beside the run's real alerts.
         replayed = []
         if state.get("page") == "run" and backtest and backtest.get("run_id") in state.get("runs", []):
@@ -138,6 +143,7 @@ def register(dash_app: Dash, api: KeelApi) -> None:
             log_y=None if yscale in (None, "auto") else yscale == "log",
             x_range=x_range,
             height=int(state.get("height", 300)),
+            band=KL_BANDS.get(kl_band or "") if graph_id["key"] == KL_KEY else None,
         )
         return await chart_figure(api, graph_id["key"], state.get("runs", []), options, replayed)
 

@@ -1,5 +1,5 @@
 """/compare?runs=a,b,c — the headline charts and the collapse hazard of several runs side by
-side, with a summary."""
+side, with a summary, and the parity of two of the runs or groups (views/parity.py)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from dashboard.figures import RunLine, run_styles
 from dashboard.series import Series
 from dashboard.summary import SUMMARY_KEYS, summarise_group, summarise_run
 from dashboard.theme import CRITICAL_HAZARD, HAZARD_TOOLTIP, HEADLINE_KEYS
+from dashboard.views import parity
 from dashboard.views.charts import HISTORY_POINTS, hazards
 
 __all__ = ["layout", "register", "parse_runs"]
@@ -137,11 +138,14 @@ def layout(run_ids: list[str]) -> html.Div:
                 ],
                 className="panel section",
             ),
+            parity.panel(),
         ]
     )
 
 
 def register(dash_app: Dash, api: KeelApi) -> None:
+    parity.register(dash_app, api)
+
     @dash_app.callback(
         Output("compare-chips", "children"),
         Output("compare-notice", "children"),

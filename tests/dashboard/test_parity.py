@@ -24,6 +24,7 @@ from dashboard.parity import (
     holm,
     mann_whitney_p,
     min_attainable_p,
+    pool,
     tail_key,
 )
 from tests.support.step_details import EDGES, histogram
@@ -175,3 +176,20 @@ def test_tail_shares_from_the_histogram_equal_the_shares_of_the_tokens() -> None
         assert values[tail_key(tau, low=True)] == pytest.approx(low)
         assert 0 < min(low) and max(low) < max(both) < 1
     assert values[f"{HISTOGRAM_KEY}:nan"] == pytest.approx([0, 5 / 505, 0])
+
+
+# -- groups ---------------------------------------------------------------------------------------
+
+
+def test_a_group_pools_its_runs_steps_as_observations() -> None:
+    pooled = pool([{"mismatch/kl": [1.0, 2.0], "mismatch/tail_frac": [0.1]}, {"mismatch/kl": [3.0]}, {}])
+    assert pooled == {"mismatch/kl": [1.0, 2.0, 3.0], "mismatch/tail_frac": [0.1]}
+    # Three runs of one setting against three of a setting with twice the KL, 4 steps each:
+    # one run a side is not evidence enough, the groups' 12 + 12 steps are.
+    rng = random.Random(9)
+    old = [{"mismatch/kl": _steps(rng, 4, 1.0, spread=0.3)} for _ in range(3)]
+    new = [{"mismatch/kl": _steps(rng, 4, 2.0, spread=0.3)} for _ in range(3)]
+    (single,) = compare(old[0], new[0]).metrics
+    assert single.p is not None and single.p > 0.05 and single.verdict == "same"
+    (kl,) = compare(pool(old), pool(new)).metrics
+    assert (kl.steps_a, kl.steps_b, kl.verdict) == (12, 12, "differs")
