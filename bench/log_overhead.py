@@ -12,7 +12,10 @@
    on the training thread; `Monitor.log_batch()` (the same metrics and row, computed
    by the Monitor's worker process from copies of the inputs, with the step details); and
    the same with `token_ids`, advantages and `decode` (the worst sequences' tokens as
-   text, the unbounded-token histogram). Every round runs each
+   text, the unbounded-token histogram). With --topk K, two more: `log_batch(logits=)`
+   (the learner's logits shipped, the exact entropy) and the same with the sampler's
+   top-K (`sampler_topk_ids`, `sampler_topk_logprobs`: the `mismatch/topk_*` metrics and
+   both engines' top-K in the samples), reported as the ratio of the two. Every round runs each
    variant for a block of 20 consecutive steps, blocks in random order, so drift in
    machine load hits all alike; the Monitor's leftover work is waited for between blocks.
    Reports the median block of each and the overhead against plain, plus the median of
@@ -84,6 +87,7 @@ class Learner:
     vocab: int
     hidden: int
     device: torch.device
+    topk: int = 0
 
     def __post_init__(self) -> None:
         generator = torch.Generator().manual_seed(0)
@@ -109,7 +113,12 @@ class Learner:
             # The sampler's numbers differ a little from the learner's (numerics / staleness).
             sampler_logp_B_T = exact + 0.05 * torch.randn(shape, generator=generator)
             rewards_B = torch.rand(self.batch, generator=generator)
-            batch = (inputs_B_T, sampled_B_T, mask_B_T, sampler_logp_B_T, rewards_B)
+            # The sampler's top-k, as vLLM's logprobs=k returns it: its own (noisy) logits'.
+            noisy = torch.log_softmax(logits + 0.05 * torch.randn(logits.shape, generator=generator), -1)
+            top = noisy.topk(max(1, self.topk), -1)
+            batch = (
+                inputs_B_T, sampled_B_T, mask_B_T, sampler_logp_B_T, rewards_B, top.indices, top.values
+            )  # fmt: skip
             self.batches.append(tuple(t.to(self.device) for t in batch))
 
     def step(self, index: int, variant: str, monitor: Monitor) -> tuple[float, float]:
@@ -118,7 +127,9 @@ class Learner:
         Returns the milliseconds spent in stability_metrics and in log() (or in log_batch())
         within the step.
         """
-        inputs_B_T, sampled_B_T, mask_B_T, sampler_logp_B_T, rewards_B = self.batches[index % 4]
+        inputs_B_T, sampled_B_T, mask_B_T, sampler_logp_B_T, rewards_B, topk_ids, topk_logprobs = (
+            self.batches[index % 4]
+        )
         logits = self.model(inputs_B_T)
         learner_logp_B_T = (
             torch.log_softmax(logits, -1).gather(-1, sampled_B_T[..., None]).squeeze(-1)
@@ -152,6 +163,25 @@ class Learner:
             spent = 1000 * (time.perf_counter() - started)
             self._sync()
             return 0.0, spent
+        if variant in ("logits", "topk"):
+            with_topk = variant == "topk"
+            monitor.log_batch(
+                index,
+                sampler_logp_B_T,
+                learner_logp_B_T,
+                mask_B_T,
+                rewards=rewards_B,
+                gate_mask=gate_B_T,
+                metrics={"grad/norm": grad_norm, "loss/total": loss},
+                logits=logits,
+                token_ids=sampled_B_T,
+                decode=token_texts,
+                sampler_topk_ids=topk_ids if with_topk else None,
+                sampler_topk_logprobs=topk_logprobs if with_topk else None,
+            )
+            spent = 1000 * (time.perf_counter() - started)
+            self._sync()
+            return 0.0, spent
         metrics = stability_metrics(
             sampler_logp_B_T, learner_logp_B_T, mask_B_T, rewards=rewards_B, gate_mask=gate_B_T
         )
@@ -171,6 +201,8 @@ class Learner:
 
 
 VARIANTS = ("plain", "metrics", "monitored", "batch", "tokens")
+TOPK_VARIANTS = ("logits", "topk")
+"""With --topk: log_batch with the learner's logits, and with the sampler's top-k too."""
 
 
 def token_texts(token_ids: list[int]) -> list[str]:
@@ -220,23 +252,26 @@ def siblings(cpu: int) -> set[int]:
         return {cpu}
 
 
-def bench_loop(server: str, spool: Path, rounds: int, block: int, learner: Learner) -> None:
+def bench_loop(
+    server: str, spool: Path, rounds: int, block: int, learner: Learner, variants: tuple[str, ...] = VARIANTS
+) -> None:
     monitor = Monitor(server, run_name="bench-loop", spool_dir=spool, tags=("bench",))
     worker = worker_pid(monitor)
     if SIDE_CPUS:
         os.sched_setaffinity(worker, SIDE_CPUS)
-    for index in range(2 * len(VARIANTS)):
-        learner.step(index, VARIANTS[index % len(VARIANTS)], monitor)
+    for index in range(2 * len(variants)):
+        learner.step(index, variants[index % len(variants)], monitor)
     shuffle = random.Random(0)
     # Per round and variant, the mean step of its block (first step dropped): wall time, and
     # CPU time of the training thread (immune to the scheduler giving the core to another
     # process, which on a shared VM swings wall time by several %).
-    wall_ms: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
-    cpu_ms: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
+    wall_ms: dict[str, list[float]] = {variant: [] for variant in variants}
+    cpu_ms: dict[str, list[float]] = {variant: [] for variant in variants}
     metrics_ms, log_ms, log_batch_ms, tokens_ms = [], [], [], []
+    inside_ms: dict[str, list[float]] = {variant: [] for variant in TOPK_VARIANTS}
     # CPU time of the Monitor's worker process per step (sending; log_batch's metrics).
-    background_ms: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
-    step = 2 * len(VARIANTS)  # after the warm-up's steps: each step is logged once
+    background_ms: dict[str, list[float]] = {variant: [] for variant in variants}
+    step = 2 * len(variants)  # after the warm-up's steps: each step is logged once
     for _ in range(rounds):
         # Each round runs every variant for `block` consecutive steps, blocks in random
         # order, so load drift hits all alike. Consecutive steps, because the Monitor's
@@ -244,7 +279,7 @@ def bench_loop(server: str, spool: Path, rounds: int, block: int, learner: Learn
         # one that logged: inside a block it lands on the same variant, as in a real loop.
         # The work left at the end of a block is waited for, untimed (settle), so it does
         # not land on the next block; a block of 20 steps (~1 s) keeps most of it inside.
-        for variant in shuffle.sample(VARIANTS, len(VARIANTS)):
+        for variant in shuffle.sample(variants, len(variants)):
             block_wall, block_cpu = [], []
             background_started = process_cpu_s(worker)
             for _ in range(block):
@@ -259,6 +294,8 @@ def bench_loop(server: str, spool: Path, rounds: int, block: int, learner: Learn
                     log_batch_ms.append(inside[1])
                 elif variant == "tokens":
                     tokens_ms.append(inside[1])
+                elif variant in inside_ms:
+                    inside_ms[variant].append(inside[1])
                 step += 1
             wall_ms[variant].append(statistics.fmean(block_wall[1:]))
             cpu_ms[variant].append(statistics.fmean(block_cpu[1:]))
@@ -288,6 +325,8 @@ def bench_loop(server: str, spool: Path, rounds: int, block: int, learner: Learn
         "monitored": "+ stability_metrics + log()",
         "batch": "+ log_batch() (metrics in the worker)",
         "tokens": "+ log_batch(token_ids=, decode=)",
+        "logits": "+ log_batch(logits=, token_ids=)",
+        "topk": f"+ log_batch(logits=, top-{learner.topk})",
     }
     lines = [
         f"learner loop on {learner.device}, {rounds} rounds of {block}-step blocks, torch "
@@ -295,7 +334,7 @@ def bench_loop(server: str, spool: Path, rounds: int, block: int, learner: Learn
     ]
     for label, samples in (("wall time", wall_ms), ("training-thread CPU time", cpu_ms)):
         lines.append(f"  {label}: plain step {statistics.median(samples['plain']):.2f} ms")
-        lines += [f"    {names[v]:36s} {overhead(samples, v)}" for v in VARIANTS[1:]]
+        lines += [f"    {names[v]:36s} {overhead(samples, v)}" for v in variants[1:]]
     lines.append(
         f"  timed inside the steps: stability_metrics {share(metrics_ms)}, log() {share(log_ms)}, "
         f"log_batch() {share(log_batch_ms)}, with tokens {share(tokens_ms)}"
@@ -304,9 +343,15 @@ def bench_loop(server: str, spool: Path, rounds: int, block: int, learner: Learn
         "  the Monitor's worker process, CPU per step: "
         + ", ".join(
             f"{names.get(v, 'plain').lstrip('+ ')} {statistics.median(background_ms[v]):.3f} ms"
-            for v in VARIANTS
+            for v in variants
         )
     )
+    if inside_ms["topk"]:
+        logits_ms, topk_ms = statistics.median(inside_ms["logits"]), statistics.median(inside_ms["topk"])
+        lines.append(
+            f"  log_batch() host time with logits {logits_ms:.3f} ms, with the sampler's top-{learner.topk} "
+            f"too {topk_ms:.3f} ms: x{topk_ms / logits_ms:.2f} ({topk_ms - logits_ms:+.3f} ms)"
+        )
     lines.append(f"  (all delivered: {delivered})")
     print("\n".join(lines))
 
@@ -339,6 +384,13 @@ def main() -> int:
     parser.add_argument("--vocab", type=int, default=1024)
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument(
+        "--topk",
+        type=int,
+        default=0,
+        help="also time log_batch with the learner's logits, with and without the sampler's "
+        "top-K (sampler_topk_ids/_logprobs), and print their ratio",
+    )
+    parser.add_argument(
         "--pin",
         action="store_true",
         help="learner thread on CPU 0; the server and the Monitor's worker on the other CPUs",
@@ -370,7 +422,8 @@ def main() -> int:
             workdir / "spool",
             args.rounds,
             args.block,
-            Learner(args.batch, args.tokens, args.vocab, args.hidden, torch.device(args.device)),
+            Learner(args.batch, args.tokens, args.vocab, args.hidden, torch.device(args.device), args.topk),
+            VARIANTS + TOPK_VARIANTS if args.topk else VARIANTS,
         )
     return 0
 
