@@ -1,4 +1,4 @@
-"""The workload of bench/page.py, and its peers' side, run by each peer's own venv's python.
+"""The workload of bench/page/ (python -m bench.page), and its peers' side, run by each peer's own venv's python.
 
     PYTHONPATH=<repository root> <venv>/bin/python -m bench.page_data '<json config>'
 

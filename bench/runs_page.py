@@ -6,7 +6,7 @@ For each of `--base` and `--runs` runs: a fresh SQLite file, migrated and seeded
 through the store (server.storage.Store: open_run + 3 steps of the five headline keys per
 run, as a trainer's hello and first frames would store them; a `--firing` share of the runs
 also given a firing critical alert row, so the health column has something to join), then a
-real `keel serve` on it (bench/support.py) and headless Chromium (bench/page.py's browser
+real `keel serve` on it (bench/support.py) and headless Chromium (bench/page/browser.py
 and probe): / opened cold (a fresh profile each) `--repeats` times; the median time from
 navigation start until the runs grid's first row with text (`.ag-center-cols-container
 .ag-row`; target <= 2 s at 10,000 runs), and GET /api/v1/runs?latest=...&hazard=true's own
@@ -26,7 +26,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from bench.page import browser, open_page, probe
+from bench.page.browser import browser, open_page, probe
 from bench.page_data import HEADLINE_KEYS, step_values
 from bench.support import keel_server
 from wire import Row, RunInfo
