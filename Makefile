@@ -9,7 +9,8 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml requirements/verl.txt requirements/skyrl.txt
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	# CPU build of torch; a bare `torch` would pull a multi-GB CUDA build.
+	# torch from pip's configured index (PyPI: the multi-GB CUDA build on Linux x86-64); only
+	# if that fails, the CPU build from PyTorch's index. A torch==2.13.0 already in .venv stays.
 	$(BIN)/pip install -q "torch==2.13.0" || $(BIN)/pip install -q "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
 	$(BIN)/pip install -q -e ".[dev]"
 	$(BIN)/pip install -q --no-deps -r requirements/verl.txt

@@ -300,14 +300,14 @@ def read_tensorboard(logdir: Path, *, name: str | None = None, framework: str = 
     """One ImportedRun per directory under `logdir` that holds event files, each read to its
     end by `keel watch`'s reader (keel/tailing.py's TensorboardTail, read after read as the
     watcher reads it) and named by `framework` as `keel watch --framework` names it."""
-    from keel.tailing import TensorboardTail, reads_to_the_end
+    from keel.tailing import ReaderNotInstalled, TensorboardTail, reads_to_the_end
 
     run_dirs = _tensorboard_run_dirs(logdir)
     runs = []
     for run_dir in run_dirs:
         try:
             tail = TensorboardTail(str(run_dir), within=str(logdir))
-        except RuntimeError as exc:  # tensorboard is not installed
+        except ReaderNotInstalled as exc:
             raise ImportSourceError(str(exc)) from None
         table = PointTable()
         renamer: Renamer | None = None
@@ -394,11 +394,11 @@ class _WandbLog:
 def _read_wandb_log(log: Path, framework: str) -> _WandbLog:
     """The whole of a `.wandb` log, read by `keel watch`'s reader (keel/tailing.py's
     WandbTail, read after read as the watcher reads it), named as the watcher names it."""
-    from keel.tailing import WandbTail, reads_to_the_end
+    from keel.tailing import ReaderNotInstalled, WandbTail, reads_to_the_end
 
     try:
         tail = WandbTail(str(log))
-    except RuntimeError as exc:  # wandb is not installed
+    except ReaderNotInstalled as exc:
         raise ImportSourceError(str(exc)) from None
     out = _WandbLog(None, {}, PointTable(), [], None, "")
     renamer: Renamer | None = None

@@ -42,7 +42,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["HistoryRow", "TensorboardTail", "WandbTail", "masked_crc32c", "reads_to_the_end"]
+from wire import KeelError
+
+__all__ = ["HistoryRow", "ReaderNotInstalled", "TensorboardTail", "WandbTail", "masked_crc32c", "reads_to_the_end"]
+
+
+class ReaderNotInstalled(KeelError, RuntimeError):
+    """A log format whose reader's package is not installed: `.wandb` files need wandb,
+    TensorBoard event files need tensorboard (`keel import` exits 2, `keel watch` says so
+    and does not follow the source)."""
 
 _WANDB_HEADER = struct.pack("<4sHB", b":W&B", 0xBEE1, 0)
 _BLOCK = 32 * 1024
@@ -97,7 +105,7 @@ def _wandb_pb2() -> Any:
             for module in [m for m in sys.modules if m == "wandb" or m.startswith("wandb.")]:
                 del sys.modules[module]
     except ImportError:
-        raise RuntimeError("reading wandb run files needs `pip install wandb`") from None
+        raise ReaderNotInstalled("reading wandb run files needs `pip install wandb`") from None
 
 
 def _value(value_json: str) -> Any:
@@ -353,7 +361,7 @@ class TensorboardTail:
             self._event_pb2: Any = importlib.import_module("tensorboard.compat.proto.event_pb2")
             self._tensor_util: Any = importlib.import_module("tensorboard.util.tensor_util")
         except ImportError:
-            raise RuntimeError("reading TensorBoard logs needs `pip install tensorboard`") from None
+            raise ReaderNotInstalled("reading TensorBoard logs needs `pip install tensorboard`") from None
 
     def files(self) -> list[str]:
         try:

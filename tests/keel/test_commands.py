@@ -7,7 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from keel.commands import keel_command
+import pytest
+
+from keel.cli import main
+from keel.commands import DEMO_ARMS, LM_ARMS, _demo_runs, keel_command
 
 IMPOSTOR = "import sys; print('not keel'); sys.exit(42)\n"
 
@@ -33,3 +36,16 @@ def test_the_plain_module_form_would_have_run_the_impostor(tmp_path: Path) -> No
     cwd = _repository_with_impostors(tmp_path)
     child = subprocess.run([sys.executable, "-m", "keel", "--help"], cwd=cwd, capture_output=True, text=True, timeout=60)
     assert child.returncode == 42 and "not keel" in child.stdout
+
+
+def test_the_demo_help_says_what_a_round_streams(capsys: pytest.CaptureFixture[str]) -> None:
+    """`keel demo --help` names the A/Bs a round starts (keel/commands.py _demo_runs)."""
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "toy simulations (importance_sampling vs cispo)" in text
+    assert "transformers trained asynchronously on a stale bf16 sampler (ppo vs cispo)" in text
+    assert "a guarded ppo beside its twin" in text
+    runs = _demo_runs("http://127.0.0.1:8750", 0, 0.0)
+    assert {command[2] for command in runs.values()} == set(DEMO_ARMS) | set(LM_ARMS)  # --loss
+    assert [name for name in runs if "--guard" in runs[name]] == ["lm-ppo-lag8-bf16-s0-guard"]

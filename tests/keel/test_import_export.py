@@ -184,6 +184,21 @@ def test_a_source_that_cannot_be_imported_exits_2_and_says_why(
     assert message in capsys.readouterr().err
 
 
+def test_tensorboard_logs_without_tensorboard_installed_exit_2_and_say_what_to_install(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    from keel.tailing import ReaderNotInstalled, TensorboardTail
+    from wire import KeelError
+
+    _write_tensorboard(tmp_path, "run-a", range(3))
+    monkeypatch.setitem(sys.modules, "tensorboard.compat.proto.event_pb2", None)  # import fails
+    with pytest.raises(ReaderNotInstalled) as raised:
+        TensorboardTail(str(tmp_path / "run-a"))
+    assert isinstance(raised.value, KeelError)
+    assert keel("import", "tensorboard", tmp_path, "--dry-run") == 2
+    assert "reading TensorBoard logs needs `pip install tensorboard`" in capsys.readouterr().err
+
+
 def test_a_torn_wandb_file_imports_what_it_holds_and_says_what_it_could_not_read(tmp_path: Path, capsys) -> None:
     run_dir = _write_wandb_offline_run(tmp_path)
     (log,) = run_dir.glob("run-*.wandb")
