@@ -3,7 +3,7 @@
 A real `keel serve` process (SQLite file by default), three runs with 500 steps of
 history, the compare page open in headless Chromium at 1280x800. Then each run
 sends one step at a time over the ingest websocket; the page's live updater
-records when each point was painted (on the chart's live tail, or by the
+records when each point was painted (on the chart's live overlay, or by the
 Plotly.extendTraces that drew it into the figure, whichever came first; at the
 next animation frame). Latency = paint time - the moment just before the frame was
 sent (same machine, same clock). Target: p95 < 250 ms.

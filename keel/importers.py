@@ -5,7 +5,7 @@ every value it did not take (never dropped silently). Nothing here touches the n
 keel/transfer.py uploads what they return through the ingest protocol.
 
 One reader per log format, shared with `keel watch`: a wandb `.wandb` transaction log and
-TensorBoard event files are read by keel/tailing.py's incremental readers (the framing,
+TensorBoard event files are read by keel/readers.py's incremental readers (the framing,
 and what a corrupt, torn or oversized record does, live there alone), read after read to
 the end, and their names become Keel's through `Renamer`, the same as the watcher's
 (`--framework`, trainer_hooks/integrations/names.py). Importing a finished log and watching
@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from wire import KeelError, Limits, Row
 
 if TYPE_CHECKING:
-    from keel.tailing import HistoryRow, Scalar
+    from keel.readers import HistoryRow, Scalar
 
 __all__ = [
     "FRAMEWORK_CHOICES",
@@ -210,7 +210,7 @@ def choose_framework(option: str, names: Iterable[str], config: Mapping[str, Any
 class Renamer:
     """The logged names of one source run as Keel stores them, under a framework's name map
     (trainer_hooks/integrations/names.py; None: as logged). `keel import` and `keel watch`
-    both turn what keel/tailing.py reads into points through this, so a source lands under
+    both turn what keel/readers.py reads into points through this, so a source lands under
     the same names whichever command read it.
 
     A name the server refuses as a metric key (a NUL, too long) is not stored: its values are
@@ -298,15 +298,15 @@ def _tensorboard_run_dirs(logdir: Path) -> list[Path]:
 
 def read_tensorboard(logdir: Path, *, name: str | None = None, framework: str = "auto") -> list[ImportedRun]:
     """One ImportedRun per directory under `logdir` that holds event files, each read to its
-    end by `keel watch`'s reader (keel/tailing.py's TensorboardTail, read after read as the
+    end by `keel watch`'s reader (keel/readers.py's TensorboardReader, read after read as the
     watcher reads it) and named by `framework` as `keel watch --framework` names it."""
-    from keel.tailing import ReaderNotInstalled, TensorboardTail, reads_to_the_end
+    from keel.readers import ReaderNotInstalled, TensorboardReader, reads_to_the_end
 
     run_dirs = _tensorboard_run_dirs(logdir)
     runs = []
     for run_dir in run_dirs:
         try:
-            tail = TensorboardTail(str(run_dir), within=str(logdir))
+            reader = TensorboardReader(str(run_dir), within=str(logdir))
         except ReaderNotInstalled as exc:
             raise ImportSourceError(str(exc)) from None
         table = PointTable()
@@ -315,7 +315,7 @@ def read_tensorboard(logdir: Path, *, name: str | None = None, framework: str = 
         not_scalars: set[str] = set()
         notes: list[str] = []
         corrupt = 0
-        for read in reads_to_the_end(tail):
+        for read in reads_to_the_end(reader):
             corrupt += read.corrupt
             not_scalars |= read.not_scalars
             notes += [f"the rest of {file} (a bad record length: unreadable)" for file in read.broken]
@@ -328,9 +328,9 @@ def read_tensorboard(logdir: Path, *, name: str | None = None, framework: str = 
                 renamer.add_scalars(read.scalars, table)
         if corrupt:
             notes.append(f"{corrupt} corrupt record(s) in {run_dir.name} (skipped)")
-        if tail.waiting:
-            notes.append(f"the last {tail.waiting} byte(s) of its event files (not a whole record: a writer killed mid-write?)")
-        events = sorted(tail.cursors) or tail.files()
+        if reader.waiting:
+            notes.append(f"the last {reader.waiting} byte(s) of its event files (not a whole record: a writer killed mid-write?)")
+        events = sorted(reader.cursors) or reader.files()
         relative = run_dir.relative_to(logdir).as_posix()
         chosen = renamer.framework if renamer else None
         runs.append(
@@ -350,7 +350,7 @@ def read_tensorboard(logdir: Path, *, name: str | None = None, framework: str = 
 
 
 def _too_large_note(file: str, size: int) -> str:
-    from keel.tailing import _READ_LIMIT
+    from keel.readers import _READ_LIMIT
 
     return f"a record of {size} bytes in {file} (larger than the {_READ_LIMIT >> 20} MiB read at once: skipped)"
 
@@ -392,19 +392,19 @@ class _WandbLog:
 
 
 def _read_wandb_log(log: Path, framework: str) -> _WandbLog:
-    """The whole of a `.wandb` log, read by `keel watch`'s reader (keel/tailing.py's
-    WandbTail, read after read as the watcher reads it), named as the watcher names it."""
-    from keel.tailing import ReaderNotInstalled, WandbTail, reads_to_the_end
+    """The whole of a `.wandb` log, read by `keel watch`'s reader (keel/readers.py's
+    WandbReader, read after read as the watcher reads it), named as the watcher names it."""
+    from keel.readers import ReaderNotInstalled, WandbReader, reads_to_the_end
 
     try:
-        tail = WandbTail(str(log))
+        reader = WandbReader(str(log))
     except ReaderNotInstalled as exc:
         raise ImportSourceError(str(exc)) from None
     out = _WandbLog(None, {}, PointTable(), [], None, "")
     renamer: Renamer | None = None
     corrupt = 0
     try:
-        for read in reads_to_the_end(tail):
+        for read in reads_to_the_end(reader):
             if read.run is not None:
                 out.meta = read.run
             out.config.update(read.config)
@@ -420,8 +420,8 @@ def _read_wandb_log(log: Path, framework: str) -> _WandbLog:
         raise ImportSourceError(str(exc)) from None
     if corrupt:
         out.notes.append(f"{corrupt} corrupt record(s) in {log.name} (skipped)")
-    if tail.waiting:
-        out.notes.append(f"the last {tail.waiting} bytes of {log.name} (unreadable: a run killed mid-write?)")
+    if reader.waiting:
+        out.notes.append(f"the last {reader.waiting} bytes of {log.name} (unreadable: a run killed mid-write?)")
     out.config.pop("_wandb", None)
     return out
 
@@ -494,7 +494,7 @@ def _read_history_export(path: Path, name: str | None, framework: str) -> Import
         raise ImportSourceError(f"{path} holds no rows")
     if not any(_WANDB_STEP in row for row in rows):
         raise ImportSourceError(f"{path} has no {_WANDB_STEP!r} column to take the step from")
-    from keel.tailing import HistoryRow
+    from keel.readers import HistoryRow
 
     chosen, why = choose_framework(framework, {key for row in rows for key in row}, {})
     table = PointTable()

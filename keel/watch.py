@@ -11,7 +11,7 @@ after it, with its config; its metrics are renamed by the framework's name map
 
 Exact across failures. Per source, a state directory (under `--state`) holds:
 
-    watch.json   the source's cursor (byte offsets, keel/tailing.py), the run's description,
+    watch.json   the source's cursor (byte offsets, keel/readers.py), the run's description,
                  the source's config as read so far and the config the server last
                  acknowledged ("config_acked"), the framework chosen, the counts of what was
                  not stored, and the frames cut from the last read ("pending"); written whole
@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from keel.config_push import ConfigPush, Sent
     from keel.importers import Renamer
-    from keel.tailing import TensorboardTail, WandbTail
+    from keel.readers import TensorboardReader, WandbReader
     from trainer_hooks.sender import Sender
     from trainer_hooks.spool import Spool
 
@@ -123,7 +123,7 @@ class Options:
 
 
 class Follower:
-    """One source run: its tail, its state, its spool and Sender."""
+    """One source run: its reader, its state, its spool and Sender."""
 
     def __init__(self, kind: str, source: Path, root: Path, options: Options, say: Callable[[str], None]) -> None:
         import fcntl
@@ -147,7 +147,7 @@ class Follower:
         self.state: dict[str, Any] = self._load_state()
         self.spool: Spool | None = None
         self.sender: Sender | None = None
-        self.tail: WandbTail | TensorboardTail = self._tail()
+        self.reader: WandbReader | TensorboardReader = self._reader()
         self.renamer: Renamer | None = None
         """Keel's names of the source's (keel/importers.py, as `keel import` names them);
         None until the framework is decided."""
@@ -180,21 +180,21 @@ class Follower:
     def _save(self) -> None:
         _write_atomic(self.dir / STATE_FILE, self.state)
 
-    def _tail(self) -> WandbTail | TensorboardTail:
-        from keel.tailing import TensorboardTail, WandbTail
+    def _reader(self) -> WandbReader | TensorboardReader:
+        from keel.readers import TensorboardReader, WandbReader
 
         cursor = self.state["cursor"]
         if self.kind == "wandb":
-            return WandbTail(str(self.source), cursor or 0)
+            return WandbReader(str(self.source), cursor or 0)
         cursor = cursor or {}
-        return TensorboardTail(str(self.source), cursor.get("files"), cursor.get("plugins"), within=str(self.root))
+        return TensorboardReader(str(self.source), cursor.get("files"), cursor.get("plugins"), within=str(self.root))
 
     def _cursor(self) -> Any:
-        from keel.tailing import WandbTail
+        from keel.readers import WandbReader
 
-        if isinstance(self.tail, WandbTail):
-            return self.tail.cursor
-        return {"files": self.tail.cursors, "plugins": self.tail.plugins}
+        if isinstance(self.reader, WandbReader):
+            return self.reader.cursor
+        return {"files": self.reader.cursors, "plugins": self.reader.plugins}
 
     # -- framework ------------------------------------------------------------------------
 
@@ -223,10 +223,10 @@ class Follower:
 
     def poll(self, now: float) -> None:
         """Read what the source gained, and spool it; finish the run when the source has."""
-        from keel.tailing import WandbTail
+        from keel.readers import WandbReader
 
         before = json.dumps(self._cursor())
-        if isinstance(self.tail, WandbTail):
+        if isinstance(self.reader, WandbReader):
             table, exit_code, corrupt = self._read_wandb()
         else:
             table, exit_code, corrupt = self._read_tensorboard()
@@ -262,10 +262,10 @@ class Follower:
 
     def _read_wandb(self) -> tuple[Any, int | None, int]:
         from keel.importers import PointTable
-        from keel.tailing import WandbTail
+        from keel.readers import WandbReader
 
-        assert isinstance(self.tail, WandbTail)
-        read = self.tail.read()
+        assert isinstance(self.reader, WandbReader)
+        read = self.reader.read()
         for size in read.too_large:
             self._too_large(self.source, size)
         if read.run is not None:
@@ -282,10 +282,10 @@ class Follower:
 
     def _read_tensorboard(self) -> tuple[Any, int | None, int]:
         from keel.importers import PointTable
-        from keel.tailing import TensorboardTail
+        from keel.readers import TensorboardReader
 
-        assert isinstance(self.tail, TensorboardTail)
-        read = self.tail.read()
+        assert isinstance(self.reader, TensorboardReader)
+        read = self.reader.read()
         for what in sorted(read.not_scalars - set(self.state["not_stored"])):
             self.state["not_stored"].append(what)
             self.say(f"{self.label}: not stored: {what} (only scalars are)")
@@ -303,7 +303,7 @@ class Follower:
         return table, None, read.corrupt
 
     def _too_large(self, path: Path, size: int) -> None:
-        from keel.tailing import _READ_LIMIT
+        from keel.readers import _READ_LIMIT
 
         self.state["too_large"] = self.state.get("too_large", 0) + 1
         self.say(f"{self.label}: skipped a record of {size} bytes in {path}: larger than the "
@@ -335,7 +335,7 @@ class Follower:
             source.update(wandb_project=meta["project"], wandb_id=meta["id"])
             tags = list(meta["tags"])
         else:
-            files = sorted(self.tail.cursors)  # type: ignore[union-attr]
+            files = sorted(self.reader.cursors)  # type: ignore[union-attr]
             identity = f"tensorboard/{self.source.name}/{files[0]}"
             relative = self.source.relative_to(self.root.resolve()).as_posix() if self.source.is_relative_to(self.root.resolve()) else self.source.name
             name = self.root.resolve().name if relative == "." else f"{self.root.resolve().name}/{relative}"
@@ -464,7 +464,7 @@ class Follower:
             self.kind == "tensorboard"
             and self.sender is not None
             and self.state["status"] is None
-            and self.tail.waiting == 0
+            and self.reader.waiting == 0
             and now - self.state["last_growth"] >= self.options.finish_after
         ):
             self.state["status"] = "finished"
@@ -499,7 +499,7 @@ class Follower:
             self.say(f"{self.label}: the server refused it ({sender.last_error}); its frames stay in {spool.path}")
 
     def _summary(self) -> str:
-        from keel.tailing import _READ_LIMIT
+        from keel.readers import _READ_LIMIT
 
         parts = [f"{self.state['points']} point(s) stored"]
         if self.state["corrupt"]:
@@ -510,7 +510,7 @@ class Follower:
             key, reason = slot.split("\t", 1)
             parts.append(f"{count} value(s) of {key!r} not stored ({reason})")
         parts += [f"not stored: {what}" for what in self.state["not_stored"]]
-        waiting = self.tail.waiting
+        waiting = self.reader.waiting
         if waiting:
             parts.append(f"{waiting} byte(s) at the end of the source are not a whole record")
         return "; ".join(parts)

@@ -85,8 +85,8 @@ def run_rows(
             "last_seen_at": run.get("last_seen_at"),
         }
         for key in HEADLINE_KEYS:
-            tail = last_values.get(run["id"], {}).get(key)
-            row[key] = wire(tail.values[-1]) if tail is not None and tail.values else None
+            last = last_values.get(run["id"], {}).get(key)
+            row[key] = wire(last.values[-1]) if last is not None and last.values else None
         rows.append(row)
     return rows
 
@@ -246,7 +246,7 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         shown = filter_runs(runs, chosen)
         # One read of every firing alert, joined here: never one run_id per shown run in the URL.
         firing = await api.firing_alerts()
-        tails = {
+        latest = {
             run["id"]: {
                 key: Series.from_json({"steps": [point["step"]], "values": [point["value"]]})
                 for key, point in (run.get("latest") or {}).items()
@@ -263,7 +263,7 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         count = f"{len(shown)} of {len(runs)}" if len(shown) != len(runs) else f"{len(runs)}"
         error = "Could not read the alerts: health shows n/a." if firing is None else ""
         return (
-            run_rows(shown, tails, by_run),
+            run_rows(shown, latest, by_run),
             count,
             *(options[name] for name in filters),
             error,

@@ -59,7 +59,7 @@ def _smoothed(driver: Any, key: str) -> list[float | None]:
 
 
 def _wait_drawn(driver: Any, run: LiveRun, key: str, step: int) -> None:
-    """Wait until the figure itself holds `step` (painted on the live tail is not enough:
+    """Wait until the figure itself holds `step` (painted on the live overlay is not enough:
     these tests read the figure's axes and SVG paths)."""
 
     def held() -> bool:

@@ -124,8 +124,8 @@ def test_filter_runs_by_project_group_tag_status() -> None:
 
 
 def test_run_rows_carry_last_values_status_and_health() -> None:
-    tails = {"1": {"reward/mean": Series([9], [0.5]), "grad/norm": Series([9], [INF])}}
-    rows = run_rows(RUNS, tails, {"1": [_alert("critical", 4, run_id="1")]})
+    latest = {"1": {"reward/mean": Series([9], [0.5]), "grad/norm": Series([9], [INF])}}
+    rows = run_rows(RUNS, latest, {"1": [_alert("critical", 4, run_id="1")]})
     first = rows[0]
     assert (
         first["name"] == "[a](/runs/1)"

@@ -187,13 +187,13 @@ def test_a_source_that_cannot_be_imported_exits_2_and_says_why(
 def test_tensorboard_logs_without_tensorboard_installed_exit_2_and_say_what_to_install(
     tmp_path: Path, capsys, monkeypatch
 ) -> None:
-    from keel.tailing import ReaderNotInstalled, TensorboardTail
+    from keel.readers import ReaderNotInstalled, TensorboardReader
     from wire import KeelError
 
     _write_tensorboard(tmp_path, "run-a", range(3))
     monkeypatch.setitem(sys.modules, "tensorboard.compat.proto.event_pb2", None)  # import fails
     with pytest.raises(ReaderNotInstalled) as raised:
-        TensorboardTail(str(tmp_path / "run-a"))
+        TensorboardReader(str(tmp_path / "run-a"))
     assert isinstance(raised.value, KeelError)
     assert keel("import", "tensorboard", tmp_path, "--dry-run") == 2
     assert "reading TensorBoard logs needs `pip install tensorboard`" in capsys.readouterr().err

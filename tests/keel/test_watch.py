@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from keel.importers import run_id_for
-from keel.tailing import WandbTail, reads_to_the_end
+from keel.readers import WandbReader, reads_to_the_end
 from tests.support.monitor import wait_until as _wait
 from tests.support.raw_client import hello, new_run, open_ingest, points, recv
 from tests.support.server import REPO_ROOT, keel_serve
@@ -260,7 +260,7 @@ def _history_steps(data: bytes, tmp: Path) -> list[int]:
     `keel watch` and `keel import` read with."""
     log = tmp / "history-steps.wandb"
     log.write_bytes(data)
-    return [row.step for read in reads_to_the_end(WandbTail(str(log))) for row in read.rows if row.step is not None]
+    return [row.step for read in reads_to_the_end(WandbReader(str(log))) for row in read.rows if row.step is not None]
 
 
 def _history_record_of(data: bytes, step: int) -> int:

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from keel.importers import run_id_for
-from keel.tailing import TensorboardTail, WandbTail, masked_crc32c
+from keel.readers import TensorboardReader, WandbReader, masked_crc32c
 from keel.watch import Options, Watcher
 from tests.support.monitor import wait_until as _wait
 from tests.support.watched import api_get as _get
@@ -150,20 +150,20 @@ def test_a_wandb_record_larger_than_a_read_is_skipped_once_and_the_steps_after_i
     big_end = len(_wandb_log(records[:7]))
     log = tmp_path / "run-big1.wandb"
     log.write_bytes(data[: big_end - 100])  # the large record is still being written
-    tail = WandbTail(str(log))
-    first = tail.read()
+    reader = WandbReader(str(log))
+    first = reader.read()
     assert [row.step for row in first.rows] == [0, 1, 2, 3, 4]
-    at = tail.cursor
+    at = reader.cursor
     for _ in range(3):  # waits for the rest of it
-        assert tail.read().rows == [] and tail.cursor == at
+        assert reader.read().rows == [] and reader.cursor == at
     with log.open("ab") as handle:
         handle.write(data[big_end - 100 :])
-    reads = [tail.read() for _ in range(4)]
+    reads = [reader.read() for _ in range(4)]
     assert [row.step for read in reads for row in read.rows] == [6, 7, 8, 9]
     assert first.too_large == [] and [size for read in reads for size in read.too_large] == [len(records[6])]
     assert sum(read.corrupt for read in reads) == 0
     assert any(read.exit_code == 0 for read in reads)
-    assert tail.cursor == len(data) > at
+    assert reader.cursor == len(data) > at
 
 
 def test_a_tensorboard_record_larger_than_a_read_is_skipped_once_and_the_events_after_it_are_read(tmp_path: Path) -> None:
@@ -173,18 +173,18 @@ def test_a_tensorboard_record_larger_than_a_read_is_skipped_once_and_the_events_
     big_end = len(_tfrecords(events[:7]))
     name = "events.out.tfevents.1700000000.host.1.0"
     (tmp_path / name).write_bytes(data[: big_end - 100])
-    tail = TensorboardTail(str(tmp_path))
-    first = tail.read()
+    reader = TensorboardReader(str(tmp_path))
+    first = reader.read()
     assert [s.step for s in first.scalars] == [0, 1, 2, 3, 4]
     for _ in range(3):
-        assert tail.read().scalars == []
+        assert reader.read().scalars == []
     with (tmp_path / name).open("ab") as handle:
         handle.write(data[big_end - 100 :])
-    reads = [tail.read() for _ in range(3)]
+    reads = [reader.read() for _ in range(3)]
     assert [s.step for read in reads for s in read.scalars] == [5, 6, 7, 8, 9]
     assert first.too_large == [] and [too_large for read in reads for too_large in read.too_large] == [(name, len(events[6]))]
     assert sum(read.corrupt for read in reads) == 0 and not any(read.broken for read in reads)
-    assert tail.cursors[name] == len(data)
+    assert reader.cursors[name] == len(data)
 
 
 def test_watch_streams_past_a_record_larger_than_a_read_and_says_so_once(server_factory, sqlite_url: str, tmp_path: Path) -> None:
@@ -320,8 +320,8 @@ def test_event_files_linked_from_outside_the_watched_folder_are_not_read(server_
     (run / "events.out.tfevents.1700000003.host.1.0").symlink_to("../../secret/events.out.tfevents.1700000000.other.9.0")
     os.mkfifo(run / "events.out.tfevents.1700000004.host.1.0")  # not a file: opening it would wait forever
 
-    tail = TensorboardTail(str(run), within=str(root))
-    reads = [tail.read() for _ in range(3)]
+    reader = TensorboardReader(str(run), within=str(root))
+    reads = [reader.read() for _ in range(3)]
     assert sorted({s.tag for read in reads for s in read.scalars}) == ["kept", "loss"]
     assert sorted(name for read in reads for name, _ in read.not_read) == [
         "events.out.tfevents.1700000002.host.1.0", "events.out.tfevents.1700000003.host.1.0", "events.out.tfevents.1700000004.host.1.0",

@@ -1,6 +1,6 @@
 /*
  * Keel live updates: what a chart is waiting to draw, and drawing it into
- * the figure (tail.js paints it over the chart until then).
+ * the figure (overlay.js paints it over the chart until then).
  *
  * Chart conventions come from dashboard/figures.py: layout.meta says what the chart
  * shows; each trace's meta its run and role ("raw", "smooth", "nonfinite", ...). Pushed
@@ -28,9 +28,9 @@
         visible: true, // until the IntersectionObserver says otherwise
         observed: false,
         lastDraw: -Infinity, // performance.now() of the last draw
-        lastPaint: -Infinity, // performance.now() of the last paint of the live tail
-        urgent: false, // the tail holds a point only a draw can show
-        fresh: false, // appends taken in since the tail was last painted
+        lastPaint: -Infinity, // performance.now() of the last paint of the live overlay
+        urgent: false, // the overlay holds a point only a draw can show
+        fresh: false, // appends taken in since the overlay was last painted
       };
       states.set(gd, s);
     }
@@ -222,7 +222,7 @@
 
   /*
    * Room on the right of an autoranged step axis for the points to come, so that the live
-   * tail (tail.js) can paint them before the next redraw: when the appends reach the end
+   * overlay (overlay.js) can paint them before the next redraw: when the appends reach the end
    * of the x range, it is widened to HEADROOM of the steps shown past the newest (at least
    * MIN_HEADROOM steps). Set on gd.layout itself so that the redraw appending the points
    * applies it (a relayout would be a second redraw). A zoomed axis is left alone.

@@ -8,7 +8,7 @@
  *                 dashboard/figures.py compute them (tests/dashboard check both on
  *                 the same vectors)
  *   charts.js     what a chart is waiting to draw, and drawing it into the figure
- *   tail.js       the points not drawn into the figure yet, painted over it at once
+ *   overlay.js       the points not drawn into the figure yet, painted over it at once
  *   scheduler.js  when each chart draws: a share of the main thread, visible charts only
  *   socket.js     the websocket, and the server redraws it asks for
  *   start.js      wiring: which runs, which charts, page visibility, instrumentation

@@ -1,8 +1,8 @@
 /*
- * Keel live updates: when each chart paints its tail and draws.
+ * Keel live updates: when each chart paints its overlay and draws.
  *
  * Pushed rows are taken into each chart's pending appends at once (cheap), and painted
- * over the chart as its live tail (tail.js) within TAIL_INTERVAL_MS: that is when a point
+ * over the chart as its live overlay (overlay.js) within OVERLAY_INTERVAL_MS: that is when a point
  * shows. Drawing the appends into the figure is a Plotly redraw of the whole chart (every
  * trace, every point: tens of ms on a laptop, however few points are appended), so it
  * comes out of a budget: the page earns BUSY_SHARE ms of drawing per ms of wall time (up to
@@ -10,7 +10,7 @@
  * rendering after it. So live drawing keeps to about BUSY_SHARE of the main thread
  * (script, then style, layout and paint), whatever streams.
  *
- * A chart draws when its tail cannot show a point (past the axes' range, a non-finite
+ * A chart draws when its overlay cannot show a point (past the axes' range, a non-finite
  * marker): soon (URGENT_INTERVAL_MS), first, and on credit if need be. Otherwise at most
  * every DRAW_INTERVAL_MS, so that hover and the lines' history catch up. Within a frame,
  * charts draw until FRAME_BUDGET_MS is spent, the one that drew longest ago first. Charts
@@ -29,8 +29,8 @@
   // browser's style, layout and paint of the frame they changed (a bigger page costs more).
   var BUSY_SHARE = 0.05;
   var BURST_MS = 300; // drawing time a quiet page saves up for the next burst
-  var TAIL_INTERVAL_MS = 200; // a chart paints its tail at most this often
-  var URGENT_INTERVAL_MS = 100; // a chart whose tail cannot show a point draws this soon
+  var OVERLAY_INTERVAL_MS = 200; // a chart paints its overlay at most this often
+  var URGENT_INTERVAL_MS = 100; // a chart whose overlay cannot show a point draws this soon
   var DRAW_INTERVAL_MS = 2000; // any other chart draws at most this often
   var FRAME_BUDGET_MS = 12;
   var COALESCE_MS = 25; // wait for the rest of a burst before the next frame
@@ -117,7 +117,7 @@
       var sa = charts.state(a), sb = charts.state(b);
       return (sb.urgent - sa.urgent) || (sa.lastDraw - sb.lastDraw);
     });
-    var tails = [];
+    var overlaid = [];
     for (var i = 0; i < waiting.length; i++) {
       var gd = waiting[i];
       var s = charts.state(gd);
@@ -128,12 +128,12 @@
       if (credit <= floor) due = Math.max(due, now + (floor - credit) / BUSY_SHARE);
       if (due > now || now - started > FRAME_BUDGET_MS) {
         next = Math.min(next, Math.max(due, now));
-        tails.push(gd);
+        overlaid.push(gd);
         continue;
       }
       var before = performance.now();
       var drawn = charts.draw(gd);
-      live.tail.clear(gd);
+      live.overlay.clear(gd);
       s.urgent = false;
       spentAt = performance.now();
       credit -= spentAt - before;
@@ -141,23 +141,23 @@
       live.note("drawMs", spentAt - before);
       if (drawn) live.drew(gd, drawn);
     }
-    // The charts that did not draw show what they hold on their tail.
-    for (var t = 0; t < tails.length; t++) {
-      var tailOf = charts.state(tails[t]);
-      if (!tailOf.fresh) continue;
-      var paintDue = tailOf.lastPaint + TAIL_INTERVAL_MS;
+    // The charts that did not draw show what they hold on their overlay.
+    for (var t = 0; t < overlaid.length; t++) {
+      var chartState = charts.state(overlaid[t]);
+      if (!chartState.fresh) continue;
+      var paintDue = chartState.lastPaint + OVERLAY_INTERVAL_MS;
       var at = performance.now();
       if (paintDue > at) {
         next = Math.min(next, paintDue);
         continue;
       }
-      var shown = live.tail.paint(tails[t]);
+      var shown = live.overlay.paint(overlaid[t]);
       spentAt = performance.now();
       credit -= spentAt - at;
-      live.note("tails", 1);
-      if (shown.urgent && !tailOf.urgent) {
-        tailOf.urgent = true;
-        next = Math.min(next, Math.max(spentAt, tailOf.lastDraw + URGENT_INTERVAL_MS));
+      live.note("overlays", 1);
+      if (shown.urgent && !chartState.urgent) {
+        chartState.urgent = true;
+        next = Math.min(next, Math.max(spentAt, chartState.lastDraw + URGENT_INTERVAL_MS));
       }
     }
     if (spentAt !== null) chargeRendering(spentAt);
@@ -187,7 +187,7 @@
     s.pending = null;
     s.received = [];
     s.urgent = false;
-    live.tail.clear(gd);
+    live.overlay.clear(gd);
     Object.keys(buffers).forEach(function (runId) {
       var rows = [];
       buffers[runId].forEach(function (kept) {

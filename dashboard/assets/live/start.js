@@ -26,7 +26,7 @@
   var seenCards = new WeakSet(); // chart cards whose figure was asked for
   var everDrawn = false;
 
-  live.stats = instrument ? { messages: 0, appended: 0, renders: 0, refreshes: 0, frames: 0, tails: 0, draws: 0, drawMs: 0, seen: 0, ticks: {} } : null;
+  live.stats = instrument ? { messages: 0, appended: 0, renders: 0, refreshes: 0, frames: 0, overlays: 0, draws: 0, drawMs: 0, seen: 0, ticks: {} } : null;
   live.drawn = instrument ? [] : null;
 
   /* Count an event (instrumentation only): "ticks.<store>" counts per store. */
@@ -131,7 +131,7 @@
       if (!s.observed && observer) {
         s.observed = true;
         observer.observe(gd);
-        live.tail.watch(gd);
+        live.overlay.watch(gd);
       }
       var meta = gd.layout && gd.layout.meta;
       if (!meta || !meta.render_id || s.render === meta.render_id) return;

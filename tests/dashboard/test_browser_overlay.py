@@ -1,7 +1,7 @@
-"""The live tail in a real headless Chromium: a pushed point is painted over the chart at
+"""The live overlay in a real headless Chromium: a pushed point is painted over the chart at
 once, where Plotly draws it later, and a point the axes cannot place is drawn at once.
 
-The tail (assets/live/tail.js) is a canvas over the plot: the test keeps a copy of it
+The overlay (assets/live/overlay.js) is a canvas over the plot: the test keeps a copy of it
 while the figure does not hold the step yet, then reads where Plotly's own SVG path puts
 that step once the figure took it in, and looks at the copy there.
 """
@@ -29,7 +29,7 @@ return Array.from(document.querySelectorAll('.keel-graph .js-plotly-plot')).find
 });
 """
 
-# Keep a copy of the tail canvas each frame while the figure does not hold `step` yet and
+# Keep a copy of the overlay canvas each frame while the figure does not hold `step` yet and
 # the canvas shows something (the last such copy is what the reader saw before the redraw).
 WATCH_JS = (
     CHART_JS.replace("return Array", "var gd = Array")
@@ -44,7 +44,7 @@ function painted(canvas) {
 function look() {
   var smooth = gd.data.find(function (t) { return t.meta && t.meta.role === 'smooth'; });
   if (smooth.x.indexOf(step) >= 0) return;
-  var canvas = gd.querySelector('canvas.keel-tail');
+  var canvas = gd.querySelector('canvas.keel-overlay');
   if (canvas && canvas.width && painted(canvas)) {
     var copy = document.createElement('canvas');
     copy.width = canvas.width;
@@ -59,7 +59,7 @@ requestAnimationFrame(look);
 )
 
 # Where the figure draws `step` on the smoothed line (its SVG path's vertex, in page pixels
-# of the chart), the colour of that line, and what the kept tail copy shows around there.
+# of the chart), the colour of that line, and what the kept overlay copy shows around there.
 SAMPLE_JS = (
     CHART_JS.replace("return Array", "var gd = Array")
     + """
@@ -81,7 +81,7 @@ if (copy) {
     if (!best || px[3] > best[3]) best = Array.from(px);
   }
 }
-var right = null; // the rightmost column the tail painted (where its lines end)
+var right = null; // the rightmost column the overlay painted (where its lines end)
 if (copy) {
   var all = copy.canvas.getContext('2d').getImageData(0, 0, copy.canvas.width, copy.canvas.height);
   for (var k = 3; k < all.data.length; k += 4) {
@@ -89,12 +89,12 @@ if (copy) {
   }
   if (right !== null) right = right / copy.ratio;
 }
-var live = gd.querySelector('canvas.keel-tail');
+var live = gd.querySelector('canvas.keel-overlay');
 var left = live ? live.getContext('2d').getImageData(0, 0, live.width, live.height).data : [];
 var stillPainted = false;
 for (var i = 3; i < left.length; i += 4) if (left[i]) { stillPainted = true; break; }
 return {last_x: trace.x[trace.x.length - 1], colour: gd._fullData[index].line.color,
-        pixel: best, x: x, right: right, tail_cleared: !stillPainted};
+        pixel: best, x: x, right: right, overlay_cleared: !stillPainted};
 """
 )
 
@@ -124,7 +124,7 @@ def _row(step: int, value: float) -> dict[str, Any]:
 def test_a_live_point_is_painted_at_once_where_the_figure_draws_it_later(
     server, browser, artifacts
 ) -> None:
-    run = LiveRun(server, "tail", "cispo")
+    run = LiveRun(server, "overlay", "cispo")
     run.send([_row(s, 0.5 + 0.1 * (s % 7) / 7) for s in range(200)])
     browser.get(f"{server.url}/compare?runs={run.id}")
     drawn_charts(browser, 5)
@@ -138,7 +138,7 @@ def test_a_live_point_is_painted_at_once_where_the_figure_draws_it_later(
     assert hi >= 200 + 10, first["x"]  # room for at least MIN_HEADROOM more steps
     assert lo == 0
 
-    # The next one falls inside both axes: painted on the tail, drawn into the figure later.
+    # The next one falls inside both axes: painted on the overlay, drawn into the figure later.
     browser.execute_script(WATCH_JS, KEY, 201)
     sent = time.monotonic()
     run.send([_row(201, 0.55)])
@@ -146,15 +146,15 @@ def test_a_live_point_is_painted_at_once_where_the_figure_draws_it_later(
     waited = time.monotonic() - sent
     sample = browser.execute_script(SAMPLE_JS, KEY, 201)
     assert sample["last_x"] == 201, sample
-    assert sample["pixel"] is not None, f"the tail never showed step 201 (figure took it in after {waited:.2f} s)"
+    assert sample["pixel"] is not None, f"the overlay never showed step 201 (figure took it in after {waited:.2f} s)"
     red, green, blue, alpha = sample["pixel"]
-    assert alpha >= 128, sample  # the tail drew the line through the point Plotly drew later
+    assert alpha >= 128, sample  # the overlay drew the line through the point Plotly drew later
     want = _rgb(sample["colour"])
     assert max(abs(a - b) for a, b in zip((red, green, blue), want, strict=True)) <= 40, (sample, want)
-    assert abs(sample["right"] - sample["x"]) <= 3, sample  # the tail ends at the step
-    assert sample["tail_cleared"], "the redraw that took the step in must clear the tail"
+    assert abs(sample["right"] - sample["x"]) <= 3, sample  # the overlay ends at the step
+    assert sample["overlay_cleared"], "the redraw that took the step in must clear the overlay"
 
-    # A spike far above the y range cannot be placed on the tail: the chart is redrawn at
+    # A spike far above the y range cannot be placed on the overlay: the chart is redrawn at
     # once (well before its next regular draw, DRAW_INTERVAL_MS = 2 s after the last one).
     top = max(_figure(browser)["y"])  # a linear axis: the range is in values
     sent = time.monotonic()
@@ -167,6 +167,6 @@ def test_a_live_point_is_painted_at_once_where_the_figure_draws_it_later(
     )
     assert time.monotonic() - sent < 1.5
     assert max(spiked["y"]) >= top * 10
-    screenshot(browser, artifacts / "tail.png", full_page=False)
+    screenshot(browser, artifacts / "overlay.png", full_page=False)
     assert console_errors(browser) == []
     run.close()

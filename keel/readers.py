@@ -44,7 +44,7 @@ from typing import Any
 
 from wire import KeelError
 
-__all__ = ["HistoryRow", "ReaderNotInstalled", "TensorboardTail", "WandbTail", "masked_crc32c", "reads_to_the_end"]
+__all__ = ["HistoryRow", "ReaderNotInstalled", "TensorboardReader", "WandbReader", "masked_crc32c", "reads_to_the_end"]
 
 
 class ReaderNotInstalled(KeelError, RuntimeError):
@@ -122,7 +122,7 @@ def wandb_items(items: Any, *, metrics: bool = False) -> Iterator[tuple[str, Any
         yield item.key or ".".join(item.nested_key), decode(item.value_json)
 
 
-class WandbTail:
+class WandbReader:
     """Reads a growing `.wandb` file from `cursor` on."""
 
     def __init__(self, path: str, cursor: int = 0) -> None:
@@ -339,7 +339,7 @@ class TensorboardRead:
     file. Each is in one read's list only."""
 
 
-class TensorboardTail:
+class TensorboardReader:
     """Reads every event file of one directory, each from its own cursor.
 
     `cursors` maps file name -> offset (-1: the rest of the file is unreadable); `plugins`
@@ -467,13 +467,13 @@ class TensorboardTail:
 # -- to the end -------------------------------------------------------------------------
 
 
-def reads_to_the_end(tail: WandbTail | TensorboardTail) -> Iterator[Any]:
-    """Every read of `tail` (a WandbRead or TensorboardRead each) until one leaves its cursor
+def reads_to_the_end(reader: WandbReader | TensorboardReader) -> Iterator[Any]:
+    """Every read of `reader` (a WandbRead or TensorboardRead each) until one leaves its cursor
     where it was: a log read whole the way `keel watch` reads it as it grows (`keel import`).
-    What is left then, `tail.waiting` bytes, is not a whole record (a writer killed
+    What is left then, `reader.waiting` bytes, is not a whole record (a writer killed
     mid-write); a record larger than a read is skipped and reported by both alike."""
     while True:
-        before = tail.cursor if isinstance(tail, WandbTail) else dict(tail.cursors)
-        yield tail.read()
-        if (tail.cursor if isinstance(tail, WandbTail) else tail.cursors) == before:
+        before = reader.cursor if isinstance(reader, WandbReader) else dict(reader.cursors)
+        yield reader.read()
+        if (reader.cursor if isinstance(reader, WandbReader) else reader.cursors) == before:
             return

@@ -1,12 +1,12 @@
 /*
- * Keel live updates: the live tail, painted without redrawing the chart.
+ * Keel live updates: the live overlay, painted without redrawing the chart.
  *
  * Plotly has no incremental append: extendTraces redraws the whole chart, every trace and
  * every point (tens of ms with many runs). So a chart takes its pushed points into the
  * figure only now and then, out of a share of the main thread (scheduler.js). Until
  * then they are painted at once on a canvas laid over the plot area: the same lines, in
  * each trace's colour, width, dash and opacity, placed by Plotly's own axis mapping, for
- * the cost of a few line segments. The tail is exactly the chart's pending appends
+ * the cost of a few line segments. The overlay is exactly the chart's pending appends
  * (charts.js), so the redraw that takes them into the figure clears it.
  *
  * A point the axes cannot place (past the end of the x range, above or below the y
@@ -21,7 +21,7 @@
   "use strict";
 
   var charts = live.charts;
-  var canvases = new WeakMap(); // chart element -> its tail canvas
+  var canvases = new WeakMap(); // chart element -> its overlay canvas
 
   /* Plotly's dash patterns (src/components/drawing dashStyle), for a line of `width` px. */
   function dashPattern(dash, width) {
@@ -45,7 +45,7 @@
     var canvas = canvases.get(gd);
     if (!canvas || canvas.parentNode !== container) {
       canvas = document.createElement("canvas");
-      canvas.className = "keel-tail";
+      canvas.className = "keel-overlay";
       // Above the traces, below the hover labels and the legend (the later svg layers).
       canvas.style.cssText = "position:absolute;top:0;left:0;pointer-events:none";
       container.insertBefore(canvas, svg.nextSibling);
@@ -147,13 +147,13 @@
     return { urgent: urgent };
   }
 
-  /* Clear `gd`'s tail (its figure was replaced, or took the appends in). */
+  /* Clear `gd`'s overlay (its figure was replaced, or took the appends in). */
   function clear(gd) {
     var canvas = canvases.get(gd);
     if (canvas) canvas.getContext("2d").clearRect(0, 0, canvas.width, canvas.height);
   }
 
-  /* Paint the tail again whenever Plotly redrew or moved the axes (zoom, resize, a new figure). */
+  /* Paint the overlay again whenever Plotly redrew or moved the axes (zoom, resize, a new figure). */
   function watch(gd) {
     if (typeof gd.on !== "function") return;
     var again = function () { paint(gd); };
@@ -161,5 +161,5 @@
     gd.on("plotly_relayout", again);
   }
 
-  live.tail = { paint: paint, clear: clear, watch: watch };
+  live.overlay = { paint: paint, clear: clear, watch: watch };
 })(window.keelLive = window.keelLive || {});
