@@ -135,7 +135,7 @@ class KeelApi:
         """Histograms of `key` per step, `{"key", "edges", "steps", "counts", "bucketed"}`
         (empty lists when the run has none); more than `max_steps` steps come in buckets of
         consecutive steps, counts summed."""
-        params = {"key": key, "from": start, "to": end, "max_steps": max_steps}
+        params = {"key": key, "start": start, "end": end, "max_steps": max_steps}
         return await self._details(f"/runs/{run_id}/distributions", **params)
 
     async def samples(self, run_id: str, step: int | None = None) -> dict[str, Any] | None:
@@ -153,7 +153,7 @@ class KeelApi:
     ) -> dict[str, Any] | None:
         """(length, Σℓ) of the sequences of steps `start`..`end`, `{"steps", "length",
         "log_ratio", "fit"}`, the fit `{"slope_per_1k", "intercept", "n"}` or None."""
-        params = {"from": start, "to": end, "max_points": max_points}
+        params = {"start": start, "end": end, "max_points": max_points}
         return await self._details(f"/runs/{run_id}/sequences", **params)
 
     async def alerts(

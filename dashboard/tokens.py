@@ -20,7 +20,7 @@ from wire import read_value
 __all__ = ["token_colour", "token_hover", "sample_card", "sample_header", "colour_legend", "ELL_FULL"]
 
 ELL_FULL = 4.0
-"""|ℓ| at which a token's colour is full: r = e⁴ ≈ 55, the seed's dial."""
+"""|ℓ| at which a token's colour is full: r = e⁴ ≈ 55."""
 ELL_SOFT = 0.05
 """Below about this |ℓ| (a 5 % ratio) a token stays near white: float noise, not mismatch."""
 RED = (200, 30, 30)  # the learner likes the token more than the sampler did (r > 1)

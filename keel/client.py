@@ -229,7 +229,7 @@ class Client:
         "left_out"}`. More than `max_steps` (server default 500, at most 5000) steps come back
         as buckets of consecutive steps, counts summed; steps whose edges differ from the
         newest step's are left out."""
-        params = {"key": key, "from": start, "to": end, "max_steps": max_steps}
+        params = {"key": key, "start": start, "end": end, "max_steps": max_steps}
         found: dict[str, Any] = self._get(f"/runs/{_segment(self._run_id(run))}/distributions", params)
         return found
 
@@ -251,7 +251,7 @@ class Client:
         default 5000) when there are more: `{"steps", "length", "log_ratio", "fit"}`, `fit`
         being `{"slope_per_1k", "intercept", "n"}` or None. Non-finite Σℓ are the strings
         "nan", "inf", "-inf", as on the wire."""
-        params = {"from": start, "to": end, "max_points": max_points}
+        params = {"start": start, "end": end, "max_points": max_points}
         found: dict[str, Any] = self._get(f"/runs/{_segment(self._run_id(run))}/sequences", params)
         return found
 

@@ -197,7 +197,7 @@ def _parity(args: argparse.Namespace) -> int:
     run_notes = [f"run {side.upper()}: {note}" for side in ("a", "b") for note in dict.fromkeys(read[side][1])]
     report.notes = run_notes + report.notes
     report.runs = {
-        side: {"id": run["id"], "name": run["name"], "from": start, "to": end} for side, run in runs.items()
+        side: {"id": run["id"], "name": run["name"], "start": start, "end": end} for side, run in runs.items()
     }
     print(json.dumps(report.to_json(), indent=2) if args.json else report.render())
     return report.exit_code

@@ -1,6 +1,6 @@
 """Reference learner loops that implement Keel's losses and stream to a Keel server.
 
-- `learners.toy`: the seed's toy off-policy grid, batched (`keel grid`, `keel sim`).
+- `learners.toy`: the toy off-policy grid (docs/losses.md), batched (`keel grid`, `keel sim`).
 - `learners.lm`: a small transformer policy trained asynchronously, a stale bf16 sampler
   beside an fp32 learner, on a verifiable task (`keel lm`, `keel lm-grid`; docs/lm.md).
 

@@ -1,4 +1,4 @@
-"""The seed's toy off-policy simulation (docs/losses.md) as one batched program.
+"""The toy off-policy study's simulation (docs/losses.md) as one batched program.
 
 All runs of a grid (losses × lags × mismatch levels × seeds) advance together:
 every tensor carries a leading run dimension R, and the gradient on W is
@@ -14,7 +14,7 @@ step. Runs sharing a seed therefore share the problem and the random numbers
 (common random numbers: differences between losses are not sampling luck),
 and a run executed alone reproduces its numbers from the grid.
 
-Choices the seed leaves open (documented in docs/losses.md):
+Choices the study leaves open (documented in docs/losses.md):
 - the noise and the −6 spikes perturb the sampler's logits of all 32×12×8
   (prompt, position, token) entries, redrawn at every step; spikes are the
   entries whose uniform draw is below the level's fraction;

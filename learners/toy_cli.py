@@ -40,7 +40,7 @@ def add_grid_arguments(parser: argparse.ArgumentParser) -> None:
         "--losses",
         type=_str_list,
         default=_str_list(_DEFAULT_LOSSES),
-        help="comma-separated loss names (default: the seed's 8)",
+        help="comma-separated loss names (default: the toy study's 8)",
     )
     parser.add_argument("--lags", type=_int_list, default=[0, 2, 8, 32], help="default: 0,2,8,32")
     parser.add_argument(

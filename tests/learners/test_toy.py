@@ -1,4 +1,4 @@
-"""The batched toy grid (docs/losses.md): analytic gradient, determinism, streaming API, CLI and the seed's findings."""
+"""The batched toy grid (docs/losses.md): analytic gradient, determinism, streaming API, CLI and the toy study's findings."""
 
 from __future__ import annotations
 
@@ -199,7 +199,7 @@ def test_bad_specs_are_rejected() -> None:
             ToyGrid([spec])
 
 
-# The seed's findings (docs/losses.md) on the default grid minus seed 0 and lag 2 (half
+# The toy study's findings (docs/losses.md) on the default grid minus seed 0 and lag 2 (half
 # the runs, all 8 losses, 3 mismatch levels, 600 steps); the findings hold on the
 # full grid too (`keel grid`, bench/grid.py). The largest IS and PPO gradient
 # norms come from seed 2, so that seed has to stay.

@@ -98,7 +98,7 @@ def test_log_batch_sends_the_step_details(make_server, sqlite_url, tmp_path) -> 
     assert worst["advantage"] == pytest.approx(second["advantages"][4].item())
     assert len(json.dumps(samples["samples"])) <= 16 * 1024
 
-    pairs = server.get(f"/runs/{run}/sequences", **{"from": 0, "to": 0})
+    pairs = server.get(f"/runs/{run}/sequences", start=0, end=0)
     assert sorted(pairs["length"]) == sorted(mask.sum(-1).tolist())
     tail = server.series(run, "mismatch/tail_frac")[1]
     assert tail[0] == pytest.approx(float((ell[mask].abs() >= 1).double().mean()))

@@ -65,11 +65,12 @@ def test_details_sent_on_the_socket_are_acked_then_readable(server) -> None:
         "key": "mismatch/log_ratio", "edges": EDGES, "steps": list(range(40)), "counts": stored.tolist(),
         "nan": [step % 3 for step in range(40)], "bucketed": False, "left_out": 0,
     }
-    bucketed = _get(server, f"/runs/{run_id}/distributions", key="mismatch/log_ratio", max_steps=6, **{"from": 5, "to": 34})
+    bucketed = _get(server, f"/runs/{run_id}/distributions", key="mismatch/log_ratio", max_steps=6, start=5, end=34)
     width = math.ceil(30 / 6)
     assert bucketed["bucketed"] is True and bucketed["steps"] == [9, 14, 19, 24, 29, 34]
     assert bucketed["counts"] == [stored[start : start + width].sum(axis=0).tolist() for start in range(5, 35, width)]
-    assert _get(server, f"/runs/{run_id}/distributions", key="mismatch/log_ratio", start=5, end=34, max_steps=6) == bucketed
+    # `from`/`to`: deprecated names of `start`/`end`, still answered
+    assert _get(server, f"/runs/{run_id}/distributions", key="mismatch/log_ratio", max_steps=6, **{"from": 5, "to": 34}) == bucketed
     assert _get(server, f"/runs/{run_id}/distributions", key="nope") == {
         "key": "nope", "edges": [], "steps": [], "counts": [], "nan": [], "bucketed": False, "left_out": 0,
     }
@@ -81,7 +82,7 @@ def test_details_sent_on_the_socket_are_acked_then_readable(server) -> None:
     assert _get(server, f"/runs/{run_id}/samples", step=0)["step"] == 0
 
     # sequences: every pair, and the fit numpy.polyfit gives over the finite ones
-    answer = _get(server, f"/runs/{run_id}/sequences", **{"from": 10, "to": 19})
+    answer = _get(server, f"/runs/{run_id}/sequences", start=10, end=19)
     length = [x for row in sent[10:20] for x in row["sequences"]["length"]]
     log_ratio = [y for row in sent[10:20] for y in row["sequences"]["log_ratio"]]
     assert answer["steps"] == [step for step in range(10, 20) for _ in range(50)]
