@@ -75,10 +75,10 @@ def run_arm(kind: str, spec: dict[str, Any], guard: bool) -> dict[str, Any]:
     from learners.labels import falls, smoothed
     from learners.lm.guard import GuardConfig
     from learners.lm.learner import LMConfig, Recorder, train
-    from server.alerts.hazard import HazardModel, current_model, hazard_at, reads
+    from server.alerts.hazard import MODEL, HazardModel, hazard_at, reads
 
     torch.set_num_threads(1)
-    model = HazardModel(current_model())
+    model = HazardModel(MODEL)  # the built-in one (a server with no KEEL_HAZARD_MODEL)
     state: dict[str, Any] = {}
     latest: dict[str, float | None] = {"hazard": None}
 

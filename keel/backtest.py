@@ -57,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
 
     from server import db
     from server.alerts.backtest import DEFAULT_RULES, backtest_runs, parse_rules, stored_rules
+    from server.alerts.hazard import load_model
     from server.config import Settings
     from server.errors import NotFound
     from server.storage import Store
@@ -71,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"keel backtest: {args.rules}: {exc}", file=sys.stderr)
             return 2
 
+    hazard_model = load_model(settings.hazard_model)  # the server's (KEEL_HAZARD_MODEL), else the built-in one
+
     async def replay() -> list[Any]:
         store = Store(db.create_engine(settings.database_url))
         try:
@@ -78,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
             if chosen is None:
                 chosen = await stored_rules(store, args.rule_id) if args.rule_id else list(DEFAULT_RULES)
             run_ids = args.run or [r.id for r in await store.list_runs(project=args.project)]
-            return await backtest_runs(store, chosen, run_ids)
+            return await backtest_runs(store, chosen, run_ids, hazard_model)
         finally:
             await store.close()
 

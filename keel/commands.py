@@ -229,6 +229,7 @@ def _eval_alerts(args: argparse.Namespace) -> int:
         save_corpus,
     )
     from server.alerts.backtest import DEFAULT_RULES, parse_rules
+    from server.alerts.hazard import load_model
 
     rules = list(DEFAULT_RULES)
     if args.rules:
@@ -260,11 +261,7 @@ def _eval_alerts(args: argparse.Namespace) -> int:
         with open(args.fit_hazard, "w", encoding="utf-8") as handle:
             json.dump(model, handle, indent=1)
         print(f"hazard fitted on {len(data.y)} rows ({sum(data.y)} within {model['horizon']} steps of a collapse): {args.fit_hazard}")
-    if args.hazard_model:
-        from server.alerts import hazard
-
-        with open(args.hazard_model, encoding="utf-8") as handle:
-            hazard.use_model(json.load(handle))
+    hazard_model = load_model(args.hazard_model)  # after --fit-hazard, which may have written it; None: the built-in one
     if args.regimes:
         return _regimes(args, [run for _, corpus in corpora for run in corpus], rules)
     print(f"scoring: a hit is a firing in the {WINDOW} steps before the collapse; collapses before step "
@@ -272,7 +269,9 @@ def _eval_alerts(args: argparse.Namespace) -> int:
           "FA = runs that never collapsed but fired")  # fmt: skip
     results = []
     for name, corpus in corpora:
-        result = evaluate(corpus, rules, hazard_p=args.hazard, details=args.details, rlwatch=not args.no_rlwatch)
+        result = evaluate(
+            corpus, rules, hazard_model=hazard_model, hazard_p=args.hazard, details=args.details, rlwatch=not args.no_rlwatch
+        )
         print(f"\n== {name}: {result['runs']} runs, {result['collapsing']} collapsing "
               "(reward reached >= 0.5, fell >= 0.2 below its running peak and did not regain within 0.1 "
               "of it in 100 steps); dips: falls that regained, firings near them not judged")  # fmt: skip
@@ -285,10 +284,9 @@ def _eval_alerts(args: argparse.Namespace) -> int:
                 format_separation,
                 rows,
             )
-            from server.alerts.hazard import HazardModel, current_model
 
             data = rows(corpus)
-            result["calibration"] = calibration(data, HazardModel(current_model()))
+            result["calibration"] = calibration(data, hazard_model)
             result["separation"] = feature_separation(data)
             print(format_calibration(result["calibration"]))
             print(format_separation(result["separation"]))

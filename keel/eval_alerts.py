@@ -46,6 +46,7 @@ from typing import Any
 from learners.labels import SMOOTH_WINDOW, collapse_step, falls, smoothed
 from server.alerts.backtest import backtest
 from server.alerts.catalog import DEFAULT_RULES, RuleSpec
+from server.alerts.hazard import HazardModel
 from wire import Row
 
 __all__ = [
@@ -236,18 +237,23 @@ def save_corpus(corpus: Sequence[CorpusRun], path: str) -> None:
 # -- firings ---------------------------------------------------------------------------
 
 
-def rule_firings(corpus: Sequence[CorpusRun], rules: Sequence[RuleSpec]) -> dict[str, list[list[int]]]:
-    """Per rule name, per run: the steps where the rule fired (the backtest of every run)."""
+def rule_firings(
+    corpus: Sequence[CorpusRun], rules: Sequence[RuleSpec], *, hazard_model: HazardModel | None = None
+) -> dict[str, list[list[int]]]:
+    """Per rule name, per run: the steps where the rule fired (the backtest of every run;
+    hazard rules under `hazard_model`, which only rules without one may leave out)."""
     out: dict[str, list[list[int]]] = {rule.name: [] for rule in rules}
     for run in corpus:
-        for result in backtest(rules, run.rows()):
+        for result in backtest(rules, run.rows(), hazard_model=hazard_model):
             out[result.rule.name].append(result.fired_steps)
     return out
 
 
-def critical_firings(corpus: Sequence[CorpusRun], rules: Sequence[RuleSpec]) -> tuple[list[list[int]], dict[str, list[list[int]]]]:
+def critical_firings(
+    corpus: Sequence[CorpusRun], rules: Sequence[RuleSpec], *, hazard_model: HazardModel | None = None
+) -> tuple[list[list[int]], dict[str, list[list[int]]]]:
     """The union of the critical rules' firing steps per run, and every rule's own."""
-    per_rule = rule_firings(corpus, rules)
+    per_rule = rule_firings(corpus, rules, hazard_model=hazard_model)
     critical = [rule.name for rule in rules if rule.severity == "critical"]
     union = [sorted({step for name in critical for step in per_rule[name][index]}) for index in range(len(corpus))]
     return union, per_rule
@@ -407,21 +413,23 @@ def evaluate(
     corpus: Sequence[CorpusRun],
     rules: Sequence[RuleSpec] = DEFAULT_RULES,
     *,
+    hazard_model: HazardModel,
     hazard_p: float | None = None,
     details: bool = False,
     rlwatch: bool = True,
 ) -> dict[str, Any]:
     """Score the critical rules (PPO apart), the "mismatch climbing" warning, the collapse
-    hazard as a rule `hazard > hazard_p` (alone and beside the critical rules) and rlwatch."""
+    hazard as a rule `hazard > hazard_p` (alone and beside the critical rules) and rlwatch;
+    the hazard, and any hazard rule among `rules`, under `hazard_model`."""
     started = time.perf_counter()
-    critical, per_rule = critical_firings(corpus, rules)
+    critical, per_rule = critical_firings(corpus, rules, hazard_model=hazard_model)
     scores = [score("keel critical", corpus, critical)]
     names = [rule.name for rule in rules if rule.severity == "critical"]
     if len(names) > 1:  # what each critical rule contributes to the union
         scores += [score(f"  {name}", corpus, per_rule[name]) for name in names]
     scores += _split("keel critical", corpus, critical)
     if hazard_p is not None:
-        hazard = rule_firings(corpus, [hazard_rule(hazard_p)])[HAZARD_RULE]
+        hazard = rule_firings(corpus, [hazard_rule(hazard_p)], hazard_model=hazard_model)[HAZARD_RULE]
         scores.append(score(f"hazard > {hazard_p:g}", corpus, hazard))
         scores += _split(f"hazard > {hazard_p:g}", corpus, hazard)
         both = [sorted({*a, *b}) for a, b in zip(critical, hazard, strict=True)]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from server import db
 from server.alerts.coordination import Coordination, Replicated, SingleProcess
 from server.alerts.engine import AlertEngine
-from server.alerts.hazard import HazardCache
+from server.alerts.hazard import HazardCache, HazardModel, load_model
 from server.alerts.notify import Notifier
 from server.alerts.rulebook import RuleBook
 from server.config import Settings, deprecated_env
@@ -47,8 +47,11 @@ class Components:
     """Lets the dashboard's in-process API reads through when auth is on (read scope only)."""
     fanout: Fanout | None
     """Live fan-out to other replicas (PostgreSQL); None with SQLite's one process."""
+    hazard_model: HazardModel
+    """The one collapse-hazard model of this process (`Settings.hazard_model`): the `hazard`
+    rules, the backtest, the hazard reads and the signals all compute with it."""
     hazards: HazardCache
-    """Each read run's collapse hazard so far (GET /runs/{id}/hazard extends it)."""
+    """Each read run's collapse hazard so far under `hazard_model` (GET /runs/{id}/hazard extends it)."""
 
 
 async def _every(period_s: float, job: Callable[[], Awaitable[None]]) -> None:
@@ -65,6 +68,8 @@ async def running(settings: Settings, internal_token: str) -> AsyncIterator[Comp
     """Build the components, run their background tasks, and take it all down again."""
     for old, new in deprecated_env():
         log.warning("%s is deprecated and will stop working; set %s instead", old, new)
+    # One hazard model per process: a bad file is refused at start, not at the first hazard read.
+    hazard_model = await asyncio.to_thread(load_model, settings.hazard_model)
     if settings.migrate_on_start:
         await db.upgrade_async(settings.database_url)
     engine = db.create_engine(settings.database_url)
@@ -89,7 +94,9 @@ async def running(settings: Settings, internal_token: str) -> AsyncIterator[Comp
         policy=RetryPolicy(max_attempts=settings.webhook_max_attempts, base_s=settings.webhook_retry_base_s),
     )
     rulebook = RuleBook(store, ttl_s=coordination.rules_ttl_s)
-    alerts = AlertEngine(store, hub, rulebook, coordination, Notifier(settings.base_url), on_outbox=deliveries.wake)
+    alerts = AlertEngine(
+        store, hub, rulebook, coordination, Notifier(settings.base_url), hazard_model=hazard_model, on_outbox=deliveries.wake
+    )
     components = Components(
         settings=settings,
         store=store,
@@ -103,7 +110,8 @@ async def running(settings: Settings, internal_token: str) -> AsyncIterator[Comp
         rate_limits=RateLimits.from_settings(settings),
         internal_token=internal_token,
         fanout=fanout,
-        hazards=HazardCache(),
+        hazard_model=hazard_model,
+        hazards=HazardCache(hazard_model),
     )
     if settings.bootstrap_token:
         await create_token(store, "bootstrap", ["admin"], settings.bootstrap_token)

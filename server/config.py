@@ -84,6 +84,9 @@ class Settings(BaseSettings):
     """Ingest websockets beyond this are refused with close code 1013 (retry later)."""
     allow_private_webhooks: bool = False
     """Allow webhook URLs on loopback/private/link-local addresses (local receivers, tests)."""
+    hazard_model: Path | None = None
+    """A collapse-hazard model file (`keel eval-alerts --fit-hazard`) the server computes every
+    hazard with: its API, its signals and its `hazard` rules. None: the built-in model."""
     silent_run_check_s: float = Field(default=5.0, validation_alias=AliasChoices("KEEL_SILENT_RUN_CHECK_S", "KEEL_SILENCE_CHECK_S"))
     """How often running runs are checked for having gone silent (and idle runs' detector
     states saved and dropped from memory). Its old name, KEEL_SILENCE_CHECK_S, from before

@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import Depends
 from starlette.requests import HTTPConnection
 
+from server.alerts.hazard import HazardModel
 from server.alerts.rulebook import RuleBook
 from server.components import Components
 from server.config import Settings
@@ -49,6 +50,10 @@ def get_ingest_slots(conn: HTTPConnection) -> IngestSlots:
     return get_components(conn).ingest_slots
 
 
+def get_hazard_model(conn: HTTPConnection) -> HazardModel:
+    return get_components(conn).hazard_model
+
+
 ComponentsDep = Annotated[Components, Depends(get_components)]
 StoreDep = Annotated[Store, Depends(get_store)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
@@ -57,3 +62,4 @@ CommittedDep = Annotated[AfterCommit, Depends(get_committed)]
 RuleBookDep = Annotated[RuleBook, Depends(get_rulebook)]
 DeliveriesDep = Annotated[DeliveryWorker, Depends(get_deliveries)]
 IngestSlotsDep = Annotated[IngestSlots, Depends(get_ingest_slots)]
+HazardModelDep = Annotated[HazardModel, Depends(get_hazard_model)]

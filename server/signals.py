@@ -21,7 +21,7 @@ from typing import Any
 
 from server import run_commands
 from server.alerts import history
-from server.alerts.hazard import HazardCache, HazardModel, current_model
+from server.alerts.hazard import HazardCache
 from server.jsonview import alert_json
 from server.live import Listener, LiveHub
 from server.storage import Store
@@ -144,8 +144,7 @@ class TrainerSignals:
         if self._hazard_of is not None and time.monotonic() >= self._hazard_at + HAZARD_PERIOD_S:
             started_at, self._hazard_of = self._hazard_of, None
             self._hazard_at = time.monotonic()
-            model = HazardModel(current_model())
-            steps, hazard = await self.sources.hazards.so_far(store, self.run_id, started_at, model)
+            steps, hazard = await self.sources.hazards.so_far(store, self.run_id, started_at)
             if steps and steps[-1] > self._hazard_step:
                 self._hazard_step = steps[-1]
                 await self._send({"type": "hazard", "run_id": self.run_id, "step": steps[-1], "hazard": hazard[-1]})

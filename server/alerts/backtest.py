@@ -1,7 +1,7 @@
 """Backtest: where would these rules have fired on these rows?
 
-The same detectors and the same lifecycle as the engine (`rules.build_detector`,
-`lifecycle.Lifecycle`), fed a run's rows in step order, with no database, no
+The same detectors and the same lifecycle as the engine (`catalog.build_detector`,
+`lifecycle.Lifecycle`; hazard rules with the model the caller gives), fed a run's rows in step order, with no database, no
 alert rows and no notifications: a user tunes a rule on last week's runs before
 enabling it (`keel backtest`, `POST /api/v1/backtest`; docs/alerts.md). The core,
 `backtest`, is a pure function; `stored_rows`, `stored_rules` and `backtest_runs` are
@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from server.alerts.catalog import DEFAULT_RULES, SEVERITIES, RuleSpec, build_detector
+from server.alerts.hazard import HazardModel
 from server.alerts.lifecycle import Lifecycle, Transition
 from server.errors import NotFound
 from server.models import Rule
@@ -90,13 +91,14 @@ class RuleBacktest:
         }
 
 
-def backtest_rule(rule: RuleSpec, rows: Iterable[Row]) -> RuleBacktest:
-    """Replay `rows` (ascending steps; a repeated or older step is skipped, as the engine does)."""
+def backtest_rule(rule: RuleSpec, rows: Iterable[Row], *, hazard_model: HazardModel | None = None) -> RuleBacktest:
+    """Replay `rows` (ascending steps; a repeated or older step is skipped, as the engine does).
+    A `hazard` rule computes with `hazard_model` (None: only for rules of other detectors)."""
     result = RuleBacktest(rule)
     if rule.detector in CLOCK_DETECTORS:
         result.skipped = f"detector {rule.detector!r} runs on the server's clock, not on logged points"
         return result
-    detector = build_detector(rule.detector, rule.metric, rule.params)
+    detector = build_detector(rule.detector, rule.metric, rule.params, hazard_model=hazard_model)
     state = detector.initial_state()
     lifecycle = Lifecycle()
     last_step: int | None = None
@@ -123,9 +125,10 @@ def backtest_rule(rule: RuleSpec, rows: Iterable[Row]) -> RuleBacktest:
     return result
 
 
-def backtest(rules: Sequence[RuleSpec], rows: Sequence[Row]) -> list[RuleBacktest]:
-    """Per rule (in order), where it would have gone pending, fired and resolved on `rows`."""
-    return [backtest_rule(rule, rows) for rule in rules]
+def backtest(rules: Sequence[RuleSpec], rows: Sequence[Row], *, hazard_model: HazardModel | None = None) -> list[RuleBacktest]:
+    """Per rule (in order), where it would have gone pending, fired and resolved on `rows`
+    (hazard rules under `hazard_model`, as in `backtest_rule`)."""
+    return [backtest_rule(rule, rows, hazard_model=hazard_model) for rule in rules]
 
 
 # -- rules as data ------------------------------------------------------------------
@@ -235,12 +238,13 @@ class RunBacktest:
         return {"run_id": self.run_id, "run_name": self.run_name, "steps": self.steps, "rules": [r.to_json() for r in self.results]}
 
 
-async def backtest_runs(store: Store, rules: Sequence[RuleSpec], run_ids: Sequence[str]) -> list[RunBacktest]:
-    """Each stored run replayed through the rules (the replay itself off the event loop)."""
+async def backtest_runs(store: Store, rules: Sequence[RuleSpec], run_ids: Sequence[str], hazard_model: HazardModel) -> list[RunBacktest]:
+    """Each stored run replayed through the rules, hazard rules under `hazard_model` (the
+    replay itself off the event loop)."""
     out = []
     for run_id in run_ids:
         run = await store.get_run(run_id)
         rows = await stored_rows(store, run_id)
-        results = await asyncio.to_thread(backtest, rules, rows)
+        results = await asyncio.to_thread(backtest, rules, rows, hazard_model=hazard_model)
         out.append(RunBacktest(run.id, run.name, len(rows), results))
     return out

@@ -9,7 +9,7 @@ from typing import Any
 from server.alerts.collapse import CollapseRisk
 from server.alerts.detectors import Climb, CoClimb, Detector, NonFinite, Silent, Threshold
 from server.alerts.gate_gap import GateAgainstGap
-from server.alerts.hazard import Hazard
+from server.alerts.hazard import Hazard, HazardModel
 
 __all__ = ["DETECTORS", "DEFAULT_RULES", "RuleSpec", "build_detector", "SEVERITIES"]
 
@@ -22,10 +22,18 @@ DETECTORS: dict[str, type[Detector]] = {
 HEADLINE_AND_LOSS = "reward/mean,mismatch/kl,gate/frac,mismatch/ratio_max,grad/norm,loss/*"
 
 
-def build_detector(kind: str, metric: str, params: Mapping[str, Any] | None = None) -> Detector:
+def build_detector(
+    kind: str, metric: str, params: Mapping[str, Any] | None = None, *, hazard_model: HazardModel | None = None
+) -> Detector:
+    """The detector of a rule; ValueError for an unknown kind or parameters it refuses.
+
+    `hazard_model` is what a `hazard` detector computes with (the others take none); without
+    one, a hazard detector only checks its parameters (validating a rule) and cannot run."""
     cls = DETECTORS.get(kind)
     if cls is None:
         raise ValueError(f"unknown detector {kind!r}; known: {sorted(DETECTORS)}")
+    if cls is Hazard:
+        return Hazard(metric, params, hazard_model)
     return cls(metric, params)
 
 

@@ -178,7 +178,7 @@ class RewardGain:
             state["start_count"] = state.get("start_count", 0) + 1
 
     @staticmethod
-    def _gained(state: dict[str, Any]) -> tuple[float, float] | None:
+    def gained(state: dict[str, Any]) -> tuple[float, float] | None:
         """(peak - start, initial spread), or None before any reward."""
         count = state.get("start_count")
         if not count:
@@ -188,13 +188,13 @@ class RewardGain:
     @staticmethod
     def gain(state: dict[str, Any]) -> float | None:
         """The rise in initial spreads (None before any reward, or with no initial spread)."""
-        gained = RewardGain._gained(state)
+        gained = RewardGain.gained(state)
         return gained[0] / gained[1] if gained is not None and gained[1] > 0 else None
 
     @staticmethod
     def reached(state: dict[str, Any], gain: float) -> bool:
         """Has the reward risen `gain` initial spreads (and risen at all)? False before any reward."""
-        gained = RewardGain._gained(state)
+        gained = RewardGain.gained(state)
         return gained is not None and gained[0] > 0 and gained[0] >= gain * gained[1]
 
 

@@ -28,6 +28,7 @@ from server.alerts import repository, transitions
 from server.alerts.catalog import build_detector
 from server.alerts.coordination import Coordination, RuleToLoad, Stale
 from server.alerts.detectors import Detector
+from server.alerts.hazard import HazardModel
 from server.alerts.lifecycle import Phase
 from server.alerts.notify import Notifier
 from server.alerts.rulebook import RuleBook
@@ -87,6 +88,7 @@ class AlertEngine:
         coordination: Coordination,
         notifier: Notifier,
         *,
+        hazard_model: HazardModel,
         on_outbox: Callable[[], None] = lambda: None,
     ):
         self.store = store
@@ -94,6 +96,8 @@ class AlertEngine:
         self.rulebook = rulebook
         self.coordination = coordination
         self.notifier = notifier
+        self.hazard_model = hazard_model
+        """What the rules' `hazard` detectors compute with."""
         self.on_outbox = on_outbox
         """Called when a notification was queued (wakes the delivery worker)."""
         self._rules_version = 0
@@ -169,7 +173,7 @@ class AlertEngine:
             for rule in rules:
                 if rule.enabled and repository.rule_applies(rule, context.run) and rule.detector != "silent":
                     try:
-                        context.rules.append((rule, build_detector(rule.detector, rule.metric, rule.params)))
+                        context.rules.append((rule, build_detector(rule.detector, rule.metric, rule.params, hazard_model=self.hazard_model)))
                         context.definitions[rule.id] = definition(rule)
                     except ValueError:
                         log.exception("rule %s is invalid; skipped", rule.id)

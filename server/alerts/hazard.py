@@ -18,16 +18,22 @@ was fitted on, so it neither raises nor lowers the hazard; one not logged at a s
 its last value. The coefficients (MODEL) are fitted by `keel eval-alerts --fit-hazard`
 on labelled corpora (docs/alerts.md says which, and how well the hazard is calibrated on
 held-out ones). As a rule: detector `hazard`, active while the hazard exceeds `p`.
+
+Nothing here holds a model for the process: whoever computes a hazard is given its
+`HazardModel` (the server builds its one in server/components.py, from
+`Settings.hazard_model`; `keel eval-alerts --hazard-model` builds its own).
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import math
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from server.alerts.detectors import REWARD_ALPHA, Climb, Detector, RewardGain, Signal
@@ -37,8 +43,8 @@ if TYPE_CHECKING:
     from server.storage import Store
 
 __all__ = [
-    "FEATURES", "HORIZON", "INPUTS", "MODEL", "Hazard", "HazardCache", "HazardModel", "current_model", "features",
-    "hazard_at", "hazard_series", "reads", "use_model",
+    "FEATURES", "HORIZON", "INPUTS", "MODEL", "Hazard", "HazardCache", "HazardModel", "features", "hazard_at",
+    "hazard_series", "load_model", "reads",
 ]  # fmt: skip
 
 HORIZON = 50
@@ -92,7 +98,7 @@ def features(state: dict[str, Any], values: Mapping[str, float]) -> list[float |
     f = state.setdefault("f", {})
     RewardGain.update(state, values, "reward/mean", "reward/std", REWARD_ALPHA)
     out: dict[str, float | None] = dict.fromkeys(FEATURES)
-    gained = RewardGain._gained(state)
+    gained = RewardGain.gained(state)
     if gained is not None:
         spread = gained[1] if gained[1] > 0 else 1.0
         reward = _finite(values, "reward/mean")
@@ -223,22 +229,19 @@ MODEL: dict[str, Any] = {
     "scales": [1.199669, 0.201324, 0.734219, 1.469624, 0.528372, 0.484908, 3.313506, 0.107649, 0.315281, 2.262918, 0.303666, 0.470008, 0.185666, 1.0, 1.0, 1.0, 1.0, 1.0],
 }
 """Written by `keel eval-alerts --fit-hazard` (docs/alerts.md, "Collapse hazard")."""
-_ACTIVE: dict[str, Any] = {"model": MODEL}
 
 
-def use_model(model: Mapping[str, Any]) -> None:
-    """Use another fitted model in this process (`keel eval-alerts --hazard-model`)."""
-    HazardModel(model)  # check it
-    _ACTIVE["model"] = dict(model)
+def load_model(path: str | Path | None) -> HazardModel:
+    """The model fitted into this file (`keel eval-alerts --fit-hazard`), or the built-in one
+    (MODEL) with no file; ValueError for a file that is not a model of these FEATURES."""
+    if path is None:
+        return HazardModel(MODEL)
+    with open(path, encoding="utf-8") as handle:
+        return HazardModel(json.load(handle))
 
 
-def current_model() -> dict[str, Any]:
-    return dict(_ACTIVE["model"])
-
-
-def hazard_series(rows: Sequence[Mapping[str, float]], model: HazardModel | None = None) -> list[float | None]:
+def hazard_series(rows: Sequence[Mapping[str, float]], model: HazardModel) -> list[float | None]:
     """The hazard at every step of a run's rows (None before WARMUP steps)."""
-    model = model or HazardModel(current_model())
     state: dict[str, Any] = {}
     # As the detector: a step without any of READS is not a step of the hazard.
     return [hazard_at(state, values, model) for values in rows]
@@ -254,53 +257,55 @@ class _Track:
 
 
 class HazardCache:
-    """Each run's hazard series as far as it was read, extended by the rows stored after it,
-    so a page that redraws the hazard every few seconds costs the new steps only.
+    """Each run's hazard series under `model` as far as it was read, extended by the rows
+    stored after it, so a page that redraws the hazard every few seconds costs the new steps only.
 
     A run's newest step may still get values (a step split over frames), so it is computed
     on a copy of the state and read again next time; the steps before it are kept. A run
-    deleted and created again (another `started_at`) or another model starts afresh.
+    deleted and created again (another `started_at`) starts afresh.
     """
 
-    def __init__(self, runs: int = 512):
+    def __init__(self, model: HazardModel, runs: int = 512):
+        self.model = model
+        """The one model of every hazard this cache answers (its horizon is theirs)."""
         self.runs = runs
         self.lock = asyncio.Lock()
         """Held from `after` to `extend`: two reads of one run must not both add its rows."""
-        self._tracks: OrderedDict[tuple[str, float, tuple[float, ...]], _Track] = OrderedDict()
+        self._tracks: OrderedDict[tuple[str, float], _Track] = OrderedDict()
 
-    async def so_far(self, store: Store, run_id: str, started_at: float, model: HazardModel) -> tuple[list[int], list[float]]:
+    async def so_far(self, store: Store, run_id: str, started_at: float) -> tuple[list[int], list[float]]:
         """The run's (step, hazard) past the warm-up, from what is kept extended by the rows
         stored since (the whole history on a run's first read only)."""
         async with self.lock:
             rows: list[Row] = []
-            after = self.after(run_id, started_at, model)
+            after = self.after(run_id, started_at)
             while page := await store.rows(run_id, after=after, before=2**62, keys=INPUTS):
                 rows.extend(page)
                 after = page[-1].step
-            return await asyncio.to_thread(self.extend, run_id, started_at, model, rows)
+            return await asyncio.to_thread(self.extend, run_id, started_at, rows)
 
-    def after(self, run_id: str, started_at: float, model: HazardModel) -> int:
+    def after(self, run_id: str, started_at: float) -> int:
         """The last step already kept for this run (-1: none): read the rows after it."""
-        track = self._tracks.get((run_id, started_at, model.fingerprint))
+        track = self._tracks.get((run_id, started_at))
         return track.through if track is not None else -1
 
-    def extend(self, run_id: str, started_at: float, model: HazardModel, rows: Sequence[Row]) -> tuple[list[int], list[float]]:
+    def extend(self, run_id: str, started_at: float, rows: Sequence[Row]) -> tuple[list[int], list[float]]:
         """The run's (step, hazard) past the warm-up, `rows` (in step order, after `after()`) added."""
-        key = (run_id, started_at, model.fingerprint)
+        key = (run_id, started_at)
         track = self._tracks.pop(key, None) or _Track()
         self._tracks[key] = track
         while len(self._tracks) > self.runs:
             self._tracks.popitem(last=False)
         kept, newest = (rows[:-1], rows[-1:]) if rows else ([], [])
         for row in kept:
-            value = hazard_at(track.state, row.values, model)
+            value = hazard_at(track.state, row.values, self.model)
             track.through = row.step
             if value is not None:
                 track.steps.append(row.step)
                 track.hazard.append(value)
         steps, hazard = track.steps, track.hazard
         for row in newest:
-            value = hazard_at(copy.deepcopy(track.state), row.values, model)
+            value = hazard_at(copy.deepcopy(track.state), row.values, self.model)
             if value is not None:
                 steps, hazard = [*steps, row.step], [*hazard, value]
         return steps, hazard
@@ -322,18 +327,24 @@ def reads(values: Mapping[str, float]) -> bool:
 
 class Hazard(Detector):
     """Active while the collapse hazard (the probability of a collapse within HORIZON steps)
-    is above `p`. The rule's metric is ignored: the hazard reads the metrics it needs."""
+    under `model` is above `p`. The rule's metric is ignored: the hazard reads the metrics it
+    needs. Built without a model it only checks its parameters (a rule being validated)."""
 
     kind = "hazard"
     defaults: ClassVar[dict[str, Any]] = {"p": 0.5}
+
+    def __init__(self, metric: str, params: Mapping[str, Any] | None = None, model: HazardModel | None = None):
+        self.model = model
+        super().__init__(metric, params)
 
     def validate(self) -> None:
         p = self.params["p"]
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p < 1:
             raise ValueError("parameter 'p' must be a probability strictly between 0 and 1")
-        self.model = HazardModel(current_model())
 
     def update(self, state: dict[str, Any], step: int, values: Mapping[str, float]) -> Signal | None:
+        if self.model is None:
+            raise RuntimeError("this hazard detector was built to check its parameters only: give build_detector a hazard_model")
         if not reads(values):
             return None
         x = features(state, values)

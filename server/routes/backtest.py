@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from server.alerts.backtest import DEFAULT_RULES, backtest_runs, rule_from_json, stored_rules
 from server.auth import READ
-from server.deps import StoreDep
+from server.deps import HazardModelDep, StoreDep
 from server.schemas import MAX_INT, ApiRoute, Name, Text, errors, unprocessable
 
 __all__ = ["router"]
@@ -45,8 +45,8 @@ class BacktestIn(BaseModel):
 
 
 @router.post("/backtest", dependencies=[READ], responses=errors(400, 404, 429))
-async def backtest(body: BacktestIn, store: StoreDep) -> dict[str, Any]:
-    """Replay stored runs through rules with the engine's detectors; no alert is written."""
+async def backtest(body: BacktestIn, store: StoreDep, hazard_model: HazardModelDep) -> dict[str, Any]:
+    """Replay stored runs through rules with the engine's detectors and hazard model; no alert is written."""
     if body.rules is not None and body.rule_ids is not None:
         raise unprocessable("give rules or rule_ids, not both", "rule_ids")
     try:
@@ -58,5 +58,5 @@ async def backtest(body: BacktestIn, store: StoreDep) -> dict[str, Any]:
             rules = list(DEFAULT_RULES)
     except ValueError as exc:
         raise unprocessable(str(exc), "rules") from None
-    results = await backtest_runs(store, rules, body.run_ids)
+    results = await backtest_runs(store, rules, body.run_ids, hazard_model)
     return {"runs": [result.to_json() for result in results]}

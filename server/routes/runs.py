@@ -12,7 +12,6 @@ from typing import Annotated, Literal
 import orjson
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 
-from server.alerts.hazard import HazardModel, current_model
 from server.auth import ADMIN, INGEST, READ, presented_token
 from server.deps import CommittedDep, ComponentsDep, SettingsDep, StoreDep
 from server.errors import Conflict, TooLarge, UnknownRun
@@ -88,10 +87,9 @@ async def list_runs(
         for run in runs:
             run.latest = {key: LatestPoint(step=step, value=encode_value(value)) for key, (step, value) in points.get(run.id, {}).items()}
     if hazard:
-        model = HazardModel(current_model())
         running = [(stored, out) for stored, out in listed if out.status == "running"][: components.hazards.runs]
         for stored, out in running:
-            _, values = await components.hazards.so_far(components.store, stored.id, stored.started_at, model)
+            _, values = await components.hazards.so_far(components.store, stored.id, stored.started_at)
             out.hazard = values[-1] if values else None
     return runs
 
@@ -179,10 +177,9 @@ async def run_hazard(
     """The run's collapse hazard from its stored points: at each step past the warm-up, the
     estimated probability that the run collapses within the next `horizon` steps."""
     run = await components.store.get_run(run_id)
-    model = HazardModel(current_model())  # the one model in use now, for the values and their horizon
-    steps, hazard = await components.hazards.so_far(components.store, run_id, run.started_at, model)
+    steps, hazard = await components.hazards.so_far(components.store, run_id, run.started_at)
     steps, hazard = max_per_bucket(steps, hazard, max_points)
-    return HazardOut(run_id=run_id, horizon=model.horizon, steps=steps, hazard=hazard)
+    return HazardOut(run_id=run_id, horizon=components.hazards.model.horizon, steps=steps, hazard=hazard)
 
 
 # -- step details ----------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from tests.support.browser import (
     text_of,
     wait_until,
 )
-from tests.support.hazard import collapsing_values, hazard_model, stable_values
+from tests.support.hazard import RISING, collapsing_values, rising_model_file, stable_values
 from tests.support.toy_runs import HEADLINE, LiveRun, open_runs, toy_values
 
 pytestmark = pytest.mark.browser
@@ -477,117 +477,116 @@ def test_a_backtest_shows_where_a_rule_would_have_fired_on_the_run_page(server, 
     run.close()
 
 
-@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_the_collapse_hazard_is_charted_after_the_headline_charts_and_follows_live_points(
-    server, browser, artifacts
+    server_factory, sqlite_url, tmp_path, browser, artifacts
 ) -> None:
     """Run page and compare page: one hazard line per run, the server's hazard_series past the
     warm-up, in the run's colour and dash as on the metric charts, redrawn as points arrive."""
+    server = server_factory(sqlite_url, hazard_model=rising_model_file(tmp_path))
 
     def rows(values, steps: range) -> list[dict]:  # type: ignore[no-untyped-def]
         return [{"step": s, "values": values(s)} for s in steps]
 
     def expected(values, steps: int) -> list[float | None]:  # type: ignore[no-untyped-def]
-        return hazard_series([values(s) for s in range(steps)])[WARMUP:]
+        return hazard_series([values(s) for s in range(steps)], RISING)[WARMUP:]
 
-    with hazard_model():
-        collapsing = LiveRun(server, "collapsing", "cispo")
-        stable = LiveRun(server, "stable", "is")
-        collapsing.send(rows(collapsing_values, range(150)))
-        stable.send(rows(stable_values, range(150)))
+    collapsing = LiveRun(server, "collapsing", "cispo")
+    stable = LiveRun(server, "stable", "is")
+    collapsing.send(rows(collapsing_values, range(150)))
+    stable.send(rows(stable_values, range(150)))
 
-        browser.get(f"{server.url}/runs/{collapsing.id}")
-        chart = wait_until(lambda: hazard_chart(browser), message="hazard chart on the run page")
-        assert "collapse hazard" in chart["title"]
-        # The run page's short chart breaks the label in two lines rather than run over its title.
-        assert chart["ytitle"] == f"P(collapse within {HORIZON} steps)" and chart["yrange"] == [0, 1]
-        (line,) = chart["traces"]
-        assert line["run"] == collapsing.id and line["name"] == "collapsing"
-        assert line["x"] == list(range(WARMUP, 150))
-        assert line["y"] == pytest.approx(expected(collapsing_values, 150), rel=1e-12)
-        drawn_charts(browser, 5)  # the 4 headline metrics it logs, and reward/std
-        assert chart_order(browser) == ["reward/mean", "mismatch/kl", "mismatch/ratio_max", "grad/norm", "hazard", "reward/std"]
+    browser.get(f"{server.url}/runs/{collapsing.id}")
+    chart = wait_until(lambda: hazard_chart(browser), message="hazard chart on the run page")
+    assert "collapse hazard" in chart["title"]
+    # The run page's short chart breaks the label in two lines rather than run over its title.
+    assert chart["ytitle"] == f"P(collapse within {HORIZON} steps)" and chart["yrange"] == [0, 1]
+    (line,) = chart["traces"]
+    assert line["run"] == collapsing.id and line["name"] == "collapsing"
+    assert line["x"] == list(range(WARMUP, 150))
+    assert line["y"] == pytest.approx(expected(collapsing_values, 150), rel=1e-12)
+    drawn_charts(browser, 5)  # the 4 headline metrics it logs, and reward/std
+    assert chart_order(browser) == ["reward/mean", "mismatch/kl", "mismatch/ratio_max", "grad/norm", "hazard", "reward/std"]
 
-        # Live: the chart is recomputed by the server on the page's data tick.
-        wait_until(lambda: live_state(browser) == "live", message="live websocket")
-        collapsing.send(rows(collapsing_values, range(150, 200)))
+    # Live: the chart is recomputed by the server on the page's data tick.
+    wait_until(lambda: live_state(browser) == "live", message="live websocket")
+    collapsing.send(rows(collapsing_values, range(150, 200)))
 
-        def grown() -> dict | None:
-            found = hazard_chart(browser)
-            return found if found and found["traces"][0]["x"][-1] == 199 else None
+    def grown() -> dict | None:
+        found = hazard_chart(browser)
+        return found if found and found["traces"][0]["x"][-1] == 199 else None
 
-        line = wait_until(grown, timeout=30, message="hazard redrawn with the live points")["traces"][0]
-        assert line["x"] == list(range(WARMUP, 200))
-        assert line["y"] == pytest.approx(expected(collapsing_values, 200), rel=1e-12)
-        assert line["y"][-1] > 0.5 > line["y"][0]  # the collapse shows
-        screenshot(browser, artifacts / "run-hazard.png")
+    line = wait_until(grown, timeout=30, message="hazard redrawn with the live points")["traces"][0]
+    assert line["x"] == list(range(WARMUP, 200))
+    assert line["y"] == pytest.approx(expected(collapsing_values, 200), rel=1e-12)
+    assert line["y"][-1] > 0.5 > line["y"][0]  # the collapse shows
+    screenshot(browser, artifacts / "run-hazard.png")
 
-        browser.get(f"{server.url}/compare?runs={collapsing.id},{stable.id}")
-        chart = wait_until(
-            lambda: (lambda c: c if c and len(c["traces"]) == 2 else None)(hazard_chart(browser)),
-            message="hazard chart on the compare page",
-        )
-        drawn_charts(browser, 5)
-        assert chart_order(browser) == [*HEADLINE, "hazard"]
-        assert chart["ytitle"] == f"P(collapse within {HORIZON} steps)" and chart["yrange"] == [0, 1]
-        styles = line_styles(browser, "reward/mean")
-        by_run = {t["run"]: t for t in chart["traces"]}
-        for run, values, steps in ((collapsing, collapsing_values, 200), (stable, stable_values, 150)):
-            assert by_run[run.id]["x"] == list(range(WARMUP, steps))
-            assert by_run[run.id]["y"] == pytest.approx(expected(values, steps), rel=1e-12)
-            assert [by_run[run.id]["colour"], by_run[run.id]["dash"]] == styles[run.id]
-        assert by_run[collapsing.id]["colour"] != by_run[stable.id]["colour"]
-        assert max(by_run[stable.id]["y"]) < 0.05
+    browser.get(f"{server.url}/compare?runs={collapsing.id},{stable.id}")
+    chart = wait_until(
+        lambda: (lambda c: c if c and len(c["traces"]) == 2 else None)(hazard_chart(browser)),
+        message="hazard chart on the compare page",
+    )
+    drawn_charts(browser, 5)
+    assert chart_order(browser) == [*HEADLINE, "hazard"]
+    assert chart["ytitle"] == f"P(collapse within {HORIZON} steps)" and chart["yrange"] == [0, 1]
+    styles = line_styles(browser, "reward/mean")
+    by_run = {t["run"]: t for t in chart["traces"]}
+    for run, values, steps in ((collapsing, collapsing_values, 200), (stable, stable_values, 150)):
+        assert by_run[run.id]["x"] == list(range(WARMUP, steps))
+        assert by_run[run.id]["y"] == pytest.approx(expected(values, steps), rel=1e-12)
+        assert [by_run[run.id]["colour"], by_run[run.id]["dash"]] == styles[run.id]
+    assert by_run[collapsing.id]["colour"] != by_run[stable.id]["colour"]
+    assert max(by_run[stable.id]["y"]) < 0.05
 
-        # The summary: each run's peak hazard (the highest of its series) and its step.
-        summary = wait_until(
-            lambda: (lambda rows: rows if len(rows) == 2 else None)(_grid_cells(browser, "compare-summary", "name")),
-            message="compare summary rows",
-        )
-        names = {cells["name"]["text"]: row_id for row_id, cells in summary.items()}
-        for run, values, steps in ((collapsing, collapsing_values, 200), (stable, stable_values, 150)):
-            hazard = expected(values, steps)
-            top = max(hazard)
-            cells = summary[names[run.run["name"]]]
-            assert cells["peak_hazard"]["text"] == _percent(top)
-            assert cells["peak_hazard_step"]["text"] == str(WARMUP + hazard.index(top))
-            assert ("cell-critical" in cells["peak_hazard"]["class"]) == (top >= 0.5)
-        assert max(expected(collapsing_values, 200)) > 0.5 > max(expected(stable_values, 150))
-        assert console_errors(browser) == []
-        screenshot(browser, artifacts / "compare-hazard.png")
+    # The summary: each run's peak hazard (the highest of its series) and its step.
+    summary = wait_until(
+        lambda: (lambda rows: rows if len(rows) == 2 else None)(_grid_cells(browser, "compare-summary", "name")),
+        message="compare summary rows",
+    )
+    names = {cells["name"]["text"]: row_id for row_id, cells in summary.items()}
+    for run, values, steps in ((collapsing, collapsing_values, 200), (stable, stable_values, 150)):
+        hazard = expected(values, steps)
+        top = max(hazard)
+        cells = summary[names[run.run["name"]]]
+        assert cells["peak_hazard"]["text"] == _percent(top)
+        assert cells["peak_hazard_step"]["text"] == str(WARMUP + hazard.index(top))
+        assert ("cell-critical" in cells["peak_hazard"]["class"]) == (top >= 0.5)
+    assert max(expected(collapsing_values, 200)) > 0.5 > max(expected(stable_values, 150))
+    assert console_errors(browser) == []
+    screenshot(browser, artifacts / "compare-hazard.png")
 
-        # The runs table: each live run's current hazard (the last of its series), critical
-        # from 50 %; none for a finished run, nor for one still warming up.
-        finished = LiveRun(server, "finished", "cispo")
-        finished.send(rows(collapsing_values, range(200)))
-        finished.ws.send(json.dumps({"type": "finish", "status": "finished"}))
-        assert json.loads(finished.ws.recv(timeout=10)) == {"type": "bye"}
-        warming = LiveRun(server, "warming", "is")
-        warming.send(rows(stable_values, range(WARMUP)))
-        browser.get(f"{server.url}/")
-        table = wait_until(
-            lambda: (lambda found: found if len(found) == 4 else None)(_grid_cells(browser, "runs-grid", "status")),
-            message="four rows in the runs table",
-        )
-        hazard_of = {row_id: cells["hazard"] for row_id, cells in table.items()}
-        assert hazard_of[collapsing.id]["text"] == _percent(expected(collapsing_values, 200)[-1])
-        assert "cell-critical" in hazard_of[collapsing.id]["class"]
-        assert hazard_of[stable.id]["text"] == _percent(expected(stable_values, 150)[-1])
-        assert "cell-critical" not in hazard_of[stable.id]["class"]
-        assert table[finished.id]["status"]["text"] == "finished" and hazard_of[finished.id]["text"] == ""
-        assert table[warming.id]["status"]["text"] == "live" and hazard_of[warming.id]["text"] == ""
-        header = browser.find_element("css selector", '#runs-grid .ag-header-cell[col-id="hazard"]')
-        assert header.text == "Hazard"
-        ActionChains(browser).move_to_element(header).perform()
-        tooltip = wait_until(
-            lambda: browser.execute_script("var e = document.querySelector('.ag-tooltip'); return e ? e.textContent.trim() : ''"),
-            message="the hazard header's tooltip",
-        )
-        assert tooltip == "collapse hazard: estimated probability that the run collapses within the next 50 steps"
-        assert console_errors(browser) == []
-        screenshot(browser, artifacts / "runs-hazard.png", full_page=False)
-        for run in (collapsing, stable, finished, warming):
-            run.close()
+    # The runs table: each live run's current hazard (the last of its series), critical
+    # from 50 %; none for a finished run, nor for one still warming up.
+    finished = LiveRun(server, "finished", "cispo")
+    finished.send(rows(collapsing_values, range(200)))
+    finished.ws.send(json.dumps({"type": "finish", "status": "finished"}))
+    assert json.loads(finished.ws.recv(timeout=10)) == {"type": "bye"}
+    warming = LiveRun(server, "warming", "is")
+    warming.send(rows(stable_values, range(WARMUP)))
+    browser.get(f"{server.url}/")
+    table = wait_until(
+        lambda: (lambda found: found if len(found) == 4 else None)(_grid_cells(browser, "runs-grid", "status")),
+        message="four rows in the runs table",
+    )
+    hazard_of = {row_id: cells["hazard"] for row_id, cells in table.items()}
+    assert hazard_of[collapsing.id]["text"] == _percent(expected(collapsing_values, 200)[-1])
+    assert "cell-critical" in hazard_of[collapsing.id]["class"]
+    assert hazard_of[stable.id]["text"] == _percent(expected(stable_values, 150)[-1])
+    assert "cell-critical" not in hazard_of[stable.id]["class"]
+    assert table[finished.id]["status"]["text"] == "finished" and hazard_of[finished.id]["text"] == ""
+    assert table[warming.id]["status"]["text"] == "live" and hazard_of[warming.id]["text"] == ""
+    header = browser.find_element("css selector", '#runs-grid .ag-header-cell[col-id="hazard"]')
+    assert header.text == "Hazard"
+    ActionChains(browser).move_to_element(header).perform()
+    tooltip = wait_until(
+        lambda: browser.execute_script("var e = document.querySelector('.ag-tooltip'); return e ? e.textContent.trim() : ''"),
+        message="the hazard header's tooltip",
+    )
+    assert tooltip == "collapse hazard: estimated probability that the run collapses within the next 50 steps"
+    assert console_errors(browser) == []
+    screenshot(browser, artifacts / "runs-hazard.png", full_page=False)
+    for run in (collapsing, stable, finished, warming):
+        run.close()
 
 
 def _percent(probability: float) -> str:

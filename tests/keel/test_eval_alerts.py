@@ -7,6 +7,9 @@ import math
 import pytest
 
 from keel.eval_alerts import CorpusRun, collapse_step, evaluate, score
+from server.alerts.hazard import FEATURES, HORIZON, MODEL, HazardModel
+
+BUILT_IN = HazardModel(MODEL)
 
 
 def _run(name: str, loss: str, collapse: int | None, steps: int = 500, lag: int = 8) -> CorpusRun:
@@ -53,7 +56,7 @@ def test_a_stable_runs_tail_is_not_scored_and_a_collapse_in_it_is_a_collapse() -
 
 
 def test_ppo_is_scored_apart() -> None:
-    result = evaluate([_corpus_run("ppo-quiet", "ppo", None, {}), _corpus_run("tis-quiet", "tis", None, {})], rlwatch=False)
+    result = evaluate([_corpus_run("ppo-quiet", "ppo", None, {}), _corpus_run("tis-quiet", "tis", None, {})], hazard_model=BUILT_IN, rlwatch=False)
     by_name = {s["detector"]: s for s in result["scores"]}
     assert by_name["  keel critical: PPO"]["stable_unbounded"] == 1 and by_name["  keel critical: PPO"]["stable_bounded"] == 0
     assert by_name["  keel critical: other losses"]["stable_bounded"] == 1
@@ -85,7 +88,7 @@ def test_evaluate_replays_the_real_rules_and_breaks_the_union_down_by_rule() -> 
         _corpus_run("damaged", "ppo", 250, {240: 3.0}),  # a 20x step, then 3 nats: collapse risk at 241
         _corpus_run("healthy", "ppo", None, {200: 0.05}),  # the same step, the KL stays put
     ]
-    result = evaluate(corpus, rlwatch=False, details=True)
+    result = evaluate(corpus, hazard_model=BUILT_IN, rlwatch=False, details=True)
     by_name = {s["detector"]: s for s in result["scores"]}
     assert by_name["keel critical"]["hits"] == 1 and by_name["keel critical"]["leads"] == [9]
     assert by_name["  collapse risk"]["hits"] == 1 and by_name["  mismatch drift"]["hits"] == 0
@@ -122,3 +125,18 @@ def test_firings_near_a_dip_are_neither_hits_nor_false_alarms() -> None:
 def test_a_lead_under_lag_minus_one_is_not_at_the_physical_bound() -> None:
     s = score("x", [_run("short", "ppo", 300, lag=8), _run("long", "ppo", 300, lag=2)], [[297], [299]])
     assert s.leads == [1, 3] and (s.leads_at_bound, s.hits_with_lag) == (1, 2)  # 3 < 7 at lag 8; 1 >= max(1, 1) at lag 2
+
+
+def test_the_hazard_is_scored_under_the_model_given() -> None:
+    """`hazard > p` and the hazard rules are replayed with the model passed down (as `keel
+    eval-alerts --hazard-model` passes its file's): one that always says 1 pages every run,
+    one that always says 0 none."""
+    corpus = [_corpus_run("damaged", "ppo", 250, {240: 3.0}), _corpus_run("healthy", "cispo", None, {})]
+    flat = {"horizon": HORIZON, "features": list(FEATURES), "weights": [0.0] * len(FEATURES),
+            "means": [0.0] * len(FEATURES), "scales": [1.0] * len(FEATURES)}  # fmt: skip
+    scores = {}
+    for name, intercept in (("always", 30.0), ("never", -30.0)):
+        result = evaluate(corpus, hazard_model=HazardModel({**flat, "intercept": intercept}), hazard_p=0.5, rlwatch=False)
+        scores[name] = {s["detector"]: s for s in result["scores"]}["hazard > 0.5"]
+    assert scores["always"]["early_false_alarms"] == 1 and scores["always"]["false_alarms_bounded"] == 1
+    assert scores["never"]["hits"] == 0 and scores["never"]["early_false_alarms"] == 0 and scores["never"]["false_alarms_bounded"] == 0

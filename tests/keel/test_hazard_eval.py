@@ -10,7 +10,7 @@ import pytest
 
 from keel.eval_alerts import CorpusRun
 from keel.hazard_eval import Rows, auc, calibration, feature_separation, fit, rows
-from server.alerts.hazard import FEATURES, HORIZON, WARMUP, HazardModel
+from server.alerts.hazard import FEATURES, HORIZON, MODEL, WARMUP, HazardModel
 
 
 def _run(collapse: int | None, steps: int = 300, kl_from: int | None = None) -> CorpusRun:
@@ -65,20 +65,19 @@ def test_an_empty_corpus_gives_nan_not_an_error() -> None:
 def test_keel_eval_alerts_fits_a_hazard_scores_it_and_writes_its_calibration(tmp_path: Path) -> None:
     from keel.cli import main
     from keel.eval_alerts import save_corpus
-    from server.alerts import hazard
 
     corpus_path, model_path, out_path = tmp_path / "corpus.json", tmp_path / "model.json", tmp_path / "scores.json"
-    save_corpus([_run(200, steps=400, kl_from=150) for _ in range(3)] + [_run(None, steps=400) for _ in range(3)], str(corpus_path))
-    saved = hazard.current_model()
-    try:
-        code = main(["eval-alerts", "--corpus", str(corpus_path), "--fit-hazard", str(model_path), "--hazard-model",
-                     str(model_path), "--hazard", "0.5", "--no-rlwatch", "--json", str(out_path)])  # fmt: skip
-        assert code == 0
-        model = json.loads(model_path.read_text())
-        assert hazard.current_model()["weights"] == model["weights"] and model["fitted_on"] == str(corpus_path)
-    finally:
-        hazard.use_model(saved)
+    corpus = [_run(200, steps=400, kl_from=150) for _ in range(3)] + [_run(None, steps=400) for _ in range(3)]
+    save_corpus(corpus, str(corpus_path))
+    code = main(["eval-alerts", "--corpus", str(corpus_path), "--fit-hazard", str(model_path), "--hazard-model",
+                 str(model_path), "--hazard", "0.5", "--no-rlwatch", "--json", str(out_path)])  # fmt: skip
+    assert code == 0
+    model = json.loads(model_path.read_text())
+    assert model["fitted_on"] == str(corpus_path)
     (result,) = json.loads(out_path.read_text())
+    # Scored with the file's model (--hazard-model), not the built-in one.
+    assert result["calibration"] == json.loads(json.dumps(calibration(rows(corpus), HazardModel(model))))
+    assert result["calibration"] != json.loads(json.dumps(calibration(rows(corpus), HazardModel(MODEL))))
     scores = {s["detector"]: s for s in result["scores"]}
     assert scores["hazard > 0.5"]["hits"] == 3 and scores["hazard > 0.5"]["false_alarms_unbounded"] == 0
     assert result["calibration"]["brier"] < result["calibration"]["brier_base_rate"]

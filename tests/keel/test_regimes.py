@@ -15,7 +15,7 @@ from keel.regimes import (
     worst,
 )
 from server.alerts.catalog import DEFAULT_RULES
-from server.alerts.hazard import HazardModel, current_model
+from server.alerts.hazard import MODEL, HazardModel
 
 
 def _run(index: int, lr: float, loss: str, collapse: bool) -> CorpusRun:
@@ -50,12 +50,12 @@ def corpus() -> list[CorpusRun]:
 
 def test_threshold_firings_are_the_backtests() -> None:
     runs = corpus()[:8]
-    model = HazardModel(current_model())
+    model = HazardModel(MODEL)
     for p in (0.02, 0.1, 0.5):
-        replayed = rule_firings(runs, [hazard_rule(p)])["collapse hazard"]
+        replayed = rule_firings(runs, [hazard_rule(p)], hazard_model=model)["collapse hazard"]
         emulated = [threshold_firings([(s, model.probability(x)) for s, x in steps], p, 50) for steps in hazard_steps(runs)]
         assert emulated == replayed
-    assert any(replayed) or any(rule_firings(runs, [hazard_rule(0.02)])["collapse hazard"])
+    assert any(replayed) or any(rule_firings(runs, [hazard_rule(0.02)], hazard_model=model)["collapse hazard"])
 
 
 def test_every_axis_value_is_held_out_once_and_fitted_without_it() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import httpx
 import pytest
@@ -66,3 +67,35 @@ def test_keel_serve_refuses_a_short_bootstrap_token_at_start(sqlite_url: str) ->
     assert "keel: invalid setting KEEL_BOOTSTRAP_TOKEN: Value error, KEEL_BOOTSTRAP_TOKEN must be at least 16 characters" in result.stderr
     assert "admin-pw-12" not in result.stdout + result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_the_hazard_model_file_is_read_once_at_start_and_a_bad_one_refused(
+    sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """KEEL_HAZARD_MODEL: one model per process, the same object everywhere it is used."""
+    import asyncio
+    import json
+
+    from server.alerts.hazard import HazardModel
+    from server.components import running
+    from tests.support.hazard import RISING, rising_model_file
+
+    monkeypatch.setenv("KEEL_HAZARD_MODEL", str(rising_model_file(tmp_path)))
+    settings = Settings(database_url=sqlite_url)
+    assert settings.hazard_model == tmp_path / "rising_hazard_model.json"
+
+    async def models() -> tuple[HazardModel, ...]:
+        async with running(settings, "internal") as components:
+            return components.hazard_model, components.hazards.model, components.alerts.hazard_model
+
+    served = asyncio.run(models())
+    assert all(model is served[0] for model in served) and served[0].weights == RISING.weights
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"horizon": 50, "features": ["gain"]}), encoding="utf-8")
+
+    async def start_with_bad() -> None:
+        async with running(Settings(database_url=sqlite_url, hazard_model=bad), "internal"):
+            pass
+
+    with pytest.raises(ValueError, match="refit"):
+        asyncio.run(start_with_bad())

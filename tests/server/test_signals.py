@@ -11,7 +11,7 @@ import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from tests.support.hazard import collapsing_values, hazard_model
+from tests.support.hazard import collapsing_values, rising_model_file
 from tests.support.raw_client import new_run, open_ingest, points
 
 
@@ -152,9 +152,10 @@ def test_a_rule_with_an_action_sends_it_as_a_command_when_it_fires(server) -> No
     assert patched.status_code == 200 and patched.json()["action"] is None
 
 
-def test_a_listening_client_is_sent_the_hazard_once_a_step(server) -> None:  # type: ignore[no-untyped-def]
+def test_a_listening_client_is_sent_the_hazard_once_a_step(server_factory, database_url, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    server = server_factory(database_url, hazard_model=rising_model_file(tmp_path))
     run = new_run()
-    with hazard_model(), open_ingest(server) as ws:
+    with open_ingest(server) as ws:
         _hello(ws, run, ["hazard"])
         hazards: list[dict[str, Any]] = []
         for seq in range(8):

@@ -1,14 +1,14 @@
-"""The collapse hazard in tests: a known model (the built-in one may be refitted at any time)
-and runs whose metrics make it rise."""
+"""The collapse hazard in tests: a known model (the built-in one may be refitted at any time),
+a server that computes with it, and runs whose metrics make it rise."""
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
-from server.alerts.hazard import FEATURES, HORIZON, current_model, use_model
+from server.alerts.hazard import FEATURES, HORIZON, HazardModel
 
 RISING_MODEL: dict[str, Any] = {
     "horizon": HORIZON,
@@ -20,20 +20,18 @@ RISING_MODEL: dict[str, Any] = {
     "scales": [1.0] * len(FEATURES),
 }
 """P = sigmoid(1.5 · log10 KL (smoothed)): 0.0025 at a KL of 1e-4, 1/2 at 1, 0.82 at 10."""
+RISING = HazardModel(RISING_MODEL)
 
 SPIKE_STEP = 60
 COLLAPSE_STEP = 100
 
 
-@contextmanager
-def hazard_model(model: Mapping[str, Any] = RISING_MODEL) -> Iterator[None]:
-    """Use `model` in this process (and so in an in-process server) for the block."""
-    before = current_model()
-    use_model(model)
-    try:
-        yield
-    finally:
-        use_model(before)
+def rising_model_file(folder: Path) -> Path:
+    """RISING_MODEL as a model file in `folder`: a server started with `hazard_model=` it
+    (KEEL_HAZARD_MODEL) computes every hazard as RISING does."""
+    path = folder / "rising_hazard_model.json"
+    path.write_text(json.dumps(RISING_MODEL), encoding="utf-8")
+    return path
 
 
 def collapsing_values(step: int) -> dict[str, float]:

@@ -17,6 +17,8 @@ from server.alerts.backtest import (
     stored_rules,
 )
 from server.alerts.catalog import DEFAULT_RULES, RuleSpec
+from server.alerts.hazard import MODEL, HazardModel, hazard_series
+from tests.support.hazard import RISING, collapsing_values, rising_model_file
 from tests.support.raw_client import hello, new_run, open_ingest, points, recv
 from wire import Row
 
@@ -119,6 +121,27 @@ def test_stored_runs_replay_as_the_engine_fired(server_factory, database_url) ->
     assert httpx.post(f"{server.url}/api/v1/backtest", json={"run_ids": []}).status_code == 422
 
 
+def test_a_hazard_rule_fires_under_the_servers_model_in_the_engine_and_the_backtest(server_factory, sqlite_url, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The server's one model (KEEL_HAZARD_MODEL) is what its engine and its backtest compute
+    a `hazard` rule with: both fire where hazard_series under that model first passes p, which
+    is not where the built-in model would."""
+    server = server_factory(sqlite_url, hazard_model=rising_model_file(tmp_path))
+    values = [collapsing_values(step) for step in range(230)]
+    first = {name: next(step for step, h in enumerate(hazard_series(values, model)) if h is not None and h > 0.5)
+             for name, model in (("rising", RISING), ("built-in", HazardModel(MODEL)))}  # fmt: skip
+    assert first["rising"] != first["built-in"]
+    rule = {"name": "collapse hazard", "metric": "reward/mean", "detector": "hazard", "params": {"p": 0.5},
+            "severity": "critical", "for_steps": 1, "keep_firing_for": 50}  # fmt: skip
+    created = httpx.post(f"{server.url}/api/v1/rules", json={**rule, "project": "default"})
+    assert created.status_code == 201, created.text
+    run = new_run("drifting")
+    _stream(server, run, values)
+    alerts = httpx.get(f"{server.url}/api/v1/alerts", params={"run_id": run["id"]}).json()
+    assert [a["fired_step"] for a in alerts if a["rule"] == "collapse hazard"] == [first["rising"]]
+    body = httpx.post(f"{server.url}/api/v1/backtest", json={"run_ids": [run["id"]], "rules": [rule]}, timeout=30).json()
+    assert [e["fired_step"] for e in body["runs"][0]["rules"][0]["episodes"]] == [first["rising"]]
+
+
 def test_the_loader_pages_through_long_runs(server_factory, sqlite_url, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     from server import db
     from server.alerts import backtest as backtest_module
@@ -133,7 +156,7 @@ def test_the_loader_pages_through_long_runs(server_factory, sqlite_url, monkeypa
         store = Store(db.create_engine(sqlite_url))
         try:
             rules = await stored_rules(store, [])
-            return rules, await backtest_runs(store, [THRESHOLD], [run["id"]])
+            return rules, await backtest_runs(store, [THRESHOLD], [run["id"]], HazardModel(MODEL))
         finally:
             await store.close()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -13,11 +13,13 @@ from server.alerts.catalog import build_detector
 from server.alerts.hazard import (
     FEATURES,
     HORIZON,
+    MODEL,
     WARMUP,
     Hazard,
     HazardModel,
     features,
     hazard_series,
+    load_model,
 )
 
 
@@ -29,14 +31,8 @@ def _model(**weights: float) -> dict[str, object]:
     }  # fmt: skip
 
 
-@pytest.fixture
-def kl_model() -> Iterator[dict[str, object]]:
-    """A model that only looks at how far the mismatch climbed above its learned level."""
-    saved = hazard.current_model()
-    model = _model(kl_climb=4.0)
-    hazard.use_model(model)
-    yield model
-    hazard.use_model(saved)
+KL_MODEL = HazardModel(_model(kl_climb=4.0))
+"""A model that only looks at how far the mismatch climbed above its learned level."""
 
 
 def _step(step: int, *, kl: float = 0.02, reward: float | None = None, **extra: float) -> dict[str, float]:
@@ -127,18 +123,22 @@ def test_the_model_is_a_logistic_on_standardised_features() -> None:
         HazardModel({**_model(), "features": ["gain"]})
 
 
-def test_the_series_starts_after_the_warm_up_and_rises_before_a_drift(kl_model: dict[str, object]) -> None:
-    rows = [_step(step) for step in range(150)] + [_step(step, kl=0.02 * 1.1 ** (step - 149)) for step in range(150, 200)]
-    series = hazard_series(rows)
+def _drifting() -> list[dict[str, float]]:
+    """Learns for 150 steps, then its mismatch climbs 10 % a step."""
+    return [_step(step) for step in range(150)] + [_step(step, kl=0.02 * 1.1 ** (step - 149)) for step in range(150, 200)]
+
+
+def test_the_series_starts_after_the_warm_up_and_rises_before_a_drift() -> None:
+    series = hazard_series(_drifting(), KL_MODEL)
     assert series[:WARMUP] == [None] * WARMUP and series[WARMUP] is not None
     assert series[149] == pytest.approx(1 / (1 + math.exp(4.0)))
     assert series[-1] is not None and series[-1] > 0.99
 
 
-def test_the_detector_fires_above_p_says_why_and_resumes_from_its_json_state(kl_model: dict[str, object]) -> None:
-    detector = build_detector("hazard", "reward/mean", {"p": 0.5})
-    assert isinstance(detector, Hazard)
-    rows = [_step(step) for step in range(150)] + [_step(step, kl=0.02 * 1.1 ** (step - 149)) for step in range(150, 200)]
+def test_the_detector_fires_above_p_says_why_and_resumes_from_its_json_state() -> None:
+    detector = build_detector("hazard", "reward/mean", {"p": 0.5}, hazard_model=KL_MODEL)
+    assert isinstance(detector, Hazard) and detector.model is KL_MODEL
+    rows = _drifting()
     state: dict[str, object] = detector.initial_state()
     fired, resumed = [], []
     for step, values in enumerate(rows):
@@ -157,52 +157,85 @@ def test_the_detector_fires_above_p_says_why_and_resumes_from_its_json_state(kl_
     assert detector.update({}, 0, {"policy/entropy": 1.0}) is None  # nothing it reads
 
 
+def test_the_detector_computes_with_the_model_it_is_given() -> None:
+    """Two detectors on the same rows, each with its own model: nothing is shared between them."""
+    never = HazardModel({**_model(), "intercept": -30.0})
+    rows = _drifting()
+    signals = {}
+    for name, model in (("kl", KL_MODEL), ("never", never)):
+        detector = build_detector("hazard", "reward/mean", {"p": 0.5}, hazard_model=model)
+        state: dict[str, object] = {}
+        signals[name] = [detector.update(state, step, values) for step, values in enumerate(rows)]
+    assert any(s is not None and s.active for s in signals["kl"])
+    assert not any(s is not None and s.active for s in signals["never"])
+    assert signals["never"][-1] is not None and signals["never"][-1].value == pytest.approx(1 / (1 + math.exp(30.0)))
+
+
+def test_a_hazard_detector_built_without_a_model_checks_its_parameters_and_cannot_run() -> None:
+    detector = build_detector("hazard", "reward/mean", {"p": 0.3})  # as a rule being validated
+    assert detector.params == {"p": 0.3}
+    with pytest.raises(RuntimeError, match="hazard_model"):
+        detector.update({}, 0, _step(0))
+
+
 @pytest.mark.parametrize("p", [0, 1, 1.5, -0.1, True, "0.5"])
 def test_p_must_be_a_probability(p: object) -> None:
     with pytest.raises(ValueError, match="probability"):
         build_detector("hazard", "reward/mean", {"p": p})
 
 
-def test_backtest_replays_a_hazard_rule_as_the_engine_would(kl_model: dict[str, object]) -> None:
+def test_a_model_is_loaded_from_its_file_or_is_the_built_in_one(tmp_path: Path) -> None:
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps(_model(kl_climb=4.0)), encoding="utf-8")
+    loaded = load_model(path)
+    assert loaded.weights == KL_MODEL.weights and loaded.intercept == -4.0
+    assert load_model(str(path)).weights == KL_MODEL.weights
+    assert load_model(None).weights == HazardModel(MODEL).weights == MODEL["weights"]
+    path.write_text(json.dumps({**_model(), "features": ["gain"]}), encoding="utf-8")
+    with pytest.raises(ValueError, match="refit"):
+        load_model(path)
+
+
+def test_backtest_replays_a_hazard_rule_as_the_engine_would() -> None:
     from server.alerts.backtest import backtest_rule
     from server.alerts.catalog import RuleSpec
     from wire import Row
 
-    rows = [_step(step) for step in range(150)] + [_step(step, kl=0.02 * 1.1 ** (step - 149)) for step in range(150, 200)]
-    series = hazard_series(rows)
+    rows = _drifting()
+    series = hazard_series(rows, KL_MODEL)
     first = next(step for step, h in enumerate(series) if h is not None and h > 0.5)
     rule = RuleSpec("collapse hazard", "reward/mean", "hazard", "critical", keep_firing_for=50, params={"p": 0.5})
-    result = backtest_rule(rule, [Row(step=step, time=None, values=values) for step, values in enumerate(rows)])
+    result = backtest_rule(rule, [Row(step=step, time=None, values=values) for step, values in enumerate(rows)], hazard_model=KL_MODEL)
     assert result.fired_steps == [first]
     assert "collapse hazard" in result.episodes[0].message and result.episodes[0].value == pytest.approx(series[first])
 
 
-def test_a_step_with_nothing_the_hazard_reads_is_skipped_by_the_series_as_by_the_detector(kl_model: dict[str, object]) -> None:
-    rows = [_step(step) for step in range(150)] + [_step(step, kl=0.02 * 1.1 ** (step - 149)) for step in range(150, 200)]
+def test_a_step_with_nothing_the_hazard_reads_is_skipped_by_the_series_as_by_the_detector() -> None:
+    rows = _drifting()
     padded = [row for values in rows for row in (values, {"policy/entropy": 1.0})]
-    series, padded_series = hazard_series(rows), hazard_series(padded)
+    series, padded_series = hazard_series(rows, KL_MODEL), hazard_series(padded, KL_MODEL)
     assert padded_series[1::2] == [None] * len(rows) and padded_series[0::2] == series
 
 
-def test_the_cache_extends_a_run_read_in_pieces_to_the_series_read_at_once(kl_model: dict[str, object]) -> None:
+def test_the_cache_extends_a_run_read_in_pieces_to_the_series_read_at_once() -> None:
     """A page re-reads the hazard every few seconds: each read adds the rows stored since,
     and the newest step (which may still get values) is computed again when read again."""
     from wire import Row
 
     values = [_step(s, kl=0.02 if s < 205 else 0.02 * 1.03 ** (s - 205)) for s in range(220)]
-    whole = hazard_series(values, HazardModel(kl_model))
+    whole = hazard_series(values, KL_MODEL)
     expected = ([s for s, v in enumerate(whole) if v is not None], [v for v in whole if v is not None])
-    cache, model = hazard.HazardCache(runs=2), HazardModel(kl_model)
+    cache = hazard.HazardCache(KL_MODEL, runs=2)
     answer: tuple[list[int], list[float]] = ([], [])
     for start, end in ((0, 20), (20, 21), (21, 120), (120, 220)):
-        after = cache.after("run", 1.0, model)
+        after = cache.after("run", 1.0)
         assert after == start - 2 if start else after == -1  # the last row read is read again
         rows = [Row(step=s, time=None, values=values[s]) for s in range(after + 1, end)]
-        answer = cache.extend("run", 1.0, model, rows)
+        answer = cache.extend("run", 1.0, rows)
     assert answer[0] == expected[0] and answer[1] == pytest.approx(expected[1], rel=1e-12)
     # The newest step got one more value after it was first read: the next read sees it.
     late = {**values[219], "reward/mean": 0.0, "mismatch/kl": 1e-4}
-    again = hazard_series([*values[:219], late], HazardModel(kl_model))[-1]
-    assert again != whole[-1] and cache.extend("run", 1.0, model, [Row(step=219, time=None, values=late)])[1][-1] == again
-    # Another incarnation of the run (started again) and another model start afresh.
-    assert cache.after("run", 2.0, model) == -1 and cache.after("run", 1.0, HazardModel(_model())) == -1
+    again = hazard_series([*values[:219], late], KL_MODEL)[-1]
+    assert again != whole[-1] and cache.extend("run", 1.0, [Row(step=219, time=None, values=late)])[1][-1] == again
+    # Another incarnation of the run (started again) starts afresh.
+    assert cache.after("run", 2.0) == -1

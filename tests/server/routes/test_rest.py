@@ -11,7 +11,7 @@ import pytest
 from websockets.sync.client import connect
 
 from server.alerts.hazard import HORIZON, WARMUP, hazard_series
-from tests.support.hazard import SPIKE_STEP, collapsing_values, hazard_model
+from tests.support.hazard import RISING, SPIKE_STEP, collapsing_values, rising_model_file
 from tests.support.raw_client import hello, new_run, open_ingest, points, recv, series
 
 
@@ -149,12 +149,14 @@ def test_runs_with_their_latest_points_and_one_metric_of_several_runs_in_one_rea
     assert httpx.get(f"{api}/series", params={"key": "a"}).status_code == 422  # no run named
 
 
-def test_collapse_hazard_of_a_run(server) -> None:
-    """GET /runs/{id}/hazard: the hazard the server computes from the stored points, exactly
-    hazard_series over the same rows, past the warm-up; buckets keep their highest hazard."""
+def test_collapse_hazard_of_a_run(server_factory, database_url, tmp_path) -> None:
+    """GET /runs/{id}/hazard: the hazard the server computes from the stored points under its
+    model (KEEL_HAZARD_MODEL), exactly hazard_series over the same rows, past the warm-up;
+    buckets keep their highest hazard."""
+    server = server_factory(database_url, hazard_model=rising_model_file(tmp_path))
     run = new_run("collapsing")
     values = [collapsing_values(step) for step in range(200)]
-    with hazard_model(), open_ingest(server) as ws:
+    with open_ingest(server) as ws:
         hello(ws, run)
         for seq, first in enumerate(range(0, 200, 50)):
             ws.send(points(seq, [{"step": s, "values": values[s]} for s in range(first, first + 50)]))
@@ -163,7 +165,7 @@ def test_collapse_hazard_of_a_run(server) -> None:
         whole = httpx.get(url)
         assert whole.status_code == 200, whole.text
         body = whole.json()
-        expected = hazard_series(values)
+        expected = hazard_series(values, RISING)
         bucketed = httpx.get(url, params={"max_points": 7}).json()
     assert body["run_id"] == run["id"] and body["horizon"] == HORIZON == 50
     assert body["steps"] == list(range(WARMUP, 200))  # the warm-up has no hazard
@@ -182,10 +184,11 @@ def test_collapse_hazard_of_a_run(server) -> None:
     assert hazard[spike] > 5 * hazard[spike - 1]
 
 
-def test_runs_with_the_current_hazard_of_each_running_run(server) -> None:
+def test_runs_with_the_current_hazard_of_each_running_run(server_factory, database_url, tmp_path) -> None:
     """GET /runs?hazard=true: each running run with its current collapse hazard, the last value
     of its GET /runs/{id}/hazard (null while it warms up); a finished run has none, nor does
     any run without the parameter."""
+    server = server_factory(database_url, hazard_model=rising_model_file(tmp_path))
     live, warming, finished = new_run("live"), new_run("warming"), new_run("finished")
     values = [collapsing_values(step) for step in range(160)]
     api = f"{server.url}/api/v1"
@@ -195,7 +198,7 @@ def test_runs_with_the_current_hazard_of_each_running_run(server) -> None:
         assert response.status_code == 200, response.text
         return {run["id"]: run for run in response.json()}
 
-    with hazard_model(), open_ingest(server) as live_ws, open_ingest(server) as warming_ws:
+    with open_ingest(server) as live_ws, open_ingest(server) as warming_ws:
         with open_ingest(server) as ws:
             hello(ws, finished)
             ws.send(points(0, [{"step": s, "values": values[s]} for s in range(120)]))
@@ -212,7 +215,7 @@ def test_runs_with_the_current_hazard_of_each_running_run(server) -> None:
         first = listed(hazard="true")  # the list reads first: the cache is cold
         whole = httpx.get(f"{api}/runs/{live['id']}/hazard").json()
         assert whole["steps"][-1] == 119
-        assert first[live["id"]]["hazard"] == whole["hazard"][-1] == hazard_series(values[:120])[-1]
+        assert first[live["id"]]["hazard"] == whole["hazard"][-1] == hazard_series(values[:120], RISING)[-1]
         assert first[live["id"]]["status"] == "running" and 0 < first[live["id"]]["hazard"] < 1
         assert first[warming["id"]]["status"] == "running" and first[warming["id"]]["hazard"] is None
         assert first[finished["id"]]["status"] == "finished" and "hazard" not in first[finished["id"]]
@@ -226,7 +229,7 @@ def test_runs_with_the_current_hazard_of_each_running_run(server) -> None:
         assert recv(live_ws)["type"] == "ack"
         second = listed(hazard="true", run_id=[live["id"], warming["id"]])
         assert set(second) == {live["id"], warming["id"]}
-        assert second[live["id"]]["hazard"] == hazard_series(values)[-1] > first[live["id"]]["hazard"]  # KL climbs
+        assert second[live["id"]]["hazard"] == hazard_series(values, RISING)[-1] > first[live["id"]]["hazard"]  # KL climbs
         assert second[live["id"]]["hazard"] == httpx.get(f"{api}/runs/{live['id']}/hazard").json()["hazard"][-1]
     assert httpx.get(f"{api}/runs", params={"hazard": "maybe"}).status_code == 422
 
