@@ -56,12 +56,12 @@ STATUS_LABELS = {
     "finished": "finished",
     "failed": "failed",
     "killed": "failed",
-    "stale": "stale",
+    "silent": "silent",
 }
 
 
 def display_status(status: str) -> str:
-    """The four states a researcher cares about: live, finished, failed, stale."""
+    """The four states a researcher cares about: live, finished, failed, silent."""
     return STATUS_LABELS.get(status, status)
 
 

@@ -124,7 +124,7 @@ def _demo(args: argparse.Namespace) -> int:
         for leftover in demo_db.parent.glob("demo.db*"):
             leftover.unlink()
         database_url = f"sqlite:///{demo_db}"
-    settings = Settings(database_url=database_url, port=args.port, stale_after_s=30)
+    settings = Settings(database_url=database_url, port=args.port, silent_after_s=30)
     server = uvicorn.Server(uvicorn_config(create_app(settings), settings, log_level="warning", keel_loggers=True))
     children: list[subprocess.Popen[bytes]] = []
     stop = threading.Event()

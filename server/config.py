@@ -16,7 +16,7 @@ MIN_BOOTSTRAP_TOKEN_LENGTH = 16
 """The bootstrap (admin) token's least length: it is the one token whose value an operator
 chooses, so one that could be guessed is refused at start."""
 
-DEPRECATED_ENV = {"KEEL_SILENCE_CHECK_S": "KEEL_SILENT_RUN_CHECK_S"}
+DEPRECATED_ENV = {"KEEL_SILENCE_CHECK_S": "KEEL_SILENT_RUN_CHECK_S", "KEEL_STALE_AFTER_S": "KEEL_SILENT_AFTER_S"}
 """Old environment names still read (after the new one), and the names that replaced them."""
 
 
@@ -64,8 +64,10 @@ class Settings(BaseSettings):
     least MIN_BOOTSTRAP_TOKEN_LENGTH characters. Empty: none."""
     migrate_on_start: bool = True
     """Apply Alembic migrations when the server starts (`keel db upgrade` does it explicitly)."""
-    stale_after_s: float = 120.0
-    """A running run that has sent nothing for this long is reported as "stale"."""
+    silent_after_s: float = Field(default=120.0, validation_alias=AliasChoices("KEEL_SILENT_AFTER_S", "KEEL_STALE_AFTER_S"))
+    """A running run that has sent nothing for this long is shown as "silent" (its status in
+    the API and on the runs page). The "run went silent" rule pages on its own `after_s`
+    (120 s by default, per scope). KEEL_STALE_AFTER_S, its old name, is still read and deprecated."""
     max_frame_bytes: int = 8 * 1024 * 1024
     """Largest websocket message, and largest body of the requests that carry what a frame
     does (POST /runs/{id}/points, PATCH /runs/{id}) and of the dashboard's callbacks."""

@@ -107,7 +107,7 @@ class RunOut(BaseModel):
     project: str
     group: str | None
     status: str
-    """running, finished, failed, killed, or stale (running but silent)."""
+    """running, finished, failed, killed, or silent (running, but nothing sent for `KEEL_SILENT_AFTER_S`)."""
     last_step: int | None
     started_at: str
     last_seen_at: str
@@ -117,10 +117,10 @@ class RunOut(BaseModel):
     """Only when asked for (`GET /runs?latest=k1,k2`): the last point of each of these keys."""
 
     @classmethod
-    def from_run(cls, run: Run, *, now: float, stale_after_s: float) -> RunOut:
+    def from_run(cls, run: Run, *, now: float, silent_after_s: float) -> RunOut:
         status = run.status
-        if status == "running" and now - run.last_seen_at > stale_after_s:
-            status = "stale"
+        if status == "running" and now - run.last_seen_at > silent_after_s:
+            status = "silent"
         return cls(
             id=run.id,
             name=run.name,
@@ -145,9 +145,9 @@ class ListedRun(RunOut):
     )
 
     @classmethod
-    def from_run(cls, run: Run, *, now: float, stale_after_s: float) -> ListedRun:
+    def from_run(cls, run: Run, *, now: float, silent_after_s: float) -> ListedRun:
         """Without `latest` and `hazard`: a read sets them when asked for, and only those it set are answered."""
-        return cls(**RunOut.from_run(run, now=now, stale_after_s=stale_after_s).model_dump(exclude_unset=True))
+        return cls(**RunOut.from_run(run, now=now, silent_after_s=silent_after_s).model_dump(exclude_unset=True))
 
 
 class RunDetail(RunOut):
@@ -155,8 +155,8 @@ class RunDetail(RunOut):
     acked_seq: int
 
     @classmethod
-    def from_run(cls, run: Run, *, now: float, stale_after_s: float) -> RunDetail:
-        base = RunOut.from_run(run, now=now, stale_after_s=stale_after_s)
+    def from_run(cls, run: Run, *, now: float, silent_after_s: float) -> RunDetail:
+        base = RunOut.from_run(run, now=now, silent_after_s=silent_after_s)
         return cls(**base.model_dump(), config=run.config or {}, acked_seq=run.acked_seq)
 
 

@@ -109,7 +109,7 @@ def _columns() -> list[dict[str, Any]]:
             "cellClass": "cell-badge",
             "cellClassRules": {
                 f"cell-{s}": {"function": f"params.value == '{s}'"}
-                for s in ("live", "finished", "failed", "stale")
+                for s in ("live", "finished", "failed", "silent")
             },
         },
         {
@@ -258,7 +258,7 @@ def register(dash_app: Dash, api: KeelApi) -> None:
             "project": sorted({r["project"] for r in runs}),
             "group": sorted({r.get("group") or "(none)" for r in runs}),
             "tag": sorted({t for r in runs for t in r.get("tags") or []}),
-            "status": ["live", "finished", "failed", "stale"],
+            "status": ["live", "finished", "failed", "silent"],
         }
         count = f"{len(shown)} of {len(runs)}" if len(shown) != len(runs) else f"{len(runs)}"
         error = "Could not read the alerts: health shows n/a." if firing is None else ""

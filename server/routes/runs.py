@@ -47,7 +47,8 @@ from wire import CLOSE_TOO_LARGE, ProtocolError, encode_value, parse_config, par
 router = APIRouter(tags=["runs"], route_class=ApiRoute, responses=errors(401))
 
 StepBound = Annotated[int | None, Query(ge=0, le=MAX_STEP)]
-RunStatus = Literal["running", "finished", "failed", "killed", "stale"]
+RunStatus = Literal["running", "finished", "failed", "killed", "silent", "stale"]
+"""`stale` is the deprecated name of `silent`."""
 MAX_RUNS_PER_READ = 1000
 """Runs one read may name."""
 MAX_KEYS_PER_READ = 1000
@@ -71,15 +72,16 @@ async def list_runs(
     The hazard is the last value of the run's `GET /runs/{id}/hazard` series, read through
     the same cache: a run already read costs the steps stored since, so a table that asks
     every few seconds does not read each run's history again. Only runs whose status is
-    `running` are read (not finished or stale ones), and at most as many as the cache
+    `running` are read (not finished or silent ones), and at most as many as the cache
     keeps (newest first), so that one call's reads never push each other out of it."""
     store = components.store
     now = time.time()
     listed = [
-        (stored, ListedRun.from_run(stored, now=now, stale_after_s=settings.stale_after_s))
+        (stored, ListedRun.from_run(stored, now=now, silent_after_s=settings.silent_after_s))
         for stored in await store.list_runs(project=project, group=group, ids=run_id)
     ]
-    listed = [(stored, out) for stored, out in listed if status is None or out.status == status]
+    wanted = "silent" if status == "stale" else status
+    listed = [(stored, out) for stored, out in listed if wanted is None or out.status == wanted]
     runs = [out for _, out in listed]
     if latest is not None:
         keys = [key for key in latest.split(",") if key][:MAX_KEYS_PER_READ]
@@ -117,7 +119,7 @@ async def series_of_runs(
 @router.get("/runs/{run_id}", response_model=RunDetail, dependencies=[READ], responses=errors(404))
 async def get_run(run_id: RunId, store: StoreDep, settings: SettingsDep) -> RunDetail:
     run = await store.get_run(run_id)
-    return RunDetail.from_run(run, now=time.time(), stale_after_s=settings.stale_after_s)
+    return RunDetail.from_run(run, now=time.time(), silent_after_s=settings.silent_after_s)
 
 
 @router.get("/runs/{run_id}/keys", response_model=list[KeyOut], dependencies=[READ], responses=errors(404))
@@ -184,8 +186,8 @@ async def run_hazard(
 
 # -- step details ----------------------------------------------------------------------------
 
-From = Annotated[int | None, Query(alias="from", ge=0, le=MAX_STEP, description="first step (inclusive); `start` is the same")]
-To = Annotated[int | None, Query(alias="to", ge=0, le=MAX_STEP, description="last step (inclusive); `end` is the same")]
+From = Annotated[int | None, Query(alias="from", ge=0, le=MAX_STEP, deprecated=True, description="deprecated name of `start`")]
+To = Annotated[int | None, Query(alias="to", ge=0, le=MAX_STEP, deprecated=True, description="deprecated name of `end`")]
 DETAILS_PAGE = 100
 """Details per page of GET /runs/{id}/details by default."""
 
@@ -354,7 +356,7 @@ async def update_run(run_id: RunId, request: Request, store: StoreDep, settings:
         run = await store.update_config(run_id, config)
     except TooLarge as exc:  # the merged config past its limit
         raise HTTPException(413, str(exc)) from None
-    return RunDetail.from_run(run, now=time.time(), stale_after_s=settings.stale_after_s)
+    return RunDetail.from_run(run, now=time.time(), silent_after_s=settings.silent_after_s)
 
 
 @router.delete("/runs/{run_id}", status_code=204, dependencies=[ADMIN], responses=errors(404, 409, 429))

@@ -106,7 +106,7 @@ RUNS = [
         "project": "q",
         "group": "is",
         "tags": ["toy"],
-        "status": "stale",
+        "status": "silent",
         "last_step": 3,
     },
 ]
@@ -138,13 +138,13 @@ def test_run_rows_carry_last_values_status_and_health() -> None:
         and first["mismatch/kl"] is None
     )
     assert (
-        rows[1]["status"] == "failed" and rows[1]["health"] == "ok" and rows[2]["status"] == "stale"
+        rows[1]["status"] == "failed" and rows[1]["health"] == "ok" and rows[2]["status"] == "silent"
     )
     assert run_rows(RUNS, {}, None)[0]["health"] == "n/a"
     # The current hazard of a running run; none on the others, nor while one warms up.
     assert [row["hazard"] for row in rows] == [0.25, None, None]
     assert run_rows([{**RUNS[0], "hazard": None}], {}, None)[0]["hazard"] is None
-    assert run_rows([{**RUNS[2], "hazard": 0.9}], {}, None)[0]["hazard"] is None  # a stale run shows none
+    assert run_rows([{**RUNS[2], "hazard": 0.9}], {}, None)[0]["hazard"] is None  # a silent run shows none
 
 
 def test_parse_runs_and_key_order() -> None:

@@ -26,6 +26,15 @@ def test_its_old_name_still_works_and_is_reported_deprecated(monkeypatch: pytest
     assert Settings().silent_run_check_s == 0.5
 
 
+def test_the_silent_after_setting_reads_its_old_stale_name_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KEEL_SILENT_AFTER_S", raising=False)
+    monkeypatch.setenv("KEEL_STALE_AFTER_S", "30")
+    assert Settings().silent_after_s == 30.0
+    assert deprecated_env() == [("KEEL_STALE_AFTER_S", "KEEL_SILENT_AFTER_S")]
+    monkeypatch.setenv("KEEL_SILENT_AFTER_S", "45")  # both set: the new name wins
+    assert Settings().silent_after_s == 45.0
+
+
 def test_code_sets_it_by_its_field_name_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KEEL_SILENCE_CHECK_S", "0.7")
     assert Settings(silent_run_check_s=0.2).silent_run_check_s == 0.2

@@ -65,14 +65,16 @@ def test_run_listing_fields_filters_and_unknown(server) -> None:
     assert httpx.get(f"{server.url}/api/v1/runs/nope/keys").status_code == 404
 
 
-def test_silent_running_run_is_reported_stale(server_factory, sqlite_url: str) -> None:
-    server = server_factory(sqlite_url, stale_after_s=0.5)
+def test_silent_running_run_is_reported_silent(server_factory, sqlite_url: str) -> None:
+    server = server_factory(sqlite_url, silent_after_s=0.5)
     run = new_run()
     with open_ingest(server) as ws:
         hello(ws, run)
         assert httpx.get(f"{server.url}/api/v1/runs/{run['id']}").json()["status"] == "running"
         time.sleep(0.8)
-        assert httpx.get(f"{server.url}/api/v1/runs/{run['id']}").json()["status"] == "stale"
+        assert httpx.get(f"{server.url}/api/v1/runs/{run['id']}").json()["status"] == "silent"
+        assert [r["id"] for r in httpx.get(f"{server.url}/api/v1/runs", params={"status": "silent"}).json()] == [run["id"]]
+        # `stale`, the old name, still filters
         assert [r["id"] for r in httpx.get(f"{server.url}/api/v1/runs", params={"status": "stale"}).json()] == [run["id"]]
         ws.send(points(0, [{"step": 0, "values": {"m": 1}}]))
         recv(ws)
