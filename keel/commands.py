@@ -220,8 +220,8 @@ def _eval_alerts(args: argparse.Namespace) -> int:
     import time
 
     from keel.eval_alerts import (
+        AFTERMATH,
         MIN_HISTORY,
-        TAIL,
         WINDOW,
         build_corpus,
         evaluate,
@@ -265,7 +265,7 @@ def _eval_alerts(args: argparse.Namespace) -> int:
     if args.regimes:
         return _regimes(args, [run for _, corpus in corpora for run in corpus], rules)
     print(f"scoring: a hit is a firing in the {WINDOW} steps before the collapse; collapses before step "
-          f"{MIN_HISTORY} are scored apart (no hist.); the last {TAIL} steps of every run are not scored; "
+          f"{MIN_HISTORY} are scored apart (no hist.); the last {AFTERMATH} steps of every run are not scored; "
           "FA = runs that never collapsed but fired")  # fmt: skip
     results = []
     for name, corpus in corpora:

@@ -26,8 +26,8 @@ lifecycle, in-process), and each rule's firing steps are scored (docs/alerts.md,
 - firings from WINDOW steps before a dip to DIP_AFTER steps after it count neither
   as hits nor as false alarms; dips are counted apart, with how many a rule fired on.
 
-A stable run is scored until TAIL steps before its end (`scored_until`), so what
-followed every firing counted as a false alarm is known: TAIL steps without a
+A stable run is scored until AFTERMATH steps before its end (`scored_until`), so what
+followed every firing counted as a false alarm is known: AFTERMATH steps without a
 collapse. A collapsing run is scored up to its collapse, wherever it comes. PPO is scored on its own beside the
 union (its negative-advantage hole makes it the loss that collapses most).
 rlwatch's default detectors are fed the same series in the same invocation.
@@ -67,11 +67,11 @@ WINDOW = 150
 """A firing counts for a collapse when it comes at most this many steps before it."""
 MIN_HISTORY = 50
 """A collapse before this step is scored apart: no detector can have a baseline by then."""
-TAIL = 150
+AFTERMATH = 150
 """The last steps of a run that never collapsed are not scored: a firing there cannot be
 judged, since the run might have collapsed just after its end; a firing before them is a
-false alarm, because the run went on at least TAIL steps without collapsing. A run that
-collapses, in the tail too, is scored up to its collapse."""
+false alarm, because the run went on at least AFTERMATH steps without collapsing. A run that
+collapses, in those last steps too, is scored up to its collapse."""
 UNBOUNDED_LOSSES = frozenset({"importance_sampling", "ppo", "dro", "gspo", "flash_reinforce"})
 """Losses whose per-token coefficient is not bounded (docs/losses.md): the ratio itself
 (IS), PPO's and GSPO's negative-advantage hole, DRO's −β·ℓ, FlashREINFORCE's sg(r)."""
@@ -117,8 +117,8 @@ class CorpusRun:
 
     @property
     def scored_until(self) -> int:
-        """A stable run's firings are scored before this step (TAIL steps before its end)."""
-        return max(0, self.steps - TAIL)
+        """A stable run's firings are scored before this step (AFTERMATH steps before its end)."""
+        return max(0, self.steps - AFTERMATH)
 
     @property
     def ppo(self) -> bool:

@@ -2,7 +2,7 @@
 what each of its features tells apart (`keel eval-alerts --fit-hazard / --hazard`).
 
 Every run contributes one row per step t from the hazard's warm-up up to its collapse,
-or, on a run that never collapsed, up to TAIL steps before its end (keel.eval_alerts:
+or, on a run that never collapsed, up to AFTERMATH steps before its end (keel.eval_alerts:
 what follows every row is then known): the features at t
 (server.alerts.hazard.features, exactly as the server computes them) and the label "the
 run collapses in (t, t + HORIZON]" (a collapse that lasts, learners.labels). Rows in a

@@ -39,13 +39,13 @@ def test_score_counts_hits_leads_early_false_alarms_and_history_as_documented() 
     assert (s.stable_bounded, s.false_alarms_bounded, s.stable_unbounded, s.false_alarms_unbounded) == (2, 1, 2, 1)
     # (1 stable unbounded run paged + 1 unbounded collapsing run paged early) / (2 + 2 unbounded collapsing)
     assert s.unbounded_rate_with_early == pytest.approx(2 / 4)
-    assert s.firings_per_1k_stable_steps == pytest.approx(1000 * 3 / (4 * 350))  # scored steps: 500 - TAIL
+    assert s.firings_per_1k_stable_steps == pytest.approx(1000 * 3 / (4 * 350))  # scored steps: 500 - AFTERMATH
     assert s.firings_before_history == 1  # the firing at step 30
 
 
 def test_a_stable_runs_tail_is_not_scored_and_a_collapse_in_it_is_a_collapse() -> None:
     corpus = [
-        _run("tail-collapse", "ppo", 420),  # collapses after 350 (500 - TAIL): scored to its collapse
+        _run("late-collapse", "ppo", 420),  # collapses after 350 (500 - AFTERMATH): scored to its collapse
         _run("late-page", "cispo", None),  # fired only in the tail: not judged
         _run("early-then-tail", "ppo", 440),  # fired at 100, before 440 - 150: an early false alarm
     ]
