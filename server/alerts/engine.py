@@ -258,7 +258,7 @@ class AlertEngine:
         ]
         # After the changes: new alerts' ids are part of the state.
         if states:
-            await repository.upsert_states(session, run.id, [(rule_id, t.to_json(), t.last_step) for rule_id, t in states])
+            await repository.upsert_states(session, self.store.insert, run.id, [(rule_id, t.to_json(), t.last_step) for rule_id, t in states])
             for _, t in states:
                 t.stored_step = t.last_step
         return _Recorded(alerts, queued, commands)

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cache
 from typing import Any
 
 from sqlalchemy import and_, bindparam, delete, or_, select
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from server.alerts.catalog import DEFAULT_RULES
@@ -27,11 +25,9 @@ __all__ = [
 
 StoredState = tuple[dict[str, Any], int | None]
 """A rule_states row: (state JSON, last evaluated step)."""
-
-
-def _insert(dialect: str) -> Any:
-    """The dialect's INSERT (both have ON CONFLICT; the core INSERT does not)."""
-    return sqlite_insert if dialect == "sqlite" else pg_insert
+Insert = Callable[..., Any]
+"""The database's INSERT with ON CONFLICT, from its write path (`Store.insert`): the upserts
+here are built with it, so this module never asks which database it is."""
 
 
 def rule_applies(rule: Rule, run: Run) -> bool:
@@ -47,13 +43,13 @@ async def load_rules(sessions: async_sessionmaker[AsyncSession]) -> list[Rule]:
         return list((await session.scalars(select(Rule).order_by(Rule.id))).all())
 
 
-async def install_project(session: AsyncSession, project: str, now: float) -> bool:
+async def install_project(session: AsyncSession, insert: Insert, project: str, now: float) -> bool:
     """Record the project and add its default rules, once, even under concurrent first runs.
 
     True if this call installed them.
     """
     created = await session.execute(
-        _insert(session.get_bind().dialect.name)(Project)
+        insert(Project)
         .values(name=project, created_at=now)
         .on_conflict_do_nothing(index_elements=["name"])
         .returning(Project.name)
@@ -83,10 +79,10 @@ async def load_states(session: AsyncSession, run_id: str, rule_ids: Sequence[int
 
 
 @cache
-def _upsert_states_sql(dialect: str) -> Any:
-    """Built once per dialect: the statement is the same for every evaluation (its rows are
+def _upsert_states_sql(insert: Insert) -> Any:
+    """Built once per database: the statement is the same for every evaluation (its rows are
     executemany parameters), so it is compiled once, not on every frame."""
-    statement = _insert(dialect)(RuleState)
+    statement = insert(RuleState)
     stored, incoming = RuleState.last_step, statement.excluded.last_step
     return statement.on_conflict_do_update(
         index_elements=["rule_id", "run_id"],
@@ -96,13 +92,13 @@ def _upsert_states_sql(dialect: str) -> Any:
 
 
 async def upsert_states(
-    session: AsyncSession, run_id: str, rows: list[tuple[int, dict[str, Any], int | None]]
+    session: AsyncSession, insert: Insert, run_id: str, rows: list[tuple[int, dict[str, Any], int | None]]
 ) -> None:
     """Write rule states (one executemany), never back in time: a replica (or a late
     shutdown flush) holding an older state must not overwrite what another has evaluated since."""
     connection = await session.connection()
     await connection.execute(
-        _upsert_states_sql(connection.dialect.name),
+        _upsert_states_sql(insert),
         [{"rule_id": rule_id, "run_id": run_id, "state": state, "last_step": last_step} for rule_id, state, last_step in rows],
     )
 

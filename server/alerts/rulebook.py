@@ -75,7 +75,7 @@ class RuleBook:
             if project in self._installed:
                 return
             async with self.store.writing() as session:
-                installed = await repository.install_project(session, project, time.time())
+                installed = await repository.install_project(session, self.store.insert, project, time.time())
             if installed:
                 self.changed()
             self._installed.add(project)

@@ -55,6 +55,8 @@ class Store:
         )
         self.shared = self._writes.shared
         """Whether other server processes may share the database (`WritePath.shared`)."""
+        self.insert = self._writes.insert
+        """This database's INSERT with ON CONFLICT, for upserts (`WritePath.insert`)."""
         self._series = SeriesCache()
 
     async def close(self) -> None:

@@ -155,6 +155,7 @@ def _point_arrays(rows: list[Row], series_ids: dict[str, int], now: float) -> di
 class PostgresWritePath:
     dialect: Dialect = "postgresql"
     shared = True
+    insert = staticmethod(pg_insert)
 
     def __init__(self, engine: AsyncEngine, sessions: async_sessionmaker[AsyncSession]):
         self.sessions = sessions

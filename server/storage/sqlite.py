@@ -33,6 +33,7 @@ def _stored(value: float) -> float | None:
 class SqliteWritePath:
     dialect: Dialect = "sqlite"
     shared = False
+    insert = staticmethod(sqlite_insert)
 
     def __init__(self, sessions: async_sessionmaker[AsyncSession]):
         self.sessions = sessions

@@ -14,14 +14,14 @@ never written into with its old series ids.
 
 What differs between the databases is a `WritePath` (server/storage/sqlite.py,
 server/storage/postgres.py), chosen once by the `Store`: the write transaction, the
-statements that insert series and points and keep the rollups, and PostgreSQL's
-one-statement frame.
+statements that insert series and points and keep the rollups, PostgreSQL's
+one-statement frame, and the INSERT construct other modules build their upserts with.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -124,6 +124,10 @@ class WritePath(Protocol):
     """Whether several server processes may share this database (PostgreSQL's replicas):
     what live fan-out and the alerts' coordination are chosen by (server/components.py).
     SQLite's belongs to one process, whose writer lock is in memory."""
+
+    insert: Callable[..., Any]
+    """This database's INSERT of a table, the one with ON CONFLICT (SQLAlchemy's core INSERT
+    has none): what an upsert outside storage is built with (server/alerts/repository.py)."""
 
     def transaction(self) -> AbstractAsyncContextManager[AsyncSession]:
         """A write transaction, committed when the block exits."""
