@@ -181,14 +181,12 @@ class HazardModel:
             self.means = [float(m) for m in model["means"]]
             self.scales = [float(s) if s > 0 else 1.0 for s in model["scales"]]
             self.trees: list[list[tuple[int, float, bool, int, int, float]]] = []
-            self.fingerprint: tuple[Any, ...] = (self.horizon, self.intercept, *self.weights, *self.means, *self.scales)
         elif self.kind == "trees":
             self.weights, self.means, self.scales = [], [], []
             self.trees = [
                 [(int(n[0]), float(n[1]), bool(n[2]), int(n[3]), int(n[4]), float(n[5])) for n in tree]
                 for tree in model["trees"]
             ]
-            self.fingerprint = (self.horizon, self.intercept, *(node for tree in self.trees for node in tree))
         else:
             raise ValueError(f"unknown hazard model kind {self.kind!r}: logistic or trees")
 
