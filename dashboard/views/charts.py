@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from dash import MATCH, Dash, Input, Output, State, ctx
+from dash import MATCH, ClientsideFunction, Dash, Input, Output, State, ctx
 from dash.exceptions import PreventUpdate
 
 from dashboard.components import GRAPH_TYPE, HAZARD_GRAPH, SEEN_TYPE, ZOOM_TYPE
@@ -65,19 +65,9 @@ def zoom_range(relayout: dict[str, Any] | None) -> tuple[float, float] | str | N
 STRUCTURAL_TICKS = {"alert", "reconnect", "log-axis", "compact"}
 
 
-# In the browser: only relayouts that touch the x axis reach the server. Plotly reports
-# others (the first autosize, resizes, y-only zooms) as relayoutData too; a request for
-# each would be in flight when the user changes an option, and Dash then drops the
-# option's redraw.
-X_AXIS_ONLY = """
-function (relayout) {
-    if (relayout && (relayout["xaxis.autorange"] || Array.isArray(relayout["xaxis.range"])
-            || ("xaxis.range[0]" in relayout && "xaxis.range[1]" in relayout))) {
-        return relayout;
-    }
-    return window.dash_clientside.no_update;
-}
-"""
+# In the browser (assets/charts.js): only relayouts that touch the x axis reach the server;
+# the others (autosize, resizes, y-only zooms) would race an option's redraw.
+X_AXIS_ONLY = ClientsideFunction("keel_charts", "x_axis_only")
 
 
 def register(dash_app: Dash, api: KeelApi) -> None:

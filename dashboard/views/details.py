@@ -18,7 +18,7 @@ import math
 import uuid
 from typing import Any
 
-from dash import Dash, Input, Output, State, ctx, dcc, html
+from dash import ClientsideFunction, Dash, Input, Output, State, ctx, dcc, html
 from dash.exceptions import PreventUpdate
 
 from dashboard.components import digest, radio
@@ -131,24 +131,10 @@ def section(step: int | None) -> html.Div:
     )
 
 
-# The heatmap's rows are bins of unequal width in ℓ (one row each): say which bin is hovered.
-DIST_READOUT = """
-function (hover) {
-    var point = hover && hover.points && hover.points[0];
-    var gd = document.querySelector("#dist-graph .js-plotly-plot");
-    var meta = gd && gd.layout && gd.layout.meta;
-    if (!point || !meta || !meta.edges || point.z === null || point.z === undefined) {
-        return window.dash_clientside.no_update;
-    }
-    var bin = Math.floor(point.y);
-    var edges = meta.edges;
-    if (bin < 0 || bin + 1 >= edges.length) return window.dash_clientside.no_update;
-    var fmt = function (v) { return Number(v.toPrecision(3)).toString(); };
-    var share = Math.pow(10, point.z);
-    return "step " + point.x + ": " + share.toPrecision(3) + " of the tokens have ℓ in [" +
-        fmt(edges[bin]) + ", " + fmt(edges[bin + 1]) + ")";
-}
-"""
+# In the browser (assets/details.js): the heatmap's rows are bins of unequal width in ℓ (one
+# row each), so the readout says which bin is hovered.
+DIST_READOUT = ClientsideFunction("keel_details", "dist_readout")
+
 
 def register(dash_app: Dash, api: KeelApi) -> None:
     token_view.register(dash_app, api)

@@ -9,7 +9,7 @@ from urllib.parse import quote
 
 import dash_ag_grid as dag
 import httpx
-from dash import Dash, Input, Output, dcc, html, no_update
+from dash import ClientsideFunction, Dash, Input, Output, dcc, html, no_update
 
 from dashboard.components import display_status, live_target
 from dashboard.data import KeelApi
@@ -272,14 +272,7 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         )
 
     dash_app.clientside_callback(
-        """
-        function (rows) {
-            var n = (rows || []).length;
-            if (!n) return ["/compare", "button disabled", "Select runs to compare"];
-            var ids = rows.map(function (r) { return r.id; }).join(",");
-            return ["/compare?runs=" + ids, "button", "Compare " + n + " run" + (n === 1 ? "" : "s") + " →"];
-        }
-        """,
+        ClientsideFunction("keel_runs", "compare_link"),
         Output("compare-link", "href"),
         Output("compare-link", "className"),
         Output("compare-link", "children"),
