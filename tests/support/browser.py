@@ -216,11 +216,12 @@ def line_styles(driver: Any, key: str) -> dict[str, list[str]] | None:
 
 
 def chart_order(driver: Any) -> list[str | None]:
-    """The page's charts in document order: each metric chart's key, "hazard" for the
-    collapse hazard chart (None for a chart still loading)."""
+    """The page's metric charts in document order: each one's key, "hazard" for the
+    collapse hazard chart (None for a chart still loading); the compare page's parity view
+    (#parity) has charts of its own, not metric charts, and is left out."""
     return list(
         driver.execute_script(
-            "return Array.from(document.querySelectorAll('.chart-card')).map(function (card) {"
+            "return Array.from(document.querySelectorAll('.chart-card:not(#parity .chart-card)')).map(function (card) {"
             "  if (card.querySelector('.hazard-graph')) return 'hazard';"
             "  var gd = card.querySelector('.js-plotly-plot');"
             "  return gd && gd.layout && gd.layout.meta ? gd.layout.meta.key || null : null; })"
