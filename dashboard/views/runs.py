@@ -189,6 +189,7 @@ def layout() -> html.Div:
                 ],
                 className="toolbar panel",
             ),
+            dcc.Store(id="runs-first"),
             # Says when a read fails (the runs, or their alerts): never "Loading…" forever.
             html.Div(id="runs-error", className="notice", role="alert", hidden=True),
             dag.AgGrid(
@@ -221,55 +222,76 @@ def layout() -> html.Div:
     )
 
 
-def register(dash_app: Dash, api: KeelApi) -> None:
-    filters = ("project", "group", "tag", "status")
+FIRST_ROWS = 100
+"""The newest runs the page shows first, before it has read them all (10,000 runs take
+seconds to read; their first rows should not wait for them)."""
+FILTERS = ("project", "group", "tag", "status")
 
-    @dash_app.callback(
+
+async def _table(api: KeelApi, chosen: Mapping[str, Sequence[str] | None], limit: int | None) -> tuple[Any, ...]:
+    """The grid's rows, the count, each filter's options, the error line and the grid's style,
+    from one read of the runs (only the `limit` newest when given) and one of the firing alerts."""
+    try:
+        runs = await api.runs(latest=HEADLINE_KEYS, hazard=True, limit=limit)
+    except Exception as exc:  # noqa: BLE001 - whatever it was, the page says so
+        # The grid hidden: its loading overlay would say "Loading…" for a read that failed.
+        message = f"Could not read the runs: {read_error(exc)}. Retrying on the next update."
+        hidden_grid = {**GRID_STYLE, "display": "none"}
+        return (no_update, "", *(no_update for _ in FILTERS), message, False, hidden_grid)
+    shown = filter_runs(runs, chosen)
+    # One read of every firing alert, joined here: never one run_id per shown run in the URL.
+    firing = await api.firing_alerts()
+    latest = {
+        run["id"]: {
+            key: Series.from_json({"steps": [point["step"]], "values": [point["value"]]})
+            for key, point in (run.get("latest") or {}).items()
+        }
+        for run in shown
+    }
+    by_run = None if firing is None else _group_alerts(firing)
+    options = {
+        "project": sorted({r["project"] for r in runs}),
+        "group": sorted({r.get("group") or "(none)" for r in runs}),
+        "tag": sorted({t for r in runs for t in r.get("tags") or []}),
+        "status": ["live", "finished", "failed", "silent"],
+    }
+    count = f"{len(shown)} of {len(runs)}" if len(shown) != len(runs) else f"{len(runs)}"
+    if limit is not None and len(runs) == limit:
+        count = f"the newest {len(shown)}, reading the rest…"
+    error = "Could not read the alerts: health shows n/a." if firing is None else ""
+    return (run_rows(shown, latest, by_run), count, *(options[name] for name in FILTERS), error, not error, GRID_STYLE)
+
+
+def register(dash_app: Dash, api: KeelApi) -> None:
+    outputs = (
         Output("runs-grid", "rowData"),
         Output("runs-count", "children"),
-        *(Output(f"filter-{name}", "options") for name in filters),
+        *(Output(f"filter-{name}", "options") for name in FILTERS),
         Output("runs-error", "children"),
         Output("runs-error", "hidden"),
         Output("runs-grid", "style"),
-        *(Input(f"filter-{name}", "value") for name in filters),
+    )
+
+    # First the newest FIRST_ROWS runs, as soon as the page is there; then (runs-first set)
+    # all of them, and again on each filter change and live tick.
+    @dash_app.callback(
+        *(Output(o.component_id, o.component_property, allow_duplicate=True) for o in outputs),
+        Output("runs-first", "data"),
+        Input("runs-grid", "id"),
+        prevent_initial_call="initial_duplicate",
+    )
+    async def first_rows(_: str) -> tuple[Any, ...]:
+        return (*await _table(api, {}, FIRST_ROWS), True)
+
+    @dash_app.callback(
+        *outputs,
+        *(Input(f"filter-{name}", "value") for name in FILTERS),
         Input("live-data-tick", "data"),
+        Input("runs-first", "data"),
+        prevent_initial_call=True,
     )
     async def table(*args: Any) -> tuple[Any, ...]:
-        chosen = dict(zip(filters, args[: len(filters)], strict=True))
-        try:
-            runs = await api.runs(latest=HEADLINE_KEYS, hazard=True)
-        except Exception as exc:  # noqa: BLE001 - whatever it was, the page says so
-            # The grid hidden: its loading overlay would say "Loading…" for a read that failed.
-            message = f"Could not read the runs: {read_error(exc)}. Retrying on the next update."
-            hidden_grid = {**GRID_STYLE, "display": "none"}
-            return (no_update, "", *(no_update for _ in filters), message, False, hidden_grid)
-        shown = filter_runs(runs, chosen)
-        # One read of every firing alert, joined here: never one run_id per shown run in the URL.
-        firing = await api.firing_alerts()
-        latest = {
-            run["id"]: {
-                key: Series.from_json({"steps": [point["step"]], "values": [point["value"]]})
-                for key, point in (run.get("latest") or {}).items()
-            }
-            for run in shown
-        }
-        by_run = None if firing is None else _group_alerts(firing)
-        options = {
-            "project": sorted({r["project"] for r in runs}),
-            "group": sorted({r.get("group") or "(none)" for r in runs}),
-            "tag": sorted({t for r in runs for t in r.get("tags") or []}),
-            "status": ["live", "finished", "failed", "silent"],
-        }
-        count = f"{len(shown)} of {len(runs)}" if len(shown) != len(runs) else f"{len(runs)}"
-        error = "Could not read the alerts: health shows n/a." if firing is None else ""
-        return (
-            run_rows(shown, latest, by_run),
-            count,
-            *(options[name] for name in filters),
-            error,
-            not error,
-            GRID_STYLE,
-        )
+        return await _table(api, dict(zip(FILTERS, args[: len(FILTERS)], strict=True)), None)
 
     dash_app.clientside_callback(
         ClientsideFunction("keel_runs", "compare_link"),

@@ -65,6 +65,7 @@ async def list_runs(
     run_id: Annotated[list[Text] | None, Query(max_length=MAX_RUNS_PER_READ, description="only these runs (repeat the parameter)")] = None,
     latest: Annotated[Text | None, Query(description="comma-separated metric keys: each run's last point of each, as `latest`")] = None,
     hazard: Annotated[bool, Query(description="each running run's current collapse hazard, as `hazard` (null while it warms up)")] = False,
+    limit: Annotated[int | None, Query(ge=1, description="only the newest this many runs (of those the other parameters select)")] = None,
 ) -> list[ListedRun]:
     """The runs, newest first; with `latest`, each with the last point of those keys; with
     `hazard`, each running run with its current collapse hazard (the runs table's one read).
@@ -73,15 +74,18 @@ async def list_runs(
     the same cache: a run already read costs the steps stored since, so a table that asks
     every few seconds does not read each run's history again. Only runs whose status is
     `running` are read (not finished or silent ones), and at most as many as the cache
-    keeps (newest first), so that one call's reads never push each other out of it."""
+    keeps (newest first), so that one call's reads never push each other out of it. With
+    `limit`, only the newest runs are read: a page shows its first rows before the rest."""
     store = components.store
     now = time.time()
     listed = [
         (stored, ListedRun.from_run(stored, now=now, silent_after_s=settings.silent_after_s))
-        for stored in await store.list_runs(project=project, group=group, ids=run_id)
+        # A status is known only once read (silent is running with an old last_seen_at):
+        # with one asked, the limit applies after it.
+        for stored in await store.list_runs(project=project, group=group, ids=run_id, limit=limit if status is None else None)
     ]
     wanted = "silent" if status == "stale" else status
-    listed = [(stored, out) for stored, out in listed if wanted is None or out.status == wanted]
+    listed = [(stored, out) for stored, out in listed if wanted is None or out.status == wanted][:limit]
     runs = [out for _, out in listed]
     if latest is not None:
         keys = [key for key in latest.split(",") if key][:MAX_KEYS_PER_READ]

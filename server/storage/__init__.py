@@ -122,10 +122,11 @@ class Store:
     # -- reads ------------------------------------------------------------------
 
     async def list_runs(
-        self, *, project: str | None = None, group: str | None = None, ids: list[str] | None = None
+        self, *, project: str | None = None, group: str | None = None, ids: list[str] | None = None, limit: int | None = None
     ) -> list[Run]:
+        """The runs, newest first (the `limit` newest when given)."""
         async with self.sessions() as session:
-            return await reads.list_runs(session, project=project, group=group, ids=ids)
+            return await reads.list_runs(session, project=project, group=group, ids=ids, limit=limit)
 
     async def get_run(self, run_id: str) -> Run:
         async with self.sessions() as session:

@@ -49,9 +49,11 @@ def loaded(value: float | None) -> float:
 
 
 async def list_runs(
-    session: AsyncSession, *, project: str | None, group: str | None, ids: list[str] | None
+    session: AsyncSession, *, project: str | None, group: str | None, ids: list[str] | None, limit: int | None = None
 ) -> list[Run]:
     query = select(Run).order_by(Run.started_at.desc())
+    if limit is not None:
+        query = query.limit(limit)
     if project is not None:
         query = query.where(Run.project == project)
     if group is not None:

@@ -72,3 +72,30 @@ def test_a_failed_alerts_read_shows_the_rows_and_says_health_is_unknown(
         assert "n/a" in text_of(browser, "runs-grid")
     finally:
         _rename(sqlite_url, "alerts_away", "alerts")
+
+
+def test_the_newest_runs_show_first_then_all_of_them(server_factory, sqlite_url: str, browser, monkeypatch) -> None:
+    """The page reads the newest FIRST_ROWS runs first (10,000 runs take seconds to read), then
+    every run: the reads it made, in order, and what each returned."""
+    from dashboard.data import KeelApi
+    from dashboard.views import runs as runs_view
+
+    reads: list[tuple[int | None, int]] = []
+    real = KeelApi.runs
+
+    async def recorded(self, **kwargs):  # type: ignore[no-untyped-def]
+        answer = await real(self, **kwargs)
+        reads.append((kwargs.get("limit"), len(answer)))
+        return answer
+
+    monkeypatch.setattr(runs_view, "FIRST_ROWS", 2)
+    monkeypatch.setattr(KeelApi, "runs", recorded)
+    server = server_factory(sqlite_url)
+    made = open_runs(server, [("a", "cispo"), ("b", "is"), ("c", "gspo")], steps=3)
+    browser.get(f"{server.url}/")
+    wait_until(lambda: _rows(browser) == 3 and text_of(browser, "runs-count") == "3", message="all three rows")
+    assert reads[:2] == [(2, 2), (None, 3)], reads
+    shown = browser.execute_script(
+        "return Array.from(document.querySelectorAll(arguments[0])).map(function (r) { return r.getAttribute('row-id'); })", ROWS
+    )
+    assert sorted(shown) == sorted(run.id for run in made)

@@ -384,3 +384,17 @@ def test_patch_needs_the_ingest_scope(server_factory, database_url) -> None:
     allowed = httpx.patch(url, json={"config": {"lr": 1}}, headers={"Authorization": f"Bearer {ingest}"})
     assert allowed.status_code == 200 and allowed.json()["config"] == {**CONFIG, "lr": 1}
     assert httpx.get(url, headers=reader).json()["config"] == {**CONFIG, "lr": 1}
+
+
+def test_runs_limit_reads_only_the_newest(server_factory, sqlite_url: str) -> None:
+    server = server_factory(sqlite_url, silent_after_s=0.5)
+    for name in ("old", "middle", "new"):
+        with open_ingest(server) as ws:
+            assert hello(ws, new_run(name=name))["type"] == "welcome"
+        time.sleep(0.01)  # started_at orders them
+    runs = f"{server.url}/api/v1/runs"
+    assert [r["name"] for r in httpx.get(runs, params={"limit": 2}).json()] == ["new", "middle"]
+    assert [r["name"] for r in httpx.get(runs).json()] == ["new", "middle", "old"]
+    assert httpx.get(runs, params={"limit": 0}).status_code == 422
+    time.sleep(0.8)  # all three silent now: with a status, the limit applies to the runs of that status
+    assert [r["name"] for r in httpx.get(runs, params={"status": "silent", "limit": 1}).json()] == ["new"]
