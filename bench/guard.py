@@ -68,7 +68,7 @@ def _drawn(count: int, seed: int = 0) -> list[tuple[str, dict[str, Any]]]:
     return drawn
 
 
-def run_arm(kind: str, spec: dict[str, Any], guard: bool) -> dict[str, Any]:
+def run_arm(kind: str, spec: dict[str, Any], guard: bool, confirm_drop: float = 0.0) -> dict[str, Any]:
     """One run (in a worker process): its outcome."""
     import torch
 
@@ -93,7 +93,7 @@ def run_arm(kind: str, spec: dict[str, Any], guard: bool) -> dict[str, Any]:
 
     recorder = HazardRecorder()
     config = LMConfig(**spec)
-    train(config, recorder, guard=GuardConfig() if guard else None, hazard=lambda: latest["hazard"])
+    train(config, recorder, guard=GuardConfig(confirm_drop=confirm_drop) if guard else None, hazard=lambda: latest["hazard"])
     rewards = recorder.series["reward/mean"]
     label = falls(smoothed(rewards))
     rollbacks = recorder.series.get("guard/rollback", [])
@@ -102,6 +102,7 @@ def run_arm(kind: str, spec: dict[str, Any], guard: bool) -> dict[str, Any]:
         "name": config.name,
         "kind": kind,
         "guard": guard,
+        "confirm_drop": confirm_drop if guard else None,
         "collapse": label.collapse,
         "peak": max(smoothed(rewards), default=0.0),
         "final_reward": statistics.fmean(rewards[-FINAL_WINDOW:]),
@@ -175,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stable", type=int, default=60, help="stable runs taken (default 60)")
     parser.add_argument("--draw", type=int, default=0, metavar="N",
                         help="also N collapse-prone PPO settings drawn afresh (judged by their unguarded twin)")  # fmt: skip
+    parser.add_argument("--confirm-drop", type=float, default=0.0, metavar="R",
+                        help="the guarded arm's GuardConfig.confirm_drop (0: roll back on the hazard alone); "
+                             "one --out per value")  # fmt: skip
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--report", action="store_true", help="only print what --out holds")
     args = parser.parse_args(argv)
@@ -185,10 +189,14 @@ def main(argv: list[str] | None = None) -> int:
         todo = [(kind, spec, guard) for kind, spec in picked for guard in (False, True)]
         from learners.lm.learner import LMConfig
 
+        other = {r.get("confirm_drop", 0.0) for (_, guard), r in done.items() if guard} - {args.confirm_drop}
+        if other:
+            parser.error(f"{out} holds guarded runs with confirm_drop {sorted(other)}: one --out per --confirm-drop")
         todo = [t for t in todo if (LMConfig(**t[1]).name, t[2]) not in done]
         print(f"bench.guard: {len(todo)} run(s) to go, {len(done)} done", file=sys.stderr, flush=True)
         with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-            for result in pool.map(run_arm, *zip(*todo, strict=True)) if todo else ():
+            arms = [(*t, args.confirm_drop) for t in todo]
+            for result in pool.map(run_arm, *zip(*arms, strict=True)) if arms else ():
                 with out.open("a") as file:
                     file.write(json.dumps(result) + "\n")
                 print(f"  {result['name']} guard={result['guard']}: collapse {result['collapse']}, final {result['final_reward']:.3f}, rollbacks {result['rollbacks']}", file=sys.stderr, flush=True)

@@ -104,6 +104,9 @@ def _add_lm(parser: argparse.ArgumentParser) -> None:
                              "--guard-hazard, or on a `rollback` command (docs/lm.md, \"The guard\")")  # fmt: skip
     parser.add_argument("--guard-hazard", type=float, default=0.5, metavar="P",
                         help="the hazard the guard acts at (default 0.5)")  # fmt: skip
+    parser.add_argument("--guard-confirm", type=float, default=0.0, metavar="R",
+                        help="act on the hazard only once the reward's moving average fell R below its best "
+                             "since the hazard rose (default 0: on the hazard alone)")  # fmt: skip
 
 
 def _lm(args: argparse.Namespace) -> int:
@@ -119,7 +122,7 @@ def _lm(args: argparse.Namespace) -> int:
         args, loss=args.loss, lag=args.lag, sampler_dtype=args.sampler_dtype, seed=args.seed,
         step_delay=args.step_delay,
     )  # fmt: skip
-    guard = GuardConfig(hazard=args.guard_hazard) if args.guard else None
+    guard = GuardConfig(hazard=args.guard_hazard, confirm_drop=args.guard_confirm) if args.guard else None
     try:
         config.check()
         if guard is not None:

@@ -11,6 +11,12 @@ logs them, and skips the update), and a remedy applies for
 `cool_steps` steps: the learning rate times `lr_factor`. Then training goes on; the step
 count goes on too (the steps after the copy are lost, and counted).
 
+With `confirm_drop` (and the step's mean reward passed in), a high hazard alone does not roll
+back: the run's reward must also have fallen, its moving average (over `confirm_span` steps)
+`confirm_drop` below its best since the hazard began to rise. The copy it goes back to is the
+same (from before the rise), so waiting for the reward costs the steps in between, not the
+rescue; what it saves is the rollbacks of runs whose hazard rose and whose reward did not fall.
+
 It never rolls back twice in a row for one rise: after a rollback the hazard must fall below
 `hazard` again (or `cool_steps` pass), and `max_rollbacks` bounds them all. Each rollback is on
 the run's charts: `guard/rollback` (1 at the step it happened), `guard/restored_step` (the step
@@ -42,10 +48,17 @@ class GuardConfig:
     """The remedy: the learning rate times this for `cool_steps` steps after a rollback."""
     cool_steps: int = 100
     max_rollbacks: int = 5
+    confirm_drop: float = 0.0
+    """Roll back on the hazard only once the reward's moving average has fallen this much below
+    its best since the rise began (0: on the hazard alone). A rollback command never waits."""
+    confirm_span: int = 10
+    """Steps of the reward's moving average (exponential, this span)."""
 
     def check(self) -> None:
         if not 0 < self.hazard < 1 or self.every < 1 or self.keep < 1 or not 0 < self.lr_factor <= 1 or self.cool_steps < 0:
             raise ValueError("guard: need 0 < hazard < 1, every >= 1, keep >= 1, 0 < lr_factor <= 1, cool_steps >= 0")
+        if self.confirm_drop < 0 or self.confirm_span < 1:
+            raise ValueError("guard: need confirm_drop >= 0 and confirm_span >= 1")
 
 
 @dataclass
@@ -69,6 +82,8 @@ class Guard:
         self._rise_step: int | None = None  # first step of the current rise above hazard / 2
         self._armed = True  # a rollback may happen (the hazard fell below the threshold since the last)
         self._cool_until = -1
+        self._reward: float | None = None  # the reward's moving average
+        self._best: float | None = None  # its best since the current rise began
         self._asked = threading.Event()  # a `rollback` command came (set from the Monitor's thread)
         self.last_rollback: tuple[int, int] | None = None
         """(step, restored step) of the last rollback."""
@@ -82,20 +97,28 @@ class Guard:
         """Roll back at the end of the next step (a `rollback` command; any thread)."""
         self._asked.set()
 
-    def after_step(self, step: int, hazard: float | None) -> dict[str, float]:
-        """Call after step `step`'s update (and before its weights are published): keeps a copy,
-        or rolls back. The guard's metrics for this step."""
+    def after_step(self, step: int, hazard: float | None, reward: float | None = None) -> dict[str, float]:
+        """Call after step `step`'s update (and before its weights are published), with the
+        run's hazard and the step's mean reward: keeps a copy, or rolls back. The guard's
+        metrics for this step."""
         config = self.config
+        if reward is not None and reward == reward:
+            weight = 2.0 / (config.confirm_span + 1)
+            self._reward = reward if self._reward is None else self._reward + weight * (reward - self._reward)
         if hazard is not None and hazard > config.hazard / 2:
             if self._rise_step is None:
                 self._rise_step = step
+                self._best = self._reward
         elif hazard is not None:
             self._rise_step = None
+            self._best = None
+        if self._reward is not None and self._rise_step is not None:
+            self._best = self._reward if self._best is None else max(self._best, self._reward)
         if hazard is not None and hazard <= config.hazard:
             self._armed = True
         asked = self._asked.is_set()
         rolled = False
-        if asked or (hazard is not None and hazard > config.hazard and self._armed and step >= self._cool_until):
+        if asked or (hazard is not None and hazard > config.hazard and self._armed and step >= self._cool_until and self._falling()):
             self._asked.clear()
             if self.copies and self.rollbacks < config.max_rollbacks:
                 self._roll_back(step)
@@ -112,6 +135,13 @@ class Guard:
             "guard/lr": float(self.optimizer.param_groups[0]["lr"]),
         }
 
+    def _falling(self) -> bool:
+        """Whether the reward has fallen enough to confirm the hazard (always, without
+        `confirm_drop` or without a reward to judge by)."""
+        if self.config.confirm_drop <= 0 or self._reward is None or self._best is None:
+            return True
+        return self._best - self._reward >= self.config.confirm_drop
+
     def _roll_back(self, step: int) -> None:
         rise = self._rise_step if self._rise_step is not None else step
         before = [c for c in self.copies if c.step < rise]
@@ -126,6 +156,7 @@ class Guard:
         self.last_rollback = (step, target.step)
         self._armed = False
         self._rise_step = None
+        self._best = None
         self._cool_until = step + 1 + self.config.cool_steps
 
 

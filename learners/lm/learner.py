@@ -285,7 +285,10 @@ def train(
             step_started = time.perf_counter()
             discarded = guarding is not None and guarding.discards(rollout.version)
             out = learner_step(model, optimizer, rollout, config, update=not discarded)
-            guarded = {} if guarding is None else {**guarding.after_step(step, hazard()), "guard/discarded": float(discarded)}
+            guarded = {}
+            if guarding is not None:  # the guard judges by the reward too: one host read of it a step
+                reward = float(rollout.rewards_B.float().mean())
+                guarded = {**guarding.after_step(step, hazard(), reward), "guard/discarded": float(discarded)}
             board.publish(step + 1, model)
             elapsed = time.perf_counter() - step_started
             tokens = out.learner_logp_B_T.numel()

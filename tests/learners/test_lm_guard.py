@@ -54,6 +54,37 @@ def test_the_guard_rolls_back_to_the_copy_from_before_the_rise_and_cools_the_lea
     assert guard.rollbacks == 1
 
 
+def test_with_confirm_drop_a_high_hazard_waits_for_the_reward_to_fall_and_goes_back_before_the_rise() -> None:
+    model, optimizer = _net()
+    guard = Guard(GuardConfig(hazard=0.5, every=5, keep=10, confirm_drop=0.1, confirm_span=1), model, optimizer)
+    weights = {}
+    # The hazard rises at step 22 and stays high; the reward holds at 0.8 until step 30, then falls.
+    reward = {step: 0.8 if step < 30 else 0.8 - 0.04 * (step - 29) for step in range(40)}
+    rolled = []
+    for step in range(40):
+        _update(model, optimizer)
+        weights[step] = model.weight.detach().clone()
+        out = guard.after_step(step, 0.1 if step < 22 else 0.9, reward[step])
+        if out["guard/rollback"]:
+            rolled.append((step, out["guard/restored_step"]))
+            break
+    # 0.8 - 0.04 * 3 = 0.68: the first step 0.1 or more below the best since the rise.
+    assert rolled == [(32, 20.0)]
+    assert torch.equal(model.weight, weights[20]) and guard.steps_lost == 12
+    # The same hazard with a reward that holds: never a rollback.
+    model, optimizer = _net()
+    steady = Guard(GuardConfig(hazard=0.5, every=5, keep=10, confirm_drop=0.1), model, optimizer)
+    for step in range(60):
+        _update(model, optimizer)
+        assert steady.after_step(step, 0.1 if step < 22 else 0.9, 0.8 + 0.02 * (-1) ** step)["guard/rollback"] == 0.0
+    # A rollback command does not wait for the reward.
+    steady.ask()
+    _update(model, optimizer)
+    assert steady.after_step(60, 0.9, 0.8)["guard/rollback"] == 1.0
+    with pytest.raises(ValueError, match="confirm_drop"):
+        GuardConfig(confirm_drop=-0.1).check()
+
+
 def test_a_rollback_command_rolls_back_at_once_and_rollbacks_are_bounded() -> None:
     model, optimizer = _net()
     guard = Guard(GuardConfig(every=1, keep=3, max_rollbacks=2, cool_steps=0), model, optimizer)
