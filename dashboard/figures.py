@@ -34,7 +34,6 @@ from dashboard.traces import (
     RunLine,
     Style,
     alert_overlays,
-    drawable,
     group_of,
     group_traces,
     run_styles,
@@ -149,12 +148,13 @@ def flat_range(extent: tuple[float, float] | None, log_y: bool) -> list[float] |
 
 def _y_extent(traces: Sequence[Figure], log_y: bool) -> tuple[float, float] | None:
     """The smallest and largest value drawn on the main y axis (markers live on y2)."""
+    isfinite = math.isfinite  # drawable() inlined: a 16-run chart has ~50,000 values
     drawn = [
         v
         for trace in traces
         if trace.get("yaxis", "y") == "y"
         for v in trace["y"]
-        if drawable(v, log_y)
+        if v is not None and isfinite(v) and (v > 0 or not log_y)
     ]
     return (min(drawn), max(drawn)) if drawn else None
 

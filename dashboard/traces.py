@@ -98,7 +98,8 @@ def drawable(value: float | None, log_y: bool) -> bool:
 def _drawable_or_none(values: Sequence[float | None], log_y: bool) -> list[float | None]:
     # None is a gap. On a log axis Plotly would draw 0 and negatives far below the plot,
     # so each would pull the line down off the bottom edge (a comb) instead of breaking it.
-    return [v if drawable(v, log_y) else None for v in values]
+    isfinite = math.isfinite  # drawable() inlined: a 16-run chart has ~50,000 values
+    return [v if v is not None and isfinite(v) and (v > 0 or not log_y) else None for v in values]
 
 
 def log_floor(values: Sequence[float | None]) -> float | None:
