@@ -12,11 +12,12 @@ their tails over steps (parity_figures.py).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dash import Dash, Input, Output, State, dcc, html
+from dash import Dash, Input, Output, State, ctx, dcc, html, no_update
 
 from dashboard.components import data_attributes
 from dashboard.data import KeelApi
@@ -54,6 +55,9 @@ DISTRIBUTION_PAGE = 5000
 TAIL_KEYS = {"mismatch/tail_frac": "solid", "mismatch/low_tail_frac": "dot"}
 VERDICT_TITLES = {"same": "Same", "different": "Different", "incomparable": "Cannot compare"}
 GRAPHS = ("parity-overlay", "parity-difference", "parity-tails")
+REDRAW_S = 60.0
+"""While runs stream, the verdict is recomputed on a data tick at most this often (it reads
+every point of the range): a verdict is about many steps, and the headline charts come first."""
 
 
 def _field(caption: str, control: Any) -> html.Div:
@@ -96,6 +100,7 @@ def panel() -> html.Div:
                 className="toolbar",
             ),
             html.Div(id="parity-result"),
+            dcc.Store(id="parity-drawn-at"),
             html.Div([_graph(graph_id) for graph_id in GRAPHS], className="charts", style={"marginTop": "12px"}),
         ],
         id="parity",
@@ -308,35 +313,49 @@ def verdict_view(parity: Parity) -> html.Div:
 
 
 def register(dash_app: Dash, api: KeelApi) -> None:
+    # The choices (and so the first verdict) wait for a data tick: the first comes once the
+    # headline charts are drawn (assets/live/start.js), so the parity reads never compete with
+    # them; later ticks change nothing unless the page's runs did.
     @dash_app.callback(
         Output("parity-a", "options"),
         Output("parity-a", "value"),
         Output("parity-b", "options"),
         Output("parity-b", "value"),
-        Input("page-state", "data"),
+        Input("live-data-tick", "data"),
+        State("page-state", "data"),
+        State("parity-a", "options"),
+        prevent_initial_call=True,
     )
-    async def choices(state: dict[str, Any] | None) -> tuple[Any, Any, Any, Any]:
+    async def choices(_tick: Any, state: dict[str, Any] | None, shown: list[dict[str, str]] | None) -> tuple[Any, Any, Any, Any]:
         if not state or state.get("page") != "compare":
             return [], None, [], None
         run_ids = state["runs"]
         options, a, b = side_choices(run_ids, await api.runs_by_id(run_ids))
+        if options == shown:
+            return no_update, no_update, no_update, no_update
         return options, a, options, b
 
     @dash_app.callback(
         Output("parity-result", "children"),
         *(Output(graph_id, "figure") for graph_id in GRAPHS),
+        Output("parity-drawn-at", "data"),
         Input("parity-a", "value"),
         Input("parity-b", "value"),
         Input("parity-from", "value"),
         Input("parity-to", "value"),
         Input("live-data-tick", "data"),
         State("page-state", "data"),
+        State("parity-drawn-at", "data"),
         prevent_initial_call=True,
     )
-    async def draw(a: str | None, b: str | None, start: Any, end: Any, _tick: Any, state: dict[str, Any] | None) -> tuple[Any, ...]:
+    async def draw(
+        a: str | None, b: str | None, start: Any, end: Any, _tick: Any, state: dict[str, Any] | None, drawn_at: float | None
+    ) -> tuple[Any, ...]:
+        if ctx.triggered_id == "live-data-tick" and (not a or not b or time.time() - (drawn_at or 0.0) < REDRAW_S):
+            return (no_update,) * (len(GRAPHS) + 2)
         if not state or state.get("page") != "compare" or not a or not b:
             message = message_figure("Pick A and B: two runs, or two groups", CHART_HEIGHT)
-            return (html.Div("Pick A and B: two runs, or two groups.", className="sub"), message, message, message)
+            return (html.Div("Pick A and B: two runs, or two groups.", className="sub"), message, message, message, None)
         run_ids = state["runs"]
         infos = await api.runs_by_id(run_ids)
         members_a, members_b = _members(a, run_ids, infos), _members(b, run_ids, infos)
@@ -348,7 +367,7 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         reads = await read_runs(api, list(dict.fromkeys([*members_a, *members_b])), names, first, last)
         label_a, label_b = (_label(choice, names) for choice in (a, b))
         parity = parity_of(label_a, label_b, [reads[r] for r in members_a], [reads[r] for r in members_b])
-        return (verdict_view(parity), *parity.figures)
+        return (verdict_view(parity), *parity.figures, time.time())
 
 
 def _label(choice: str, names: dict[str, str]) -> str:
