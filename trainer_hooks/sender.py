@@ -57,6 +57,22 @@ __all__ = ["ConnState", "Sender", "SenderConfig", "ingest_url", "upload"]
 logger = logging.getLogger("keel")
 
 
+class SocketLog(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """websockets' own log of the Sender's connection. Its keepalive failure (the server did
+    not answer a ping in time, or the close after it timed out: a busy or stalled server) is
+    one warning line, not a traceback in the trainer's terminal: the Sender reconnects and
+    resends what was not acked, as after any disconnect."""
+
+    def error(self, msg: object, *args: object, **kwargs: object) -> None:
+        if msg == "keepalive ping failed":
+            self.logger.warning("keel: the server did not answer a keepalive ping in time; reconnecting")
+            return
+        self.logger.error(msg, *args, **kwargs)  # type: ignore[arg-type]
+
+
+_SOCKET_LOG = SocketLog(logging.getLogger("keel.socket"))
+
+
 @dataclass(frozen=True)
 class SenderConfig:
     """How the Monitor batches and sends. The defaults suit a learner step of 10 ms to minutes."""
@@ -203,6 +219,7 @@ class Sender:
                     close_timeout=1.0,
                     compression=None,  # metric frames are small; save the trainer's CPU
                     max_size=2**20,
+                    logger=_SOCKET_LOG,
                 )
             )
             hello = hello_message(self._spool.run, self._spool.writer)
