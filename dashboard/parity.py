@@ -57,6 +57,7 @@ __all__ = [
     "format_ratio",
     "histogram_values",
     "holm",
+    "joined_pages",
     "mann_whitney_p",
     "min_attainable_p",
     "pool",
@@ -407,6 +408,27 @@ def tail_key(tau: float, *, low: bool) -> str:
 
 
 NAN_KEY = f"{HISTOGRAM_KEY}:nan"
+
+
+def joined_pages(parts: Sequence[Mapping[str, Any] | None]) -> tuple[list[float], list[list[int]], list[int], int]:
+    """Consecutive unbucketed answers of GET /runs/{id}/distributions joined: edges, per-step
+    counts, NaN counts and the steps left out (those whose edges differ from the first page's
+    are left out too)."""
+    edges: list[float] = []
+    counts: list[list[int]] = []
+    nans: list[int] = []
+    left_out = 0
+    for part in parts:
+        if not part or not part["steps"]:
+            continue
+        if edges and part["edges"] != edges:
+            left_out += len(part["steps"])
+            continue
+        edges = list(part["edges"])
+        counts += part["counts"]
+        nans += part["nan"]
+        left_out += int(part["left_out"])
+    return edges, counts, nans, left_out
 
 
 def histogram_values(

@@ -67,29 +67,17 @@ def _distributions(
 ) -> tuple[list[float], list[list[int]], list[int], int]:
     """Edges, per-step counts and NaN counts of the histogram in start..end, every step on
     its own (consecutive windows when the range holds more than one unbucketed answer)."""
-    from dashboard.parity import HISTOGRAM_KEY
+    from dashboard.parity import HISTOGRAM_KEY, joined_pages
 
     found = client.distributions(run, HISTOGRAM_KEY, start, end, max_steps=_DISTRIBUTION_PAGE)
     if not found["bucketed"]:
         return found["edges"], found["counts"], found["nan"], found["left_out"]
     low = start or 0
     high = end if end is not None else int(run.get("last_step") or found["steps"][-1])
-    edges: list[float] = []
-    counts: list[list[int]] = []
-    nans: list[int] = []
-    left_out = 0
-    for window in range(low, high + 1, _DISTRIBUTION_PAGE):
-        part = client.distributions(run, HISTOGRAM_KEY, window, min(window + _DISTRIBUTION_PAGE - 1, high), max_steps=_DISTRIBUTION_PAGE)
-        if not part["steps"]:
-            continue
-        if edges and part["edges"] != edges:
-            left_out += len(part["steps"])
-            continue
-        edges = part["edges"]
-        counts += part["counts"]
-        nans += part["nan"]
-        left_out += part["left_out"]
-    return edges, counts, nans, left_out
+    return joined_pages([
+        client.distributions(run, HISTOGRAM_KEY, window, min(window + _DISTRIBUTION_PAGE - 1, high), max_steps=_DISTRIBUTION_PAGE)
+        for window in range(low, high + 1, _DISTRIBUTION_PAGE)
+    ])  # fmt: skip
 
 
 # -- the command --------------------------------------------------------------------------

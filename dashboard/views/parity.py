@@ -31,6 +31,7 @@ from dashboard.parity import (
     compare,
     format_ratio,
     histogram_values,
+    joined_pages,
     pool,
 )
 from dashboard.parity_figures import (
@@ -158,21 +159,7 @@ async def _distributions(api: KeelApi, run_id: str, start: int | None, end: int 
         api.distributions(run_id, HISTOGRAM_KEY, start=window, end=min(window + DISTRIBUTION_PAGE - 1, high), max_steps=DISTRIBUTION_PAGE)
         for window in range(low, high + 1, DISTRIBUTION_PAGE)
     ))  # fmt: skip
-    edges: list[float] = []
-    counts: list[list[int]] = []
-    nans: list[int] = []
-    left_out = 0
-    for part in parts:
-        if not part or not part["steps"]:
-            continue
-        if edges and part["edges"] != edges:
-            left_out += len(part["steps"])
-            continue
-        edges = part["edges"]
-        counts += part["counts"]
-        nans += part["nan"]
-        left_out += part["left_out"]
-    return edges, counts, nans, left_out
+    return joined_pages(parts)
 
 
 async def read_runs(
