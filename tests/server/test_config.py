@@ -17,22 +17,17 @@ def test_the_silent_run_check_period_is_read_under_its_name(monkeypatch: pytest.
     assert deprecated_env() == []
 
 
-def test_its_old_name_still_works_and_is_reported_deprecated(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("KEEL_SILENT_RUN_CHECK_S", raising=False)
-    monkeypatch.setenv("KEEL_SILENCE_CHECK_S", "0.7")
-    assert Settings().silent_run_check_s == 0.7
-    assert deprecated_env() == [("KEEL_SILENCE_CHECK_S", "KEEL_SILENT_RUN_CHECK_S")]
-    monkeypatch.setenv("KEEL_SILENT_RUN_CHECK_S", "0.5")  # both set: the new name wins
-    assert Settings().silent_run_check_s == 0.5
-
-
-def test_the_silent_after_setting_reads_its_old_stale_name_too(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("KEEL_SILENT_AFTER_S", raising=False)
-    monkeypatch.setenv("KEEL_STALE_AFTER_S", "30")
-    assert Settings().silent_after_s == 30.0
-    assert deprecated_env() == [("KEEL_STALE_AFTER_S", "KEEL_SILENT_AFTER_S")]
-    monkeypatch.setenv("KEEL_SILENT_AFTER_S", "45")  # both set: the new name wins
-    assert Settings().silent_after_s == 45.0
+@pytest.mark.parametrize(
+    ("field", "new", "old"),
+    [("silent_run_check_s", "KEEL_SILENT_RUN_CHECK_S", "KEEL_SILENCE_CHECK_S"), ("silent_after_s", "KEEL_SILENT_AFTER_S", "KEEL_STALE_AFTER_S")],
+)
+def test_an_old_name_still_works_and_is_reported_deprecated(monkeypatch: pytest.MonkeyPatch, field: str, new: str, old: str) -> None:
+    monkeypatch.delenv(new, raising=False)
+    monkeypatch.setenv(old, "0.7")
+    assert getattr(Settings(), field) == 0.7
+    assert deprecated_env() == [(old, new)]
+    monkeypatch.setenv(new, "0.5")  # both set: the new name wins
+    assert getattr(Settings(), field) == 0.5
 
 
 def test_code_sets_it_by_its_field_name_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
