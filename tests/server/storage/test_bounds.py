@@ -92,7 +92,9 @@ def test_the_key_count_holds_across_servers_sharing_the_database(server_factory,
         hello(ws, run)
 
     def post(server: Any, values: dict[str, float], step: int) -> httpx.Response:
-        return httpx.post(f"{server.url}/api/v1/runs/{run['id']}/points", json={"rows": [{"step": step, "values": values}]})
+        # A replica's first write on a loaded box can pass httpx's 5 s default.
+        url = f"{server.url}/api/v1/runs/{run['id']}/points"
+        return httpx.post(url, json={"rows": [{"step": step, "values": values}]}, timeout=60)
 
     assert post(first, _keys("a", 30), 0).status_code == 200
     assert post(second, _keys("b", 21), 1).status_code == 413
