@@ -77,13 +77,16 @@ def test_alerts_of_several_runs_in_one_read(server) -> None:
     async def read() -> list:  # type: ignore[type-arg]
         api = _api(server)
         deadline = asyncio.get_running_loop().time() + 15
-        while True:
+        seen = None
+        while True:  # until every run has fired and two reads agree (a run may fire more than one rule)
             every = await api.alerts([a, b, other], "firing")
-            if (
-                every is not None and len(every) == 3
-            ) or asyncio.get_running_loop().time() > deadline:
+            now = None if every is None else sorted((x.run_id, x.id) for x in every)
+            if (now is not None and now == seen and {r for r, _ in now} == {a, b, other}) or (
+                asyncio.get_running_loop().time() > deadline
+            ):
                 break
-            await asyncio.sleep(0.05)
+            seen = now
+            await asyncio.sleep(0.2)
         return [
             every,
             await api.alerts([a, b, a], "firing"),
