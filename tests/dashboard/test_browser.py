@@ -34,7 +34,7 @@ pytestmark = pytest.mark.browser
 
 ARMS = [("cispo-lag8-s0", "cispo"), ("cispo-lag8-s1", "cispo"), ("is-lag8-s0", "is")]
 LIVE_POINTS = 20
-LIVE_PERIOD_S = 1.0
+LIVE_PERIOD_S = 0.5  # two steps a second, as bench.page streams
 # The test's allowance, generous for a loaded CI box: there a chart's redraw costs tens of
 # ms (the server runs in the test's process), and the live updater keeps its draws to a
 # share of the main thread, so points wait for their chart's turn. bench/live_latency.py
@@ -69,7 +69,7 @@ def test_compare_page_renders_and_appends_live_points(server, browser, artifacts
     wait_until(lambda: live_state(browser) == "live", message="live websocket")
     before = live_stats(browser)
 
-    # Live: one point per run per step over the ingest websocket, a step a second as a
+    # Live: one point per run per step over the ingest websocket, two steps a second as a
     # trainer sends them; each must be painted quickly.
     sent: dict[tuple[str, int], float] = {}
     started = time.monotonic()
