@@ -7,9 +7,19 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import httpx
 import pytest
 
 from keel.local import LocalServer
+
+HTTP_TIMEOUT_S = 60.0
+"""What a test's HTTP call waits for an answer unless it passes its own timeout. httpx's
+default is 5 s, and on a loaded two-core box a server's first write on PostgreSQL has taken
+longer (a flake, not a finding); tests that measure a delay pass their own `timeout=`."""
+_CALLS = (httpx.request, httpx.get, httpx.options, httpx.head, httpx.post, httpx.put, httpx.patch, httpx.delete)
+for _call in (*_CALLS, httpx.Client.__init__, httpx.AsyncClient.__init__):
+    assert _call.__kwdefaults__ is not None and "timeout" in _call.__kwdefaults__, _call
+    _call.__kwdefaults__["timeout"] = httpx.Timeout(HTTP_TIMEOUT_S)
 
 PG_ADMIN_DSN = os.environ.get("KEEL_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
