@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Callable, Coroutine
-from typing import Any
 
 from fastapi import Depends, HTTPException
 from starlette.requests import HTTPConnection
@@ -61,14 +59,21 @@ def _same(token: str, secret: str) -> bool:
     return secrets.compare_digest(token.encode(), secret.encode())
 
 
-def require(scope: str) -> Callable[[HTTPConnection], Coroutine[Any, Any, None]]:
-    """A dependency that answers 401 unless the request carries a token with `scope`."""
+def unauthorized(scope: str) -> HTTPException:
+    return HTTPException(401, f"a token with the {scope!r} scope is required", headers={"WWW-Authenticate": "Bearer"})
 
-    async def check(conn: HTTPConnection) -> None:
-        if not await allowed(conn, scope):
-            raise HTTPException(401, f"a token with the {scope!r} scope is required", headers={"WWW-Authenticate": "Bearer"})
 
-    return check
+class Require:
+    """A route dependency that answers 401 unless the request carries a token with `scope`.
+    server.schemas.ApiRoute reads `scope` too: FastAPI parses a JSON body before it resolves
+    dependencies, and a body that does not parse must not be judged before its sender is."""
+
+    def __init__(self, scope: str):
+        self.scope = scope
+
+    async def __call__(self, conn: HTTPConnection) -> None:
+        if not await allowed(conn, self.scope):
+            raise unauthorized(self.scope)
 
 
 class FailedAuthLimit:
@@ -117,6 +122,6 @@ def _too_many_failures(retry_after_s: int, signs_in: bool) -> Response:
     return JSONResponse({"detail": message}, 429, headers=headers)
 
 
-READ = Depends(require("read"))
-INGEST = Depends(require("ingest"))
-ADMIN = Depends(require("admin"))
+READ = Depends(Require("read"))
+INGEST = Depends(Require("ingest"))
+ADMIN = Depends(Require("admin"))

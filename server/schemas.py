@@ -17,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import AfterValidator, BaseModel, Field
 
+from server.auth import Require, allowed, unauthorized
 from server.jsonview import iso
 from server.models import Run
 from server.storage import KeyInfo, SeriesData
@@ -77,19 +78,26 @@ def unprocessable(message: str, *loc: str | int) -> HTTPException:
 
 
 class ApiRoute(APIRoute):
-    """FastAPI's route, except that a validation error does not send the input back.
+    """FastAPI's route, except that a validation error does not send the input back, and is
+    not given to a request without the route's scope.
 
     The echoed input could be a secret, and a non-finite number (`1e400` parses to inf)
-    cannot be written as JSON at all, which turned the 422 into a 500.
+    cannot be written as JSON at all, which turned the 422 into a 500. FastAPI parses a
+    JSON body before it resolves the route's dependencies (authentication among them): a
+    body that does not parse is answered 401, not 422, unless its sender has the scope.
     """
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
+        scopes = [d.dependency.scope for d in self.dependencies if isinstance(d.dependency, Require)]
 
         async def handle(request: Request) -> Response:
             try:
                 return await handler(request)
             except RequestValidationError as exc:
+                for scope in scopes:
+                    if not await allowed(request, scope):
+                        raise unauthorized(scope) from None
                 public = [{key: error[key] for key in ("loc", "msg", "type") if key in error} for error in exc.errors()]
                 raise RequestValidationError(public) from None
 

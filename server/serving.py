@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 
 import h11
 import uvicorn
+from starlette.exceptions import HTTPException
 from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import DEFAULT_MAX_INCOMPLETE_EVENT_SIZE, H11Protocol
@@ -218,13 +219,18 @@ class KeelWebSocketProtocol(WebSocketsSansIOProtocol):
         )
 
 
-class _BodyTimeout(Exception):
-    pass
+class _BodyTimeout(HTTPException):
+    """What a read past the body's deadline raises. An HTTPException, so that FastAPI's body
+    parsing passes it on as it is (any other exception there becomes its 400)."""
+
+    def __init__(self, timeout_s: float):
+        super().__init__(408, f"request body not received within {timeout_s:g} s", headers={"connection": "close"})
 
 
 class BodyDeadline:
     """ASGI middleware: a request body must be complete `timeout_s` after its head, else
-    408 with `connection: close` (the app's half-read request is abandoned)."""
+    408 with `connection: close` (the app's half-read request is abandoned), whoever read
+    it: a route, FastAPI's parsing, the login form."""
 
     def __init__(self, app: ASGIApp, timeout_s: float):
         self.app = app
@@ -237,31 +243,42 @@ class BodyDeadline:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout_s
         body_complete = False
+        timed_out: _BodyTimeout | None = None
         response_started = False
+        replaced = False
 
         async def timed_receive() -> Message:
-            nonlocal body_complete
+            nonlocal body_complete, timed_out
             if body_complete:  # later reads wait for a disconnect: no deadline
                 return await receive()
             try:
                 message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
             except asyncio.TimeoutError:
-                raise _BodyTimeout from None
+                timed_out = _BodyTimeout(self.timeout_s)
+                raise timed_out from None
             if message["type"] != "http.request" or not message.get("more_body", False):
                 body_complete = True
             return message
 
         async def tracked_send(message: Message) -> None:
-            nonlocal response_started
-            response_started = response_started or message["type"] == "http.response.start"
-            await send(message)
+            nonlocal response_started, replaced
+            if message["type"] == "http.response.start":
+                response_started = True
+                if timed_out is not None and message["status"] != 408:
+                    # The app made something else of its cut-short read: the client is told why.
+                    replaced = True
+                    await self._response(timed_out)(scope, receive, send)
+                    return
+            if not replaced:
+                await send(message)
 
         try:
             await self.app(scope, timed_receive, tracked_send)
-        except _BodyTimeout:
-            if response_started:
+        except Exception:
+            if timed_out is None or response_started:
                 raise
-            response = PlainTextResponse(
-                f"request body not received within {self.timeout_s:g} s", 408, headers={"connection": "close"}
-            )
-            await response(scope, receive, send)
+            await self._response(timed_out)(scope, receive, send)
+
+    @staticmethod
+    def _response(timeout: _BodyTimeout) -> PlainTextResponse:
+        return PlainTextResponse(timeout.detail, timeout.status_code, headers=timeout.headers)

@@ -39,6 +39,30 @@ def test_rest_needs_a_token_with_the_right_scope(secured) -> None:
     assert httpx.post(f"{secured.url}/api/v1/silences", json={"matchers": {"run_name": "x"}, "duration_s": 5}, headers=admin).status_code == 201
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "body", "judged_status"),
+    [
+        ("POST", "/api/v1/rules", b"{not json", 422),  # parsed by FastAPI
+        ("POST", "/api/v1/silences", b"\xff\xfe", 422),
+        ("POST", "/api/v1/backtest", b"{", 422),
+        ("PATCH", "/api/v1/runs/some-run", b"[1, 2", 400),  # parsed by the route, as a frame is
+    ],
+)
+def test_a_body_that_is_not_json_is_refused_401_before_it_is_judged(
+    secured, method: str, path: str, body: bytes, judged_status: int
+) -> None:
+    """Without a token, a body that does not parse says nothing about the route: 401, as a
+    body that parses gets; with one, the parse error as before."""
+    headers = {"Content-Type": "application/json"}
+    refused = httpx.request(method, f"{secured.url}{path}", content=body, headers=headers)
+    assert refused.status_code == 401, refused.text
+    assert refused.headers["www-authenticate"] == "Bearer"
+    wrong = httpx.request(method, f"{secured.url}{path}", content=body, headers={**headers, "Authorization": "Bearer keel_nope"})
+    assert wrong.status_code == 401, wrong.text
+    judged = httpx.request(method, f"{secured.url}{path}", content=body, headers={**headers, "Authorization": f"Bearer {ADMIN}"})
+    assert judged.status_code == judged_status, judged.text
+
+
 def test_ingest_websocket_refuses_without_ingest_scope(secured, database_url) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "keel", "token", "create", "--scopes", "read", "--database-url", database_url],

@@ -105,6 +105,33 @@ def test_slow_request_body_gets_408(server_factory, sqlite_url: str) -> None:
     assert httpx.get(f"{server.url}/api/v1/runs/{run['id']}/keys").json() == []
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "content_type"),
+    [
+        ("POST", "/api/v1/rules", "application/json"),  # a body FastAPI parses
+        ("PATCH", "/api/v1/runs/{run}", "application/json"),
+        ("POST", "/api/v1/silences", "application/json"),
+        ("POST", "/login", "application/x-www-form-urlencoded"),  # a form
+    ],
+)
+def test_a_slow_body_gets_408_on_every_route_that_parses_it(server_factory, sqlite_url: str, method: str, path: str, content_type: str) -> None:
+    """Whoever reads the body (FastAPI's parser, the login form), a body still incomplete at
+    the deadline is answered 408, not the parser's 400."""
+    server = server_factory(sqlite_url, **TIMEOUTS)
+    run = new_run()
+    with open_ingest(server) as ws:
+        hello(ws, run)
+    rules = httpx.get(f"{server.url}/api/v1/rules").json()
+    head = (
+        f"{method} {path.format(run=run['id'])} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Content-Type: {content_type}\r\nContent-Length: 1000\r\n\r\n"
+    ).encode()
+    took, received = _closed_within(_raw(server, head + b'{"name": '), limit_s=6)
+    assert took < 4
+    assert received.startswith(b"HTTP/1.1 408 "), received
+    assert httpx.get(f"{server.url}/api/v1/rules").json() == rules  # nothing of the cut-off body is kept
+
+
 def test_a_normal_request_and_a_steady_body_are_not_cut_off(server_factory, sqlite_url: str) -> None:
     server = server_factory(sqlite_url, **TIMEOUTS)
     run = new_run()

@@ -12,6 +12,7 @@ from websockets.sync.client import connect
 
 from server.alerts.hazard import HORIZON, WARMUP, hazard_series
 from tests.support.hazard import RISING, SPIKE_STEP, collapsing_values, rising_model_file
+from tests.support.monitor import wait_until
 from tests.support.raw_client import hello, new_run, open_ingest, points, recv, series
 
 
@@ -66,13 +67,18 @@ def test_run_listing_fields_filters_and_unknown(server) -> None:
 
 
 def test_silent_running_run_is_reported_silent(server_factory, sqlite_url: str) -> None:
-    server = server_factory(sqlite_url, silent_after_s=0.5)
+    server = server_factory(sqlite_url, silent_after_s=2.0)  # more than a loaded box's pause between two calls
     run = new_run()
+
+    def status() -> str:
+        return str(httpx.get(f"{server.url}/api/v1/runs/{run['id']}").json()["status"])
+
     with open_ingest(server) as ws:
         hello(ws, run)
-        assert httpx.get(f"{server.url}/api/v1/runs/{run['id']}").json()["status"] == "running"
-        time.sleep(0.8)
-        assert httpx.get(f"{server.url}/api/v1/runs/{run['id']}").json()["status"] == "silent"
+        helloed = time.monotonic()
+        assert status() == "running"
+        wait_until(lambda: status() == "silent", timeout=15, what="the run to turn silent")
+        assert time.monotonic() - helloed >= 2.0
         assert [r["id"] for r in httpx.get(f"{server.url}/api/v1/runs", params={"status": "silent"}).json()] == [run["id"]]
         # `stale`, the old name, still filters
         assert [r["id"] for r in httpx.get(f"{server.url}/api/v1/runs", params={"status": "stale"}).json()] == [run["id"]]
