@@ -42,6 +42,7 @@ import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -63,10 +64,11 @@ def bench_log_calls(server: str, spool: Path, calls: int) -> None:
     # Fresh tensors per step, as a learner produces them; built outside the timed call.
     values = torch.rand(calls, len(HEADLINE))
     rows = [dict(zip(HEADLINE, values[i].unbind(), strict=True)) for i in range(calls)]
-    for step in range(200):  # warm-up: first-call imports, key cache
+    warmup = min(200, calls // 2)
+    for step in range(warmup):  # first-call imports, key cache
         monitor.log(step, rows[step])
     timings_us = []
-    for step in range(200, calls):
+    for step in range(warmup, calls):
         started = time.perf_counter_ns()
         monitor.log(step, rows[step])
         timings_us.append((time.perf_counter_ns() - started) / 1000)
@@ -146,8 +148,16 @@ class Learner:
             self._sync()
             return 0.0, 0.0
         started = time.perf_counter()
-        if variant in ("batch", "tokens"):
-            tokens = variant == "tokens"
+        if variant in ("batch", *TOKEN_VARIANTS):
+            extra: dict[str, Any] = {}
+            if variant in TOKEN_VARIANTS:
+                extra = {"token_ids": sampled_B_T, "decode": token_texts}
+            if variant == "tokens":
+                extra["advantages"] = advantages_B
+            if variant in TOPK_VARIANTS:
+                extra["logits"] = logits
+            if variant == "topk":
+                extra |= {"sampler_topk_ids": topk_ids, "sampler_topk_logprobs": topk_logprobs}
             monitor.log_batch(
                 index,
                 sampler_logp_B_T,
@@ -156,28 +166,7 @@ class Learner:
                 rewards=rewards_B,
                 gate_mask=gate_B_T,
                 metrics={"grad/norm": grad_norm, "loss/total": loss},
-                advantages=advantages_B if tokens else None,
-                token_ids=sampled_B_T if tokens else None,
-                decode=token_texts if tokens else None,
-            )
-            spent = 1000 * (time.perf_counter() - started)
-            self._sync()
-            return 0.0, spent
-        if variant in ("logits", "topk"):
-            with_topk = variant == "topk"
-            monitor.log_batch(
-                index,
-                sampler_logp_B_T,
-                learner_logp_B_T,
-                mask_B_T,
-                rewards=rewards_B,
-                gate_mask=gate_B_T,
-                metrics={"grad/norm": grad_norm, "loss/total": loss},
-                logits=logits,
-                token_ids=sampled_B_T,
-                decode=token_texts,
-                sampler_topk_ids=topk_ids if with_topk else None,
-                sampler_topk_logprobs=topk_logprobs if with_topk else None,
+                **extra,
             )
             spent = 1000 * (time.perf_counter() - started)
             self._sync()
@@ -203,6 +192,8 @@ class Learner:
 VARIANTS = ("plain", "metrics", "monitored", "batch", "tokens")
 TOPK_VARIANTS = ("logits", "topk")
 """With --topk: log_batch with the learner's logits, and with the sampler's top-k too."""
+TOKEN_VARIANTS = ("tokens", *TOPK_VARIANTS)
+"""The log_batch variants that send token ids (and decode them)."""
 
 
 def token_texts(token_ids: list[int]) -> list[str]:
@@ -361,7 +352,7 @@ def main() -> int:
     parser.add_argument(
         "--server", default=None, help="stream to this server instead of a local one"
     )
-    parser.add_argument("--calls", type=int, default=20_000, help="log() calls to time")
+    parser.add_argument("--calls", type=int, default=20_000, help="log() calls to time (the first half, at most 200, warm up)")
     parser.add_argument("--rounds", type=int, default=40, help="rounds of the loop variants")
     parser.add_argument(
         "--block", type=int, default=20, help="consecutive steps per variant and round"
