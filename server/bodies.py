@@ -43,7 +43,7 @@ from server.auth import presented_token
 from server.config import Settings
 from server.ratelimit import client_key
 
-__all__ = ["LOGIN_BODY_BYTES", "BodyLimit", "BodyOverRate", "BodyTooLarge", "Refused", "body_limit"]
+__all__ = ["LOGIN_BODY_BYTES", "BodyLimit", "BodyOverRate", "BodyTooLarge", "Refused", "answer_refusal", "body_limit"]
 
 log = logging.getLogger("keel.bodies")
 
@@ -103,7 +103,7 @@ def _content_length(scope: Scope) -> int | None:
 
 
 def _ours(exc: BaseException) -> bool:
-    """Whether `exc` is the middleware's refusal (alone, or all of an exception group)."""
+    """Whether `exc` is a refusal (alone, or all of an exception group)."""
     if isinstance(exc, Refused):
         return True
     inner = getattr(exc, "exceptions", None)  # an exception group's (a task group's)
@@ -132,8 +132,6 @@ class BodyLimit:
         read = 0
         charged_whole = False
         refusal: Refused | None = None
-        started = False
-        replaced = False
 
         async def drain(more: bool) -> None:
             """Read the rest of a body refused for the rate, not keeping it (at most the
@@ -176,27 +174,38 @@ class BodyLimit:
                         raise refusal
             return message
 
-        async def guarded_send(message: Message) -> None:
-            nonlocal started, replaced
-            if message["type"] == "http.response.start":
-                started = True
-                if refusal is not None and message["status"] != refusal.status_code:
-                    # The app answered something else after its read failed (a parse error,
-                    # a 500 for an exception group): the client is told why.
-                    replaced = True
-                    await refusal.response()(scope, receive, send)
-                    return
-            if not replaced:
-                await send(message)
+        await answer_refusal(self.app, scope, limited_receive, receive, send, lambda: refusal)
 
-        try:
-            await self.app(scope, limited_receive, guarded_send)
-        except Exception as exc:
-            if refusal is None or started:
-                raise
-            if not _ours(exc):  # what the app made of its cut-short read
-                log.debug("%s %s failed once its body was refused", method, path, exc_info=exc)
-            await refusal.response()(scope, receive, send)
+
+async def answer_refusal(
+    app: ASGIApp, scope: Scope, app_receive: Receive, receive: Receive, send: Send, refusal: Callable[[], Refused | None]
+) -> None:
+    """Run `app` with `app_receive`; once `refusal()` names what one of its reads raised, the
+    client gets that refusal, whatever the app answers instead (a parse error's 400, a 500
+    for an exception group around it) or raises, unless its own answer had already begun."""
+    started = replaced = False
+
+    async def guarded_send(message: Message) -> None:
+        nonlocal started, replaced
+        if message["type"] == "http.response.start":
+            started = True
+            refused = refusal()
+            if refused is not None and message["status"] != refused.status_code:
+                replaced = True  # the app made something else of its cut-short read: the client is told why
+                await refused.response()(scope, receive, send)
+                return
+        if not replaced:
+            await send(message)
+
+    try:
+        await app(scope, app_receive, guarded_send)
+    except Exception as exc:
+        refused = refusal()
+        if refused is None or started:
+            raise
+        if not _ours(exc):  # what the app made of its cut-short read
+            log.debug("%s %s failed once its body was refused", scope["method"], scope["path"], exc_info=exc)
+        await refused.response()(scope, receive, send)
 
 
 def _byte_charge(scope: Scope) -> Callable[[int], int | None] | None:

@@ -31,8 +31,6 @@ from typing import Any, ClassVar
 
 import h11
 import uvicorn
-from starlette.exceptions import HTTPException
-from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import DEFAULT_MAX_INCOMPLETE_EVENT_SIZE, H11Protocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
@@ -41,6 +39,7 @@ from websockets.http11 import Response as WebSocketResponse
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 
+from server.bodies import Refused, answer_refusal
 from server.config import Settings
 from server.origins import SECURITY_HEADERS, with_security_headers
 from server.redaction import logging_config
@@ -219,9 +218,10 @@ class KeelWebSocketProtocol(WebSocketsSansIOProtocol):
         )
 
 
-class _BodyTimeout(HTTPException):
-    """What a read past the body's deadline raises. An HTTPException, so that FastAPI's body
-    parsing passes it on as it is (any other exception there becomes its 400)."""
+class _BodyTimeout(Refused):
+    """What a read past the body's deadline raises: 408, the connection closed. A refusal
+    (server/bodies.py), so FastAPI's body parsing passes it on as it is (any other exception
+    there becomes its 400)."""
 
     def __init__(self, timeout_s: float):
         super().__init__(408, f"request body not received within {timeout_s:g} s", headers={"connection": "close"})
@@ -244,8 +244,6 @@ class BodyDeadline:
         deadline = loop.time() + self.timeout_s
         body_complete = False
         timed_out: _BodyTimeout | None = None
-        response_started = False
-        replaced = False
 
         async def timed_receive() -> Message:
             nonlocal body_complete, timed_out
@@ -260,25 +258,4 @@ class BodyDeadline:
                 body_complete = True
             return message
 
-        async def tracked_send(message: Message) -> None:
-            nonlocal response_started, replaced
-            if message["type"] == "http.response.start":
-                response_started = True
-                if timed_out is not None and message["status"] != 408:
-                    # The app made something else of its cut-short read: the client is told why.
-                    replaced = True
-                    await self._response(timed_out)(scope, receive, send)
-                    return
-            if not replaced:
-                await send(message)
-
-        try:
-            await self.app(scope, timed_receive, tracked_send)
-        except Exception:
-            if timed_out is None or response_started:
-                raise
-            await self._response(timed_out)(scope, receive, send)
-
-    @staticmethod
-    def _response(timeout: _BodyTimeout) -> PlainTextResponse:
-        return PlainTextResponse(timeout.detail, timeout.status_code, headers=timeout.headers)
+        await answer_refusal(self.app, scope, timed_receive, receive, send, lambda: timed_out)
