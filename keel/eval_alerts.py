@@ -58,6 +58,7 @@ __all__ = [
     "format_scores",
     "hazard_rule",
     "load_corpus",
+    "load_real_runs",
     "rule_firings",
     "save_corpus",
     "score",
@@ -207,12 +208,57 @@ def build_corpus(losses: Sequence[str], lags: Sequence[int], mismatches: Sequenc
     return corpus
 
 
-def load_corpus(path: str) -> list[CorpusRun]:
-    """A corpus file ({"runs": [{name, config (or lm-grid's spec), series}]}) or a folder of
-    `keel lm-regimes` run files. Labels are taken from the series (a stored label is not
-    used): real-learner runs (a config with `digits`) on the 10-step trailing mean."""
+def load_real_runs(folder: str, split: str | None = None) -> list[CorpusRun]:
+    """The public logs of real runs in `folder` (corpora/real): its `runs.json` lists each
+    file (a history export with a `_step` column, names as the framework logged them), its
+    framework, its outcome as judged from the data and the source, and its split. Names go
+    through the framework's map as `keel import` maps them (a run's own `names` first, for
+    hand-written loops); the label is the manifest's (`collapse_step`), since real rewards
+    have no common scale for the reach-and-drop label. Only `split` ("tune", "score") if given."""
+    import csv
     import os
 
+    from trainer_hooks.integrations.names import MAPS
+
+    with open(os.path.join(folder, "runs.json"), encoding="utf-8") as handle:
+        manifest = json.load(handle)
+    corpus = []
+    for entry in manifest:
+        if split is not None and entry.get("split") != split:
+            continue
+        name_map = MAPS.get(entry.get("framework", ""))
+        own = entry.get("names") or {}
+        columns: dict[str, dict[int, float]] = {}
+        with open(os.path.join(folder, entry["file"]), encoding="utf-8", newline="") as handle:
+            for row in csv.DictReader(handle):
+                step = int(float(row["_step"]))
+                for column, cell in row.items():
+                    if column == "_step" or cell in ("", None):
+                        continue
+                    key = own.get(column) or (name_map.keel_name(column) if name_map else column)
+                    try:
+                        columns.setdefault(key, {})[step] = float(cell)
+                    except ValueError:
+                        continue
+        first = min(min(values) for values in columns.values())
+        last = max(max(values) for values in columns.values())
+        series = {key: [values.get(step, math.nan) for step in range(first, last + 1)] for key, values in columns.items()}
+        algorithm = str(entry.get("algorithm", "")).lower()
+        config = {"loss": "ppo" if "ppo" in algorithm or "grpo" in algorithm else algorithm, "source": f"{entry['repo']}@{entry['commit'][:7]}"}
+        collapse = entry.get("collapse_step")
+        corpus.append(CorpusRun(entry["file"], config, series, None if collapse is None else int(collapse) - first))
+    return corpus
+
+
+def load_corpus(path: str) -> list[CorpusRun]:
+    """A corpus file ({"runs": [{name, config (or lm-grid's spec), series}]}), a folder of
+    `keel lm-regimes` run files, or a folder of real runs' logs with a `runs.json`
+    (`load_real_runs`). Labels are taken from the series (a stored label is not used):
+    real-learner runs (a config with `digits`) on the 10-step trailing mean."""
+    import os
+
+    if os.path.isdir(path) and os.path.exists(os.path.join(path, "runs.json")):
+        return load_real_runs(path)
     if os.path.isdir(path):
         from learners.lm.runfiles import read_dir
 

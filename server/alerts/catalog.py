@@ -7,19 +7,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from server.alerts.collapse import CollapseRisk
-from server.alerts.detectors import Climb, CoClimb, Detector, NonFinite, Silent, Threshold
+from server.alerts.detectors import Climb, CoClimb, Detector, Jump, NonFinite, Silent, Threshold
 from server.alerts.gate_gap import GateAgainstGap
 from server.alerts.hazard import Hazard, HazardModel
 
-__all__ = ["DETECTORS", "DEFAULT_RULES", "RuleSpec", "build_detector", "SEVERITIES"]
+__all__ = ["DETECTORS", "DEFAULT_RULES", "SIGNATURE_RULES", "RuleSpec", "build_detector", "SEVERITIES"]
 
 SEVERITIES = ("info", "warning", "critical")
 
 DETECTORS: dict[str, type[Detector]] = {
-    cls.kind: cls for cls in (NonFinite, Threshold, Climb, CoClimb, GateAgainstGap, CollapseRisk, Hazard, Silent)
+    cls.kind: cls for cls in (NonFinite, Threshold, Climb, CoClimb, Jump, GateAgainstGap, CollapseRisk, Hazard, Silent)
 }
 
 HEADLINE_AND_LOSS = "reward/mean,mismatch/kl,gate/frac,mismatch/ratio_max,grad/norm,loss/*"
+LOSS_KEYS = "loss/total,loss/pg"
+"""The whole loss, or the policy-gradient loss where a run logs no whole one."""
+POLICY_RATIO_KEYS = "policy/ppo_kl,policy/ratio_max,policy/clip_frac"
+"""How far the policy being updated moved from the step's old policy, first logged first."""
 
 
 def build_detector(
@@ -48,11 +52,34 @@ class RuleSpec:
     params: dict[str, Any] = field(default_factory=dict)
 
 
+SIGNATURE_RULES = (
+    RuleSpec(
+        "entropy running away", "policy/entropy", "climb", "critical", for_steps=1, keep_firing_for=50,
+        params={"min_scale": 0.35, "k": 2.0, "h": 10.0, "adapt": 0.02, "floor": 0.1},
+    ),
+    RuleSpec(
+        "loss growing", LOSS_KEYS, "climb", "critical", for_steps=1, keep_firing_for=50,
+        params={"of": "magnitude", "floor": 0.01, "min_scale": 0.5, "k": 2.0, "h": 10.0},
+    ),
+    RuleSpec("policy ratio jumping", POLICY_RATIO_KEYS, "jump", "warning", for_steps=1, keep_firing_for=30, params={"factor": 10.0}),
+    RuleSpec(
+        "answers at the length cap", "response/truncated_frac", "climb", "warning", for_steps=3, keep_firing_for=30,
+        params={"floor": 0.1, "min_scale": 0.2},
+    ),
+    RuleSpec(
+        "no learning signal", "reward/zero_std_frac", "threshold", "warning", for_steps=20, keep_firing_for=10,
+        params={"op": ">", "threshold": 0.9, "resolve_at": 0.7},
+    ),
+)
+"""The rules on the signatures every RL run logs, mismatch or not (docs/alerts.md): each reads
+only what a run logs, and stays silent on a run that does not log its metric."""
+
 DEFAULT_RULES = (
     RuleSpec("non-finite value", HEADLINE_AND_LOSS, "non_finite", "critical", for_steps=1, keep_firing_for=20),
     RuleSpec("mismatch climbing", "mismatch/kl", "climb", "warning", for_steps=3, keep_firing_for=30),
     RuleSpec("ratio tail climbing", "mismatch/ratio_max", "climb", "warning", for_steps=3, keep_firing_for=30),
     RuleSpec("collapse risk", "grad/norm", "collapse_risk", "critical", for_steps=1, keep_firing_for=50),
     RuleSpec("mismatch drift", "mismatch/kl,mismatch/ratio_max", "co_climb", "critical", for_steps=1, keep_firing_for=50, params={"h": 20.0}),
+    *SIGNATURE_RULES,
     RuleSpec("run went silent", "*", "silent", "warning", params={"after_s": 120.0}),
 )

@@ -39,7 +39,11 @@ gradient fires at once). A collapse needs something to lose: until `reward/mean`
 (EWMA, `reward_alpha`) has risen `min_gain` times its initial per-sample spread
 (`reward/std`) above its starting level, spikes are reported as divergence. Zero
 gradients (every sample gated out) are skipped; spikes do not move m or d, and the KL
-level is not updated inside a window. Without `mismatch/kl` there is no confirmation, and
+level is not updated inside a window. A *dip* as far below the level as a spike is above
+it (a small GRPO batch whose samples all got one reward: no advantage, a gradient norm 1,000x
+smaller) does not move m or d either, and m and d start from the median and mean absolute
+deviation of the first `warmup` gradient steps (LogLevel), so a run whose steps alternate
+between the two keeps both in its spread. Without `mismatch/kl` there is no confirmation, and
 only a spike of `spike_only_factor` times the level fires. The ratio tail and ESS at the
 spike are reported with the alert.
 """
@@ -50,7 +54,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from server.alerts.detectors import Detector, RewardGain, Signal, _positive
+from server.alerts.detectors import Detector, LogLevel, RewardGain, Signal, _positive
 
 
 class CollapseRisk(Detector):
@@ -138,26 +142,19 @@ class CollapseRisk(Detector):
         spike_only = False
         if grad > 0.0:  # zero: no update this step (every sample gated out), nothing to compare
             x = math.log(grad)
-            seen = state.get("n", 0)
-            state["n"] = seen + 1
+            state["n"] = state.get("n", 0) + 1
             mean = state.get("mean")
-            if mean is None:
-                state["mean"], state["dev"] = x, 0.0
-            else:
-                excess = x - mean - p["dev_mult"] * state["dev"]
-                spike = excess > math.log(p["spike_factor"])
-                if spike and seen >= p["warmup"]:
-                    if step > state.get("window_until", -1):
-                        level = state.get("kl_level")
-                        state["window_kl"] = math.exp(level) if level is not None else (kl or 0.0)
-                    state["window_until"] = step + p["confirm_steps"]
-                    state["spike_step"], state["spike_value"], state["spike_factor"] = step, grad, math.exp(x - mean)
-                    spike_only = not state.get("kl_seen") and excess > math.log(p["spike_only_factor"])
-                    if spike_only:
-                        message = f"{self.metric} {grad:.4g} is {math.exp(x - mean):.0f}x its recent level ({p['kl_key']} not logged)"
-                if not spike:
-                    state["dev"] = (1 - p["alpha"]) * state["dev"] + p["alpha"] * abs(x - mean)
-                    state["mean"] = (1 - p["alpha"]) * mean + p["alpha"] * x
+            bound = math.log(p["spike_factor"])
+            excess = LogLevel.excess(state, x, warmup=int(p["warmup"]), alpha=p["alpha"], bound=bound, dev_mult=p["dev_mult"])
+            if excess is not None and mean is not None and excess > bound:
+                if step > state.get("window_until", -1):
+                    level = state.get("kl_level")
+                    state["window_kl"] = math.exp(level) if level is not None else (kl or 0.0)
+                state["window_until"] = step + p["confirm_steps"]
+                state["spike_step"], state["spike_value"], state["spike_factor"] = step, grad, math.exp(x - mean)
+                spike_only = not state.get("kl_seen") and excess > math.log(p["spike_only_factor"])
+                if spike_only:
+                    message = f"{self.metric} {grad:.4g} is {math.exp(x - mean):.0f}x its recent level ({p['kl_key']} not logged)"
         self._track_kl(state, step, kl)
         active = (confirmed is not None or spike_only) and state.get("n", 0) > p["warmup"]
         if active and not progressed:

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-__all__ = ["Signal", "Detector", "NonFinite", "Threshold", "Climb", "CoClimb", "Silent", "RobustBaseline", "RewardGain"]
+__all__ = ["Signal", "Detector", "NonFinite", "Threshold", "Climb", "CoClimb", "Jump", "Silent", "LogLevel", "RobustBaseline", "RewardGain"]
 
 MAD_TO_SIGMA = 1.4826
 MAX_PARAM_MAGNITUDE = 1e15
@@ -173,17 +173,27 @@ class RewardGain:
         state["reward_peak"] = max(state.get("reward_peak", smooth), smooth)
         if state.get("start_count", 0) < RewardGain.START_STEPS:
             spread = values.get(std_key)
+            state["start_sq"] = state.get("start_sq", 0.0) + reward * reward
             state["start_sum"] = state.get("start_sum", 0.0) + reward
             state["start_spread"] = state.get("start_spread", 0.0) + (spread if spread is not None and math.isfinite(spread) else 0.0)
             state["start_count"] = state.get("start_count", 0) + 1
 
     @staticmethod
-    def gained(state: dict[str, Any]) -> tuple[float, float] | None:
-        """(peak - start, initial spread), or None before any reward."""
+    def gained(state: dict[str, Any], *, noise_spread: bool = False) -> tuple[float, float] | None:
+        """(peak - start, initial spread), or None before any reward.
+
+        `noise_spread`: on a run that logged no per-sample spread over its first steps, take the
+        spread of those steps' rewards instead (a mean over a few 0/1 samples swings by about
+        its per-sample spread over the root of their count): any rise would otherwise count as
+        learning, and a level taken "once the run learned" would be its first steps'."""
         count = state.get("start_count")
         if not count:
             return None
-        return state["reward_peak"] - state["start_sum"] / count, state["start_spread"] / count
+        start = state["start_sum"] / count
+        spread = state["start_spread"] / count
+        if noise_spread and spread <= 0 and count >= RewardGain.START_STEPS:
+            spread = math.sqrt(max(0.0, state.get("start_sq", 0.0) / count - start * start))
+        return state["reward_peak"] - start, spread
 
     @staticmethod
     def gain(state: dict[str, Any]) -> float | None:
@@ -192,14 +202,44 @@ class RewardGain:
         return gained[0] / gained[1] if gained is not None and gained[1] > 0 else None
 
     @staticmethod
-    def reached(state: dict[str, Any], gain: float) -> bool:
+    def reached(state: dict[str, Any], gain: float, *, noise_spread: bool = False) -> bool:
         """Has the reward risen `gain` initial spreads (and risen at all)? False before any reward."""
-        gained = RewardGain.gained(state)
+        gained = RewardGain.gained(state, noise_spread=noise_spread)
         return gained is not None and gained[0] > 0 and gained[0] >= gain * gained[1]
 
 
+class LogLevel:
+    """The level m and spread d of log x over a run's ordinary steps, for a detector of jumps.
+
+    The first `warmup` values give m (their median) and d (their mean absolute deviation from
+    it), so neither leans on the first value nor on the kind of step that happens to come
+    first; after that m and d are EWMAs (`alpha`) that a step beyond `bound` of m either way
+    (a jump, or a dip as deep: a GRPO step with no reward spread, whose gradient is 1,000x
+    smaller) does not move. A run whose steps alternate between two levels keeps both in its
+    spread. State lives in the caller's dict (`mean`, `dev`)."""
+
+    @staticmethod
+    def excess(state: dict[str, Any], x: float, *, warmup: int, alpha: float, bound: float, dev_mult: float) -> float | None:
+        """x − m − dev_mult·d before this step, or None while warming up (x is then taken into
+        the warm-up sample); then m and d take x in unless it was beyond `bound` either way."""
+        if "mean" not in state:
+            sample = state.setdefault("level_sample", [])
+            sample.append(x)
+            if len(sample) >= warmup:
+                median = statistics.median(sample)
+                state["mean"], state["dev"] = median, sum(abs(v - median) for v in sample) / len(sample)
+                del state["level_sample"]
+            return None
+        mean, dev = state["mean"], state["dev"]
+        excess = x - mean - dev_mult * dev
+        if excess <= bound and mean - x - dev_mult * dev <= bound:
+            state["dev"] = (1 - alpha) * dev + alpha * abs(x - mean)
+            state["mean"] = (1 - alpha) * mean + alpha * x
+        return excess
+
+
 class Climb(Detector):
-    """Upward CUSUM on log(metric), standardised by a robust baseline frozen after warm-up.
+    """One-sided CUSUM on log(metric), standardised by a robust baseline taken once the run learned.
 
     z_t = (log x_t - median) / (1.4826 MAD), S_t = max(0, S_{t-1} + min(z_t, z_cap) - k); active
     while S_t > h. Working in log units and baseline sigmas makes the default portable across
@@ -210,24 +250,53 @@ class Climb(Detector):
     than at its first steps, where a sampler–learner mismatch is near zero and anything later
     is a climb. With `after_gain` 0, or on a run that logs no reward, it is the first
     `warmup` values.
+
+    The metric may be comma-separated alternatives: the climb watches the first one a run
+    logs. `direction` "down" watches a fall instead (z taken with its sign flipped); `of`
+    "magnitude" watches |x| (a loss, whose sign means nothing to its size; a step whose loss
+    is exactly 0, every advantage zero, carries no level and is skipped). `adapt` lets the
+    baseline's median follow the run the other way from the one watched: while the CUSUM is at
+    0 (nothing accumulating) and log x is below the median (above, for "down"), the median
+    moves `adapt` of the way towards it, by at most one baseline sigma per step. An entropy
+    that goes on sharpening after the reward first rose settles lower than the level at that
+    moment; its learned level is where it settled, and a runaway is measured from there. A
+    climb never raises its own baseline. 0 freezes the baseline.
+
+    `surge` (0: off) asks, besides, that the rise be recent: the EWMA of log x with weight
+    1/`surge_fast` at least `surge` times (in x) the one with weight 1/`surge_slow`. A level that
+    crept up over hundreds of steps of a run that learns accumulates a CUSUM too; the climb
+    before a collapse is the one that is also a surge.
     """
 
     kind = "climb"
     defaults: ClassVar[dict[str, Any]] = {
         "warmup": 50, "k": 1.0, "h": 12.0, "z_cap": 8.0, "min_scale": 0.05, "floor": 1e-12,
         "after_gain": 2.5, "reward_key": "reward/mean", "reward_std_key": "reward/std",
+        "direction": "up", "of": "value", "adapt": 0.0, "surge": 0.0, "surge_fast": 10, "surge_slow": 50,
     }
 
     def validate(self) -> None:
-        _positive(self.params, "warmup", "k", "h", "z_cap", "min_scale", "floor")
+        _positive(self.params, "warmup", "k", "h", "z_cap", "min_scale", "floor", "surge_fast", "surge_slow")
         if self.params["warmup"] > MAX_WARMUP:
             raise ValueError(f"parameter 'warmup' must be at most {MAX_WARMUP}")
+        surge = self.params["surge"]
+        if isinstance(surge, bool) or not isinstance(surge, (int, float)) or surge < 0:
+            raise ValueError("parameter 'surge' must be a number >= 0 (0: off)")
+        if not 1 <= self.params["surge_fast"] < self.params["surge_slow"]:
+            raise ValueError("parameters 'surge_fast' and 'surge_slow' must satisfy 1 <= surge_fast < surge_slow")
         after = self.params["after_gain"]
         if isinstance(after, bool) or not isinstance(after, (int, float)) or after < 0:
             raise ValueError("parameter 'after_gain' must be a number >= 0")
+        adapt = self.params["adapt"]
+        if isinstance(adapt, bool) or not isinstance(adapt, (int, float)) or not 0 <= adapt <= 1:
+            raise ValueError("parameter 'adapt' must be a number in [0, 1]")
         for name in ("reward_key", "reward_std_key"):
             if not isinstance(self.params[name], str):
                 raise ValueError(f"parameter {name!r} must be a metric name")
+        if self.params["direction"] not in ("up", "down"):
+            raise ValueError("parameter 'direction' must be 'up' or 'down'")
+        if self.params["of"] not in ("value", "magnitude"):
+            raise ValueError("parameter 'of' must be 'value' or 'magnitude'")
 
     def update(self, state: dict[str, Any], step: int, values: Mapping[str, float]) -> Signal | None:
         self.track_reward(state, values)
@@ -237,15 +306,33 @@ class Climb(Detector):
         if self.params["after_gain"]:
             RewardGain.update(reward, values, self.params["reward_key"], self.params["reward_std_key"], REWARD_ALPHA)
 
+    def watched(self, state: dict[str, Any], values: Mapping[str, float]) -> str | None:
+        """The metric this run's climb watches: the first of the rule's comma-separated
+        alternatives the run logs (`loss/total,loss/pg`), kept once chosen."""
+        key = state.get("key")
+        if key is None:
+            key = next((k for k in self.metric.split(",") if k.strip() in values), None)
+            if key is None:
+                return None
+            key = state["key"] = key.strip()
+        return key
+
     def observe(self, state: dict[str, Any], reward: dict[str, Any], values: Mapping[str, float]) -> Signal | None:
         """One step of the climb, given the reward's gain as tracked in `reward` (`track_reward`)."""
         p = self.params
-        value = values.get(self.metric)
+        key = self.watched(state, values)
+        value = None if key is None else values.get(key)
         if value is None or math.isnan(value):
             return None
-        x = math.log(max(value, p["floor"])) if math.isfinite(value) else (math.inf if value > 0 else math.log(p["floor"]))
+        size = abs(value) if p["of"] == "magnitude" else value
+        if size == 0.0 and p["of"] == "magnitude":
+            return Signal(False, value, "no loss this step")  # every advantage zero: no level
+        x = math.log(max(size, p["floor"])) if math.isfinite(size) else (math.inf if size > 0 else math.log(p["floor"]))
         x = min(x, 700.0)
-        if p["after_gain"] and "median" not in state and reward.get("reward_seen") and not RewardGain.reached(reward, p["after_gain"]):
+        if p["surge"] and math.isfinite(x):
+            state["fast"] = x if "fast" not in state else state["fast"] + (x - state["fast"]) / p["surge_fast"]
+            state["slow"] = x if "slow" not in state else state["slow"] + (x - state["slow"]) / p["surge_slow"]
+        if p["after_gain"] and "median" not in state and reward.get("reward_seen") and not RewardGain.reached(reward, p["after_gain"], noise_spread=True):
             sample = state.setdefault("warmup", [])
             sample.append(x)
             del sample[: -int(p["warmup"])]
@@ -253,30 +340,50 @@ class Climb(Detector):
         z = RobustBaseline.z(state, x, p["warmup"], p["min_scale"])
         if z is None:
             return Signal(False, value, "warming up")
+        up = p["direction"] == "up"
+        if not up:
+            z = -z
         cusum = max(0.0, state.get("cusum", 0.0) + min(z, p["z_cap"]) - p["k"])
         state["cusum"] = cusum
+        if cusum == 0.0 and p["adapt"] and math.isfinite(x):
+            scale = state["scale"]
+            away = state["median"] - x if up else x - state["median"]
+            if away > 0:  # only away from the way it watches: a climb never raises its own baseline
+                state["median"] += (-1 if up else 1) * p["adapt"] * min(scale, away)
         active = cusum > p["h"]
+        surging = ""
+        if active and p["surge"]:
+            rise = math.exp((state["fast"] - state["slow"]) * (1 if up else -1))
+            active = rise >= p["surge"]
+            surging = f"; its {p['surge_fast']:g}-step average is {rise:.3g}× its {p['surge_slow']:g}-step one"
+        if not active:
+            return Signal(False, value, "at baseline")
+        level = math.exp(state["median"])
+        what = f"|{key}|" if p["of"] == "magnitude" else key
+        times = math.exp(x - state["median"]) if math.isfinite(x) else math.inf
         message = (
-            f"{self.metric} climbing: {value:.4g} is {z:.1f} baseline sigmas above its baseline median "
-            f"{math.exp(state['median']):.4g} (CUSUM {cusum:.1f} > {p['h']})"
+            f"{what} {'climbing' if up else 'falling'}: {size:.4g} is {times:.3g}× the level it had "
+            f"once the run learned ({level:.4g}), {z:.1f} baseline sigmas {'above' if up else 'below'} it "
+            f"(CUSUM {cusum:.1f} > {p['h']:g}){surging}"
         )
-        return Signal(active, value, message if active else "at baseline")
+        return Signal(True, value, message)
 
 
 class CoClimb(Detector):
     """Every metric of a comma-separated list climbing at once, each by its own `climb` (same
     parameters, own baseline and CUSUM). One metric climbing is common on a healthy stale run;
     the mismatch and the ratio tail climbing together, since the run learned, is how the slow
-    collapses of docs/alerts.md begin."""
+    collapses of docs/alerts.md begin. `surge` (3 by default) is asked of the first metric
+    only: the mismatch's recent rise, which a run that learns and drifts slowly lacks."""
 
     kind = "co_climb"
-    defaults: ClassVar[dict[str, Any]] = Climb.defaults
+    defaults: ClassVar[dict[str, Any]] = {**Climb.defaults, "surge": 3.0}
 
     def validate(self) -> None:
         self.keys = [key.strip() for key in self.metric.split(",") if key.strip()]
         if len(self.keys) < 2 or len(set(self.keys)) != len(self.keys):
             raise ValueError("co_climb watches two or more distinct metrics, comma-separated")
-        self.climbs = [Climb(key, self.params) for key in self.keys]
+        self.climbs = [Climb(key, self.params if index == 0 else {**self.params, "surge": 0.0}) for index, key in enumerate(self.keys)]
 
     def update(self, state: dict[str, Any], step: int, values: Mapping[str, float]) -> Signal | None:
         reward = state.setdefault("reward", {})  # one gain for all the climbs
@@ -289,6 +396,69 @@ class CoClimb(Detector):
             return Signal(True, seen[0].value, "; ".join(signal.message for signal in seen), metric=self.metric)
         climbing = [climb.metric for climb, signal in zip(self.climbs, signals, strict=True) if signal is not None and signal.active]
         return Signal(False, seen[0].value, f"only {', '.join(climbing)} climbing" if climbing else "at baseline")
+
+
+class Jump(Detector):
+    """A metric jumping far above its recent level, once the run has learned something.
+
+    m and d are the level and spread of log x over the run's ordinary steps (LogLevel: the
+    median and mean absolute deviation of the first `warmup` values, then EWMAs, `alpha`); a
+    step is a jump when log x − m > log(`factor`) + `dev_mult`·d, and neither a jump nor a dip
+    as far below moves m or d. So a GRPO run whose steps alternate between batches with a
+    reward spread and batches with none (a gradient norm or a ratio 1,000× smaller on the
+    latter) keeps both in its spread, and its ordinary steps are not jumps.
+    Nothing fires before `warmup` steps, nor until `reward/mean`
+    has gained `min_gain` initial spreads (RewardGain; a run that logs no reward is watched
+    from the warm-up on). Zero and negative values carry no level and are skipped; a
+    non-finite value is a jump at once. The metric may be comma-separated alternatives
+    (the first one a run logs).
+    """
+
+    kind = "jump"
+    defaults: ClassVar[dict[str, Any]] = {
+        "factor": 10.0, "dev_mult": 1.0, "alpha": 0.05, "warmup": 30, "min_gain": 2.5,
+        "reward_key": "reward/mean", "reward_std_key": "reward/std",
+    }
+
+    def validate(self) -> None:
+        p = self.params
+        _positive(p, "factor", "alpha", "warmup")
+        if p["factor"] <= 1 or not 0 < p["alpha"] < 1:
+            raise ValueError("factor must be > 1 and alpha in (0, 1)")
+        for name in ("dev_mult", "min_gain"):
+            value = p[name]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"parameter {name!r} must be a number >= 0")
+        for name in ("reward_key", "reward_std_key"):
+            if not isinstance(p[name], str):
+                raise ValueError(f"parameter {name!r} must be a metric name")
+
+    def update(self, state: dict[str, Any], step: int, values: Mapping[str, float]) -> Signal | None:
+        p = self.params
+        RewardGain.update(state, values, p["reward_key"], p["reward_std_key"], REWARD_ALPHA)
+        key = state.get("key") or next((k.strip() for k in self.metric.split(",") if k.strip() in values), None)
+        if key is None:
+            return None
+        state["key"] = key
+        value = values.get(key)
+        if value is None or math.isnan(value):
+            return None
+        learned = not state.get("reward_seen") or RewardGain.reached(state, p["min_gain"])
+        if not math.isfinite(value):
+            return Signal(value > 0 and learned, value, f"{key} is {value} at step {step}")
+        if value <= 0.0:
+            return Signal(False, value, "no level")
+        x = math.log(value)
+        mean = state.get("mean")
+        excess = LogLevel.excess(state, x, warmup=int(p["warmup"]), alpha=p["alpha"], bound=math.log(p["factor"]), dev_mult=p["dev_mult"])
+        if excess is None or mean is None:
+            return Signal(False, value, "warming up")
+        jump = excess > math.log(p["factor"])
+        if jump and not learned:
+            return Signal(False, value, "jumped before the reward has moved")
+        if not jump:
+            return Signal(False, value, "stable")
+        return Signal(True, value, f"{key} jumped to {value:.4g}, {math.exp(x - mean):.0f}× its recent level ({math.exp(mean):.3g})")
 
 
 class Silent(Detector):

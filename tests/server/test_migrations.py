@@ -80,3 +80,50 @@ def test_projects_from_before_mismatch_drift_get_it_once(database_url: str) -> N
         assert drift() == [("custom", "climb", "mismatch/kl", "warning", False)]
     finally:
         engine.dispose()
+
+
+def test_projects_from_before_the_signature_rules_get_each_once(database_url: str) -> None:
+    """0010 adds each rule on the signatures every run logs (entropy, loss, ratio, length,
+    reward spread) to projects installed without it, as the catalog defines it; a project's own
+    rule of the same name is kept and not doubled, a second upgrade adds nothing, and a
+    downgrade removes only the built-in ones."""
+    import importlib
+
+    from alembic import command
+
+    from server.alerts.catalog import SIGNATURE_RULES
+
+    frozen = importlib.import_module("migrations.versions.0010_signature_rules").RULES
+    assert [(r["name"], r["metric"], r["detector"], r["params"], r["severity"], r["for_steps"], r["keep_firing_for"]) for r in frozen] == [
+        (s.name, s.metric, s.detector, s.params, s.severity, s.for_steps, s.keep_firing_for) for s in SIGNATURE_RULES
+    ]
+    upgrade(database_url, "0009")
+    engine = create_engine(_sync_url(database_url))
+    rule_columns = "name, project, metric, detector, params, severity, for_steps, keep_firing_for, enabled, builtin, created_at"
+    try:
+        with engine.begin() as conn:
+            for project in ("old", "custom"):
+                conn.exec_driver_sql(f"INSERT INTO projects (name, created_at) VALUES ('{project}', 0)")
+            conn.exec_driver_sql(
+                f"INSERT INTO rules ({rule_columns}) VALUES ('loss growing', 'custom', 'loss/pg', 'threshold', '{{}}', 'warning', 3, 30, true, false, 0)"
+            )
+        upgrade(database_url)
+        upgrade(database_url)
+
+        def signature_rules() -> list[tuple]:
+            with engine.connect() as conn:
+                return [tuple(row) for row in conn.exec_driver_sql(
+                    "SELECT project, name, detector, severity, builtin FROM rules ORDER BY project, name"
+                )]
+
+        names = sorted(spec.name for spec in SIGNATURE_RULES)
+        expected_old = [("old", name, spec.detector, spec.severity, True) for name in names for spec in SIGNATURE_RULES if spec.name == name]
+        expected_custom = [
+            ("custom", name, spec.detector, spec.severity, True) if name != "loss growing" else ("custom", name, "threshold", "warning", False)
+            for name in names for spec in SIGNATURE_RULES if spec.name == name
+        ]
+        assert signature_rules() == expected_custom + expected_old
+        command.downgrade(alembic_config(database_url), "0009")
+        assert signature_rules() == [("custom", "loss growing", "threshold", "warning", False)]
+    finally:
+        engine.dispose()

@@ -138,7 +138,10 @@ def test_default_rules_are_installed_per_project_and_rules_are_editable(server) 
     run = new_run("r", project="alpha")
     _stream(server, run, [{"reward/mean": 0.1}])
     rules = _wait(lambda: httpx.get(f"{server.url}/api/v1/rules", params={"project": "alpha"}).json())
-    assert {r["name"] for r in rules} == {"non-finite value", "mismatch climbing", "ratio tail climbing", "collapse risk", "mismatch drift", "run went silent"}
+    assert {r["name"] for r in rules} == {
+        "non-finite value", "mismatch climbing", "ratio tail climbing", "collapse risk", "mismatch drift", "run went silent",
+        "entropy running away", "loss growing", "policy ratio jumping", "answers at the length cap", "no learning signal",
+    }
     assert all(r["builtin"] and r["project"] == "alpha" for r in rules)
     created = httpx.post(f"{server.url}/api/v1/rules", json={
         "name": "kl too high", "metric": "mismatch/kl", "detector": "threshold", "params": {"threshold": 0.5, "resolve_at": 0.1},

@@ -149,7 +149,7 @@ def test_co_climb_fires_only_while_every_metric_climbs() -> None:
     rng = random.Random(2)
     flat_tail = [{**row, "mismatch/ratio_max": 20 * math.exp(rng.gauss(0, 0.2))} for row in rows]
     climbing_tail = [{**row, "mismatch/ratio_max": row["mismatch/kl"] * 2000} for row in rows]
-    det = CoClimb("mismatch/kl,mismatch/ratio_max")
+    det = CoClimb("mismatch/kl,mismatch/ratio_max", {"surge": 0})  # the conjunction alone (the surge: test_signatures.py)
     assert _fired(det, flat_tail) == []
     both = _fired(det, climbing_tail)
     assert both and both[0] >= _fired(Climb("mismatch/kl"), rows)[0]

@@ -1,0 +1,201 @@
+"""The default rules on the signatures every RL run logs (server/alerts/catalog.py
+SIGNATURE_RULES, docs/alerts.md "Every signal a run logs"), replayed through the engine's own
+backtest on synthetic runs shaped like real ones: a GRPO run whose entropy runs away to a
+uniform output, a loss that grows into the thousands, answers running to the length cap, a
+small-batch GRPO run whose every other step has no reward spread; and their healthy twins,
+on which no default rule may fire."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from server.alerts.backtest import backtest
+from server.alerts.catalog import DEFAULT_RULES, build_detector
+from wire import Row
+
+STEPS = 300
+FALL = 200
+"""The step where the failing runs' reward falls (their signature starts 30-40 steps before)."""
+
+
+def _reward(rng: random.Random, step: int, *, falls: bool, samples: int = 64) -> float:
+    """A GRPO reward: the mean of `samples` 0/1 answers whose success rate climbs 0.1 -> 0.7
+    over the first 100 steps, and (if it `falls`) drops to 0.02 from FALL on."""
+    p = 0.1 + 0.6 * min(1.0, step / 100)
+    if falls and step >= FALL:
+        p = 0.02
+    return sum(rng.random() < p for _ in range(samples)) / samples
+
+
+def _run(seed: int, signal: dict[str, object], *, falls: bool) -> list[Row]:
+    rng = random.Random(seed)
+    rows = []
+    for step in range(STEPS):
+        values = {"reward/mean": _reward(rng, step, falls=falls)}
+        for key, make in signal.items():
+            value = make(rng, step)  # type: ignore[operator]
+            if value is not None:
+                values[key] = value
+        rows.append(Row(step=step, time=None, values=values))
+    return rows
+
+
+def _fired(rows: list[Row]) -> dict[str, list[int]]:
+    return {result.rule.name: result.fired_steps for result in backtest(DEFAULT_RULES, rows) if result.fired_steps}
+
+
+def _entropy(rng: random.Random, step: int, *, runaway: bool) -> float:
+    """Sharpens 1.2 -> 0.3 nats as the run learns; a runaway climbs from step 160 to the
+    uniform output over a 150k-token vocabulary (ln 151,936 = 11.9 nats)."""
+    level = 0.3 + 0.9 * math.exp(-step / 40)
+    if runaway and step >= 160:
+        level = min(11.9, 0.3 * math.exp((step - 160) / 12))
+    return level * math.exp(rng.gauss(0, 0.05))
+
+
+def _loss(rng: random.Random, step: int, *, grows: bool) -> float:
+    """A GRPO loss: noise around 0 (exact zeros included, as logs rounded to 4 digits show);
+    a growing one rises from step 165 into the thousands."""
+    noise = round(rng.gauss(0, 0.004), 4) if rng.random() < 0.7 else 0.0
+    if grows and step >= 165:
+        return noise + 0.05 * math.exp((step - 165) / 3.5)
+    return noise
+
+
+def test_entropy_running_away_is_paged_before_the_reward_falls_and_its_twin_is_not() -> None:
+    fired = _fired(_run(1, {"policy/entropy": lambda r, s: _entropy(r, s, runaway=True)}, falls=True))
+    steps = fired.get("entropy running away")
+    assert steps, fired
+    assert 160 < steps[0] < FALL - 10, steps  # it needs the climb, and comes well before the fall
+    assert set(fired) == {"entropy running away"}, fired
+    assert _fired(_run(1, {"policy/entropy": lambda r, s: _entropy(r, s, runaway=False)}, falls=False)) == {}
+
+
+def test_a_loss_growing_into_the_thousands_is_paged_and_a_loss_near_zero_is_not() -> None:
+    rows = _run(2, {"loss/pg": lambda r, s: _loss(r, s, grows=True)}, falls=True)
+    fired = _fired(rows)
+    assert set(fired) == {"loss growing"}, fired
+    assert 165 < fired["loss growing"][0] < FALL - 10, fired
+    result = next(r for r in backtest(DEFAULT_RULES, rows) if r.rule.name == "loss growing")
+    message = result.episodes[0].message
+    assert message.startswith("|loss/pg| climbing:") and "the level it had once the run learned (0.01)" in message, message
+    for seed in range(3, 8):  # noise around zero, exact zeros and all, never pages
+        assert _fired(_run(seed, {"loss/pg": lambda r, s: _loss(r, s, grows=False)}, falls=False)) == {}
+
+
+def test_the_loss_rule_reads_the_whole_loss_first_and_the_pg_loss_without_one() -> None:
+    detector = build_detector("climb", "loss/total,loss/pg", {"of": "magnitude"})
+    state = detector.initial_state()
+    detector.update(state, 0, {"loss/pg": 0.5})
+    assert state["key"] == "loss/pg"
+    state = detector.initial_state()
+    detector.update(state, 0, {"loss/pg": 0.5, "loss/total": 0.7})
+    assert state["key"] == "loss/total"
+
+
+def test_answers_running_to_the_length_cap_warn_and_a_low_truncated_share_does_not() -> None:
+    def truncated(rng: random.Random, step: int, *, runs: bool) -> float:
+        share = 0.5 + rng.uniform(-0.05, 0.05)
+        if runs and step >= 150:
+            share = min(0.98, 0.5 + (step - 150) * 0.015)
+        return share
+
+    fired = _fired(_run(4, {"response/truncated_frac": lambda r, s: truncated(r, s, runs=True)}, falls=True))
+    assert set(fired) == {"answers at the length cap"}, fired
+    assert 150 < fired["answers at the length cap"][0] < FALL, fired
+    assert _fired(_run(4, {"response/truncated_frac": lambda r, s: truncated(r, s, runs=False)}, falls=False)) == {}
+    low = {"response/truncated_frac": lambda r, s: r.choice([0.0, 0.01, 0.02, 0.05, 0.08])}
+    assert _fired(_run(5, low, falls=False)) == {}  # a share under the floor (0.1) is not a climb
+
+
+def test_every_group_without_reward_spread_for_twenty_steps_warns() -> None:
+    rows = _run(6, {"reward/zero_std_frac": lambda r, s: 0.95 if s >= 120 else 0.3}, falls=False)
+    assert _fired(rows) == {"no learning signal": [139]}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_small_grpo_batch_whose_every_other_step_has_no_spread_pages_nothing(seed: int) -> None:
+    """Eight samples a step: a step whose samples all got the same reward has a zero advantage,
+    a gradient norm near 1e-3 and a policy ratio of exactly 1 (ppo_kl ~1e-9); the next one ~1.
+    Steps alternate, then come in runs of either kind. No default rule may fire on it."""
+    rng = random.Random(seed)
+    rows = []
+    for step in range(STEPS):
+        silent = step % 2 == 0 if step < 150 else (step // 7) % 2 == 0
+        reward = sum(rng.random() < 0.4 for _ in range(8)) / 8
+        values = {
+            "reward/mean": reward,
+            "grad/norm": (1e-3 if silent else 1.0) * math.exp(rng.gauss(0, 0.3)),
+            "policy/ppo_kl": (1e-9 if silent else 1e-3) * math.exp(rng.gauss(0, 0.3)),
+            "policy/clip_frac": 0.0 if silent else rng.uniform(0, 0.02),
+            "loss/pg": 0.0 if silent else rng.gauss(0, 0.05),
+            "policy/entropy": 0.6 * math.exp(rng.gauss(0, 0.05)),
+        }
+        rows.append(Row(step=step, time=None, values=values))
+    assert _fired(rows) == {}
+
+
+def test_the_policy_ratio_jumping_after_the_run_learned_warns() -> None:
+    def ppo_kl(rng: random.Random, step: int) -> float:
+        return (0.3 if step == 170 else 1e-3) * math.exp(rng.gauss(0, 0.3))
+
+    fired = _fired(_run(7, {"policy/ppo_kl": ppo_kl}, falls=False))
+    assert fired == {"policy ratio jumping": [170]}
+
+
+def test_a_mismatch_that_creeps_up_over_hundreds_of_steps_is_no_drift_but_a_surge_is() -> None:
+    """Mismatch drift asks the KL's recent rise (its 10-step average 3x its 50-step one) of
+    a co-climb: a KL and ratio tail that creep up tenfold over 600 steps of a run that learns
+    accumulate a CUSUM, and are not paged; the same climb over 20 steps is."""
+
+    def rows(surge: bool) -> list[Row]:
+        rng = random.Random(8)
+        out = []
+        for step in range(800):
+            creep = math.exp(max(0, step - 150) / 260)  # 10x by step 750
+            if surge and step >= 600:
+                creep = math.exp(450 / 260) * math.exp((step - 600) / 8)
+            kl = 0.01 * creep * math.exp(rng.gauss(0, 0.2))
+            values = {
+                "reward/mean": 0.1 + 0.6 * min(1.0, step / 100) + rng.gauss(0, 0.03), "reward/std": 0.15,
+                "mismatch/kl": kl, "mismatch/ratio_max": 3 * creep ** 0.5 * math.exp(rng.gauss(0, 0.2)),
+            }
+            out.append(Row(step=step, time=None, values=values))
+        return out
+
+    assert "mismatch drift" not in _fired(rows(surge=False))
+    surged = _fired(rows(surge=True)).get("mismatch drift")
+    assert surged and 600 < surged[0] < 630, surged
+
+
+def test_entropy_falling_is_watched_when_asked_and_says_by_how_much() -> None:
+    detector = build_detector("climb", "policy/entropy", {"direction": "down", "min_scale": 0.35, "k": 2.0, "h": 10.0, "after_gain": 0})
+    state = detector.initial_state()
+    signals = [detector.update(state, step, {"policy/entropy": 1.0 if step < 60 else 0.05}) for step in range(80)]
+    active = [step for step, signal in enumerate(signals) if signal is not None and signal.active]
+    assert active and active[0] == 61, active
+    message = signals[active[0]].message  # type: ignore[union-attr]
+    assert message.startswith("policy/entropy falling: 0.05 is 0.05× the level it had once the run learned (1)"), message
+
+
+@pytest.mark.parametrize(
+    ("params", "error"),
+    [
+        ({"direction": "sideways"}, "direction"),
+        ({"of": "sign"}, "'of'"),
+        ({"adapt": 2}, "adapt"),
+        ({"surge": -1}, "surge"),
+        ({"surge_fast": 60, "surge_slow": 50}, "surge_fast"),
+    ],
+)
+def test_a_climb_refuses_parameters_that_make_no_sense(params: dict[str, object], error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        build_detector("climb", "policy/entropy", params)
+
+
+def test_a_jump_refuses_a_factor_of_one() -> None:
+    with pytest.raises(ValueError, match="factor"):
+        build_detector("jump", "policy/ppo_kl", {"factor": 1})
