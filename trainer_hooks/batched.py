@@ -51,6 +51,8 @@ class BatchInputs:
     """The sampler's top-k token ids at each position [B, T, k] (< 0: no entry)."""
     sampler_topk_logprobs: Tensor | None = None
     """Their log-probabilities under the sampler [B, T, k]."""
+    max_length: int | None = None
+    """The answers' length cap (`response/*` metrics)."""
 
     def arguments(self) -> dict[str, Any]:
         """Every input, by name (what is shipped to the worker and copied)."""
@@ -76,6 +78,8 @@ class BatchInputs:
             if isinstance(value, Tensor):
                 vocab = tuple(value.shape[2:]) if field.name in _PER_POSITION else ()
                 kinds.append((value.dtype, value.dim(), vocab))
+            elif field.name == "max_length":
+                kinds.append(value)  # only batches of one cap join or stack
             else:
                 kinds.append(type(value))  # None, or an int learner_version
         return tuple(kinds)
@@ -170,8 +174,8 @@ def concat(batches: Sequence[BatchInputs]) -> BatchInputs:
             continue
         if field.name == "learner_version":
             joined[field.name] = _join_versions(batches)
-        elif values[0] is None:
-            joined[field.name] = None
+        elif values[0] is None or field.name == "max_length":
+            joined[field.name] = values[0]  # the kinds agree: one cap
         else:
             joined[field.name] = torch.cat([_pad_length(v, length) for v in values])
     return BatchInputs(**joined)
@@ -275,8 +279,8 @@ def _stack(batches: list[BatchInputs]) -> BatchInputs:
         if field.name == "mask":
             continue
         values = [getattr(b, field.name) for b in batches]
-        if values[0] is None:
-            stacked[field.name] = None
+        if values[0] is None or field.name == "max_length":
+            stacked[field.name] = values[0]  # one signature: one cap
         elif field.name == "learner_version" and isinstance(values[0], Tensor) and values[0].dim():
             stacked[field.name] = _pad(values, seqs, length)  # one version per sequence
         elif field.name == "learner_version":

@@ -173,6 +173,7 @@ def stability_metrics(
     learner_version: Tensor | int | None = None,
     sampler_topk_ids: Tensor | None = None,
     sampler_topk_logprobs: Tensor | None = None,
+    max_length: int | None = None,
     quantile: bool = True,
 ) -> dict[str, Tensor]:
     """The docs/metrics.md metrics of one batch, as 0-dim float32 tensors on the input device.
@@ -193,6 +194,9 @@ def stability_metrics(
             [..., B, T, k] (ids, and their log μ as the sampler returned them; an id < 0
             or ≥ V is no entry): with `logits`, how far the two engines' distributions are
             apart over the sampler's top-k (`topk_disagreement`). Ignored without logits.
+        max_length: the length cap of the answers (the sampler's max new tokens): the mask's
+            tokens of a row are its answer, and a row with `max_length` of them or more was
+            cut at the cap.
         quantile: compute `mismatch/log_ratio_p99` (one top-k of the tokens).
 
     Returns keys (always): `mismatch/kl`, `mismatch/kl_k1`, `mismatch/kl_k2`,
@@ -208,6 +212,8 @@ def stability_metrics(
     `gate/frac`. With both versions: `staleness/lag_mean`, `staleness/lag_max`. With
     logits and the sampler's top-k: `mismatch/topk_tv`, `mismatch/topk_tv_max`,
     `mismatch/topk_kl` (over the tokens with at least one top-k entry; NaN without one).
+    With max_length: `response/length_mean`, `response/length_max` (tokens of the answers),
+    `response/truncated_frac` (the share cut at the cap) and `response/length_cap`.
 
     Padding never counts: a sequence is a row with at least one mask-1 token;
     rewards, advantages and versions of empty rows are ignored.
@@ -225,6 +231,7 @@ def stability_metrics(
             learner_version=learner_version,
             sampler_topk_ids=sampler_topk_ids,
             sampler_topk_logprobs=sampler_topk_logprobs,
+            max_length=max_length,
             quantile=quantile,
         )
     )
@@ -243,6 +250,7 @@ def stability_partials(
     learner_version: Tensor | int | None = None,
     sampler_topk_ids: Tensor | None = None,
     sampler_topk_logprobs: Tensor | None = None,
+    max_length: int | None = None,
     quantile: bool = True,
 ) -> Partials:
     """`stability_metrics` up to the final divisions (all-reduced under data parallel).
@@ -264,6 +272,7 @@ def stability_partials(
             quantile,
             sampler_topk_ids,
             sampler_topk_logprobs,
+            max_length,
         )
         if not data_parallel():
             return partials
@@ -371,6 +380,7 @@ def _local_partials(
     quantile: bool,
     sampler_topk_ids: Tensor | None = None,
     sampler_topk_logprobs: Tensor | None = None,
+    max_length: int | None = None,
 ) -> Partials:
     """Per-rank sums (reduced with SUM) and extremes (reduced with MAX).
 
@@ -464,6 +474,14 @@ def _local_partials(
             gate_mask != 0, valid if per_token else seq_valid, _TOKENS if per_token else -1
         )
         sums["gate_units"] = tokens if per_token else seq_count
+    if max_length is not None:
+        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
+            raise ValueError(f"max_length must be a positive int, got {max_length!r}")
+        lengths = (valid.sum(-1) if valid is not None else torch.full((*lead, seqs), seq_len, device=ell.device)).to(_SUM_DTYPE)
+        answered = seq_valid if seq_valid is not None else lengths > 0
+        sums["truncated"] = _masked_sum(lengths >= max_length, answered, -1)
+        maxes["len_max"] = _masked_max(lengths, answered, -1)
+        maxes["length_cap"] = torch.full(lead, float(max_length), dtype=_SUM_DTYPE, device=ell.device)
     if sampler_version is not None and learner_version is not None:
         lag = (learner_version - sampler_version).to(_SUM_DTYPE)
         lag = lag.expand(*lead, seqs)
@@ -613,6 +631,11 @@ def _finalize(
         out["mismatch/topk_tv"] = sums["topk_tv"] / listed
         out["mismatch/topk_kl"] = sums["topk_kl"] / listed
         out["mismatch/topk_tv_max"] = torch.where(listed > 0, maxes["topk_tv_max"], math.nan)
+    if "truncated" in sums:
+        out["response/length_mean"] = tokens / seqs
+        out["response/length_max"] = torch.where(seqs > 0, maxes["len_max"], math.nan)
+        out["response/truncated_frac"] = sums["truncated"] / seqs
+        out["response/length_cap"] = maxes["length_cap"]
     if "lag" in sums:
         out["staleness/lag_mean"] = sums["lag"] / seqs
         out["staleness/lag_max"] = torch.where(seqs > 0, maxes["lag_max"], math.nan)

@@ -316,6 +316,7 @@ class Monitor:
         decode: Any = None,
         sampler_topk_ids: Any = None,
         sampler_topk_logprobs: Any = None,
+        max_length: int | None = None,
     ) -> None:
         """`log(step, {**stability_metrics(sampler_logprobs, ...), **metrics})`, cheaper.
 
@@ -369,6 +370,7 @@ class Monitor:
                 seq_ids=seq_ids,
                 sampler_topk_ids=sampler_topk_ids,
                 sampler_topk_logprobs=sampler_topk_logprobs,
+                max_length=max_length,
             )
             if decode is not None and self.enabled and not same(decode, self._decode):
                 self._send_decoder(decode)

@@ -20,9 +20,13 @@ DETECTORS: dict[str, type[Detector]] = {
 }
 
 HEADLINE_AND_LOSS = "reward/mean,mismatch/kl,gate/frac,mismatch/ratio_max,grad/norm,loss/*"
-LOSS_KEYS = "loss/total,loss/pg"
+MISMATCH_KEYS = "mismatch/kl|mismatch/log_ratio_abs_mean|mismatch/log_ratio_abs_seq_mean"
+"""The sampler–learner mismatch a run logs: Keel's KL, else a framework's own mean |Δ log p|
+(per token, or per sequence then over sequences), which the climbs compare with the run's own
+learned level, never with another engine's."""
+LOSS_KEYS = "loss/total|loss/pg"
 """The whole loss, or the policy-gradient loss where a run logs no whole one."""
-POLICY_RATIO_KEYS = "policy/ppo_kl,policy/ratio_max,policy/clip_frac"
+POLICY_RATIO_KEYS = "policy/ppo_kl|policy/ratio_max|policy/clip_frac"
 """How far the policy being updated moved from the step's old policy, first logged first."""
 
 
@@ -76,10 +80,10 @@ only what a run logs, and stays silent on a run that does not log its metric."""
 
 DEFAULT_RULES = (
     RuleSpec("non-finite value", HEADLINE_AND_LOSS, "non_finite", "critical", for_steps=1, keep_firing_for=20),
-    RuleSpec("mismatch climbing", "mismatch/kl", "climb", "warning", for_steps=3, keep_firing_for=30),
+    RuleSpec("mismatch climbing", MISMATCH_KEYS, "climb", "warning", for_steps=3, keep_firing_for=30),
     RuleSpec("ratio tail climbing", "mismatch/ratio_max", "climb", "warning", for_steps=3, keep_firing_for=30),
     RuleSpec("collapse risk", "grad/norm", "collapse_risk", "critical", for_steps=1, keep_firing_for=50),
-    RuleSpec("mismatch drift", "mismatch/kl,mismatch/ratio_max", "co_climb", "critical", for_steps=1, keep_firing_for=50, params={"h": 20.0}),
+    RuleSpec("mismatch drift", f"{MISMATCH_KEYS},mismatch/ratio_max", "co_climb", "critical", for_steps=1, keep_firing_for=50, params={"h": 20.0}),
     *SIGNATURE_RULES,
     RuleSpec("run went silent", "*", "silent", "warning", params={"after_s": 120.0}),
 )

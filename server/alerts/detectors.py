@@ -251,7 +251,7 @@ class Climb(Detector):
     is a climb. With `after_gain` 0, or on a run that logs no reward, it is the first
     `warmup` values.
 
-    The metric may be comma-separated alternatives: the climb watches the first one a run
+    The metric may be alternatives separated by `|`: the climb watches the first one a run
     logs. `direction` "down" watches a fall instead (z taken with its sign flipped); `of`
     "magnitude" watches |x| (a loss, whose sign means nothing to its size; a step whose loss
     is exactly 0, every advantage zero, carries no level and is skipped). `adapt` lets the
@@ -307,11 +307,11 @@ class Climb(Detector):
             RewardGain.update(reward, values, self.params["reward_key"], self.params["reward_std_key"], REWARD_ALPHA)
 
     def watched(self, state: dict[str, Any], values: Mapping[str, float]) -> str | None:
-        """The metric this run's climb watches: the first of the rule's comma-separated
-        alternatives the run logs (`loss/total,loss/pg`), kept once chosen."""
+        """The metric this run's climb watches: the first of the rule's alternatives
+        (`loss/total|loss/pg`) the run logs, kept once chosen."""
         key = state.get("key")
         if key is None:
-            key = next((k for k in self.metric.split(",") if k.strip() in values), None)
+            key = next((k for k in self.metric.split("|") if k.strip() in values), None)
             if key is None:
                 return None
             key = state["key"] = key.strip()
@@ -371,7 +371,8 @@ class Climb(Detector):
 
 class CoClimb(Detector):
     """Every metric of a comma-separated list climbing at once, each by its own `climb` (same
-    parameters, own baseline and CUSUM). One metric climbing is common on a healthy stale run;
+    parameters, own baseline and CUSUM; a member may be alternatives separated by `|`, as a
+    climb's metric may). One metric climbing is common on a healthy stale run;
     the mismatch and the ratio tail climbing together, since the run learned, is how the slow
     collapses of docs/alerts.md begin. `surge` (3 by default) is asked of the first metric
     only: the mismatch's recent rise, which a run that learns and drifts slowly lacks."""
@@ -393,7 +394,8 @@ class CoClimb(Detector):
         if not seen:
             return None
         if len(seen) == len(signals) and all(signal.active for signal in seen):
-            return Signal(True, seen[0].value, "; ".join(signal.message for signal in seen), metric=self.metric)
+            keys = ",".join(state[climb.metric].get("key", climb.metric) for climb in self.climbs)
+            return Signal(True, seen[0].value, "; ".join(signal.message for signal in seen), metric=keys)
         climbing = [climb.metric for climb, signal in zip(self.climbs, signals, strict=True) if signal is not None and signal.active]
         return Signal(False, seen[0].value, f"only {', '.join(climbing)} climbing" if climbing else "at baseline")
 
@@ -410,7 +412,7 @@ class Jump(Detector):
     Nothing fires before `warmup` steps, nor until `reward/mean`
     has gained `min_gain` initial spreads (RewardGain; a run that logs no reward is watched
     from the warm-up on). Zero and negative values carry no level and are skipped; a
-    non-finite value is a jump at once. The metric may be comma-separated alternatives
+    non-finite value is a jump at once. The metric may be alternatives separated by `|`
     (the first one a run logs).
     """
 
@@ -436,7 +438,7 @@ class Jump(Detector):
     def update(self, state: dict[str, Any], step: int, values: Mapping[str, float]) -> Signal | None:
         p = self.params
         RewardGain.update(state, values, p["reward_key"], p["reward_std_key"], REWARD_ALPHA)
-        key = state.get("key") or next((k.strip() for k in self.metric.split(",") if k.strip() in values), None)
+        key = state.get("key") or next((k.strip() for k in self.metric.split("|") if k.strip() in values), None)
         if key is None:
             return None
         state["key"] = key

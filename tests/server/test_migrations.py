@@ -66,8 +66,8 @@ def test_projects_from_before_mismatch_drift_get_it_once(database_url: str) -> N
             conn.exec_driver_sql(
                 f"INSERT INTO rules ({rule_columns}) VALUES ('mismatch drift', 'custom', 'mismatch/kl', 'climb', '{{}}', 'warning', 3, 30, true, false, 0)"
             )
-        upgrade(database_url)
-        upgrade(database_url)
+        upgrade(database_url, "0009")  # 0010 widens the rule's metric: test_projects_from_before_the_signature_rules...
+        upgrade(database_url, "0009")
 
         def drift() -> list[tuple]:
             with engine.connect() as conn:
@@ -107,13 +107,27 @@ def test_projects_from_before_the_signature_rules_get_each_once(database_url: st
             conn.exec_driver_sql(
                 f"INSERT INTO rules ({rule_columns}) VALUES ('loss growing', 'custom', 'loss/pg', 'threshold', '{{}}', 'warning', 3, 30, true, false, 0)"
             )
+            for project, metric in (("old", "mismatch/kl"), ("custom", "mismatch/kl_k1")):  # custom: edited by its user
+                conn.exec_driver_sql(
+                    f"INSERT INTO rules ({rule_columns}) VALUES ('mismatch climbing', '{project}', '{metric}', 'climb', '{{}}', 'warning', 3, 30, true, true, 0)"
+                )
         upgrade(database_url)
         upgrade(database_url)
+
+        def mismatch_metrics() -> list[tuple]:
+            with engine.connect() as conn:
+                return [tuple(row) for row in conn.exec_driver_sql(
+                    "SELECT project, metric FROM rules WHERE name = 'mismatch climbing' ORDER BY project"
+                )]
+
+        assert mismatch_metrics() == [
+            ("custom", "mismatch/kl_k1"), ("old", "mismatch/kl|mismatch/log_ratio_abs_mean|mismatch/log_ratio_abs_seq_mean"),
+        ]
 
         def signature_rules() -> list[tuple]:
             with engine.connect() as conn:
                 return [tuple(row) for row in conn.exec_driver_sql(
-                    "SELECT project, name, detector, severity, builtin FROM rules ORDER BY project, name"
+                    "SELECT project, name, detector, severity, builtin FROM rules WHERE name <> 'mismatch climbing' ORDER BY project, name"
                 )]
 
         names = sorted(spec.name for spec in SIGNATURE_RULES)
@@ -125,5 +139,6 @@ def test_projects_from_before_the_signature_rules_get_each_once(database_url: st
         assert signature_rules() == expected_custom + expected_old
         command.downgrade(alembic_config(database_url), "0009")
         assert signature_rules() == [("custom", "loss growing", "threshold", "warning", False)]
+        assert mismatch_metrics() == [("custom", "mismatch/kl_k1"), ("old", "mismatch/kl")]
     finally:
         engine.dispose()

@@ -370,3 +370,28 @@ def test_merged_partials_are_the_metrics_of_the_concatenated_batches() -> None:
             torch.testing.assert_close(merged[key], value, rtol=1e-6, atol=1e-7, msg=key, equal_nan=True)
     assert finalize(merge_partials(parts))["batch/seqs"].item() == 8.0
     assert 0 < expected["mismatch/unbounded_frac"].item() < 1  # the merge is checked on a real share
+
+
+def test_the_answers_length_against_its_cap() -> None:
+    """With max_length, a row's mask tokens are its answer: its length, the longest, the
+    share cut at the cap (an empty row is no answer) and the cap itself."""
+    from trainer_hooks.batched import BatchInputs, compute, concat
+
+    lengths = [3, 5, 6, 0]
+    mask = torch.tensor([[1.0 if t < n else 0.0 for t in range(6)] for n in lengths])
+    logprobs = torch.full((4, 6), -1.0)
+    out = stability_metrics(logprobs, logprobs, mask, max_length=5)
+    assert out["response/length_mean"].item() == pytest.approx(14 / 3)
+    assert out["response/length_max"].item() == 6
+    assert out["response/truncated_frac"].item() == pytest.approx(2 / 3)
+    assert out["response/length_cap"].item() == 5
+    assert "response/truncated_frac" not in stability_metrics(logprobs, logprobs, mask)
+    # Micro-batches of one step join to the whole; batches of two steps stack to each alone.
+    halves = [BatchInputs(logprobs[:2], logprobs[:2], mask[:2], max_length=5), BatchInputs(logprobs[2:], logprobs[2:], mask[2:], max_length=5)]
+    joined = concat(halves).compute()
+    assert joined["response/truncated_frac"].item() == pytest.approx(2 / 3) and joined["response/length_max"].item() == 6
+    each = compute(halves)
+    assert [row["response/truncated_frac"] for row in each] == [pytest.approx(0.5), pytest.approx(1.0)]
+    assert [row["response/length_max"] for row in each] == [5, 6]
+    with pytest.raises(ValueError, match="max_length"):
+        stability_metrics(logprobs, logprobs, mask, max_length=0)

@@ -130,6 +130,7 @@ def test_log_batch_logs_what_stability_metrics_computes(make_server, sqlite_url,
                 mask[step],
                 rewards=rewards[step],
                 metrics={"grad/norm": float(step), **({"mismatch/kl": -1.0} if step == 7 else {})},
+                max_length=7,
             )
             sampler_buffer.fill_(math.nan)  # reused in place before the metrics are computed
             learner_buffer.fill_(math.nan)
@@ -143,6 +144,11 @@ def test_log_batch_logs_what_stability_metrics_computes(make_server, sqlite_url,
         steps, values = server.series(monitor.run_id, key)
         assert steps == list(range(20))
         assert values == pytest.approx(expected, rel=1e-6), key
+    from trainer_hooks.metrics import stability_metrics
+
+    truncated = [stability_metrics(sampler[s], learner[s], mask[s], max_length=7)["response/truncated_frac"].item() for s in range(20)]
+    assert 0 < max(truncated) and min(truncated) < 1  # the cap cuts some answers, not all
+    assert server.series(monitor.run_id, "response/truncated_frac") == (list(range(20)), pytest.approx(truncated, rel=1e-6))
     assert server.series(monitor.run_id, "nonfinite/count")[1] == [0.0] * 20
 
 

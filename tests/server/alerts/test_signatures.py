@@ -87,7 +87,7 @@ def test_a_loss_growing_into_the_thousands_is_paged_and_a_loss_near_zero_is_not(
 
 
 def test_the_loss_rule_reads_the_whole_loss_first_and_the_pg_loss_without_one() -> None:
-    detector = build_detector("climb", "loss/total,loss/pg", {"of": "magnitude"})
+    detector = build_detector("climb", "loss/total|loss/pg", {"of": "magnitude"})
     state = detector.initial_state()
     detector.update(state, 0, {"loss/pg": 0.5})
     assert state["key"] == "loss/pg"
