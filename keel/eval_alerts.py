@@ -230,12 +230,14 @@ def load_real_runs(folder: str, split: str | None = None) -> list[CorpusRun]:
         own = entry.get("names") or {}
         columns: dict[str, dict[int, float]] = {}
         with open(os.path.join(folder, entry["file"]), encoding="utf-8", newline="") as handle:
-            for row in csv.DictReader(handle):
+            reader = csv.DictReader(handle)
+            header = set(reader.fieldnames or ())
+            for row in reader:
                 step = int(float(row["_step"]))
                 for column, cell in row.items():
                     if column == "_step" or cell in ("", None):
                         continue
-                    key = own.get(column) or (name_map.keel_name(column) if name_map else column)
+                    key = own.get(column) or (name_map.keel_name(column, header) if name_map else column)
                     try:
                         columns.setdefault(key, {})[step] = float(cell)
                     except ValueError:

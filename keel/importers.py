@@ -34,7 +34,7 @@ import math
 import os
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -226,18 +226,23 @@ class Renamer:
         self.step_keys: tuple[str, ...] = self.name_map.step_keys if self.name_map else ()
         self._names: dict[str, str] = {}
         """{logged column: Keel name} of the columns met so far."""
+        self._tags: set[str] = set()
+        """TensorBoard tags met so far (what an alias is logged beside)."""
 
-    def name(self, column: str, table: PointTable) -> str | None:
+    def name(self, column: str, table: PointTable, beside: Container[str] = ()) -> str | None:
         """Keel's name of a logged column, or None for one the server refuses as a key (its
-        value counted in `table` as not stored)."""
+        value counted in `table` as not stored). `beside`: the columns logged with it (an
+        old release's name logged beside its current one keeps the framework's prefix)."""
         name = self._names.get(column)
         if name is None:
-            name = self.name_map.keel_name(column) if self.name_map else column
+            aliased = self.name_map is not None and column in self.name_map.aliases
+            name = self.name_map.keel_name(column, beside) if self.name_map else column
             refused = key_refusal(name)
             if refused is not None:
                 table.skipped[(column[:60], refused)] += 1
                 return None
-            self._names[column] = name
+            if not aliased:  # an alias's name depends on what is logged beside it
+                self._names[column] = name
         return name
 
     def add_wandb_rows(self, rows: Iterable[HistoryRow], table: PointTable) -> None:
@@ -264,7 +269,7 @@ class Renamer:
                             if inner is not None:
                                 pairs.append((inner, value))
                         continue
-                    name = self.name(column, table)
+                    name = self.name(column, table, items)
                     if name is None:
                         continue
                 pairs.append((name, raw))
@@ -275,7 +280,8 @@ class Renamer:
         for scalar in scalars:
             if scalar.tag in self.step_keys:
                 continue
-            key = self.name(scalar.tag, table)
+            self._tags.add(scalar.tag)
+            key = self.name(scalar.tag, table, self._tags)
             if key is not None:
                 table.add(scalar.step, key, scalar.value, scalar.time)
 

@@ -290,3 +290,20 @@ def test_the_commands_module_imports_only_the_standard_library() -> None:
     )
     child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert child.stdout.strip() == "[]"
+
+
+def test_an_old_verl_entropy_name_is_the_entropy_unless_the_current_one_is_logged_beside_it(tmp_path: Path) -> None:
+    """verl <= 0.4 logged the entropy only as actor/entropy_loss: imported, it is policy/entropy.
+    verl 0.9.1 logs it beside actor/entropy: then actor/entropy is policy/entropy, and the old
+    name keeps verl's prefix (one run never puts two numbers under one Keel name)."""
+    from keel.importers import read_wandb
+
+    old = tmp_path / "old.csv"
+    old.write_text("_step,actor/entropy_loss,critic/score/mean\n0,0.5,0.1\n1,0.4,0.2\n")
+    (run,) = read_wandb(old, framework="verl")
+    assert run.table.values == {0: {"policy/entropy": 0.5, "reward/mean": 0.1}, 1: {"policy/entropy": 0.4, "reward/mean": 0.2}}
+    new = tmp_path / "new.csv"
+    new.write_text("_step,actor/entropy_loss,actor/entropy,critic/score/mean\n0,0.6,0.5,0.1\n")
+    (run,) = read_wandb(new, framework="verl")
+    assert run.table.values == {0: {"verl/actor/entropy_loss": 0.6, "policy/entropy": 0.5, "reward/mean": 0.1}}
+    assert not run.table.skipped

@@ -142,9 +142,9 @@ def test_a_live_wandb_run_streams_exactly_through_a_killed_watcher_and_a_restart
         assert kl == {step: pytest.approx(0.001 * (step + 1)) for step in range(60)}
         assert _series(server.url, run_id, "loss/pg")[59] == pytest.approx(-0.5 + 59 / 1000)
         assert _series(server.url, run_id, "reward/mean")[30] == pytest.approx(0.3)
-        assert _series(server.url, run_id, "verl/actor/pg_clipfrac")[0] == 0.125
+        assert _series(server.url, run_id, "policy/clip_frac")[0] == 0.125
         keys = {entry["key"] for entry in _get(server.url, f"/runs/{run_id}/keys")}
-        assert keys == {"mismatch/kl", "loss/pg", "reward/mean", "verl/actor/pg_clipfrac"}
+        assert keys == {"mismatch/kl", "loss/pg", "reward/mean", "policy/clip_frac"}
         (state,) = watch.states()
         # Every step was read once (one row each), and no frame was sent twice: the server
         # holds exactly the frames the watcher cut, under its one writer id.

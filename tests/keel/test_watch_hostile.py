@@ -400,7 +400,7 @@ def test_import_with_a_framework_lands_the_names_watch_lands(server_factory, tmp
         time.sleep(0.5)
     watched = {run_id: _stored(server.url, run_id) for run_id in (wandb_id, tb_id)}
     for run_id in (wandb_id, tb_id):
-        assert set(watched[run_id]) == {"mismatch/kl", "loss/pg", "verl/actor/pg_clipfrac"}, run_id
+        assert set(watched[run_id]) == {"mismatch/kl", "loss/pg", "policy/clip_frac"}, run_id
         assert sorted(watched[run_id]["loss/pg"]) == list(range(6))
 
     assert _import("wandb", run_dir, "--server", server.url, "--framework", framework) == 0

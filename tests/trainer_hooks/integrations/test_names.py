@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.framework_names import LOGGED
+from tests.support.framework_names import LOGGED, OLD
 from trainer_hooks.integrations.names import FRAMEWORKS, MAPS, detect_framework
 
 
@@ -30,7 +30,7 @@ def test_mapped_names_are_the_ones_the_source_logs(framework: str) -> None:
     assert cited, framework
     # Every name the fixture copies that the map maps goes where the map says; the rest keep the prefix.
     for name in logged:
-        keel = name_map.keel_name(name)
+        keel = name_map.keel_name(name, beside=logged)  # the pinned release logs these together
         if name in name_map.entries:
             assert keel == name_map.entries[name].keel
         elif name not in name_map.step_keys:
@@ -58,6 +58,25 @@ def test_the_copied_lines_are_in_the_installed_package(framework: str) -> None:
         assert lines[int(number) - 1].strip() == line, (name, where)
 
 
+def test_an_old_release_name_lands_where_its_current_name_does() -> None:
+    aliased = {(framework, name) for framework, name_map in MAPS.items() for name in name_map.aliases}
+    assert aliased == {(framework, name) for framework, rows in OLD.items() for name, *_ in rows}
+    for framework, old in aliased:
+        name_map = MAPS[framework]
+        current = name_map.aliases[old].current
+        assert old not in name_map.entries and old not in name_map.not_mapped
+        assert name_map.keel_name(old) == name_map.keel_name(current) == name_map.entries[current].keel
+        assert name_map.to_keel()[old] == name_map.entries[current].keel
+        native = name_map.to_keel(native=True)
+        assert old.removeprefix(name_map.log_prefix) not in native  # the pinned release logs the current name
+        # Logged beside its current name, the old name's number keeps the framework's prefix.
+        assert name_map.keel_name(old, beside={old, current}) == name_map.keel_name(f"{old}-unmapped").replace("-unmapped", "")
+    assert MAPS["trl"].keel_name("train/completion_length") == "response/length_mean"  # TRL 0.14-0.16
+    # verl <= 0.4.0 logged the entropy only as actor/entropy_loss; 0.9.1 logs it beside actor/entropy.
+    assert MAPS["verl"].keel_name("actor/entropy_loss") == "policy/entropy"
+    assert MAPS["verl"].keel_name("actor/entropy_loss", beside={"actor/entropy", "actor/entropy_loss"}) == "verl/actor/entropy_loss"
+
+
 def test_names_of_no_framework_or_of_two_are_not_guessed() -> None:
     assert detect_framework({"loss", "accuracy"}) == (None, "no framework's names among the logged ones")
     framework, why = detect_framework({"rollout_corr/k3_kl", "mismatch_kl/all/mean"})
@@ -73,4 +92,6 @@ def test_native_integrations_use_the_shared_maps() -> None:
     trl_native = MAPS["trl"].to_keel(native=True)
     assert trl_native["grad_norm"] == "grad/norm" and "reward" not in trl_native  # TRL's callback computes reward/mean
     assert MAPS["trl"].keel_name("train/reward") == "reward/mean"
-    assert MAPS["trl"].keel_name("train/completions/mean_length") == "trl/completions/mean_length"
+    assert MAPS["trl"].keel_name("train/completions/mean_length") == "response/length_mean"
+    assert MAPS["trl"].keel_name("train/completions/mean_terminated_length") == "trl/completions/mean_terminated_length"
+    assert "sampling/sampling_logp_difference/mean" not in trl_native  # the callback measures the mismatch itself

@@ -113,7 +113,7 @@ def test_keel_metrics_maps_openrlhf_names() -> None:
     assert metrics["reward/mean"] == 0.5
     assert metrics["gate/frac"] == 0.0625
     assert metrics["openrlhf/rollout/reward_std"] == 0.5
-    assert metrics["openrlhf/ppo_clip_ratio"] == 0.02
+    assert metrics["policy/clip_frac"] == 0.02
     assert "openrlhf/generated_samples" not in metrics
     assert "openrlhf/dynamic_filtering_pass_rate" not in metrics
     assert skipped == ["note", "flag"]

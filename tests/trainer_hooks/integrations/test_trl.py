@@ -151,7 +151,7 @@ def test_stores_trl_logs_and_keel_metrics_per_optimizer_step(
         ("entropy", "policy/entropy"),
         ("learning_rate", "optim/lr"),
         ("reward_std", "trl/reward_std"),
-        ("clip_ratio/region_mean", "trl/clip_ratio/region_mean"),
+        ("clip_ratio/region_mean", "policy/clip_frac"),
     ]:
         assert stored(server.url, run_id, key) == {s: h[trl_name] for s, h in history.items()}, key
     # Keel's own reward/mean, from each completion's reward, is TRL's reward (float32).
@@ -335,7 +335,7 @@ def test_keel_metrics_maps_trl_names() -> None:
         "policy/entropy": 2.0,
         "trl/reward": 0.25,
         "trl/rewards/reward_a/mean": 0.25,
-        "trl/completions/mean_length": 4.0,
+        "response/length_mean": 4.0,
         "eval/trl/reward": 0.3,
         "eval/ref/kl": 0.02,
     }

@@ -113,8 +113,8 @@ def test_backend_streams_a_verl_stream_under_keel_names(
     assert stored(server.url, run_id, "grad/norm") == {1: 0.75, 2: 0.75, 3: 0.75}
     assert stored(server.url, run_id, "staleness/lag_mean") == {1: 0.5, 2: 0.5, 3: 0.5}
     assert stored(server.url, run_id, "perf/step_s") == {1: 12.5, 2: 12.5, 3: 12.5}
-    assert stored(server.url, run_id, "verl/actor/pg_clipfrac") == {1: 0.125, 2: 0.125, 3: 0.125}
-    assert stored(server.url, run_id, "verl/response_length/mean") == {1: 310.5, 2: 310.5, 3: 310.5}
+    assert stored(server.url, run_id, "policy/clip_frac") == {1: 0.125, 2: 0.125, 3: 0.125}
+    assert stored(server.url, run_id, "response/length_mean") == {1: 310.5, 2: 310.5, 3: 310.5}
     assert stored(server.url, run_id, "verl/training/global_step") == {1: 1.0, 2: 2.0, 3: 3.0}
     keys = keys_of(server.url, run_id)
     assert "verl/training/note" not in keys and "verl/actor/flag" not in keys
