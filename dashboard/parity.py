@@ -12,7 +12,8 @@ tests/test_layering.py holds it to that).
 What is compared, per step (docs/metrics.md, "Parity of two runs"):
 
 - the scalars `mismatch/kl`, `mismatch/tail_frac`, `mismatch/tail_frac_2`,
-  `mismatch/low_tail_frac`, `mismatch/log_ratio_abs_{rare,unlikely,likely}`;
+  `mismatch/low_tail_frac`, `mismatch/log_ratio_abs_{rare,unlikely,likely}`, and the mean
+  |ℓ| per token (`mismatch/log_ratio_abs_mean`) or per sequence (`_seq_mean`, slime's);
 - from the step's `mismatch/log_ratio` histogram: the share of the tokens with |ℓ| ≥ τ
   (both tails) and with ℓ ≤ −τ (the low tail) for each τ (bin edges), and the share of
   tokens whose ℓ is NaN.
@@ -72,7 +73,12 @@ SCALAR_KEYS = (
     "mismatch/log_ratio_abs_rare",
     "mismatch/log_ratio_abs_unlikely",
     "mismatch/log_ratio_abs_likely",
+    "mismatch/log_ratio_abs_mean",
+    "mismatch/log_ratio_abs_seq_mean",
 )
+"""Keel's own, and the mean |ℓ| frameworks log themselves (SkyRL's and TRL's per token,
+slime's per sequence: docs/metrics.md): a run imported from a framework whose only mismatch
+metric is its own is compared on it, against a run that logs the same one."""
 HISTOGRAM_KEY = "mismatch/log_ratio"
 DEFAULT_TAUS = (0.001, 0.01, 0.1)
 """Bin edges of `trainer_hooks.details.EDGES`: bf16 noise (~1e-3) and up; τ = 1 and 2 are

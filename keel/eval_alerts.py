@@ -132,7 +132,7 @@ class CorpusRun:
     def rows(self) -> list[Row]:
         length = max((len(values) for values in self.series.values()), default=0)
         return [
-            Row(step=step, time=None, values={key: values[step] for key, values in self.series.items() if step < len(values)})
+            Row(step=step, time=None, values={key: values[step] for key, values in self.series.items() if step < len(values) and values[step] is not None})
             for step in range(length)
         ]
 
@@ -214,7 +214,9 @@ def load_real_runs(folder: str, split: str | None = None) -> list[CorpusRun]:
     framework, its outcome as judged from the data and the source, and its split. Names go
     through the framework's map as `keel import` maps them (a run's own `names` first, for
     hand-written loops); the label is the manifest's (`collapse_step`), since real rewards
-    have no common scale for the reach-and-drop label. Only `split` ("tune", "score") if given."""
+    have no common scale for the reach-and-drop label. A run's steps are its logged rows (a
+    log every 10 steps gives one row per 10 steps: leads are in rows). Only `split` ("tune",
+    "score") if given."""
     import csv
     import os
 
@@ -242,13 +244,17 @@ def load_real_runs(folder: str, split: str | None = None) -> list[CorpusRun]:
                         columns.setdefault(key, {})[step] = float(cell)
                     except ValueError:
                         continue
-        first = min(min(values) for values in columns.values())
-        last = max(max(values) for values in columns.values())
-        series = {key: [values.get(step, math.nan) for step in range(first, last + 1)] for key, values in columns.items()}
+        # One row per logged step (a log every 10 steps is 10 steps apart, not 9 empty rows);
+        # a metric not logged at a row is None there (no point), a logged NaN stays NaN.
+        steps = sorted({step for values in columns.values() for step in values})
+        first = steps[0]
+        series: dict[str, list[Any]] = {key: [values.get(step) for step in steps] for key, values in columns.items()}
         algorithm = str(entry.get("algorithm", "")).lower()
         config = {"loss": "ppo" if "ppo" in algorithm or "grpo" in algorithm else algorithm, "source": f"{entry['repo']}@{entry['commit'][:7]}"}
         collapse = entry.get("collapse_step")
-        corpus.append(CorpusRun(entry["file"], config, series, None if collapse is None else int(collapse) - first))
+        at = None if collapse is None else next((row for row, step in enumerate(steps) if step >= int(collapse)), len(steps))
+        config["steps"] = [first, steps[-1]]
+        corpus.append(CorpusRun(entry["file"], config, series, at))
     return corpus
 
 
