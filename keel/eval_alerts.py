@@ -250,7 +250,7 @@ def load_real_runs(folder: str, split: str | None = None) -> list[CorpusRun]:
         first = steps[0]
         series: dict[str, list[Any]] = {key: [values.get(step) for step in steps] for key, values in columns.items()}
         algorithm = str(entry.get("algorithm", "")).lower()
-        config = {"loss": "ppo" if "ppo" in algorithm or "grpo" in algorithm else algorithm, "source": f"{entry['repo']}@{entry['commit'][:7]}"}
+        config: dict[str, Any] = {"loss": "ppo" if "ppo" in algorithm or "grpo" in algorithm else algorithm, "source": f"{entry['repo']}@{entry['commit'][:7]}"}
         collapse = entry.get("collapse_step")
         at = None if collapse is None else next((row for row, step in enumerate(steps) if step >= int(collapse)), len(steps))
         config["steps"] = [first, steps[-1]]

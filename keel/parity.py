@@ -25,12 +25,13 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from wire.urls import DEFAULT_SERVER_URL, default_server
+
 if TYPE_CHECKING:
     from keel.client import Client
 
 __all__ = ["COMMANDS", "read_run"]
 
-DEFAULT_SERVER_URL = "http://127.0.0.1:8750"
 """As trainer_hooks.integrations.common (not imported: it pulls in the Monitor)."""
 
 _DISTRIBUTION_PAGE = 5000
@@ -42,15 +43,18 @@ _DISTRIBUTION_PAGE = 5000
 
 def read_run(
     client: Client, run: dict[str, Any], start: int | None, end: int | None, taus: Sequence[float]
-) -> tuple[dict[str, list[float]], list[str]]:
-    """The run's per-step values of every parity metric it has in start..end, and notes."""
+) -> tuple[dict[str, list[float]], list[str], list[int]]:
+    """The run's per-step values of every parity metric it has in start..end, notes, and the
+    steps its scalars have there (sorted)."""
     from dashboard.parity import HISTOGRAM_KEY, SCALAR_KEYS, histogram_values
 
     stored = {info["key"] for info in client.keys(run)}
     values: dict[str, list[float]] = {}
+    steps: set[int] = set()
     for key in SCALAR_KEYS:
         if key in stored:
-            values[key] = client.points(run, key, start=start, end=end)[1]
+            at, values[key] = client.points(run, key, start=start, end=end)
+            steps.update(int(step) for step in at)
     notes: list[str] = []
     edges, counts, nans, left_out = _distributions(client, run, start, end)
     if left_out:
@@ -59,7 +63,7 @@ def read_run(
         from_histograms, histogram_notes = histogram_values(edges, counts, nans, taus)
         values.update(from_histograms)
         notes += histogram_notes
-    return values, notes
+    return values, notes, sorted(steps)
 
 
 def _distributions(
@@ -78,6 +82,10 @@ def _distributions(
         client.distributions(run, HISTOGRAM_KEY, window, min(window + _DISTRIBUTION_PAGE - 1, high), max_steps=_DISTRIBUTION_PAGE)
         for window in range(low, high + 1, _DISTRIBUTION_PAGE)
     ])  # fmt: skip
+
+
+def _span(steps: Sequence[int]) -> str:
+    return f"steps {steps[0]}–{steps[-1]} ({len(steps)})" if steps else "no steps"
 
 
 # -- the command --------------------------------------------------------------------------
@@ -166,7 +174,7 @@ def _parity(args: argparse.Namespace) -> int:
         return _fail(f"--alpha must be in (0, 1), got {args.alpha}", args.json)
     tolerance, tolerances = _split_keyed(args.tolerance, DEFAULT_TOLERANCE)
     floor, floors = _split_keyed(args.floor, 0.0)
-    server = args.server or os.environ.get("KEEL_URL") or DEFAULT_SERVER_URL
+    server = default_server(args.server)
     token = args.token if args.token is not None else os.environ.get("KEEL_TOKEN")
     start, end = args.steps
     try:
@@ -182,6 +190,9 @@ def _parity(args: argparse.Namespace) -> int:
         )  # fmt: skip
     except ParityError as exc:
         return _fail(f"{runs['a']['name']!r} and {runs['b']['name']!r}: {exc}", args.json)
+    spans = [_span(read[side][2]) for side in ("a", "b")]
+    if spans[0] != spans[1]:
+        report.notes.insert(0, f"the step ranges differ: A has {spans[0]}, B has {spans[1]}; each run's own steps are compared")
     run_notes = [f"run {side.upper()}: {note}" for side in ("a", "b") for note in dict.fromkeys(read[side][1])]
     report.notes = run_notes + report.notes
     report.runs = {

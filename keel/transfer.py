@@ -22,6 +22,8 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from wire.urls import DEFAULT_SERVER_URL, default_server
+
 if TYPE_CHECKING:
     from keel.client import Client
     from keel.importers import ImportedRun
@@ -54,7 +56,7 @@ def _add_import(parser: argparse.ArgumentParser) -> None:
     ):
         sub = sources.add_parser(source, help=help_text, description=help_text)
         sub.add_argument(what, type=Path, metavar=what.upper())
-        sub.add_argument("--server", help="Keel server URL, e.g. http://127.0.0.1:8750 (required unless --dry-run)")
+        sub.add_argument("--server", default=None, help=f"Keel server URL (default: $KEEL_URL, else {DEFAULT_SERVER_URL})")
         sub.add_argument("--project", default="default", help="Keel project of the imported runs (default: default)")
         sub.add_argument("--name", default=None, help="run name (with several runs: the prefix of each name)")
         sub.add_argument("--group", default=None, help="Keel group of the imported runs")
@@ -73,8 +75,7 @@ def _import(args: argparse.Namespace) -> int:
 
     command = f"import {args.source}"
     path = getattr(args, "logdir", None) or args.path
-    if not args.dry_run and not args.server:
-        return _fail(command, "--server URL is required (or --dry-run)")
+    args.server = default_server(args.server)
     reader = read_tensorboard if args.source == "tensorboard" else read_wandb
     try:
         runs = reader(path.expanduser(), name=args.name, framework=args.framework)
@@ -213,7 +214,7 @@ def _frames(encoded_rows: list[dict[str, Any]]) -> list[str]:
 
 def _add_export(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", help="run id or name")
-    parser.add_argument("--server", required=True, help="Keel server URL, e.g. http://127.0.0.1:8750")
+    parser.add_argument("--server", default=None, help=f"Keel server URL (default: $KEEL_URL, else {DEFAULT_SERVER_URL})")
     parser.add_argument("--format", choices=("csv", "parquet"), default="csv", help="file format (default csv)")
     parser.add_argument("-o", "--output", type=Path, default=None, help="file to write (default <run name>.<format>; '-' for CSV on stdout)")
     parser.add_argument("--keys", default=None, help="comma-separated metric keys (default: all)")
@@ -230,7 +231,7 @@ def _export(args: argparse.Namespace) -> int:
 
     token = args.token if args.token is not None else os.environ.get("KEEL_TOKEN")
     try:
-        client = Client(args.server, token)
+        client = Client(default_server(args.server), token)
         run = client.run(args.run)
         stored = [info["key"] for info in client.keys(run)]
         keys = stored if args.keys is None else [key for key in args.keys.split(",") if key]

@@ -57,6 +57,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from wire.urls import DEFAULT_SERVER_URL, default_server
+
 if TYPE_CHECKING:
     from keel.config_push import ConfigPush, Sent
     from keel.importers import Renamer
@@ -582,7 +584,7 @@ def _add_watch(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("paths", nargs="+", type=Path, metavar="PATH",
                         help="directories to follow: wandb/ directories or run directories, TensorBoard log directories")  # fmt: skip
-    parser.add_argument("--server", required=True, help="Keel server URL, e.g. http://127.0.0.1:8750")
+    parser.add_argument("--server", default=None, help=f"Keel server URL (default: $KEEL_URL, else {DEFAULT_SERVER_URL})")
     parser.add_argument("--framework", choices=FRAMEWORK_CHOICES, default="auto",
                         help="whose metric names to map to Keel's (default auto: recognised from the names and the config)")  # fmt: skip
     parser.add_argument("--project", default="default", help="Keel project of the runs (default: default)")
@@ -603,6 +605,7 @@ def _watch(args: argparse.Namespace) -> int:
     from trainer_hooks.sender import ingest_url
 
     logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
+    args.server = default_server(args.server)
     try:
         ingest_url(args.server)
     except ValueError as exc:

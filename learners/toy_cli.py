@@ -179,6 +179,8 @@ def format_table(runs: Sequence[dict[str, Any]], losses: Sequence[str], lags: Se
 
 
 def _add_sim(parser: argparse.ArgumentParser) -> None:
+    from wire.urls import DEFAULT_SERVER_URL
+
     parser.add_argument("--loss", required=True, help="a loss of trainer_hooks.losses, e.g. cispo")
     parser.add_argument("--lag", type=int, default=0, help="sampler staleness in steps")
     parser.add_argument("--mismatch", choices=("none", "mild", "severe"), default="none")
@@ -191,7 +193,7 @@ def _add_sim(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="sleep after each step, to watch the run live",
     )
-    parser.add_argument("--server", required=True, help="server URL, e.g. http://127.0.0.1:8750")
+    parser.add_argument("--server", default=None, help=f"Keel server URL (default: $KEEL_URL, else {DEFAULT_SERVER_URL})")
     parser.add_argument(
         "--name", default=None, help="run name (default {loss}-lag{lag}-{mismatch}-s{seed})"
     )
@@ -204,6 +206,7 @@ def _add_sim(parser: argparse.ArgumentParser) -> None:
 def _sim(args: argparse.Namespace) -> int:
     from learners.toy import MISMATCH_LEVELS, RunSpec, ToyConfig, simulate
     from trainer_hooks.losses import LOSSES
+    from wire.urls import default_server
 
     _setup_logging()
     if args.loss not in LOSSES:
@@ -221,7 +224,7 @@ def _sim(args: argparse.Namespace) -> int:
 
     with ToyStreamer(
         [spec],
-        args.server,
+        default_server(args.server),
         steps=args.steps,
         project=args.project,
         names=[args.name] if args.name else None,

@@ -18,9 +18,13 @@ raises ValueError saying what was expected.
 
 from __future__ import annotations
 
+import os
 from urllib.parse import quote, urlsplit, urlunsplit
 
-__all__ = ["SCHEMES", "api_url", "ingest_url", "run_page_url", "server_base"]
+__all__ = ["DEFAULT_SERVER_URL", "SCHEMES", "api_url", "default_server", "ingest_url", "run_page_url", "server_base"]
+
+DEFAULT_SERVER_URL = "http://127.0.0.1:8750"
+"""The local server `keel serve` starts by default."""
 
 SCHEMES = {"http": "http", "https": "https", "ws": "http", "wss": "https"}
 """The schemes a server URL may have, each to the http(s) scheme of the same server."""
@@ -79,3 +83,9 @@ def ingest_url(url: str) -> str:
 def run_page_url(url: str, run_id: str) -> str:
     """The dashboard's page of run `run_id` (dashboard/app.py PAGE_PATHS: /runs/{run_id})."""
     return f"{server_base(url)}/runs/{quote(str(run_id), safe='')}"
+
+
+def default_server(given: str | None = None) -> str:
+    """The server a client talks to: `given` (a `--server` option), else $KEEL_URL, else the
+    local server (every `keel` command and integration resolves it the same way)."""
+    return given or os.environ.get("KEEL_URL") or DEFAULT_SERVER_URL

@@ -63,9 +63,20 @@ def test_keel_parity_over_a_real_server(server_factory, sqlite_url, capsys) -> N
     _store(server.url, "same", 16, 1e-3, seed=2)
     _store(server.url, "double", 16, 2e-3, seed=3, tail=0.03)
 
+    _store(server.url, "short", 12, 1e-3, seed=4)
+
     code, out, _ = _parity(capsys, "base", "same", "--server", server.url)
     assert code == EXIT_SAME, out
     assert out.splitlines()[-1].startswith("SAME (base vs same)")
+    assert "step ranges differ" not in out
+    # Runs of different lengths are compared, and the report says their ranges differ.
+    code, out, _ = _parity(capsys, "base", "short", "--server", server.url, "--json")
+    assert "the step ranges differ: A has steps 0–15 (16), B has steps 0–11 (12)" in json.loads(out)["notes"][0], out
+    # Without --server: $KEEL_URL, as every keel command that talks to a server.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("KEEL_URL", server.url)
+        code, out, _ = _parity(capsys, "base", "same")
+    assert code == EXIT_SAME, out
 
     code, out, _ = _parity(capsys, base, "double", "--server", server.url, "--json")
     assert code == EXIT_DIFFERENT

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import logging
 import numbers
-import os
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from trainer_hooks.integrations.names import MAPS
 from trainer_hooks.monitor import Monitor
+from wire.urls import DEFAULT_SERVER_URL, default_server
 
 __all__ = [
     "DEFAULT_SERVER_URL",
@@ -28,12 +28,10 @@ logger = logging.getLogger("keel")
 Convert = Callable[[Mapping[str, Any]], tuple[dict[str, Any], list[str]]]
 LeftOut = Callable[[str, Any], bool]
 
-DEFAULT_SERVER_URL = "http://127.0.0.1:8750"
-
 
 def server_url() -> str:
-    """$KEEL_URL, else the local default."""
-    return os.environ.get("KEEL_URL", DEFAULT_SERVER_URL)
+    """$KEEL_URL, else the local default (wire.urls.default_server)."""
+    return default_server()
 
 
 def as_metric(value: Any) -> Any | None:
