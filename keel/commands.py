@@ -32,7 +32,43 @@ LM_SETTINGS = ("--lag", "8", "--sampler-dtype", "bf16", "--lr", "2e-3", "--clip"
 def _add_demo(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8750)
     parser.add_argument("--step-delay", type=float, default=0.15, help="seconds between toy and transformer steps")
-    parser.add_argument("--database-url", default=None, help="default: a fresh ~/.keel/demo.db")
+    parser.add_argument("--dir", default=".keel-demo", metavar="DIR",
+                        help="where the demo's database and the trainers' spools go, emptied at start (default: ./.keel-demo)")  # fmt: skip
+    parser.add_argument("--database-url", default=None, help="default: a fresh DIR/demo.db")
+    parser.add_argument("--jobs", type=int, default=None, metavar="N",
+                        help="CPU the demo's trainers may take at once, in toy runs (a transformer counts as "
+                             f"{LM_WEIGHT}); default {JOBS_PER_CORE} per core the machine has, at least "
+                             f"{MIN_JOBS}")  # fmt: skip
+
+
+JOBS_PER_CORE = 3
+"""A toy run at the demo's pace takes about a sixth of a core, a transformer twice that (its
+learner and sampler threads), each beside a Monitor worker, the server and the browser."""
+MIN_JOBS = 6
+"""Enough for the guarded transformer, its twin and the CISPO arm at once (3 × LM_WEIGHT)."""
+LM_WEIGHT = 2
+
+
+def demo_jobs(cores: int | None) -> int:
+    """The demo's budget of concurrent trainers, in toy runs, for a machine with `cores`."""
+    return max(MIN_JOBS, JOBS_PER_CORE * (cores or 1))
+
+
+def demo_waves(runs: dict[str, list[str]]) -> list[list[str]]:
+    """The round's run names in launch groups that run side by side: the toy runs together,
+    each transformer seed's arms together (the guarded run with its twin)."""
+    groups: dict[str, list[str]] = {}
+    for name in runs:
+        if name.startswith("lm-"):  # lm-<loss>-lag8-bf16-s<seed>[-guard]: one group per seed
+            key = "lm-" + name.removesuffix("-guard").rsplit("-s", 1)[1]
+        else:  # <loss>-lag8-severe-s<seed>
+            key = "toy"
+        groups.setdefault(key, []).append(name)
+    return list(groups.values())
+
+
+def _weight(name: str) -> int:
+    return LM_WEIGHT if name.startswith("lm-") else 1
 
 
 def _die_with_parent() -> None:
@@ -44,27 +80,6 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
     except OSError:
         pass  # not Linux: the demo's finally block still terminates its children
-
-
-def _wait_for_runs(base: str, names: set[str], stop: threading.Event, timeout_s: float = 120.0) -> list[str]:
-    """Ids of the runs with these names once they have all said hello (newest first), or []."""
-    import time
-
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and not stop.is_set():
-        try:
-            runs = httpx.get(f"{base}/api/v1/runs", timeout=5).json()
-        except httpx.HTTPError:
-            runs = []
-        found: dict[str, str] = {}
-        for run in runs:
-            found.setdefault(run["name"], run["id"])
-        if names <= found.keys():
-            return [found[name] for name in sorted(names)]
-        stop.wait(1.0)
-    return []
 
 
 def _demo_runs(base: str, round_index: int, step_delay: float) -> dict[str, list[str]]:
@@ -108,7 +123,9 @@ def _demo_comparisons(runs: dict[str, list[str]]) -> list[tuple[str, set[str]]]:
 def _demo(args: argparse.Namespace) -> int:
     """Serve on the embedded database and stream A/B experiments, round after round: toy runs
     (IS vs CISPO) and small transformers trained asynchronously on a stale bf16 sampler
-    (PPO vs CISPO)."""
+    (PPO vs CISPO), paced to the machine's cores."""
+    import os
+    import shutil
     import subprocess
     from pathlib import Path
 
@@ -118,16 +135,40 @@ def _demo(args: argparse.Namespace) -> int:
     from server.config import Settings
     from server.serving import uvicorn_config
 
-    database_url = args.database_url
-    if database_url is None:
-        demo_db = Path.home() / ".keel" / "demo.db"
-        for leftover in demo_db.parent.glob("demo.db*"):
-            leftover.unlink()
-        database_url = f"sqlite:///{demo_db}"
+    home = Path(args.dir).expanduser().resolve()
+    shutil.rmtree(home, ignore_errors=True)
+    (home / "logs").mkdir(parents=True)
+    database_url = args.database_url or f"sqlite:///{home / 'demo.db'}"
+    jobs = args.jobs if args.jobs is not None else demo_jobs(os.cpu_count())
+    if jobs < 1:
+        print("keel demo: --jobs must be at least 1", file=sys.stderr)
+        return 2
+    env = {
+        **os.environ, "KEEL_SPOOL_DIR": str(home / "spool"),
+        # One torch thread per process: OpenMP threads spin at every op's barrier, and a dozen
+        # spinning processes on two cores are what starves the server and the sockets.
+        "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+    }
     settings = Settings(database_url=database_url, port=args.port, silent_after_s=30)
     server = uvicorn.Server(uvicorn_config(create_app(settings), settings, log_level="warning", keel_loggers=True))
-    children: list[subprocess.Popen[bytes]] = []
+    running: dict[str, subprocess.Popen[bytes]] = {}
     stop = threading.Event()
+
+    def start(name: str, command: list[str]) -> None:
+        with open(home / "logs" / f"{name}.log", "wb") as log:
+            running[name] = subprocess.Popen(
+                keel_command(*command), stdout=log, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True,  # Ctrl-C reaches the demo alone; it stops its children
+                preexec_fn=_die_with_parent,
+            )  # fmt: skip
+
+    def reap() -> None:
+        for name, child in list(running.items()):
+            code = child.poll()
+            if code is not None:
+                del running[name]
+                if code != 0 and not stop.is_set():
+                    print(f"keel demo: {name} exited with {code}; its output: {home / 'logs' / (name + '.log')}", flush=True)
 
     def experiment() -> None:
         while not server.started:
@@ -139,41 +180,66 @@ def _demo(args: argparse.Namespace) -> int:
             runs = _demo_runs(base, round_index, args.step_delay)
             print(
                 f"keel demo: round {round_index + 1}: toy {' vs '.join(DEMO_ARMS)} (lag 8, severe mismatch) and "
-                f"transformer {' vs '.join(LM_ARMS)} and a guarded ppo (lag 8, bf16 sampler), {len(runs)} runs",
+                f"transformer {' vs '.join(LM_ARMS)} and a guarded ppo (lag 8, bf16 sampler), {len(runs)} runs, "
+                f"at most {jobs} toy runs' worth at once",
                 flush=True,
             )
-            children[:] = [
-                subprocess.Popen(keel_command(*command), stdout=subprocess.DEVNULL, preexec_fn=_die_with_parent)
-                for command in runs.values()
-            ]
-            # One compare page per A/B, printed once all of its runs exist (the transformers
-            # import torch first, so theirs can take minutes on a slow machine).
-            ids: dict[str, str] = {}
-            for label, names in _demo_comparisons(runs):
-                missing = names - ids.keys()
-                if missing:
-                    ids.update(zip(sorted(missing), _wait_for_runs(base, missing, stop, timeout_s=600.0), strict=False))
-                if names <= ids.keys():
-                    page = f"{base}/compare?runs={','.join(ids[name] for name in sorted(names))}"
-                    print(f"keel demo: {label}: {page}", flush=True)
-            for child in children:
-                while child.poll() is None:
-                    if stop.wait(0.5):
-                        return
+            waves = demo_waves(runs)
+            pages = _demo_comparisons(runs)
+            while (waves or running) and not stop.is_set():
+                reap()
+                used = sum(_weight(name) for name in running)
+                while waves and (not running or used + sum(map(_weight, waves[0])) <= jobs):
+                    wave = waves.pop(0)
+                    for name in wave:
+                        start(name, runs[name])
+                        stop.wait(0.5)  # the imports one after the other, not all at once
+                    used += sum(map(_weight, wave))
+                pages = _print_pages(base, pages)
+                stop.wait(2.0)
             round_index += 1
 
     launcher = threading.Thread(target=experiment, daemon=True)
     launcher.start()
-    print(f"keel demo: dashboard at {settings.base_url}/  (Ctrl-C to stop)", flush=True)
+    print(
+        f"keel demo: dashboard at {settings.base_url}/  (Ctrl-C to stop); database and spools in {home}",
+        flush=True,
+    )
     try:
         server.run()
     finally:
         stop.set()
-        for child in children:
+        for child in running.values():
             child.terminate()
-        for child in children:
-            child.wait(timeout=10)
+        for child in running.values():
+            try:
+                child.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                child.kill()
+        print(f"keel demo: stopped ({len(running)} run(s) cut short); the database stays in {home}", flush=True)
     return 0
+
+
+def _print_pages(base: str, pages: list[tuple[str, set[str]]]) -> list[tuple[str, set[str]]]:
+    """Print the compare page of each A/B whose runs have all said hello; the rest, left."""
+    import httpx
+
+    if not pages:
+        return pages
+    try:
+        runs = httpx.get(f"{base}/api/v1/runs", timeout=5).json()
+    except (httpx.HTTPError, ValueError):
+        return pages
+    ids: dict[str, str] = {}
+    for run in runs:  # newest first: this round's run of a name
+        ids.setdefault(run["name"], run["id"])
+    left = []
+    for label, names in pages:
+        if names <= ids.keys():
+            print(f"keel demo: {label}: {base}/compare?runs={','.join(ids[name] for name in sorted(names))}", flush=True)
+        else:
+            left.append((label, names))
+    return left
 
 
 def _csv(kind: Callable[[str], Any]) -> Callable[[str], list[Any]]:

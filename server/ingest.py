@@ -316,7 +316,13 @@ class IngestSession:
     async def _send(self, message: dict[str, Any]) -> None:
         text = orjson.dumps(message).decode()
         async with self._sending:
-            await self.websocket.send_text(text)
+            try:
+                await self.websocket.send_text(text)
+            except RuntimeError as exc:
+                # The server closed this socket under the session (a keepalive ping went
+                # unanswered): uvicorn refuses a send after its close. The client is gone as
+                # surely as after a disconnect; it resends what was not acked.
+                raise WebSocketDisconnect(1006, "the connection closed before this message") from exc
 
     async def _fail(self, message: dict[str, Any], close_code: int) -> None:
         if self.websocket.application_state is WebSocketState.CONNECTED:
