@@ -27,9 +27,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TextIO
 
 _COMMAND_MODULES: Mapping[str, tuple[str, ...]] = {
     "server.commands": ("fastapi",),
@@ -105,14 +106,47 @@ def build_parser(commands: Commands | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+_UNPRINTABLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]|\r(?!\n)")
+"""What a terminal acts on instead of showing: C0 and C1 controls (ESC starts the sequences
+that move the cursor, erase a line or set a title), a carriage return not ending a line
+(it rewrites the line), and the bidirectional overrides (they reorder what is shown). A tab
+and a line end are text."""
+
+
+def printable(text: str) -> str:
+    """`text` with every control a terminal would act on written as its escape (`\\x1b`)."""
+    return _UNPRINTABLE.sub(lambda match: match.group().encode("unicode_escape").decode("ascii"), text)
+
+
+class _Printable:
+    """A text stream that writes `printable(text)`: what a trainer named a run, a metric or
+    a command reaches a `keel` command's terminal as text, never as a control sequence."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        return self._stream.write(printable(text))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 def main(argv: Sequence[str] | None = None, commands: Commands | None = None) -> int:
+    """Run a `keel` command. Everything it prints to stdout and stderr goes through
+    `printable` (names, keys and messages come from trainers and servers)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     commands = commands if commands is not None else installed_commands()
-    if argv and argv[0] in commands.missing:
-        print(f"keel {argv[0]}: not in this install: {_needs(commands.missing[argv[0]])}", file=sys.stderr)
-        return 2
-    args = build_parser(commands).parse_args(argv)
-    return int(args._run(args) or 0)
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _Printable(out), _Printable(err)  # type: ignore[assignment]
+    try:
+        if argv and argv[0] in commands.missing:
+            print(f"keel {argv[0]}: not in this install: {_needs(commands.missing[argv[0]])}", file=sys.stderr)
+            return 2
+        args = build_parser(commands).parse_args(argv)
+        return int(args._run(args) or 0)
+    finally:
+        sys.stdout, sys.stderr = out, err
 
 
 if __name__ == "__main__":

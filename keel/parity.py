@@ -25,8 +25,6 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from wire.urls import DEFAULT_SERVER_URL, default_server
-
 if TYPE_CHECKING:
     from keel.client import Client
 
@@ -128,6 +126,7 @@ def _taus(text: str) -> list[float]:
 
 def _add_parity(parser: argparse.ArgumentParser) -> None:
     from dashboard.parity import DEFAULT_ALPHA, DEFAULT_TAUS, DEFAULT_TOLERANCE
+    from wire.urls import DEFAULT_SERVER_URL
 
     parser.add_argument("a", metavar="A", help="the reference run (id or name)")
     parser.add_argument("b", metavar="B", help="the run to compare with it (id or name)")
@@ -169,6 +168,7 @@ def _fail(message: str, as_json: bool) -> int:
 def _parity(args: argparse.Namespace) -> int:
     from dashboard.parity import DEFAULT_TOLERANCE, ParityError, compare
     from keel.client import Client, ClientError
+    from wire.urls import default_server
 
     if not 0 < args.alpha < 1:
         return _fail(f"--alpha must be in (0, 1), got {args.alpha}", args.json)

@@ -22,8 +22,6 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from wire.urls import DEFAULT_SERVER_URL, default_server
-
 if TYPE_CHECKING:
     from keel.client import Client
     from keel.importers import ImportedRun
@@ -48,6 +46,7 @@ def _fail(command: str, message: str) -> int:
 
 def _add_import(parser: argparse.ArgumentParser) -> None:
     from keel.importers import FRAMEWORK_CHOICES
+    from wire.urls import DEFAULT_SERVER_URL
 
     sources = parser.add_subparsers(dest="source", required=True, metavar="SOURCE")
     for source, what, help_text in (
@@ -72,6 +71,7 @@ def _add_import(parser: argparse.ArgumentParser) -> None:
 def _import(args: argparse.Namespace) -> int:
     from keel.importers import ImportSourceError, read_tensorboard, read_wandb
     from wire import ProtocolError
+    from wire.urls import default_server
 
     command = f"import {args.source}"
     path = getattr(args, "logdir", None) or args.path
@@ -213,6 +213,8 @@ def _frames(encoded_rows: list[dict[str, Any]]) -> list[str]:
 
 
 def _add_export(parser: argparse.ArgumentParser) -> None:
+    from wire.urls import DEFAULT_SERVER_URL
+
     parser.add_argument("run", help="run id or name")
     parser.add_argument("--server", default=None, help=f"Keel server URL (default: $KEEL_URL, else {DEFAULT_SERVER_URL})")
     parser.add_argument("--format", choices=("csv", "parquet"), default="csv", help="file format (default csv)")
@@ -228,6 +230,7 @@ def _add_export(parser: argparse.ArgumentParser) -> None:
 
 def _export(args: argparse.Namespace) -> int:
     from keel.client import Client, ClientError
+    from wire.urls import default_server
 
     token = args.token if args.token is not None else os.environ.get("KEEL_TOKEN")
     try:
@@ -309,13 +312,20 @@ def _csv_cell(value: float | None) -> str:
     return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
 
 
+def _text_cell(text: str) -> str:
+    """A text cell a spreadsheet shows as text: one that begins as a formula would (`=`, `+`,
+    `-`, `@`, a tab or a carriage return) gets a leading `'`. Numbers are written by
+    `_csv_cell` and never pass here (a negative value stays a number)."""
+    return f"'{text}" if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
+
+
 def _write_csv(output: Path, steps: list[int], columns: dict[str, dict[int, float]]) -> None:
     import csv
 
     handle = sys.stdout if str(output) == "-" else open(output, "w", newline="", encoding="utf-8")
     try:
         writer = csv.writer(handle)
-        writer.writerow([_step_column(columns), *columns])
+        writer.writerow([_step_column(columns), *map(_text_cell, columns)])
         for step in steps:
             writer.writerow([step, *(_csv_cell(column.get(step)) for column in columns.values())])
     finally:

@@ -57,8 +57,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from wire.urls import DEFAULT_SERVER_URL, default_server
-
 if TYPE_CHECKING:
     from keel.config_push import ConfigPush, Sent
     from keel.importers import Renamer
@@ -581,6 +579,7 @@ class Watcher:
 
 def _add_watch(parser: argparse.ArgumentParser) -> None:
     from keel.importers import FRAMEWORK_CHOICES
+    from wire.urls import DEFAULT_SERVER_URL
 
     parser.add_argument("paths", nargs="+", type=Path, metavar="PATH",
                         help="directories to follow: wandb/ directories or run directories, TensorBoard log directories")  # fmt: skip
@@ -603,6 +602,7 @@ def _watch(args: argparse.Namespace) -> int:
     import logging
 
     from trainer_hooks.sender import ingest_url
+    from wire.urls import default_server
 
     logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
     args.server = default_server(args.server)

@@ -241,6 +241,19 @@ def test_export_writes_every_point_as_csv_and_parquet(server, tmp_path: Path, ca
     assert "no run with id or name 'missing'" in capsys.readouterr().err
 
 
+def test_an_export_is_no_spreadsheet_formula_and_a_terminal_shows_names_as_text(server, tmp_path: Path, capsys) -> None:
+    """A key that begins as a formula is a text cell in the CSV (a negative number stays a
+    number); a run name with terminal controls reaches the terminal escaped, whatever the
+    command prints it."""
+    (tmp_path / "formula.csv").write_text('_step,"=HYPERLINK(""http://x"",""y"")",-loss\n0,-1.5,2\n')
+    assert keel("import", "wandb", tmp_path / "formula.csv", "--server", server.url, "--name", "evil\x1b[2K\rSAME\u202e") == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\u202e" not in out and "evil\\x1b[2K\\rSAME\\u202e" in out, out
+    assert keel("export", "evil\x1b[2K\rSAME\u202e", "--server", server.url, "-o", tmp_path / "out.csv") == 0
+    rows = list(csv.reader((tmp_path / "out.csv").open()))
+    assert rows == [["step", "'-loss", "'=HYPERLINK(\"http://x\",\"y\")"], ["0", "2.0", "-1.5"]], rows
+
+
 def test_export_writes_the_step_details_as_rows_a_server_takes_back(server, tmp_path: Path, capsys) -> None:
     import httpx
 
