@@ -65,7 +65,7 @@ async def list_runs(
     run_id: Annotated[list[Text] | None, Query(max_length=MAX_RUNS_PER_READ, description="only these runs (repeat the parameter)")] = None,
     latest: Annotated[Text | None, Query(description="comma-separated metric keys: each run's last point of each, as `latest`")] = None,
     hazard: Annotated[bool, Query(description="each running run's current collapse hazard, as `hazard` (null while it warms up)")] = False,
-    limit: Annotated[int | None, Query(ge=1, description="only the newest this many runs (of those the other parameters select)")] = None,
+    limit: Annotated[int | None, Query(ge=1, le=MAX_STEP, description="only the newest this many runs (of those the other parameters select)")] = None,
 ) -> list[ListedRun]:
     """The runs, newest first; with `latest`, each with the last point of those keys; with
     `hazard`, each running run with its current collapse hazard (the runs table's one read).
