@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -43,7 +44,9 @@ INITIAL_SMOOTHING = 0.6
 SEEN_TYPE = "metric-seen"
 """The store beside each chart that the browser sets once the chart comes near the view
 (assets/live/start.js): a chart's figure is fetched only then, so charts far below the
-fold cost neither the server nor the page anything until scrolled to."""
+fold cost neither the server nor the page anything until scrolled to. The live updater sets
+it again ({"reason", "t"}) to have that one chart drawn again (assets/live/socket.js,
+`redrawChart`)."""
 ALERT_TOKENS_TYPE = "alert-tokens"
 """The "tokens" button of an alert in the run page's alerts table:
 {"type": ALERT_TOKENS_TYPE, "alert": <id>, "step": <its first step>} (views/token_view.py)."""
@@ -206,7 +209,7 @@ def metric_graph(key: str, height: int, figure: dict[str, Any] | None = None) ->
                     "toImageButtonOptions": {
                         "format": "png",
                         "scale": 2,
-                        "filename": key.replace("/", "_"),
+                        "filename": "_".join(re.findall(r"[\w.-]+", key)) or "chart",
                     },
                 },
             ),

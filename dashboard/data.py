@@ -87,6 +87,14 @@ class KeelApi:
         response.raise_for_status()
         return [str(item["key"]) for item in response.json()]
 
+    async def last_steps(self, run_id: str) -> dict[str, int | None]:
+        """Each metric key the run logs, with its last step ({} for an unknown run)."""
+        response = await self._get(f"/runs/{run_id}/keys")
+        if response.status_code == 404:
+            return {}
+        response.raise_for_status()
+        return {str(item["key"]): item.get("last_step") for item in response.json()}
+
     async def series_of_runs(
         self,
         run_ids: Iterable[str],

@@ -1,12 +1,16 @@
 """Figure builders: points in, Plotly figure (a plain dict) out. No I/O.
 
 Conventions the browser relies on (assets/live/ appends live points):
-- `layout.meta` = {"key", "render_id", "aggregate", "smoothing", "empty", "y_extent",
-  "flat", "log_fallback", ...};
+- `layout.meta` = {"key", "keys", "of", "render_id", "aggregate", "smoothing", "empty",
+  "y_extent", "flat", "log_fallback", ...}: "keys" the metrics its lines draw (its key, or
+  the loss magnitude's sources, and a companion's), "of" "magnitude" when they are |x|; the
+  entropy chart's "levels" (run -> learned level or None) and "pending" (runs without one);
 - each trace's `meta` = {"run", "role", "last_step", ...} with role one of
   "raw" (the line as logged), "smooth" (its EMA; meta.ema carries the state),
   "nonfinite" (NaN/±Inf markers on the edge axis y2), "envelope" (min/max of
-  downsampled buckets), "member"/"mean"/"band" (group aggregation), "alerts".
+  downsampled buckets), "member"/"mean"/"band" (group aggregation), "alerts",
+  "companion" (a metric drawn beside the run's line: its length cap); meta.key when
+  the trace draws another metric than the chart's key.
 Non-finite values never vanish: they are gaps in the line and markers at the
 plot edge on an overlaid, fixed [0, 1] axis, so zoom and log scale cannot hide them.
 
@@ -20,7 +24,7 @@ with nothing positive to show is drawn on a linear axis with a note instead.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -34,8 +38,10 @@ from dashboard.traces import (
     RunLine,
     Style,
     alert_overlays,
+    companion_trace,
     group_of,
     group_traces,
+    level_shape,
     run_styles,
     run_traces,
 )
@@ -193,6 +199,16 @@ def _log_fallback_note(lines: Sequence[RunLine]) -> str | None:
     return f"{what}; a log axis cannot show them<br>drawn on a linear axis"
 
 
+def _drawn_name(key: str, lines: Sequence[RunLine]) -> str:
+    """What a chart's lines are, under its title: its key, or for a chart of other metrics
+    (the loss magnitude) the ones its runs' lines draw, |x| for a magnitude."""
+    info = metric_info(key)
+    if not info.sources:
+        return key
+    drawn = [k for k in info.sources if any(line.key == k for line in lines)] or [info.sources[0]]
+    return ", ".join(f"|{k}|" if info.of == "magnitude" else k for k in drawn)
+
+
 def metric_figure(
     key: str,
     lines: Sequence[RunLine],
@@ -200,9 +216,14 @@ def metric_figure(
     options: ChartOptions = ChartOptions(),
     render_id: str = "",
     backtest: Sequence[Alert] = (),
+    *,
+    companions: Sequence[RunLine] = (),
+    levels: Mapping[str, float | None] | None = None,
 ) -> Figure:
     """One chart of one metric across runs (or across groups when aggregating), with the
-    runs' alerts and a backtest's firings."""
+    runs' alerts and a backtest's firings. `companions`: a metric drawn beside the runs'
+    lines (theme.MetricInfo.companion, their `key`); `levels`: each run's learned level
+    (None: not yet), drawn as a dashed line across the chart."""
     info = metric_info(key)
     log_y = info.log_y if options.log_y is None else options.log_y
     log_note = _log_fallback_note(lines) if log_y else None
@@ -210,10 +231,11 @@ def metric_figure(
         log_y = False
     # The key (and an unknown key's title and unit, which are the key) is the trainer's:
     # text, inside the markup added here.
+    drawn = _drawn_name(key, lines)
     title = (
         f"<b>{plot_text(info.title)}</b>"
-        if info.title == key
-        else f"<b>{plot_text(info.title)}</b>  <span style='color:{MUTED};font-size:11px'>{plot_text(key)}</span>"
+        if info.title == drawn
+        else f"<b>{plot_text(info.title)}</b>  <span style='color:{MUTED};font-size:11px'>{plot_text(drawn)}</span>"
     )
     layout = base_layout(title, plot_text(info.unit), options.height, log_y)
     styles = run_styles(lines)
@@ -232,9 +254,11 @@ def metric_figure(
     else:
         for line in lines:
             traces.extend(run_traces(line, styles[line.run_id], options.smoothing, log_y))
-    shapes, alert_traces = alert_overlays(key, lines, alerts, backtest)
+    traces.extend(companion_trace(line, styles[line.run_id], log_y) for line in companions if line.run_id in styles)
+    shapes, alert_traces = alert_overlays(info.drawn_from, lines, alerts, backtest)
     layout["shapes"] = shapes if options.band is None else [_band_shape(options.band), *shapes]
     traces.extend(alert_traces)
+    level_meta = _draw_levels(layout, lines, levels, styles, log_y) if levels is not None else {}
 
     empty = not any(line.series.steps for line in lines)
     if not lines:
@@ -279,6 +303,8 @@ def metric_figure(
     layout["uirevision"] = f"{key}|{','.join(sorted(line.run_id for line in lines))}"
     layout["meta"] = {
         "key": key,
+        "keys": [*info.drawn_from, *([info.companion] if info.companion else [])],
+        "of": info.of,
         "render_id": render_id,
         "aggregate": aggregate,
         "smoothing": options.smoothing,
@@ -289,8 +315,44 @@ def metric_figure(
         "last_steps": {line.run_id: line.series.last_step for line in lines},
         "band": None if options.band is None else list(options.band),
         "edge": {kind: [EDGE_Y[kind], EDGE_SYMBOL[kind], EDGE_LABEL[kind]] for kind in EDGE_Y},
+        **level_meta,
     }
     return {"data": traces, "layout": layout}
+
+
+LEVEL_LABEL = "learned level"
+
+
+def _draw_levels(
+    layout: Figure, lines: Sequence[RunLine], levels: Mapping[str, float | None], styles: Mapping[str, Style], log_y: bool
+) -> Figure:
+    """Each run's learned level as a dashed line across the chart (a shape named
+    `level:<run id>`) and a note for the runs that have none yet; returns what goes in
+    `layout.meta`: "levels" (run id -> level or None) and "pending" (the runs without one:
+    the live updater asks for the chart again when their points arrive)."""
+    known = {line.run_id: levels.get(line.run_id) for line in lines if line.run_id in levels}
+    several = len(lines) > 1
+    for line in lines:
+        level = known.get(line.run_id)
+        if level is None or not math.isfinite(level) or (log_y and level <= 0):
+            continue
+        label = f"{LEVEL_LABEL} {level:.3g}" + (f" ({line.name})" if several else "")
+        layout["shapes"].append(level_shape(level, f"level:{line.run_id}", styles[line.run_id], label))
+    pending = [line for line in lines if line.run_id in known and known[line.run_id] is None]
+    waiting = [line for line in pending if line.series.steps]
+    if waiting:
+        who = "" if not several else f" for {', '.join(line.name for line in waiting)}"
+        layout["annotations"].append(
+            {
+                **_annotation(f"{LEVEL_LABEL}: not yet{plot_text(who)}"),
+                "x": 0.01,
+                "y": 0.97,
+                "xanchor": "left",
+                "yanchor": "top",
+                "font": {"size": 10, "color": MUTED},
+            }
+        )
+    return {"levels": known, "pending": [line.run_id for line in pending]}
 
 
 def _band_shape(band: tuple[str, float, float]) -> Figure:

@@ -19,6 +19,7 @@ from wire import read_value
 __all__ = [
     "parse_value",
     "Series",
+    "magnitude",
     "Alert",
     "alert_matches",
     "EmaState",
@@ -64,6 +65,29 @@ class Series:
         if payload.get("downsampled") and "min" in payload and "max" in payload:
             return cls(steps, values, _parse_values(payload["min"]), _parse_values(payload["max"]))
         return cls(steps, values)
+
+
+def magnitude(series: Series) -> Series:
+    """|x| of every point (NaN stays NaN, −Inf is +Inf); a downsampled bucket's band is the
+    range of |x| over the bucket's [min, max]: from 0 when it straddles 0."""
+    values = [abs(v) for v in series.values]
+    if series.mins is None or series.maxs is None:
+        return Series(list(series.steps), values)
+    mins, maxs = [], []
+    for lo, hi in zip(series.mins, series.maxs, strict=True):
+        if math.isnan(lo) or math.isnan(hi):
+            mins.append(abs(lo))
+            maxs.append(math.nan)  # the bucket held a NaN: its marker stays
+        elif lo >= 0:
+            mins.append(lo)
+            maxs.append(hi)
+        elif hi <= 0:
+            mins.append(-hi)
+            maxs.append(-lo)
+        else:
+            mins.append(0.0)
+            maxs.append(max(-lo, hi))
+    return Series(list(series.steps), values, mins, maxs)
 
 
 def _parse_values(raw: list[Any]) -> list[float]:

@@ -6,12 +6,18 @@ everywhere; a metric has one title and one unit).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Literal
 
 __all__ = [
     "GROUP_PALETTE",
     "DASHES",
     "HEADLINE_KEYS",
+    "SIGNAL_KEYS",
+    "LOSS_MAGNITUDE_KEY",
+    "logged_charts",
+    "drawn_keys",
     "HAZARD_TOOLTIP",
     "CRITICAL_HAZARD",
     "KL_KEY",
@@ -59,6 +65,21 @@ class MetricInfo:
     """y-axis label: what the number measures."""
     log_y: bool
     """Spans decades (KL, ratios, norms): a log axis shows the climb before the blow-up."""
+    sources: tuple[str, ...] = ()
+    """The metrics the chart draws when its key is not one (`LOSS_MAGNITUDE_KEY`): each run's
+    line is the first of them the run logs. Empty: the chart draws its own key."""
+    of: Literal["value", "magnitude"] = "value"
+    """"magnitude" draws |x| (a loss, whose sign means nothing to its size)."""
+    companion: str | None = None
+    """A metric drawn beside each run's line as a dashed line (`response/length_cap` beside
+    the length), for the runs that log it."""
+    learned_level: bool = False
+    """Draw each run's learned level (dashboard/learned_level.py) as a dashed line."""
+
+    @property
+    def drawn_from(self) -> tuple[str, ...]:
+        """The metrics whose values the chart's lines are (its key, or its sources)."""
+        return self.sources or (self.key,)
 
 
 _KNOWN = {
@@ -83,7 +104,19 @@ _KNOWN = {
         MetricInfo("mismatch/bkl_seq_max", "Max sequence Bernoulli KL", "nats", True),
         MetricInfo("gate/frac", "Gated fraction", "fraction of units gated", False),
         MetricInfo("grad/norm", "Gradient norm", "global L2 norm, pre-clip", True),
-        MetricInfo("policy/entropy", "Policy entropy", "nats / token", False),
+        MetricInfo("policy/entropy", "Policy entropy", "nats / token", True, learned_level=True),
+        MetricInfo("policy/clip_frac", "PPO clip fraction", "share of tokens clipped", False),
+        MetricInfo("policy/ppo_kl", "PPO KL", "KL(π_old‖π), nats", True),
+        MetricInfo("policy/ratio_max", "Max PPO ratio", "max π/π_old", True),
+        MetricInfo("loss/total", "Loss", "loss", False),
+        MetricInfo("loss/pg", "Policy-gradient loss", "loss", False),
+        MetricInfo(
+            "|loss|", "Loss magnitude", "|loss| (sign dropped)", True, sources=("loss/total", "loss/pg"), of="magnitude"
+        ),
+        MetricInfo("response/length_mean", "Response length", "tokens (mean per answer)", False, companion="response/length_cap"),
+        MetricInfo("response/length_cap", "Length cap", "tokens", False),
+        MetricInfo("response/truncated_frac", "Answers at the length cap", "share of answers (0–1)", False),
+        MetricInfo("reward/zero_std_frac", "Prompts without reward spread", "share of prompts (0–1)", False),
         MetricInfo("perf/step_s", "Step time", "seconds", False),
         MetricInfo("perf/tokens_per_s", "Throughput", "tokens / s", False),
         MetricInfo("staleness/lag_mean", "Mean staleness", "policy versions", False),
@@ -93,6 +126,13 @@ _KNOWN = {
 
 HEADLINE_KEYS = ("reward/mean", "mismatch/kl", "gate/frac", "mismatch/ratio_max", "grad/norm")
 """The five default panels (docs/metrics.md ★), in display order."""
+LOSS_MAGNITUDE_KEY = "|loss|"
+"""The loss's magnitude chart: |`loss/total`|, or |`loss/pg`| for a run that logs no loss/total.
+Not a metric key: the chart's own name (its lines are the runs' loss metrics)."""
+SIGNAL_KEYS = ("policy/entropy", LOSS_MAGNITUDE_KEY, "response/length_mean", "response/truncated_frac")
+"""Charts drawn beside the headline charts, each when a run logs what it draws: the signals of
+the alert rules beyond the mismatch (entropy running away, the loss growing, answers at the
+length cap; docs/alerts.md)."""
 HAZARD_TOOLTIP = "collapse hazard: estimated probability that the run collapses within the next 50 steps"
 """What a table's hazard column holds (50: the horizon GET /runs/{id}/hazard answers)."""
 CRITICAL_HAZARD = 0.5
@@ -103,6 +143,25 @@ CRITICAL_HAZARD = 0.5
 def metric_info(key: str) -> MetricInfo:
     """What we know about a metric; unknown keys get their own name as title, linear axis."""
     return _KNOWN.get(key) or MetricInfo(key, key, key.rsplit("/", 1)[-1], False)
+
+
+def logged_charts(candidates: Iterable[str], logged: Iterable[str]) -> list[str]:
+    """The charts of `candidates` (in their order) that draw something the runs log."""
+    keys = set(logged)
+    return [chart for chart in candidates if keys.intersection(metric_info(chart).drawn_from)]
+
+
+def drawn_keys(charts: Iterable[str]) -> set[str]:
+    """The metrics these charts draw as they are logged (their lines' and companions' keys; a
+    magnitude is not the metric, whose own chart keeps its sign)."""
+    drawn: set[str] = set()
+    for chart in charts:
+        info = metric_info(chart)
+        if info.of == "value":
+            drawn.update(info.drawn_from)
+        if info.companion:
+            drawn.add(info.companion)
+    return drawn
 
 
 KL_KEY = "mismatch/kl"

@@ -24,6 +24,8 @@ __all__ = [
     "drawable",
     "group_traces",
     "alert_overlays",
+    "companion_trace",
+    "level_shape",
     "EDGE_Y",
     "EDGE_SYMBOL",
     "EDGE_LABEL",
@@ -57,6 +59,10 @@ class RunLine:
     name: str
     group: str | None
     series: Series
+    key: str | None = None
+    """The metric the line draws when it is not the chart's key (the loss magnitude chart's
+    `loss/total` or `loss/pg`, a companion's `response/length_cap`): the live updater appends
+    that metric's values to it."""
 
 
 @dataclass(frozen=True)
@@ -205,8 +211,12 @@ def _nonfinite_trace(line: RunLine, colour: str, log_y: bool = False) -> Figure:
         "showlegend": False,
         "legendgroup": line.run_id,
         "name": plot_text(line.name),
-        "meta": {"run": line.run_id, "role": "nonfinite", "last_step": line.series.last_step},
+        "meta": {"run": line.run_id, "role": "nonfinite", "last_step": line.series.last_step, **_key_meta(line)},
     }
+
+
+def _key_meta(line: RunLine) -> Figure:
+    return {"key": line.key} if line.key else {}
 
 
 def run_traces(line: RunLine, style: Style, smoothing: float, log_y: bool) -> list[Figure]:
@@ -228,7 +238,7 @@ def run_traces(line: RunLine, style: Style, smoothing: float, log_y: bool) -> li
             "opacity": 0.28 if smoothed else 1.0,
             "line": {"color": style.colour, "dash": style.dash, "width": 1 if smoothed else 1.8},
             "hovertemplate": "%{y:.4~g}" + ("<extra>raw</extra>" if smoothed else ""),
-            "meta": {"run": line.run_id, "role": "raw", "last_step": series.last_step},
+            "meta": {"run": line.run_id, "role": "raw", "last_step": series.last_step, **_key_meta(line)},
         }
     )
     if smoothed:
@@ -250,6 +260,7 @@ def run_traces(line: RunLine, style: Style, smoothing: float, log_y: bool) -> li
                     "last_step": series.last_step,
                     "ema": {"value": state.value, "count": state.count},
                     **({"floor": floor} if log_y else {}),
+                    **_key_meta(line),
                 },
             }
         )
@@ -331,16 +342,59 @@ def group_traces(
     return traces
 
 
+def companion_trace(line: RunLine, style: Style, log_y: bool) -> Figure:
+    """A metric drawn beside a run's line (its length cap beside its length): a thin dashed
+    line in the run's colour, unsmoothed, a step function (the value holds until the next)."""
+    return {
+        "type": "scatter",
+        "mode": "lines",
+        "x": list(line.series.steps),
+        "y": _drawable_or_none(line.series.values, log_y),
+        "name": plot_text(f"{line.name} {line.key or ''}".strip()),
+        "legendgroup": line.run_id,
+        "showlegend": False,
+        "opacity": 0.8,
+        "line": {"color": style.colour, "dash": "dash", "width": 1.2, "shape": "hv"},
+        "hovertemplate": "%{y:.4~g}<extra>" + plot_text(line.key or "") + "</extra>",
+        "meta": {"run": line.run_id, "role": "companion", "last_step": line.series.last_step, **_key_meta(line)},
+    }
+
+
+def level_shape(level: float, name: str, style: Style, label: str) -> Figure:
+    """A run's reference level across the whole chart (its learned entropy): dashed, in the
+    run's colour, labelled at its right end."""
+    return {
+        "name": name,
+        "type": "line",
+        "xref": "paper",
+        "yref": "y",
+        "x0": 0,
+        "x1": 1,
+        "y0": level,
+        "y1": level,
+        "line": {"color": style.colour, "dash": "dash", "width": 1.5},
+        "layer": "below",
+        "label": {
+            "text": plot_text(label),
+            "textposition": "end",
+            "yanchor": "bottom",
+            "font": {"size": 10, "color": style.colour},
+        },
+    }
+
+
 def alert_overlays(
-    key: str, lines: Sequence[RunLine], alerts: Sequence[Alert], backtest: Sequence[Alert] = ()
+    key: str | Sequence[str], lines: Sequence[RunLine], alerts: Sequence[Alert], backtest: Sequence[Alert] = ()
 ) -> tuple[list[Figure], list[Figure]]:
     """Each alert's range as a shaded band and its start as a diamond on the chart's top edge;
     `backtest` firings (where a rule would have fired) as open diamonds and outlined bands,
-    in a trace of their own."""
+    in a trace of their own. `key`: the metric the chart draws, or the metrics (an alert on
+    any of them belongs on it)."""
+    keys = [key] if isinstance(key, str) else list(key)
     shapes: list[Figure] = []
     traces: list[Figure] = []
     for group, replayed in ((alerts, False), (backtest, True)):
-        group_shapes, trace = _alert_marks(key, lines, group, backtest=replayed)
+        group_shapes, trace = _alert_marks(keys, lines, group, backtest=replayed)
         shapes += group_shapes
         if trace is not None:
             traces.append(trace)
@@ -348,7 +402,7 @@ def alert_overlays(
 
 
 def _alert_marks(
-    key: str, lines: Sequence[RunLine], alerts: Sequence[Alert], *, backtest: bool
+    keys: Sequence[str], lines: Sequence[RunLine], alerts: Sequence[Alert], *, backtest: bool
 ) -> tuple[list[Figure], Figure | None]:
     names = {line.run_id: line.name for line in lines}
     last = {line.run_id: line.series.last_step for line in lines}
@@ -357,7 +411,7 @@ def _alert_marks(
     texts: list[str] = []
     colours: list[str] = []
     for alert in alerts:
-        if alert.state == "pending" or not alert.on_chart(key) or alert.run_id not in names:
+        if alert.state == "pending" or not any(alert.on_chart(key) for key in keys) or alert.run_id not in names:
             continue
         if alert.started_step is None:
             continue

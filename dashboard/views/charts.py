@@ -26,10 +26,11 @@ from dash.exceptions import PreventUpdate
 from dashboard.components import GRAPH_TYPE, HAZARD_GRAPH, SEEN_TYPE, ZOOM_TYPE
 from dashboard.data import KeelApi
 from dashboard.figures import ChartOptions, RunLine, hazard_figure, metric_figure
-from dashboard.series import Alert, Series
-from dashboard.theme import KL_BANDS, KL_KEY
+from dashboard.learned_level import ENTROPY_KEY, LEVEL_KEYS, learned_level
+from dashboard.series import Alert, Series, magnitude
+from dashboard.theme import KL_BANDS, KL_KEY, metric_info
 
-__all__ = ["register", "zoom_range", "chart_figure", "load_hazard", "hazards", "HISTORY_POINTS", "HAZARD_POINTS", "ZOOM_POINTS", "UNCHANGED"]
+__all__ = ["register", "zoom_range", "chart_figure", "learned_levels", "load_hazard", "hazards", "HISTORY_POINTS", "HAZARD_POINTS", "ZOOM_POINTS", "UNCHANGED"]
 
 HISTORY_POINTS = 500
 """Buckets per series for the first draw, about one per horizontal pixel of a chart (the
@@ -90,7 +91,8 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         Input("backtest-firings", "data"),
         Input(seen_store, "data"),
         State(graph, "id"),
-        # First when the browser says the chart is near the view (components.SEEN_TYPE).
+        # First when the browser says the chart is near the view (components.SEEN_TYPE); again
+        # when it asks for this chart alone (a learned level still to come: assets/live/socket.js).
         prevent_initial_call=True,
     )
     async def draw(
@@ -102,7 +104,7 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         relayout: dict[str, Any] | None,
         tick: dict[str, Any] | None,
         backtest: dict[str, Any] | None,
-        seen: bool | None,
+        seen: bool | dict[str, Any] | None,
         graph_id: dict[str, str],
     ) -> dict[str, Any]:
         if not state or not seen:
@@ -154,9 +156,13 @@ async def chart_figure(
     api: KeelApi, key: str, run_ids: list[str], options: ChartOptions, backtest: Sequence[Alert] = ()
 ) -> dict[str, Any]:
     """The chart of `key` over `run_ids` as `options` draw it (its zoomed range read at full
-    resolution). Also what a card sent with its figure holds (views/run.py)."""
-    lines, alerts = await load_lines(api, run_ids, key, options.x_range)
-    return metric_figure(key, lines, alerts, options, render_id=uuid.uuid4().hex, backtest=backtest)
+    resolution), with its companion lines and, on the entropy chart, each run's learned
+    level. Also what a card sent with its figure holds (views/run.py)."""
+    lines, alerts, companions = await load_lines(api, run_ids, key, options.x_range)
+    levels = await learned_levels(api, [line.run_id for line in lines]) if metric_info(key).learned_level else None
+    return metric_figure(
+        key, lines, alerts, options, render_id=uuid.uuid4().hex, backtest=backtest, companions=companions, levels=levels
+    )
 
 
 async def load_hazard(api: KeelApi, run_ids: list[str]) -> tuple[list[RunLine], int | None]:
@@ -191,20 +197,99 @@ async def hazards(api: KeelApi, run_ids: list[str]) -> tuple[dict[str, Series], 
 
 async def load_lines(
     api: KeelApi, run_ids: list[str], key: str, x_range: tuple[float, float] | None
-) -> tuple[list[RunLine], list[Any]]:
+) -> tuple[list[RunLine], list[Alert], list[RunLine]]:
+    """The chart's line of each known run, the runs' alerts, and the runs' companion lines
+    (theme.MetricInfo.companion; a run that does not log it has none)."""
     infos = await api.runs_by_id(run_ids)
     known = [run_id for run_id in dict.fromkeys(run_ids) if infos.get(run_id)]
     start = end = None
     if x_range is not None:
         start = max(0, math.floor(min(x_range)))
         end = max(0, math.ceil(max(x_range)))
-    points = HISTORY_POINTS if x_range is None else ZOOM_POINTS
-    series, alerts = await asyncio.gather(
-        api.series_of_runs(known, key, max_points=points, start=start, end=end),
+    read: dict[str, Any] = {"max_points": HISTORY_POINTS if x_range is None else ZOOM_POINTS, "start": start, "end": end}
+    info = metric_info(key)
+    companion = info.companion
+    drawn, alerts, beside = await asyncio.gather(
+        _drawn_series(api, known, key, read),
         api.alerts(known),
+        api.series_of_runs(known, companion, **read) if companion else _no_series(),
     )
-    lines = []
+    lines, companions = [], []
     for run_id in known:
-        info = infos[run_id] or {}
-        lines.append(RunLine(run_id, str(info.get("name", run_id)), info.get("group"), series[run_id]))
-    return lines, alerts or []
+        info_of_run = infos[run_id] or {}
+        name, group = str(info_of_run.get("name", run_id)), info_of_run.get("group")
+        source, series = drawn[run_id]
+        lines.append(RunLine(run_id, name, group, series, key=source))
+        if companion and beside[run_id].steps:
+            companions.append(RunLine(run_id, name, group, beside[run_id], key=companion))
+    return lines, alerts or [], companions
+
+
+async def _no_series() -> dict[str, Series]:
+    return {}
+
+
+async def _drawn_series(
+    api: KeelApi, run_ids: list[str], key: str, read: dict[str, Any]
+) -> dict[str, tuple[str | None, Series]]:
+    """Each run's series of the chart: its key's, or for a chart of other metrics (the loss
+    magnitude) the first of them the run logs, with that metric's key; |x| for a magnitude."""
+    info = metric_info(key)
+    if not info.sources:
+        found = await api.series_of_runs(run_ids, key, **read)
+        chosen: dict[str, str | None] = dict.fromkeys(run_ids)
+        series = {run_id: found[run_id] for run_id in run_ids}
+    else:
+        logged = await asyncio.gather(*(api.last_steps(run_id) for run_id in run_ids))
+        chosen = {
+            run_id: next((source for source in info.sources if source in keys), info.sources[0])
+            for run_id, keys in zip(run_ids, logged, strict=True)
+        }
+        reads = await asyncio.gather(
+            *(api.series_of_runs([r for r in run_ids if chosen[r] == source], source, **read) for source in info.sources)
+        )
+        by_source = dict(zip(info.sources, reads, strict=True))
+        series = {run_id: by_source[str(chosen[run_id])][run_id] for run_id in run_ids}
+    if info.of == "magnitude":
+        series = {run_id: magnitude(one) for run_id, one in series.items()}
+    return {run_id: (chosen[run_id], series[run_id]) for run_id in run_ids}
+
+
+LEVEL_READ = 1000
+"""Steps of the first read of a run's points for its learned level; each next read twice as
+many, up to LEVEL_READ_MAX (the most points one read of the API answers unbucketed): a run
+whose level is set in its first hundreds of steps costs three short reads, one that has not
+learned yet is read to its end."""
+LEVEL_READ_MAX = 100_000
+
+
+async def learned_levels(api: KeelApi, run_ids: list[str]) -> dict[str, float | None]:
+    """Each run's learned entropy level (dashboard/learned_level.py; None while it has none)."""
+    ids = list(dict.fromkeys(run_ids))
+    return dict(zip(ids, await asyncio.gather(*(learned_level_of(api, run_id) for run_id in ids)), strict=True))
+
+
+async def learned_level_of(api: KeelApi, run_id: str) -> float | None:
+    """The run's learned level, from every point (never buckets) of the entropy, the reward and
+    its spread, read in step order until the level is set or the run's points end."""
+    last = await api.last_steps(run_id)
+    if ENTROPY_KEY not in last:
+        return None
+    keys = [key for key in LEVEL_KEYS if key in last]
+    end_of_run = max(last[key] or 0 for key in keys)
+    state: dict[str, Any] = {}
+    start, size = 0, LEVEL_READ
+    while start <= end_of_run:
+        end = start + size - 1  # a range of `size` steps holds at most `size` points: never bucketed
+        reads = await asyncio.gather(
+            *(api.series_of_runs([run_id], key, max_points=size, start=start, end=end) for key in keys)
+        )
+        rows: dict[int, dict[str, float]] = {}
+        for key, found in zip(keys, reads, strict=True):
+            for step, value in zip(found[run_id].steps, found[run_id].values, strict=True):
+                rows.setdefault(step, {})[key] = value
+        level = learned_level(state, sorted(rows.items()))
+        if level is not None:
+            return level
+        start, size = end + 1, min(2 * size, LEVEL_READ_MAX)
+    return None

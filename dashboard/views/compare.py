@@ -21,15 +21,22 @@ from dashboard.data import KeelApi
 from dashboard.figures import RunLine, run_styles
 from dashboard.series import Series
 from dashboard.summary import SUMMARY_KEYS, summarise_group, summarise_run
-from dashboard.theme import CRITICAL_HAZARD, HAZARD_TOOLTIP, HEADLINE_KEYS
+from dashboard.theme import (
+    CRITICAL_HAZARD,
+    HAZARD_TOOLTIP,
+    HEADLINE_KEYS,
+    SIGNAL_KEYS,
+    drawn_keys,
+    logged_charts,
+)
 from dashboard.views import parity
 from dashboard.views.charts import HISTORY_POINTS, hazards
 
 __all__ = ["layout", "register", "parse_runs"]
 
 CHART_HEIGHT = 330
-WHEN_LOGGED_KEYS = ("mismatch/tail_frac",)
-"""Charted after the headline charts when any of the runs logs them."""
+WHEN_LOGGED_KEYS = ("mismatch/tail_frac", *SIGNAL_KEYS)
+"""Charted after the headline charts when any of the runs logs what they draw."""
 
 
 def parse_runs(search: str | None) -> list[str]:
@@ -188,8 +195,9 @@ def register(dash_app: Dash, api: KeelApi) -> None:
             else None
         )
         logged = {k for run_keys in keys for k in run_keys}
-        extra = sorted(logged - set(HEADLINE_KEYS) - set(WHEN_LOGGED_KEYS))
-        charts = [metric_graph(key, CHART_HEIGHT) for key in WHEN_LOGGED_KEYS if key in logged]
+        shown = logged_charts(WHEN_LOGGED_KEYS, logged)
+        extra = sorted(logged - set(HEADLINE_KEYS) - drawn_keys(shown))
+        charts = [metric_graph(key, CHART_HEIGHT) for key in shown]
         return chips, notice, [{"label": k, "value": k} for k in extra], charts
 
     @dash_app.callback(

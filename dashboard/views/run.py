@@ -26,7 +26,7 @@ from dashboard.components import (
 from dashboard.data import KeelApi
 from dashboard.figures import ChartOptions
 from dashboard.series import Alert
-from dashboard.theme import HEADLINE_KEYS
+from dashboard.theme import HEADLINE_KEYS, SIGNAL_KEYS, drawn_keys, logged_charts
 from dashboard.views.charts import chart_figure
 from dashboard.views.details import section as details_section
 
@@ -53,12 +53,16 @@ def mismatch_note(config: dict[str, Any]) -> html.Div | None:
 
 
 def order_keys(keys: list[str]) -> list[tuple[str, list[str]]]:
-    """Headline metrics first, then the rest by namespace (`mismatch/…`, `perf/…`), sorted."""
+    """The charts of a run that logs `keys`: headline metrics first, then the signals it logs
+    (theme.SIGNAL_KEYS, in that order), then every other metric by namespace (`mismatch/…`,
+    `perf/…`), sorted. A metric a signal chart draws as logged has no chart of its own."""
     headline = [k for k in HEADLINE_KEYS if k in keys]
+    signals = logged_charts(SIGNAL_KEYS, keys)
     sections: dict[str, list[str]] = {}
-    for key in sorted(set(keys) - set(headline)):
+    for key in sorted(set(keys) - set(headline) - drawn_keys(signals)):
         sections.setdefault(key.split("/", 1)[0] if "/" in key else "other", []).append(key)
     ordered = [("headline", headline)] if headline else []
+    ordered += [("signals", signals)] if signals else []
     return ordered + sorted(sections.items())
 
 
@@ -405,31 +409,34 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         State("run-keys", "data"),
     )
     async def charts(
-        state: dict[str, Any] | None, _tick: Any, shown: list[str] | None
+        state: dict[str, Any] | None, _tick: Any, shown: dict[str, Any] | None
     ) -> tuple[Any, Any, Any]:
-        """The headline charts (and the hazard) first; every other metric's charts once the
-        page has drawn those (the "drawn" tick, assets/live/start.js): a run that logs 40
-        metrics would otherwise queue 40 charts beside the five a researcher looks at first.
-        `run-keys` holds the keys whose charts are on the page."""
+        """The headline charts (and the hazard), then the signals the run logs, first; every
+        other metric's charts once the page has drawn those (the "drawn" tick,
+        assets/live/start.js): a run that logs 40 metrics would otherwise queue 40 charts
+        beside the five a researcher looks at first. `run-keys` holds the charts at the top
+        ("top") and the logged keys whose charts are on the page ("keys"; None until the
+        others are)."""
         if not state or state.get("page") != "run":
             return no_update, no_update, no_update
         run_id = state["runs"][0]
         keys = sorted(await api.keys(run_id))
-        if shown is not None and keys == shown:
+        if shown is not None and keys == shown.get("keys"):
             return no_update, no_update, no_update  # a new metric appears only now and then
         if not keys:
             return empty_state(
                 "No metrics yet", "Charts appear as soon as the run logs its first step."
-            ), [], keys
-        ordered = order_keys(keys)
-        headline = ordered[0][1] if ordered[0][0] == "headline" else []
-        rest = ordered[1:] if ordered[0][0] == "headline" else ordered
+            ), [], {"top": [], "keys": keys}
+        rest = order_keys(keys)
+        headline = rest.pop(0)[1] if rest and rest[0][0] == "headline" and set(rest[0][1]) <= set(HEADLINE_KEYS) else []
+        signals = rest.pop(0)[1] if rest and rest[0][0] == "signals" and set(rest[0][1]) <= set(SIGNAL_KEYS) else []
+        top_keys = [*headline, *signals]
         more: list[Any] = []
         for name, section_keys in rest:
             more.append(html.Div(name, className="namespace"))
             more.append(html.Div([metric_graph(k, CHART_HEIGHT) for k in section_keys], className="charts small"))
-        if shown is not None and [k for k in shown if k in HEADLINE_KEYS] == headline:
-            return no_update, more, keys  # the headline charts stay as drawn
+        if shown is not None and shown.get("top") == top_keys:
+            return no_update, more, {"top": top_keys, "keys": keys}  # the top charts stay as drawn
         # The headline charts come drawn: the page's first view waits for one round trip, not two.
         run, *figures = await asyncio.gather(
             api.run(run_id),
@@ -440,6 +447,10 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         top.append(html.Div("headline", className="namespace"))
         graphs = [metric_graph(k, CHART_HEIGHT, figure) for k, figure in zip(headline, figures, strict=True)]
         top.append(html.Div([*graphs, hazard_graph(CHART_HEIGHT)], className="charts small"))
+        if signals:
+            # Below the headline charts: each asks for its figure once near the view.
+            top.append(html.Div("signals", className="namespace"))
+            top.append(html.Div([metric_graph(k, CHART_HEIGHT) for k in signals], className="charts small"))
         if shown is None and headline:
-            return top, [], headline  # the rest on the "drawn" tick, once these are drawn
-        return top, more, keys
+            return top, [], {"top": top_keys, "keys": None}  # the rest on the "drawn" tick, once these are drawn
+        return top, more, {"top": top_keys, "keys": keys}

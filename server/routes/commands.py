@@ -13,6 +13,8 @@ from server.auth import ADMIN, READ, presented_token
 from server.deps import HubDep, SettingsDep, StoreDep
 from server.schemas import ApiRoute, RunId, Text, errors
 from server.tokens import SCOPES, token_name, token_scopes
+from wire import ProtocolError
+from wire.messages import parse_config
 from wire.signals import ACTION
 
 router = APIRouter(tags=["commands"], route_class=ApiRoute, responses=errors(401))
@@ -26,11 +28,15 @@ class CommandIn(BaseModel):
     action: Annotated[
         str, Field(pattern=f"^{ACTION.pattern}$", description="`checkpoint`, `stop` or a name of your own (1-64 of [A-Za-z0-9_.-])")
     ]
-    payload: dict[Text, Any] = Field(default_factory=dict, description="anything the trainer's handler reads (at most 64 KiB of JSON)")
+    payload: dict[Text, Any] = Field(default_factory=dict, description="anything the trainer's handler reads (at most 64 KiB of JSON, nesting at most 32 levels, no NUL)")
 
     @field_validator("payload")
     @classmethod
     def _small(cls, payload: dict[str, Any]) -> dict[str, Any]:
+        try:  # as a run's config: at most MAX_CONFIG_DEPTH levels, no NUL in any string
+            parse_config(payload, "payload")
+        except ProtocolError as exc:
+            raise ValueError(str(exc)) from None
         if len(orjson.dumps(payload)) > MAX_PAYLOAD_BYTES:
             raise ValueError(f"payload over {MAX_PAYLOAD_BYTES} bytes of JSON")
         return payload

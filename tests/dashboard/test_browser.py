@@ -53,8 +53,8 @@ def _raw(chart: dict, run_id: str) -> dict:
 def test_compare_page_renders_and_appends_live_points(server, browser, artifacts, request) -> None:
     runs = open_runs(server, ARMS, steps=300)
     browser.get(_compare_url(server, runs))
-    drawn = drawn_charts(browser, 5)
-    assert [c["key"] for c in drawn] == list(HEADLINE)
+    drawn = drawn_charts(browser, 6)
+    assert [c["key"] for c in drawn] == [*HEADLINE, "policy/entropy"]  # the toy runs log their entropy
     for chart in drawn:
         raw = [t for t in chart["traces"] if t["role"] == "raw"]
         assert sorted(t["name"] for t in raw) == sorted(name for name, _ in ARMS), chart["key"]
@@ -92,16 +92,16 @@ def test_compare_page_renders_and_appends_live_points(server, browser, artifacts
     time.sleep(0.5)
     assert all(step < 300 for key in below for (_, step) in drawn_at(browser, key))
     set_viewport(browser, 1280, 2400)  # every chart in view
-    # Every point is appended to the raw and smoothed line of its run on all 5 charts (a
+    # Every point is appended to the raw and smoothed line of its run on all 6 charts (a
     # redraw may replay what it missed).
-    expected = before["appended"] + LIVE_POINTS * 3 * 5 * 2
+    expected = before["appended"] + LIVE_POINTS * 3 * 6 * 2
     during = wait_until(
         lambda: (lambda s: s if s["appended"] >= expected else None)(live_stats(browser))
     )
     # Points are appended, never redrawn: a figure is redrawn only when an alert changed (the
     # engine's default rules do fire on these curves), at most once per chart per such tick.
     structural = during["ticks"].get("live-tick", 0) - before["ticks"].get("live-tick", 0)
-    assert during["renders"] - before["renders"] <= 5 * structural
+    assert during["renders"] - before["renders"] <= 6 * structural
     # The browser continued each smoothed line from the server's EMA state: same numbers as
     # smoothing the whole series at once in Python.
     reward = next(c for c in charts(browser) if c["key"] == "reward/mean")
@@ -148,7 +148,7 @@ def test_compare_page_renders_and_appends_live_points(server, browser, artifacts
 def test_a_background_tab_closes_its_socket_and_catches_up_when_shown(server, browser) -> None:
     runs = open_runs(server, ARMS[:2], steps=50)
     browser.get(_compare_url(server, runs))
-    drawn_charts(browser, 5)
+    drawn_charts(browser, 6)
     wait_until(lambda: live_state(browser) == "live", message="live websocket")
     this = browser.execute_cdp_cmd("Target.getTargetInfo", {})["targetInfo"]["targetId"]
     other = browser.execute_cdp_cmd("Target.createTarget", {"url": "about:blank", "background": False})["targetId"]
@@ -188,7 +188,7 @@ def test_a_line_that_took_in_many_live_points_is_drawn_again_from_buckets(server
     run.history(300)
     set_viewport(browser, 1280, 2400)
     browser.get(_compare_url(server, [run]))
-    first = next(c for c in drawn_charts(browser, 5) if c["key"] == "reward/mean")
+    first = next(c for c in drawn_charts(browser, 6) if c["key"] == "reward/mean")
     assert len(_raw(first, run.id)["x"]) == 300
     wait_until(lambda: live_state(browser) == "live", message="live websocket")
     run.history(700, start=300, frame=100)  # 700 live points, more than the 500 a line keeps
@@ -212,7 +212,7 @@ def test_zoom_refetches_the_visible_range_at_full_resolution(server, browser) ->
     run = LiveRun(server, "long", "g")
     run.history(3000, frame=1000)
     browser.get(f"{server.url}/compare?runs={run.id}")
-    before = {c["key"]: c for c in drawn_charts(browser, 5)}["reward/mean"]
+    before = {c["key"]: c for c in drawn_charts(browser, 6)}["reward/mean"]
     assert len(_raw(before, run.id)["x"]) <= 1001  # history is downsampled...
     assert any(t["role"] == "envelope" for t in before["traces"])  # ...with its min/max kept
     browser.execute_script(
@@ -235,7 +235,7 @@ def test_zoom_refetches_the_visible_range_at_full_resolution(server, browser) ->
 def test_group_aggregation_toggle(server, browser, artifacts) -> None:
     runs = open_runs(server, ARMS, steps=100)
     browser.get(_compare_url(server, runs))
-    first = drawn_charts(browser, 5)
+    first = drawn_charts(browser, 6)
     browser.find_element("xpath", "//label[contains(., 'group mean ± std')]").click()
 
     def aggregated() -> list[dict] | None:
@@ -305,7 +305,7 @@ def test_runs_page_lists_runs_and_opens_a_comparison(server, browser, artifacts)
     screenshot(browser, artifacts / "runs.png", full_page=False)
     link.click()
     wait_until(lambda: "/compare?runs=" in browser.current_url, message="navigation")
-    for chart in drawn_charts(browser, 5):
+    for chart in drawn_charts(browser, 6):
         assert len([t for t in chart["traces"] if t["role"] == "raw"]) == 2
     assert console_errors(browser) == []
     for run in runs:
@@ -316,25 +316,27 @@ def test_runs_page_lists_runs_and_opens_a_comparison(server, browser, artifacts)
 def test_run_page_shows_every_metric_its_config_and_alerts(server, browser, artifacts) -> None:
     run = LiveRun(server, "detail", "cispo", seed=3)
     run.history(120)
-    run.send([{"step": 120, "values": {"grad/norm": "nan"}}])
+    run.send([{"step": 120, "values": {"grad/norm": "nan", "perf/step_s": 0.5}}])
     browser.get(f"{server.url}/runs/{run.id}")
     wait_until(
-        lambda: [c["key"] for c in charts(browser) if c["render"]] == list(HEADLINE), message="the headline charts"
+        lambda: [c["key"] for c in charts(browser) if c["render"]][:5] == list(HEADLINE), message="the headline charts"
     )
     # The other metrics' charts are far below the fold at 1280x800: their figures are asked
     # for only once they come near the view.
     time.sleep(2)
-    assert "policy/entropy" not in [c["key"] for c in charts(browser)]
+    assert "perf/step_s" not in [c["key"] for c in charts(browser)]
     assert chart_order(browser)[-1] is None  # still "Loading…"
     # The headline charts came drawn with the page's charts (one round trip, not two): the
-    # browser asked the server for none of their figures.
-    assert live_stats(browser)["seen"] == 0
+    # browser asked the server for none of their figures, at most for the entropy's, the
+    # signal chart under them.
+    seen = live_stats(browser)["seen"]
+    assert seen <= 1
     browser.execute_script(
-        "document.querySelector('.chart-card[data-key=\"policy/entropy\"]').scrollIntoView()"
+        "document.querySelector('.chart-card[data-key=\"perf/step_s\"]').scrollIntoView()"
     )
-    keys = [c["key"] for c in drawn_charts(browser, 6)]
-    assert keys[:5] == list(HEADLINE) and keys[5] == "policy/entropy"
-    assert live_stats(browser)["seen"] >= 1  # asked for once scrolled to
+    keys = [c["key"] for c in drawn_charts(browser, 7)]
+    assert keys == [*HEADLINE, "policy/entropy", "perf/step_s"]
+    assert live_stats(browser)["seen"] >= seen + 1  # asked for once scrolled to
     browser.execute_script("document.getElementById('run-config-fold').open = true")  # folded on load
     wait_until(lambda: '"seed": 3' in text_of(browser, "run-config"), message="config")
     alerts = wait_until(lambda: text_of(browser, "run-alerts"), message="alerts panel")
@@ -394,21 +396,25 @@ def test_empty_states(server, browser) -> None:
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_any_other_metric_can_be_added(server, browser) -> None:
     runs = open_runs(server, ARMS, steps=60)
+    for run in runs:
+        run.send([{"step": 60, "values": {**toy_values(60, run.seed), "perf/step_s": 0.5 + run.seed}}])
     browser.get(_compare_url(server, runs))
-    drawn_charts(browser, 5)
+    drawn_charts(browser, 6)  # the headline charts, and the entropy the runs log
     browser.find_element("css selector", "#opt-metrics").click()
     option = wait_until(
         lambda: next(
             iter(
-                browser.find_elements("xpath", "//*[@role='option'][contains(., 'policy/entropy')]")
+                browser.find_elements("xpath", "//*[@role='option'][contains(., 'perf/step_s')]")
             ),
             None,
         ),
-        message="policy/entropy in the metric picker",
+        message="perf/step_s in the metric picker",
     )
+    # The entropy has its chart already: it is not offered again.
+    assert not browser.find_elements("xpath", "//*[@role='option'][contains(., 'policy/entropy')]")
     option.click()
-    added = drawn_charts(browser, 6)[5]
-    assert added["key"] == "policy/entropy"
+    added = drawn_charts(browser, 7)[6]
+    assert added["key"] == "perf/step_s"
     assert len([t for t in added["traces"] if t["role"] == "raw"]) == 3
     assert console_errors(browser) == []
     for run in runs:

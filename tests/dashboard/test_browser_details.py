@@ -215,7 +215,8 @@ def test_the_compare_page_charts_tail_frac_when_a_run_logs_it(server, browser) -
     plain = LiveRun(server, "plain", "ppo")
     plain.history(40)
     browser.get(f"{server.url}/compare?runs={detailed.id},{plain.id}")
-    charts = {chart["key"]: chart for chart in drawn_charts(browser, 6)}
+    charts = {chart["key"]: chart for chart in drawn_charts(browser, 7)}  # and the entropy the plain run logs
+    assert list(charts)[5:] == ["mismatch/tail_frac", "policy/entropy"]
     tail = charts["mismatch/tail_frac"]
     raw = next(t for t in tail["traces"] if t["role"] == "raw" and t["run"] == detailed.id)
     assert raw["x"] == list(STEPS)

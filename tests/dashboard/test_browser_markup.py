@@ -192,7 +192,7 @@ def test_markup_a_trainer_sends_is_text_on_every_page(server, browser, artifacts
     wait_until(lambda: NAME in text_of(browser, "compare-chips"), 30, message="compare chips")
     assert GROUP in text_of(browser, "compare-chips") and OTHER in text_of(browser, "compare-chips")
     wait_until(lambda: NAME in text_of(browser, "compare-summary"), 30, message="compare summary")
-    drawn_charts(browser, len(HEADLINE))
+    drawn_charts(browser, len(HEADLINE) + 1)  # and the entropy, with each run's learned level named
     hover = _hover(browser, _graph(browser, "reward/mean"), 20)
     assert NAME in hover and OTHER in hover, hover
     plot = browser.find_element("css selector", ".hazard-graph .js-plotly-plot")
@@ -215,7 +215,7 @@ def test_markup_a_trainer_sends_is_text_on_every_page(server, browser, artifacts
     )
     assert option.text == KEY
     option.click()
-    assert drawn_charts(browser, len(HEADLINE) + 1)[-1]["key"] == KEY
+    assert drawn_charts(browser, len(HEADLINE) + 2)[-1]["key"] == KEY
     assert browser.execute_script(CHART_TEXT_JS, KEY)["title"] == [KEY]
     _no_markup(browser, "compare")
     assert console_errors(browser) == []

@@ -323,3 +323,76 @@ def test_a_long_band_is_drawn_at_half_the_line_resolution_and_keeps_every_spike(
     upper = envelope["y"][:half]
     assert upper.count(100.0) == 1 and max(upper) == 100.0 and min(envelope["y"][half:]) == 0.5
     assert envelope["x"][half - 1] == steps[-1]  # the band reaches the line's last step
+
+
+def test_the_entropy_chart_draws_each_runs_learned_level_as_a_dashed_line_in_its_colour() -> None:
+    entropy = [_line("a", "cispo", [2.0, 1.5, 1.0]), _line("b", "is", [1.8, 1.7, 1.6]), _line("c", "is", [1.0, 1.1])]
+    figure = metric_figure("policy/entropy", entropy, levels={"a": 1.5, "b": 0.25, "c": None}, render_id="r")
+    go.Figure(figure)
+    layout = figure["layout"]
+    assert layout["yaxis"]["type"] == "log"
+    styles = run_styles(entropy)
+    lines = {shape["name"]: shape for shape in layout["shapes"] if shape["name"].startswith("level:")}
+    assert set(lines) == {"level:a", "level:b"}
+    for run, level in (("a", 1.5), ("b", 0.25)):
+        shape = lines[f"level:{run}"]
+        assert (shape["type"], shape["xref"], shape["x0"], shape["x1"]) == ("line", "paper", 0, 1)
+        assert shape["y0"] == shape["y1"] == level
+        assert shape["line"]["dash"] == "dash" and shape["line"]["color"] == styles[run].colour
+    assert lines["level:a"]["label"]["text"] == "learned level 1.5 (a)"
+    assert layout["meta"]["levels"] == {"a": 1.5, "b": 0.25, "c": None}
+    assert layout["meta"]["pending"] == ["c"]  # the live updater asks again as its points come
+    assert any(note["text"] == "learned level: not yet for c" for note in layout["annotations"])
+    # One run: its level unnamed; no level asked for (another chart): none drawn, none in meta.
+    (alone,) = [s for s in metric_figure("policy/entropy", entropy[:1], levels={"a": 1.5})["layout"]["shapes"]]
+    assert alone["label"]["text"] == "learned level 1.5"
+    plain = metric_figure("policy/entropy", entropy)["layout"]
+    assert plain["shapes"] == [] and "levels" not in plain["meta"]
+
+
+def test_the_loss_magnitude_chart_names_what_each_run_draws() -> None:
+    total = RunLine("a", "a", None, Series([0, 1], [0.5, 2.0]), key="loss/total")
+    pg = RunLine("b", "b", None, Series([0, 1], [0.25, 0.75]), key="loss/pg")
+    alert = Alert("1", "a", "loss growing", "loss/total,loss/pg", "critical", "firing", 1, None, "loss up")
+    figure = metric_figure("|loss|", [total, pg], [alert], ChartOptions(smoothing=0.0))
+    go.Figure(figure)
+    layout = figure["layout"]
+    assert layout["yaxis"]["type"] == "log" and layout["yaxis"]["title"]["text"] == "|loss| (sign dropped)"
+    assert "Loss magnitude" in layout["title"]["text"] and "|loss/total|, |loss/pg|" in layout["title"]["text"]
+    assert layout["meta"]["keys"] == ["loss/total", "loss/pg"] and layout["meta"]["of"] == "magnitude"
+    assert {t["meta"]["run"]: t["meta"]["key"] for t in _roles(figure, "raw")} == {"a": "loss/total", "b": "loss/pg"}
+    assert _roles(figure, "alerts")[0]["x"] == [1]  # an alert on the loss is on its magnitude's chart
+    only_total = metric_figure("|loss|", [total])["layout"]["title"]["text"]
+    assert "|loss/total|" in only_total and "loss/pg" not in only_total
+
+
+def test_the_length_chart_draws_the_cap_beside_each_run_that_logs_it() -> None:
+    length = [_line("a", "cispo", [100.0, 300.0, 512.0]), _line("b", "is", [80.0, 90.0, 95.0])]
+    cap = RunLine("a", "a", "cispo", Series([0, 1, 2], [512.0, 512.0, 512.0]), key="response/length_cap")
+    figure = metric_figure("response/length_mean", length, companions=[cap], options=ChartOptions(smoothing=0.6))
+    go.Figure(figure)
+    (companion,) = _roles(figure, "companion")
+    assert companion["y"] == [512.0, 512.0, 512.0] and companion["x"] == [0, 1, 2]
+    assert companion["meta"] == {"run": "a", "role": "companion", "last_step": 2, "key": "response/length_cap"}
+    assert companion["line"]["dash"] == "dash" and companion["line"]["color"] == run_styles(length)["a"].colour
+    meta = figure["layout"]["meta"]
+    assert meta["keys"] == ["response/length_mean", "response/length_cap"] and meta["of"] == "value"
+    assert figure["layout"]["yaxis"]["title"]["text"] == "tokens (mean per answer)"
+    truncated = metric_figure("response/truncated_frac", length)["layout"]
+    assert truncated["yaxis"]["type"] == "linear" and "(0–1)" in truncated["yaxis"]["title"]["text"]
+
+
+@pytest.mark.parametrize(
+    ("key", "title", "unit", "log"),
+    [
+        ("policy/clip_frac", "PPO clip fraction", "share of tokens clipped", "linear"),
+        ("policy/ppo_kl", "PPO KL", "KL(π_old‖π), nats", "log"),
+        ("reward/zero_std_frac", "Prompts without reward spread", "share of prompts (0–1)", "linear"),
+        ("policy/entropy", "Policy entropy", "nats / token", "log"),
+        ("custom/thing", "custom/thing", "thing", "linear"),  # an unknown metric: its own name
+    ],
+)
+def test_metrics_of_the_signature_rules_have_titles_and_units(key: str, title: str, unit: str, log: str) -> None:
+    layout = metric_figure(key, THREE[:1])["layout"]
+    assert f"<b>{title}</b>" in layout["title"]["text"] and layout["yaxis"]["title"]["text"] == unit
+    assert layout["yaxis"]["type"] == log

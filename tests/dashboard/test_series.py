@@ -14,6 +14,7 @@ from dashboard.series import (
     alert_matches,
     ema,
     group_band,
+    magnitude,
     nonfinite_points,
     parse_value,
 )
@@ -194,3 +195,12 @@ def test_alert_keys_narrow_a_pattern_rule_to_the_metrics_that_fired() -> None:
         }
     )
     assert exact.on_chart("grad/norm") and not exact.on_chart("reward/mean")
+
+
+def test_magnitude_of_points_and_of_buckets() -> None:
+    raw = magnitude(Series([0, 1, 2, 3], [-2.0, 0.5, NAN, -INF]))
+    assert raw.steps == [0, 1, 2, 3] and raw.values[:2] == [2.0, 0.5] and math.isnan(raw.values[2]) and raw.values[3] == INF
+    buckets = magnitude(Series([0, 1, 2, 3], [-1.0, 1.0, 0.5, 1.0], mins=[-3.0, -0.5, 0.2, 0.0], maxs=[-0.5, 2.0, 0.9, NAN]))
+    assert buckets.mins[:3] == [0.5, 0.0, 0.2] and buckets.maxs[:3] == [3.0, 2.0, 0.9]
+    assert math.isnan(buckets.maxs[3])  # a bucket that held a NaN keeps its marker
+    assert [p.kind for p in nonfinite_points(buckets)] == ["nan"]

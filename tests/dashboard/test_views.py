@@ -153,10 +153,25 @@ def test_parse_runs_and_key_order() -> None:
     assert parse_runs("") == [] and parse_runs(None) == []
     assert order_keys(["perf/step_s", "grad/norm", "reward/mean", "loss/pg", "x"]) == [
         ("headline", ["reward/mean", "grad/norm"]),
+        ("signals", ["|loss|"]),  # the loss's magnitude; its signed chart stays with its namespace
         ("loss", ["loss/pg"]),
         ("other", ["x"]),
         ("perf", ["perf/step_s"]),
     ]
+    # The signals a run logs follow the headline charts, in one order; what they draw as
+    # logged (the entropy, the length and its cap, the truncated share) has no second chart.
+    logged = [
+        "response/length_cap", "policy/entropy", "response/truncated_frac", "response/length_mean",
+        "loss/total", "loss/pg", "policy/clip_frac", "reward/mean",
+    ]
+    assert order_keys(logged) == [
+        ("headline", ["reward/mean"]),
+        ("signals", ["policy/entropy", "|loss|", "response/length_mean", "response/truncated_frac"]),
+        ("loss", ["loss/pg", "loss/total"]),
+        ("policy", ["policy/clip_frac"]),
+    ]
+    assert order_keys(["response/length_cap", "x"]) == [("other", ["x"]), ("response", ["response/length_cap"])]
+    assert order_keys(["reward/mean", "x"]) == [("headline", ["reward/mean"]), ("other", ["x"])]
 
 
 def test_zoom_range_from_relayout_events() -> None:

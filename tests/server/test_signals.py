@@ -197,6 +197,30 @@ def test_commands_need_an_admin_token_and_a_known_run(server_factory, sqlite_url
     assert created.status_code == 202 and created.json()["requested_by"] == "bootstrap"
 
 
+def test_a_command_payload_is_judged_as_a_run_config_is(server) -> None:  # type: ignore[no-untyped-def]
+    """At most 32 levels deep and no NUL in any key or value: 422 saying why, on both
+    databases (a payload 300 deep was a 500, one 253 deep was accepted and then jammed the
+    delivery of every command after it)."""
+    run = new_run()
+    with open_ingest_as(server, {}) as ws:
+        _hello(ws, run)
+    url = f"{server.url}/api/v1/runs/{run['id']}/commands"
+
+    def nested(depth: int) -> dict[str, Any]:
+        payload: dict[str, Any] = {}
+        for _ in range(depth - 1):
+            payload = {"a": payload}
+        return payload
+
+    assert httpx.post(url, json={"action": "x", "payload": nested(32)}).status_code == 202
+    for payload, why in ((nested(33), "nests deeper than 32"), (nested(300), "nests deeper than 32"),
+                         ({"why": "a\x00b"}, "NUL"), ({"a\x00": 1}, "NUL")):  # fmt: skip
+        refused = httpx.post(url, json={"action": "x", "payload": payload})
+        assert refused.status_code == 422 and why in refused.text, (why, refused.status_code, refused.text[:300])
+    listed = httpx.get(url).json()
+    assert len(listed) == 1 and listed[0]["action"] == "x"
+
+
 def open_ingest_as(server: Any, headers: dict[str, str]) -> Any:
     from websockets.sync.client import connect
 

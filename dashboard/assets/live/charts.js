@@ -44,7 +44,8 @@
   /*
    * Take the rows of one run into one chart's pending appends. Returns the steps that
    * will be drawn on its raw lines; calls `ask(reason)` when only a server redraw can
-   * show them (group means, a log axis that must change).
+   * show them (group means, a log axis that must change), `ask(reason, gd)` when only this
+   * chart's can (a learned level the run does not have yet).
    */
   function take(gd, runId, rows, ask) {
     var meta = gd.layout && gd.layout.meta;
@@ -55,11 +56,19 @@
       s.pending = null;
       s.received = [];
     }
-    var key = meta.key;
+    // The metrics the chart's lines draw (meta.keys): its key, or for a chart of other
+    // metrics (the loss magnitude) those, and a companion's (the length cap).
+    var keys = meta.keys || [meta.key];
     var relevant = rows.filter(function (row) {
-      return row.values && Object.prototype.hasOwnProperty.call(row.values, key);
+      if (!row.values) return false;
+      for (var k = 0; k < keys.length; k++) {
+        if (Object.prototype.hasOwnProperty.call(row.values, keys[k])) return true;
+      }
+      return false;
     });
     if (!relevant.length) return [];
+    // A learned level still to come for this run: only the server can say when it is set.
+    if (meta.pending && meta.pending.indexOf(runId) >= 0) ask("level", gd);
     if (meta.aggregate) {
       // Group means cannot be appended to; ask for a redraw when a run got past its drawn end.
       var drawnTo = meta.last_steps || (meta.last_steps = {});
@@ -78,19 +87,27 @@
     var edge = meta.edge || {};
     var lines = { idx: [], x: [], y: [], marks: [] };
     var drawnSteps = [];
+    var magnitude = meta.of === "magnitude";
     for (var i = 0; i < gd.data.length; i++) {
       var tm = gd.data[i].meta;
       if (!tm || tm.run !== runId) continue;
-      if (tm.role !== "raw" && tm.role !== "smooth" && tm.role !== "nonfinite") continue;
+      var role = tm.role;
+      if (role !== "raw" && role !== "smooth" && role !== "nonfinite" && role !== "companion") continue;
+      var key = tm.key || meta.key; // the metric this line draws
       var last = tm.last_step === null || tm.last_step === undefined ? -Infinity : tm.last_step;
       var xs = [], ys = [], symbols = [], texts = [];
       for (var r = 0; r < relevant.length; r++) {
         var row = relevant[r];
-        if (row.step <= last) continue;
+        if (row.step <= last || !Object.prototype.hasOwnProperty.call(row.values, key)) continue;
         last = row.step;
         var value = math.parseValue(row.values[key]);
+        if (magnitude) value = Math.abs(value); // |x|: NaN stays NaN, −Inf is +Inf (series.magnitude)
         var finite = Number.isFinite(value);
-        if (tm.role === "raw") {
+        if (role === "companion") {
+          // A metric beside the run's line (its length cap): its values as logged, no markers.
+          xs.push(row.step);
+          ys.push(math.drawable(value, logAxis) ? value : null);
+        } else if (role === "raw") {
           xs.push(row.step);
           // null is a gap; on a log axis 0 and negatives would plunge off the bottom edge.
           ys.push(math.drawable(value, logAxis) ? value : null);
@@ -100,7 +117,7 @@
           // nothing drawn yet, needs its redraw (log axis again / the note and linear axis).
           if (meta.log_fallback && finite && value > 0) axisChange = true;
           if (logAxis && !meta.y_extent && finite && value <= 0) axisChange = true;
-        } else if (tm.role === "smooth") {
+        } else if (role === "smooth") {
           var ema = tm.ema || (tm.ema = { value: 0, count: 0 });
           xs.push(row.step);
           if (finite) {
@@ -128,14 +145,14 @@
       }
       if (last !== -Infinity) tm.last_step = last;
       if (!xs.length) continue;
-      if (tm.role === "raw") {
+      if (role === "raw") {
         tm.appended = (tm.appended || 0) + xs.length;
         if (tm.appended > COMPACT_AFTER && !meta.compacting) {
           meta.compacting = true; // once per figure: the new one starts from zero
           ask("compact");
         }
       }
-      if (tm.role === "nonfinite") {
+      if (role === "nonfinite") {
         lines.marks.push([i, xs, ys, symbols, texts]);
       } else {
         lines.idx.push(i);

@@ -68,8 +68,28 @@
     deferred = {};
   }
 
-  function askRedraw(reason) {
-    refresh("live-tick", reason, reason === "log-axis" ? 0 : REFRESH_MS);
+  /*
+   * Ask the server to draw the charts again (`gd` given: that chart alone, through its
+   * "metric-seen" store, components.SEEN_TYPE, at most once per DATA_REFRESH_MS: the entropy
+   * chart of a run whose learned level is still to come, which only the server computes).
+   */
+  var chartAsked = new WeakSet(); // charts with a redraw of their own asked for and not sent yet
+  function askRedraw(reason, gd) {
+    if (!gd) {
+      refresh("live-tick", reason, reason === "log-axis" ? 0 : REFRESH_MS);
+      return;
+    }
+    if (document.hidden || chartAsked.has(gd)) return; // shown again, the next points ask
+    chartAsked.add(gd);
+    setTimeout(function () {
+      chartAsked.delete(gd);
+      var card = gd.closest(".chart-card[data-key]");
+      if (!card || !document.body.contains(card)) return;
+      if (!(window.dash_clientside && window.dash_clientside.set_props)) return;
+      live.note("refreshes", 1);
+      window.dash_clientside.set_props(
+        { type: "metric-seen", key: card.getAttribute("data-key") }, { data: { reason: reason, t: Date.now() } });
+    }, DATA_REFRESH_MS);
   }
 
   function onMessage(message) {
