@@ -9,6 +9,7 @@ catches what Keel raises on purpose with one `except`. docs/architecture.md list
     │   └── UnknownRun     the run of a points write, a read or a finish
     ├── InvalidRequest     a well-formed request the server will not carry out (422)
     │   └── ForbiddenTarget a webhook URL that resolves to a private address (refused, not retried)
+    ├── TooManyPending     a command for a run that holds as many undelivered ones as it may (429)
     └── Conflict           contradicts what the server holds (close 4409, HTTP 409); `code` says what:
         ├── RunConflict    a hello for a run id that belongs to another project
         ├── SeqGap         a frame seq past the writer's next one (frames were skipped)
@@ -30,6 +31,7 @@ __all__ = [
     "SeqGap",
     "Superseded",
     "TooLarge",
+    "TooManyPending",
     "UnknownRun",
 ]
 
@@ -58,6 +60,11 @@ class UnknownRun(NotFound):
 
 class InvalidRequest(KeelError, ValueError):
     """A request the server understood and refuses (a rule that cannot be built, say)."""
+
+
+class TooManyPending(KeelError):
+    """A run holds as many pending commands as it may (server/run_commands.py MAX_PENDING):
+    its trainer is not taking them. Answered 429."""
 
 
 class ForbiddenTarget(InvalidRequest):

@@ -15,19 +15,28 @@ import time
 import uuid
 from typing import Any
 
-from sqlalchemy import select, update
+import orjson
+from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from server.errors import UnknownRun
+from server.errors import TooManyPending, UnknownRun
 from server.live import LiveHub
 from server.models import Command, Run
 from server.storage import Store
 from wire.signals import Command as WireCommand
 
-__all__ = ["add_command", "answer", "command_json", "create", "delivered", "list_commands", "publish", "signal_message", "unanswered"]
+__all__ = [
+    "MAX_PENDING", "add_command", "answer", "command_json", "create", "delivered", "list_commands",
+    "publish", "signal_message", "unanswered", "undeliverable",
+]
 
 LISTED = 200
 """Commands a run's list shows (the newest)."""
+MAX_PENDING = 100
+"""Commands a run may hold `pending` (made, not yet received by a trainer): past it a new one
+is refused (429), so a run whose trainer does not listen cannot be filled without end."""
+PAGE = 100
+"""Unanswered commands read and sent at a time to a socket that starts listening."""
 
 
 def add_command(session: AsyncSession, run_id: str, action: str, payload: dict[str, Any], requested_by: str, now: float) -> Command:
@@ -46,13 +55,23 @@ def add_command(session: AsyncSession, run_id: str, action: str, payload: dict[s
     return command
 
 
+def _shown(payload: Any) -> Any:
+    """A payload as the API can answer it: one that no JSON encoder takes (nested past
+    orjson's limit, stored before payloads were judged) is replaced by a note saying so."""
+    try:
+        orjson.dumps(payload)
+    except TypeError as exc:
+        return {"unreadable": f"this payload cannot be sent as JSON ({exc})"}
+    return payload
+
+
 def command_json(command: Command) -> dict[str, Any]:
     """The API shape of a command (REST and the run page)."""
     return {
         "id": command.id,
         "run_id": command.run_id,
         "action": command.action,
-        "payload": command.payload,
+        "payload": _shown(command.payload),
         "state": command.state,
         "requested_by": command.requested_by,
         "created_at": command.created_at,
@@ -76,10 +95,25 @@ def publish(hub: LiveHub, commands: list[Command]) -> None:
 
 
 async def create(store: Store, hub: LiveHub, run_id: str, action: str, payload: dict[str, Any], requested_by: str) -> Command:
+    """A new pending command. One still pending with the same action is replaced (marked
+    `failed`, "replaced by <id>": a trainer that comes back gets the newest `stop`, once);
+    TooManyPending when the run holds MAX_PENDING pending commands of other actions."""
+    now = time.time()
     async with store.writing() as session:
         if await session.get(Run, run_id) is None:
             raise UnknownRun(run_id)
-        command = add_command(session, run_id, action, payload, requested_by, time.time())
+        command = add_command(session, run_id, action, payload, requested_by, now)
+        replaced = await session.execute(
+            update(Command)
+            .where(Command.run_id == run_id, Command.action == action, Command.state == "pending", Command.id != command.id)
+            .values(state="failed", finished_at=now, message=f"replaced by {command.id} before a trainer received it")
+        )
+        if not getattr(replaced, "rowcount", 0):
+            pending = await session.scalar(
+                select(func.count()).select_from(Command).where(Command.run_id == run_id, Command.state == "pending")
+            )
+            if (pending or 0) > MAX_PENDING:  # the new one is counted: it is in the session
+                raise TooManyPending(f"run {run_id!r} has {MAX_PENDING} commands pending already (its trainer is not taking them)")
     publish(hub, [command])
     return command
 
@@ -92,15 +126,27 @@ async def list_commands(store: Store, run_id: str) -> list[Command]:
         return list((await session.scalars(query)).all())
 
 
-async def unanswered(store: Store, run_id: str) -> list[Command]:
-    """The run's commands not answered yet, oldest first (sent to a socket that starts listening)."""
+async def unanswered(store: Store, run_id: str, *, after: tuple[float, str] | None = None, limit: int = PAGE) -> list[Command]:
+    """A page of the run's commands not answered yet, oldest first, after the (created_at, id)
+    of the last one of the previous page (sent to a socket that starts listening)."""
     async with store.sessions() as session:
-        query = (
-            select(Command)
-            .where(Command.run_id == run_id, Command.state.in_(("pending", "delivered")))
-            .order_by(Command.created_at)
+        query = select(Command).where(Command.run_id == run_id, Command.state.in_(("pending", "delivered")))
+        if after is not None:
+            created_at, command_id = after
+            query = query.where(
+                (Command.created_at > created_at) | ((Command.created_at == created_at) & (Command.id > command_id))
+            )
+        return list((await session.scalars(query.order_by(Command.created_at, Command.id).limit(limit))).all())
+
+
+async def undeliverable(store: Store, command_id: str, reason: str, now: float) -> None:
+    """A command no trainer can be sent (its message cannot be encoded): `failed`, with why."""
+    async with store.writing() as session:
+        await session.execute(
+            update(Command)
+            .where(Command.id == command_id, Command.state.in_(("pending", "delivered")))
+            .values(state="failed", finished_at=now, message=f"cannot be sent to a trainer: {reason}"[:500])
         )
-        return list((await session.scalars(query)).all())
 
 
 async def delivered(store: Store, ids: list[str], now: float) -> None:

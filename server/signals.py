@@ -19,6 +19,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from server import run_commands
 from server.alerts import history
 from server.alerts.hazard import HazardCache
@@ -118,6 +120,20 @@ class TrainerSignals:
                 # failed: nothing of the run's data depends on a signal.
                 log.debug("signals for run %s stopped a turn", self.run_id, exc_info=True)
 
+    async def _send_commands(self, messages: list[dict[str, Any]]) -> None:
+        """Send commands and mark them delivered. One that cannot be encoded (a payload no
+        JSON encoder takes) is marked `failed` with the reason, and the others still go."""
+        store, sent = self.sources.store, []
+        for message in messages:
+            try:
+                orjson.dumps(message)
+            except TypeError as exc:
+                await run_commands.undeliverable(store, message["command"]["id"], str(exc), time.time())
+                continue
+            await self._send(message)
+            sent.append(message["command"]["id"])
+        await run_commands.delivered(store, sent, time.time())
+
     async def _turn(self) -> None:
         store = self.sources.store
         if self._snapshot:
@@ -131,16 +147,23 @@ class TrainerSignals:
             )
             await self._send({"type": "alerts", "run_id": self.run_id, "firing": [alert_json(a) for a in reversed(firing)]})
         if self._resend:
+            # Every unanswered command, oldest first, a page at a time, straight to the socket
+            # (not through the bounded outbox: however many there are, the oldest, a `stop`
+            # say, goes out first). The ones published meanwhile come again: harmless, a
+            # trainer answers a command id once.
             self._resend = False
-            for command in await run_commands.unanswered(store, self.run_id):
-                self._outbox.append(run_commands.signal_message(command))
-        sent_commands: list[str] = []
+            after: tuple[float, str] | None = None
+            while page := await run_commands.unanswered(store, self.run_id, after=after):
+                await self._send_commands([run_commands.signal_message(command) for command in page])
+                after = (page[-1].created_at, page[-1].id)
+        sent: list[dict[str, Any]] = []
         while self._outbox:
             message = self._outbox.popleft()
-            await self._send(message)
             if message.get("type") == "command":
-                sent_commands.append(message["command"]["id"])
-        await run_commands.delivered(store, sent_commands, time.time())
+                sent.append(message)
+            else:
+                await self._send(message)
+        await self._send_commands(sent)
         if self._hazard_of is not None and time.monotonic() >= self._hazard_at + HAZARD_PERIOD_S:
             started_at, self._hazard_of = self._hazard_of, None
             self._hazard_at = time.monotonic()

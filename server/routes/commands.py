@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import orjson
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from server import run_commands
 from server.auth import ADMIN, READ, presented_token
 from server.deps import HubDep, SettingsDep, StoreDep
+from server.errors import TooManyPending
 from server.schemas import ApiRoute, RunId, Text, errors
 from server.tokens import SCOPES, token_name, token_scopes
 from wire import ProtocolError
@@ -37,7 +38,11 @@ class CommandIn(BaseModel):
             parse_config(payload, "payload")
         except ProtocolError as exc:
             raise ValueError(str(exc)) from None
-        if len(orjson.dumps(payload)) > MAX_PAYLOAD_BYTES:
+        try:
+            size = len(orjson.dumps(payload))
+        except TypeError as exc:  # an integer past 64 bits, which no trainer's JSON reads back
+            raise ValueError(f"payload cannot be sent as JSON: {exc}") from None
+        if size > MAX_PAYLOAD_BYTES:
             raise ValueError(f"payload over {MAX_PAYLOAD_BYTES} bytes of JSON")
         return payload
 
@@ -45,10 +50,15 @@ class CommandIn(BaseModel):
 @router.post("/runs/{run_id}/commands", status_code=202, dependencies=[ADMIN], responses=errors(400, 404, 429))
 async def send_command(run_id: RunId, body: CommandIn, request: Request, store: StoreDep, hub: HubDep, settings: SettingsDep) -> dict[str, Any]:
     """Ask the run's trainer to do something: `pending` until a writer of the run that listens
-    to commands receives it (`delivered`), then `acked` or `failed` as its handler answers."""
+    to commands receives it (`delivered`), then `acked` or `failed` as its handler answers.
+    A command still pending with the same action is replaced by this one (it becomes `failed`,
+    "replaced by …"); a run holds at most `MAX_PENDING` pending commands (429 past it)."""
     token = presented_token(request)
     by = (await token_name(store, token) if token and settings.auth_enabled else None) or "local"
-    command = await run_commands.create(store, hub, run_id, body.action, body.payload, by)
+    try:
+        command = await run_commands.create(store, hub, run_id, body.action, body.payload, by)
+    except TooManyPending as exc:
+        raise HTTPException(429, str(exc)) from None
     return run_commands.command_json(command)
 
 

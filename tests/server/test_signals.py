@@ -221,6 +221,56 @@ def test_a_command_payload_is_judged_as_a_run_config_is(server) -> None:  # type
     assert len(listed) == 1 and listed[0]["action"] == "x"
 
 
+def test_pending_commands_are_capped_replaced_by_action_and_all_delivered_oldest_first(server) -> None:  # type: ignore[no-untyped-def]
+    """A run holds at most MAX_PENDING pending commands (429 past it); a newer command replaces
+    a pending one with the same action; a trainer that starts listening gets every unanswered
+    command, oldest first, in pages, however many there are; one that cannot be encoded (a
+    payload stored before payloads were judged) is marked failed with why, and the rest go."""
+    import time as clock
+
+    from sqlalchemy import create_engine, text
+
+    from server.db import async_url
+    from server.run_commands import MAX_PENDING, PAGE
+
+    run = new_run()
+    with open_ingest(server) as ws:
+        _hello(ws, run)
+    first_stop = _send_command(server, run["id"], "stop")
+    made = [_send_command(server, run["id"], f"a{i}") for i in range(MAX_PENDING - 2)]
+    # One whose payload no JSON encoder takes, written as an old server could have.
+    url = async_url(server.database_url)
+    engine = create_engine(url.set(drivername="sqlite" if url.get_backend_name() == "sqlite" else "postgresql+psycopg"))
+    deep: Any = {}
+    for _ in range(300):
+        deep = {"a": deep}
+    with engine.begin() as conn:
+        conn.execute(
+            text("INSERT INTO commands (id, run_id, action, payload, state, requested_by, created_at, message) "
+                 "VALUES ('bad', :run, 'deep', :payload, 'pending', 'old', :at, '')"),  # fmt: skip
+            {"run": run["id"], "payload": json.dumps(deep), "at": clock.time()},
+        )
+    engine.dispose()
+    refused = httpx.post(f"{server.url}/api/v1/runs/{run['id']}/commands", json={"action": "one-too-many"})
+    assert refused.status_code == 429 and f"{MAX_PENDING} commands pending" in refused.text, refused.text
+    second_stop = _send_command(server, run["id"], "stop")  # replaces the first: allowed at the cap
+    listed = {c["id"]: c for c in _commands(server, run["id"])}
+    assert listed[first_stop["id"]]["state"] == "failed" and second_stop["id"] in listed[first_stop["id"]]["message"]
+    assert MAX_PENDING > PAGE // 2  # the delivery below takes more than one page
+    with open_ingest(server) as ws:
+        _hello(ws, run, ["commands"])
+        received = []
+        while len(received) < MAX_PENDING - 1:
+            message, _ = _until(ws, "command")
+            received.append(message["command"]["id"])
+    assert received == [c["id"] for c in made] + [second_stop["id"]]
+    deadline = clock.monotonic() + 10
+    while (bad := next(c for c in _commands(server, run["id"]) if c["id"] == "bad"))["state"] != "failed":
+        assert clock.monotonic() < deadline
+        clock.sleep(0.05)
+    assert bad["message"].startswith("cannot be sent to a trainer:"), bad
+
+
 def open_ingest_as(server: Any, headers: dict[str, str]) -> Any:
     from websockets.sync.client import connect
 
