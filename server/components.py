@@ -17,7 +17,7 @@ from server.alerts.notify import Notifier
 from server.alerts.rulebook import RuleBook
 from server.config import Settings, deprecated_env
 from server.fanout import Fanout
-from server.ingest import AfterCommit, FrameBudget, IngestSlots
+from server.ingest import AfterCommit, FrameBudget, IngestSlots, SocketSlots
 from server.live import LiveHub
 from server.ratelimit import RateLimits
 from server.storage import Store
@@ -40,6 +40,7 @@ class Components:
     alerts: AlertEngine
     deliveries: DeliveryWorker
     ingest_slots: IngestSlots
+    live_slots: SocketSlots
     frame_budget: FrameBudget
     rate_limits: RateLimits
     """Per-client token buckets for REST writes and ingest (server/ratelimit.py)."""
@@ -105,7 +106,8 @@ async def running(settings: Settings, internal_token: str) -> AsyncIterator[Comp
         rulebook=rulebook,
         alerts=alerts,
         deliveries=deliveries,
-        ingest_slots=IngestSlots(settings.max_ingest_connections),
+        ingest_slots=IngestSlots(settings.max_ingest_connections, settings.max_ingest_connections_per_token, "ingest"),
+        live_slots=SocketSlots(settings.max_live_connections, settings.max_live_connections_per_token, "live"),
         frame_budget=FrameBudget(settings.ingest_buffer_bytes),
         rate_limits=RateLimits.from_settings(settings),
         internal_token=internal_token,

@@ -84,6 +84,13 @@ class Settings(BaseSettings):
     max_key_length: int = 200
     max_ingest_connections: int = 512
     """Ingest websockets beyond this are refused with close code 1013 (retry later)."""
+    max_ingest_connections_per_token: int = 256
+    """Ingest websockets one token (or, with auth off, one address) may hold: past it 1013,
+    saying which cap. Half the server's, so one team's token never locks out the others."""
+    max_live_connections: int = 1024
+    """Live websockets (browsers' pages) the server holds at most: past it 1013."""
+    max_live_connections_per_token: int = 128
+    """Live websockets one token or login (or, with auth off, one address) may hold."""
     allow_private_webhooks: bool = False
     """Allow webhook URLs on loopback/private/link-local addresses (local receivers, tests)."""
     hazard_model: Path | None = None

@@ -92,21 +92,40 @@ class AfterCommit:
         self.hub.publish(run_id, live_status_message(run_id, status))
 
 
-class IngestSlots:
-    """Counts open ingest sockets against the configured maximum."""
+class SocketSlots:
+    """Counts open sockets of one kind against the server's maximum and each client's (a
+    token, or an address with auth off: ratelimit.client_key), so that one client cannot take
+    every slot and lock the others out."""
 
-    def __init__(self, limit: int):
+    def __init__(self, limit: int, per_client: int | None = None, what: str = "ingest"):
         self.limit = limit
+        self.per_client = per_client if per_client is not None else limit
+        self.what = what
         self.open = 0
+        self._by_client: dict[str, int] = {}
 
-    def take(self) -> bool:
+    def take(self, client: str = "") -> str | None:
+        """A slot for `client`; None when taken, else the refusal naming the cap it hit."""
         if self.open >= self.limit:
-            return False
+            return f"too many {self.what} connections on this server ({self.limit}); retry later"
+        held = self._by_client.get(client, 0)
+        if held >= self.per_client:
+            return f"too many {self.what} connections for this token or address ({self.per_client}); retry later"
         self.open += 1
-        return True
+        self._by_client[client] = held + 1
+        return None
 
-    def give_back(self) -> None:
+    def give_back(self, client: str = "") -> None:
         self.open -= 1
+        held = self._by_client.get(client, 1) - 1
+        if held > 0:
+            self._by_client[client] = held
+        else:
+            self._by_client.pop(client, None)
+
+
+IngestSlots = SocketSlots
+"""The ingest sockets' slots (the name the components use)."""
 
 
 class FrameBudget:
@@ -341,14 +360,13 @@ async def refuse_unauthorized(websocket: WebSocket, scope: str) -> None:
     await websocket.close(CLOSE_AUTH)
 
 
-async def refuse_overloaded(websocket: WebSocket) -> None:
+async def refuse_overloaded(websocket: WebSocket, message: str = "too many ingest connections; retry later") -> None:
     await websocket.accept()
-    await websocket.send_text(
-        orjson.dumps(
-            {"type": "error", "code": "overloaded", "message": "too many ingest connections; retry later"}
-        ).decode()
-    )
-    await websocket.close(CLOSE_OVERLOADED)
+    await websocket.send_text(orjson.dumps({"type": "error", "code": "overloaded", "message": message}).decode())
+    await websocket.close(CLOSE_OVERLOADED, message[:120])
 
 
-__all__ = ["AfterCommit", "IngestSession", "IngestSlots", "IngestState", "PointsListener", "refuse_overloaded", "refuse_unauthorized"]
+__all__ = [
+    "AfterCommit", "IngestSession", "IngestSlots", "IngestState", "PointsListener", "SocketSlots", "refuse_overloaded",
+    "refuse_unauthorized",
+]

@@ -12,6 +12,7 @@ from server.config import Settings
 from server.deps import CommittedDep, ComponentsDep, HubDep, IngestSlotsDep, SettingsDep, StoreDep
 from server.fairlock import WRITE_OWNER
 from server.ingest import IngestSession, IngestSlots, refuse_overloaded, refuse_unauthorized
+from server.live import LiveHub
 from server.ratelimit import RateLimited, RateLimits, client_key
 from server.signals import SignalSources
 from wire import CLOSE_AUTH, CLOSE_OVERLOADED, ProtocolError
@@ -42,8 +43,9 @@ class IngestGate:
         if message["type"] != "websocket.receive":
             return message
         if not self.has_slot:
-            if not self.slots.take():
-                raise ProtocolError("too many ingest connections; retry later", code="overloaded", close_code=CLOSE_OVERLOADED)
+            refused = self.slots.take(self.client)
+            if refused is not None:
+                raise ProtocolError(refused, code="overloaded", close_code=CLOSE_OVERLOADED)
             self.has_slot = True
         size = len(message.get("text") or message.get("bytes") or b"")
         reservation = self.limits.bytes.reserve(self.client, size, self.limits.max_pacing_s)
@@ -56,7 +58,7 @@ class IngestGate:
     def release(self) -> None:
         if self.has_slot:
             self.has_slot = False
-            self.slots.give_back()
+            self.slots.give_back(self.client)
 
 
 @router.websocket("/ingest")
@@ -69,7 +71,7 @@ async def ingest(
     components: ComponentsDep,
 ) -> None:
     if slots.open >= slots.limit:  # cheap early refusal; the slot itself is taken at the hello
-        await refuse_overloaded(websocket)
+        await refuse_overloaded(websocket, f"too many ingest connections on this server ({slots.limit}); retry later")
         return
     if not await allowed(websocket, "ingest"):  # before any slot: strangers take none
         await refuse_unauthorized(websocket, "ingest")
@@ -117,12 +119,25 @@ async def token_revoked(websocket: WebSocket, scope: str, settings: Settings) ->
 
 
 @router.websocket("/live")
-async def live(websocket: WebSocket, hub: HubDep, settings: SettingsDep, runs: str | None = None) -> None:
+async def live(websocket: WebSocket, hub: HubDep, settings: SettingsDep, components: ComponentsDep, runs: str | None = None) -> None:
     """Push committed points (and alert changes) of the given runs, or of all runs."""
     run_ids = frozenset(r for r in (runs or "").split(",") if r) or None
     if not await allowed(websocket, "read"):
         await refuse_unauthorized(websocket, "read")
         return
+    client = client_key(websocket, settings.auth_enabled, presented_token(websocket))
+    slots = components.live_slots
+    refused = slots.take(client)
+    if refused is not None:
+        await refuse_overloaded(websocket, refused)
+        return
+    try:
+        await _live(websocket, hub, settings, run_ids)
+    finally:
+        slots.give_back(client)
+
+
+async def _live(websocket: WebSocket, hub: LiveHub, settings: Settings, run_ids: frozenset[str] | None) -> None:
     await websocket.accept()
     subscription = hub.subscribe(run_ids)
 
