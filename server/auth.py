@@ -25,8 +25,10 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from server.deps import get_components
+from server.errors import Forbidden
 from server.ratelimit import RateLimiter, address_key
-from server.tokens import UNKNOWN_TOKEN_SEEN, token_scopes
+from server.storage.admission import Speaker
+from server.tokens import UNKNOWN_TOKEN_SEEN, token_name, token_scopes
 
 COOKIE = "keel_token"
 LOGIN_PATH = "/login"
@@ -52,6 +54,20 @@ async def allowed(conn: HTTPConnection, scope: str) -> bool:
         return scope == "read"
     scopes = await token_scopes(components.store, token)
     return scopes is not None and scope in scopes
+
+
+async def speaker_of(conn: HTTPConnection) -> Speaker | None:
+    """Who a request or socket speaks as when it writes to a run: its token's name and
+    whether that token is an admin's; None with auth off (every writer is the same)."""
+    components = get_components(conn)
+    if not components.settings.auth_enabled:
+        return None
+    token = presented_token(conn) or ""
+    scopes = await token_scopes(components.store, token) if token else None
+    name = await token_name(components.store, token) if scopes is not None else None
+    if name is None:  # `allowed` let it in: a token revoked in between
+        raise Forbidden("the token was revoked")
+    return Speaker(name, admin="admin" in (scopes or ()))
 
 
 def _same(token: str, secret: str) -> bool:

@@ -10,6 +10,7 @@ catches what Keel raises on purpose with one `except`. docs/architecture.md list
     ├── InvalidRequest     a well-formed request the server will not carry out (422)
     │   └── ForbiddenTarget a webhook URL that resolves to a private address (refused, not retried)
     ├── TooManyPending     a command for a run that holds as many undelivered ones as it may (429)
+    ├── Forbidden          a write to a run that belongs to another token's name (close 4403, 403)
     └── Conflict           contradicts what the server holds (close 4409, HTTP 409); `code` says what:
         ├── RunConflict    a hello for a run id that belongs to another project
         ├── SeqGap         a frame seq past the writer's next one (frames were skipped)
@@ -22,6 +23,7 @@ from wire import CLOSE_TOO_LARGE, KeelError, ProtocolError
 
 __all__ = [
     "Conflict",
+    "Forbidden",
     "ForbiddenTarget",
     "InvalidRequest",
     "KeelError",
@@ -60,6 +62,11 @@ class UnknownRun(NotFound):
 
 class InvalidRequest(KeelError, ValueError):
     """A request the server understood and refuses (a rule that cannot be built, say)."""
+
+
+class Forbidden(KeelError):
+    """The token may not speak for this run: the run belongs to another token's name. Nothing
+    of the run changes. Close 4403 on an ingest socket, 403 over REST."""
 
 
 class TooManyPending(KeelError):

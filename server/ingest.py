@@ -24,16 +24,17 @@ from psycopg_pool import PoolTimeout
 from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeout
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from server.errors import Conflict, TooLarge
+from server.errors import Conflict, Forbidden, TooLarge
 from server.live import LiveHub
 from server.live_messages import live_points_message, live_status_message
 from server.run_commands import answer
 from server.signals import SignalSources, TrainerSignals
-from server.storage import FrameRef, Store
+from server.storage import FrameRef, Speaker, Store
 from wire import (
     ACCEPTS,
     CLOSE_AUTH,
     CLOSE_CONFLICT,
+    CLOSE_FORBIDDEN,
     CLOSE_IDLE,
     CLOSE_OVERLOADED,
     CLOSE_SERVER_FAULT,
@@ -174,8 +175,12 @@ class IngestSession:
         sources: SignalSources | None = None,
         hello_timeout_s: float = 10.0,
         idle_timeout_s: float = 300.0,
+        speaker: Speaker | None = None,
     ):
         self.websocket = websocket
+        self.speaker = speaker
+        """Whose token this socket presented (None with auth off): it may write only to runs
+        of that token's name (docs/security.md, "Who speaks for a run")."""
         self.store = store
         self.committed = committed
         self.limits = limits
@@ -211,6 +216,8 @@ class IngestSession:
             await self._fail(exc.to_message(), exc.close_code)
         except Conflict as exc:
             await self._fail({"type": "error", "code": exc.code, "message": str(exc)}, CLOSE_CONFLICT)
+        except Forbidden as exc:  # a hello for another token's run: nothing of it changed
+            await self._fail({"type": "error", "code": "forbidden", "message": str(exc)}, CLOSE_FORBIDDEN)
         except (SQLAlchemyTimeout, PoolTimeout):
             # Every database connection is busy (a slow or locked database): overloaded,
             # not broken. Nothing of this frame was acked; the client resends it.
@@ -269,7 +276,7 @@ class IngestSession:
         if self.state is IngestState.AWAIT_HELLO:
             info = parse_hello(message, self.limits)
             self.writer = parse_writer(message)
-            acked_seq, self.session_id = await self.store.open_run(info, time.time(), writer=self.writer)
+            acked_seq, self.session_id = await self.store.open_run(info, time.time(), writer=self.writer, speaker=self.speaker)
             self.run_id = info.id
             self.state = IngestState.STREAMING
             welcome = {"type": "welcome", "run_id": info.id, "acked_seq": acked_seq, "accepts": list(ACCEPTS)}
@@ -313,7 +320,8 @@ class IngestSession:
         elif kind == "command_result":
             command_id, ok, text = parse_command_result(message)
             if self.sources is not None:
-                await answer(self.sources.store, self.run_id, command_id, ok, text, time.time())
+                by = "local" if self.speaker is None else self.speaker.name
+                await answer(self.sources.store, self.run_id, command_id, ok, text, time.time(), by=by)
         elif kind == "hello":
             raise ProtocolError("hello was already received on this connection")
         else:

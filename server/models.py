@@ -53,6 +53,10 @@ class Run(Base):
     """Unix seconds, as are the other times."""
     last_seen_at: Mapped[float] = mapped_column(Double)
     finished_at: Mapped[float | None] = mapped_column(Double)
+    owner: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    """The name of the token that made the run (with auth on): only tokens of that name, or
+    an admin, write to it. None: made with auth off, or before owners (the next token that
+    writes to it claims it)."""
 
 
 class RunWriter(Base):
@@ -283,6 +287,8 @@ class Command(Base):
     finished_at: Mapped[float | None] = mapped_column(Double)
     message: Mapped[str] = mapped_column(String(1000))
     """What the trainer answered (an error's text when failed)."""
+    answered_by: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    """The name of the token whose socket answered ("local" with auth off)."""
 
 
 class ApiToken(Base):

@@ -78,6 +78,7 @@ def command_json(command: Command) -> dict[str, Any]:
         "delivered_at": command.delivered_at,
         "finished_at": command.finished_at,
         "message": command.message,
+        "answered_by": command.answered_by,
     }
 
 
@@ -159,13 +160,13 @@ async def delivered(store: Store, ids: list[str], now: float) -> None:
         )
 
 
-async def answer(store: Store, run_id: str, command_id: str, ok: bool, message: str, now: float) -> bool:
+async def answer(store: Store, run_id: str, command_id: str, ok: bool, message: str, now: float, *, by: str | None = None) -> bool:
     """Record the trainer's answer; False when the run has no such command. The first answer
     stands: a repeat (the command was delivered twice) changes nothing."""
     async with store.writing() as session:
         result = await session.execute(
             update(Command)
             .where(Command.id == command_id, Command.run_id == run_id, Command.state.in_(("pending", "delivered")))
-            .values(state="acked" if ok else "failed", finished_at=now, message=message)
+            .values(state="acked" if ok else "failed", finished_at=now, message=message, answered_by=by)
         )
         return bool(getattr(result, "rowcount", 0))

@@ -9,7 +9,8 @@ restarted process all resume the same way, from the last acked frame.
          ^                                        |                          |
          +---------- socket error / close --------+--------------------------+
     any state --auth refused (HTTP 401/403, close 4401)--> REJECTED (stop dialing, keep spool)
-    any state --run refused (close 4409 run_conflict: the run id is another project's)--> REJECTED
+    any state --run refused (close 4409 run_conflict: the run id is another project's;
+                close 4403: the run belongs to another token's name)--> REJECTED
 
 A frame the server answers with `reject` breaks the protocol and will never be stored: it
 is copied out of the spool (`Spool.keep_rejected`), warned about once, and counts as done,
@@ -42,6 +43,7 @@ from wire import (
     ACCEPTS,
     CLOSE_AUTH,
     CLOSE_CONFLICT,
+    CLOSE_FORBIDDEN,
     CLOSE_IDLE,
     CLOSE_MALFORMED,
     CLOSE_TOO_LARGE,
@@ -397,11 +399,12 @@ class Sender:
             self.state = ConnState.REJECTED
             logger.error("keel: %s refused our credentials (%s)", self.url, self.last_error)
             return
-        if (close_code == CLOSE_CONFLICT and server_code == "run_conflict") or (
+        if (close_code == CLOSE_CONFLICT and server_code == "run_conflict") or close_code == CLOSE_FORBIDDEN or (
             at_hello and close_code in (CLOSE_MALFORMED, CLOSE_TOO_LARGE)
         ):
-            # The run itself is refused (another project's id; a config over the server's
-            # limit): the same hello can never be welcomed. The spool stays for keel sync.
+            # The run itself is refused (another project's id; another token's run; a config
+            # over the server's limit): the same hello can never be welcomed. The spool stays
+            # for keel sync (with the run's own token).
             self.state = ConnState.REJECTED
             logger.error("keel: %s refused run %s (%s)", self.url, self._spool.run.id, self.last_error)
             return

@@ -10,6 +10,7 @@ from __future__ import annotations
 from wire.errors import (
     CLOSE_AUTH,
     CLOSE_CONFLICT,
+    CLOSE_FORBIDDEN,
     CLOSE_IDLE,
     CLOSE_MALFORMED,
     CLOSE_OVERLOADED,
@@ -55,6 +56,7 @@ __all__ = [
     "ACCEPTS",
     "CLOSE_AUTH",
     "CLOSE_CONFLICT",
+    "CLOSE_FORBIDDEN",
     "CLOSE_IDLE",
     "CLOSE_MALFORMED",
     "CLOSE_OVERLOADED",

@@ -11,6 +11,7 @@ from typing import Any
 __all__ = [
     "CLOSE_AUTH",
     "CLOSE_CONFLICT",
+    "CLOSE_FORBIDDEN",
     "CLOSE_IDLE",
     "CLOSE_MALFORMED",
     "CLOSE_OVERLOADED",
@@ -27,6 +28,8 @@ CLOSE_OVERLOADED = 1013
 CLOSE_SERVER_FAULT = 1011
 CLOSE_IDLE = 4408
 """No hello within the server's hello timeout, or no frame within its idle timeout."""
+CLOSE_FORBIDDEN = 4403
+"""The token may not write to this run: it belongs to another token's name (docs/security.md)."""
 CLOSE_CONFLICT = 4409
 """What the client sent contradicts what the server holds: a seq gap, a connection of the
 same writer that another one superseded, a hello for a run of another project or for a

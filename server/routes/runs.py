@@ -12,9 +12,9 @@ from typing import Annotated, Literal
 import orjson
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 
-from server.auth import ADMIN, INGEST, READ, presented_token
+from server.auth import ADMIN, INGEST, READ, presented_token, speaker_of
 from server.deps import CommittedDep, ComponentsDep, SettingsDep, StoreDep
-from server.errors import Conflict, TooLarge, UnknownRun
+from server.errors import Conflict, Forbidden, TooLarge, UnknownRun
 from server.fairlock import WRITE_OWNER
 from server.ratelimit import client_key
 from server.retention import delete_run
@@ -41,6 +41,7 @@ from server.schemas import (
     errors,
     unprocessable,
 )
+from server.storage import Store
 from server.storage.details import parse_cursor
 from wire import CLOSE_TOO_LARGE, ProtocolError, encode_value, parse_config, parse_rows
 
@@ -318,12 +319,22 @@ async def post_points(
         if exc.close_code == CLOSE_TOO_LARGE:
             raise HTTPException(413, str(exc)) from None
         raise unprocessable(str(exc)) from None
+    await _may_write(request, store, run_id)
     try:
         result = await store.write_points(run_id, rows, time.time())
     except TooLarge as exc:  # new keys past the run's limit
         raise HTTPException(413, str(exc)) from None
     await committed.points(run_id, result.started_at, rows)
     return PointsWritten(stored_rows=len(rows), last_step=result.last_step)
+
+
+async def _may_write(request: Request, store: Store, run_id: str) -> None:
+    """403 unless the request's token may write to the run (its owner's name, or an admin);
+    404 for no such run (docs/security.md, "Who speaks for a run")."""
+    try:
+        await store.check_owner(run_id, await speaker_of(request))
+    except Forbidden as exc:
+        raise HTTPException(403, str(exc)) from None
 
 
 @router.patch(
@@ -356,6 +367,7 @@ async def update_run(run_id: RunId, request: Request, store: StoreDep, settings:
         config = parse_config(payload["config"], "config")
     except ProtocolError as exc:
         raise unprocessable(str(exc), "config") from None
+    await _may_write(request, store, run_id)
     try:
         run = await store.update_config(run_id, config)
     except TooLarge as exc:  # the merged config past its limit

@@ -7,9 +7,10 @@ import asyncio
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from starlette.types import Message
 
-from server.auth import allowed, presented_token
+from server.auth import allowed, presented_token, speaker_of
 from server.config import Settings
 from server.deps import CommittedDep, ComponentsDep, HubDep, IngestSlotsDep, SettingsDep, StoreDep
+from server.errors import Forbidden
 from server.fairlock import WRITE_OWNER
 from server.ingest import IngestSession, IngestSlots, refuse_overloaded, refuse_unauthorized
 from server.live import LiveHub
@@ -78,6 +79,11 @@ async def ingest(
         return
     client = client_key(websocket, settings.auth_enabled, presented_token(websocket))
     WRITE_OWNER.set(client)  # this socket's writes take their turn with other clients' (fairlock.py)
+    try:
+        speaker = await speaker_of(websocket)
+    except Forbidden:  # revoked since `allowed`
+        await refuse_unauthorized(websocket, "ingest")
+        return
     gate = IngestGate(websocket, slots, components.rate_limits, client)
     gated = WebSocket(websocket.scope, receive=gate.receive, send=websocket.send)
     try:
@@ -91,6 +97,7 @@ async def ingest(
             sources=SignalSources(store, components.hub, components.hazards),
             hello_timeout_s=settings.ingest_hello_timeout_s,
             idle_timeout_s=settings.ingest_idle_timeout_s,
+            speaker=speaker,
         )
         serving = asyncio.create_task(session.serve())
         revoked = asyncio.create_task(token_revoked(websocket, "ingest", settings))

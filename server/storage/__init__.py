@@ -23,9 +23,10 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from server.db import is_sqlite, session_factory
+from server.errors import UnknownRun
 from server.models import Run
 from server.storage import details, reads, writes
-from server.storage.admission import FrameRef, open_run
+from server.storage.admission import FrameRef, Speaker, claim, open_run
 from server.storage.details import Distributions, Fit, SequencePairs, StepSamples, StoredDetail
 from server.storage.postgres import PostgresWritePath
 from server.storage.reads import KeyInfo, SeriesData
@@ -35,7 +36,7 @@ from server.storage.writes import POINTS_PER_TRANSACTION, SeriesCache, WritePath
 from wire import Row, RunInfo
 
 __all__ = [
-    "FrameRef", "Store", "WriteResult", "SeriesData", "KeyInfo",
+    "FrameRef", "Speaker", "Store", "WriteResult", "SeriesData", "KeyInfo",
     "Distributions", "Fit", "SequencePairs", "StepSamples", "StoredDetail",
     "POINTS_PER_TRANSACTION", "ROLLUP_BITS", "ROLLUP_LEVELS",
 ]
@@ -78,17 +79,29 @@ class Store:
 
     # -- writes -----------------------------------------------------------------
 
-    async def open_run(self, info: RunInfo, now: float, *, writer: str = "") -> tuple[int, str]:
+    async def open_run(self, info: RunInfo, now: float, *, writer: str = "", speaker: Speaker | None = None) -> tuple[int, str]:
         """Create the run, or resume it (config and status kept), and make this connection
         `writer`'s. A resumed run turns "running" again with the first frame it stores
         (`write_points`): a hello alone, or resends of acked frames, never reopen it.
 
         Returns the writer's acked seq and the connection's session id (for `FrameRef`).
         Raises RunConflict for a run of another project, TooLarge (nothing stored) for a
-        new run whose config is over `max_config_bytes`.
+        new run whose config is over `max_config_bytes`, Forbidden (nothing changed) for a
+        run of another token's name.
         """
         async with self.writing() as session:
-            return await open_run(session, info, now, writer, self.max_config_bytes)
+            return await open_run(session, info, now, writer, self.max_config_bytes, speaker)
+
+    async def check_owner(self, run_id: str, speaker: Speaker | None) -> None:
+        """Raise UnknownRun, or Forbidden unless `speaker` may write to the run (a run without
+        an owner is claimed: admission.claim). A REST write asks this first."""
+        if speaker is None:
+            return
+        async with self.writing() as session:
+            run = await session.get(Run, run_id, with_for_update=True)
+            if run is None:
+                raise UnknownRun(run_id)
+            claim(run, speaker)
 
     async def finish_run(self, run_id: str, status: str, now: float) -> None:
         async with self.writing() as session:

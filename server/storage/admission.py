@@ -23,12 +23,34 @@ from typing import Any
 from sqlalchemy import BigInteger, bindparam, case, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from server.errors import RunConflict, SeqGap, Superseded, UnknownRun
+from server.errors import Forbidden, RunConflict, SeqGap, Superseded, UnknownRun
 from server.models import Run, RunWriter
 from server.storage.bounds import check_config
 from wire import RunInfo
 
-__all__ = ["FrameRef", "Head", "admit", "advance", "check_frame", "open_run", "update_run"]
+__all__ = ["FrameRef", "Head", "Speaker", "admit", "advance", "check_frame", "claim", "open_run", "update_run"]
+
+
+@dataclass(frozen=True)
+class Speaker:
+    """Who asks to write to a run (auth on): the name of the token presented, and whether it
+    is an admin's. Tokens of one name are one owner: the ranks of a job sharing a token, and
+    a rotated token (a new one of the same name, the old revoked), speak for the same runs."""
+
+    name: str
+    admin: bool = False
+
+
+def claim(run: Run, speaker: Speaker | None) -> None:
+    """Raise Forbidden unless `speaker` may write to `run`: no speaker (auth off), an admin,
+    the run's owner; a run without an owner (made with auth off, or before owners) is
+    claimed by the first token that writes to it."""
+    if speaker is None or speaker.admin:
+        return
+    if run.owner is None:
+        run.owner = speaker.name
+    elif run.owner != speaker.name:
+        raise Forbidden(f"run {run.id!r} belongs to another token's runs; this token may not write to it, listen to its commands or answer them")
 
 
 @dataclass(frozen=True)
@@ -53,13 +75,14 @@ class Head:
 
 
 async def open_run(
-    session: AsyncSession, info: RunInfo, now: float, writer: str, max_config_bytes: int
+    session: AsyncSession, info: RunInfo, now: float, writer: str, max_config_bytes: int, speaker: Speaker | None = None
 ) -> tuple[int, str]:
     """Create the run, or resume it (config and status kept), and make a new connection
     `writer`'s, superseding any earlier one. Returns the writer's acked seq and the
     connection's session id (for `FrameRef`). Raises RunConflict for a run of another
     project, TooLarge for a new run whose config is over `max_config_bytes` as JSON (a
-    resumed run keeps its stored config: the hello's is not stored, so not checked).
+    resumed run keeps its stored config: the hello's is not stored, so not checked),
+    Forbidden for a run of another token's name (`claim`). A new run is `speaker`'s.
     """
     session_id = uuid.uuid4().hex
     run = await session.get(Run, info.id, with_for_update=True)
@@ -79,6 +102,7 @@ async def open_run(
                 started_at=now,
                 last_seen_at=now,
                 finished_at=None,
+                owner=None if speaker is None else speaker.name,
             )
         )
         await session.flush()
@@ -88,6 +112,7 @@ async def open_run(
             "use another run id"
         )
     else:
+        claim(run, speaker)
         run.last_seen_at = now
     state = await session.get(RunWriter, (info.id, writer))
     if state is None:

@@ -53,3 +53,30 @@ def test_a_run_whose_hello_the_server_refuses_is_not_dialled_again(server_factor
     refusals = [r for r in caplog.records if "refused run" in r.getMessage()]
     assert len(refusals) == 1 and ("4413" in refusals[0].getMessage() or "too_large" in refusals[0].getMessage())
     spool.close()
+
+
+def test_a_run_of_another_tokens_name_is_not_dialled_again(server_factory, sqlite_url, tmp_path, caplog) -> None:
+    """A hello for another token's run (4403) can never be welcomed with this token: the
+    sender says so once and stops, keeping the spool for `keel sync` with the run's token."""
+    import httpx
+
+    admin = "keel_test_admin_token_sender_forbidden_0123"
+    server = server_factory(sqlite_url, host="127.0.0.1", auth=True, bootstrap_token=admin)
+    tokens = {
+        name: httpx.post(f"{server.url}/api/v1/tokens", json={"name": name, "scopes": ["ingest"]},
+                         headers={"Authorization": f"Bearer {admin}"}).json()["token"]  # fmt: skip
+        for name in ("team-a", "team-b")
+    }
+    run = RunInfo(id="6e1d4b63-7f1b-4a68-8b66-2e5d1f8f0003", name="team-a-run")
+    mine = Spool.open(tmp_path / "a" / run.id, run=run)
+    mine.append(json.dumps([{"step": 0, "values": {"m": 1.0}}]))
+    assert upload(mine, server.url, status="finished", timeout=20, token=tokens["team-a"]).state is ConnState.DONE
+    theirs = Spool.open(tmp_path / "b" / run.id, run=run)
+    theirs.append(json.dumps([{"step": 1, "values": {"m": 9.0}}]))
+    with caplog.at_level(logging.ERROR, logger="keel"):
+        sender = upload(theirs, server.url, status="finished", timeout=20, token=tokens["team-b"])
+    assert sender.state is ConnState.REJECTED and theirs.unacked == 1
+    refusals = [r for r in caplog.records if "refused run" in r.getMessage()]
+    assert len(refusals) == 1 and "forbidden" in refusals[0].getMessage(), [r.getMessage() for r in caplog.records]
+    theirs.close()
+    mine.close(remove=True)
