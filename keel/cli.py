@@ -39,6 +39,7 @@ _COMMAND_MODULES: Mapping[str, tuple[str, ...]] = {
     "learners.lm_cli": ("torch",),
     "keel.commands": ("fastapi", "torch", "learners"),  # demo, eval-alerts: a server and the learners
     "keel.parity": (),
+    "keel.run": (),
     "keel.sync": (),
     "keel.transfer": (),
     "keel.watch": (),

@@ -51,6 +51,7 @@ __all__ = [
     "PointTable",
     "Renamer",
     "choose_framework",
+    "read_csv",
     "read_tensorboard",
     "read_wandb",
     "run_id_for",
@@ -520,3 +521,88 @@ def _read_history_export(path: Path, name: str | None, framework: str) -> Import
         framework=chosen,
         framework_why=why,
     )
+
+
+# -- CSV --------------------------------------------------------------------------------
+
+CSV_STEP_COLUMNS = ("step", "Step", "_step", "global_step", "iteration")
+"""Columns `keel import csv` takes the step from (the first present), unless --step-column."""
+_PANEL_BOUNDS = ("__MIN", "__MAX")
+
+
+def read_csv(path: Path, *, name: str | None = None, framework: str = "auto", step_column: str | None = None,
+             run_column: str | None = None) -> list[ImportedRun]:  # fmt: skip
+    """Any CSV with a step column: one run, or one per value of `run_column`. wandb's panel
+    export (a `Step` column, then `<run> - <metric>` columns, with `__MIN` and `__MAX` ones
+    beside each) is split into its runs, the bounds left out."""
+    if not path.is_file():
+        raise ImportSourceError(f"{path} is not a file")
+    with open(path, newline="", encoding="utf-8-sig") as handle:
+        reader = csv.DictReader(handle)
+        header = list(reader.fieldnames or [])
+        rows = list(reader)
+    if not header:
+        raise ImportSourceError(f"{path} has no header row")
+    if step_column is None:
+        step_column = next((column for column in CSV_STEP_COLUMNS if column in header), None)
+        if step_column is None:
+            lowered = {column.lower(): column for column in header}
+            step_column = next((lowered[c.lower()] for c in CSV_STEP_COLUMNS if c.lower() in lowered), None)
+    if step_column is None or step_column not in header:
+        wanted = repr(step_column) if step_column else "a step column (" + ", ".join(CSV_STEP_COLUMNS) + ")"
+        raise ImportSourceError(f"{path} has no {wanted}; name it with --step-column")
+    if run_column is not None and run_column not in header:
+        raise ImportSourceError(f"{path} has no column {run_column!r} (--run-column)")
+    panel = run_column is None and any(" - " in column for column in header if column != step_column)
+    groups: dict[str, list[tuple[int | float | str, list[tuple[str, Any]]]]] = {}
+    bounds = 0
+    for row in rows:
+        step: Any = _csv_value(row.get(step_column) or "")
+        if isinstance(step, float) and step.is_integer():
+            step = int(step)
+        for column, cell in row.items():
+            if column is None or column in (step_column, run_column) or cell in ("", None):
+                continue
+            if panel:
+                if column.endswith(_PANEL_BOUNDS):
+                    bounds += 1
+                    continue
+                run, sep, metric = column.rpartition(" - ")
+                key = run if sep else ""
+                column = metric if sep else column
+            else:
+                key = str(row.get(run_column) or "") if run_column else ""
+            if not groups.get(key) or groups[key][-1][0] != step:
+                groups.setdefault(key, []).append((step, []))
+            groups[key][-1][1].append((column, _csv_value(cell)))
+    if not groups:
+        raise ImportSourceError(f"{path} holds no values")
+    chosen, why = choose_framework(framework, {column for column in header}, {})
+    if panel:
+        metrics = {column.rpartition(" - ")[2] for column in header if " - " in column and not column.endswith(_PANEL_BOUNDS)}
+        chosen, why = choose_framework(framework, metrics, {})
+    digest = hashlib.sha256(",".join(header).encode()).hexdigest()[:16]
+    runs: list[ImportedRun] = []
+    for key, steps in groups.items():
+        renamer = Renamer(chosen)
+        table = PointTable()
+        for step, items in steps:
+            names = {column for column, _ in items}
+            pairs = [(n, value) for column, value in items if (n := renamer.name(column, table, names)) is not None]
+            table.add_row(step, pairs)
+        source = {"source": "wandb-panel" if panel else "csv", "path": str(path.resolve()), "framework": chosen}
+        if key:
+            source["run"] = key
+        runs.append(
+            ImportedRun(
+                identity=f"csv/{path.name}/{digest}/{key}",
+                name=_name(key, name, single=len(groups) == 1, base=None if panel else path.stem),
+                table=table,
+                config={"keel_import": source},
+                not_imported=[f"{bounds} __MIN/__MAX value(s) of wandb's panel export (the bounds of a smoothed line)"]
+                if bounds and not runs else [],
+                framework=chosen,
+                framework_why=why,
+            )
+        )
+    return runs

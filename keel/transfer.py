@@ -1,4 +1,4 @@
-"""`keel import tensorboard|wandb` and `keel export`: other trackers' runs in, Keel's out.
+"""`keel import tensorboard|wandb|console|csv` and `keel export`: other trackers' runs in, Keel's out.
 
 Imports go through the ingest protocol like a live trainer's: the rows are cut into
 frames in a temporary spool and streamed by the Sender (`trainer_hooks.sender.upload`,
@@ -52,6 +52,9 @@ def _add_import(parser: argparse.ArgumentParser) -> None:
     for source, what, help_text in (
         ("tensorboard", "logdir", "a TensorBoard log directory (every directory with event files is a run)"),
         ("wandb", "path", "a wandb offline run directory, a wandb/ directory of them, or a history export (.csv, .json, .jsonl)"),
+        ("console", "path", "a plain-text log of what a trainer printed (verl's console, the Hugging Face Trainer's and TRL's "
+                            "dicts, JSON lines, key=value lines with a step): docs/integrations/run.md"),
+        ("csv", "path", "any CSV with a step column (step, Step, _step, global_step, iteration), or wandb's panel export"),
     ):
         sub = sources.add_parser(source, help=help_text, description=help_text)
         sub.add_argument(what, type=Path, metavar=what.upper())
@@ -66,19 +69,32 @@ def _add_import(parser: argparse.ArgumentParser) -> None:
         sub.add_argument("--framework", choices=FRAMEWORK_CHOICES, default="auto",
                          help="whose metric names to map to Keel's, as keel watch --framework does "
                               "(default auto: recognised from the names and the config)")  # fmt: skip
+        if source == "console":
+            sub.add_argument("--resume", action="store_true",
+                             help="a step that goes back to 0 or 1 goes on in the same run (default: a new run)")  # fmt: skip
+        if source == "csv":
+            sub.add_argument("--step-column", default=None, help="the step's column (default: the first of step, Step, "
+                                                                 "_step, global_step, iteration)")  # fmt: skip
+            sub.add_argument("--run-column", default=None, help="a column naming the run of each row: one run per value")
 
 
 def _import(args: argparse.Namespace) -> int:
-    from keel.importers import ImportSourceError, read_tensorboard, read_wandb
+    from keel.console import read_console
+    from keel.importers import ImportSourceError, read_csv, read_tensorboard, read_wandb
     from wire import ProtocolError
     from wire.urls import default_server
 
     command = f"import {args.source}"
     path = getattr(args, "logdir", None) or args.path
     args.server = default_server(args.server)
-    reader = read_tensorboard if args.source == "tensorboard" else read_wandb
+    readers: dict[str, Any] = {
+        "tensorboard": read_tensorboard,
+        "wandb": read_wandb,
+        "console": lambda path, **kw: read_console(path, resume=args.resume, **kw),
+        "csv": lambda path, **kw: read_csv(path, step_column=args.step_column, run_column=args.run_column, **kw),
+    }
     try:
-        runs = reader(path.expanduser(), name=args.name, framework=args.framework)
+        runs = readers[args.source](path.expanduser(), name=args.name, framework=args.framework)
     except (ImportSourceError, OSError) as exc:
         return _fail(command, str(exc))
     token = args.token if args.token is not None else os.environ.get("KEEL_TOKEN")
@@ -346,7 +362,7 @@ def _write_parquet(output: Path, steps: list[int], columns: dict[str, dict[int, 
 
 COMMANDS = {
     "import": (
-        "Import TensorBoard or wandb runs into Keel (idempotent: importing again adds nothing).",
+        "Import TensorBoard, wandb, console-log or CSV runs into Keel (idempotent: importing again adds nothing).",
         _add_import,
         _import,
     ),

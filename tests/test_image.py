@@ -171,7 +171,7 @@ def test_the_image_is_the_server_profile(image: Image) -> None:
     help_result = image.run(["keel", "--help"])
     assert help_result.returncode == 0, help_result.stderr
     listed = listed_commands(help_result.stdout)
-    assert listed >= SERVER_COMMANDS | {"sync", "import", "export", "watch", "parity"}
+    assert listed >= SERVER_COMMANDS | {"sync", "import", "export", "watch", "parity", "run"}
     assert not listed & LEARNER_COMMANDS
     demo = image.run(["keel", "demo"])
     assert demo.returncode == 2 and "keel demo: not in this install: needs torch" in demo.stderr, demo.stderr

@@ -55,7 +55,7 @@ def test_trainer_hooks_imports_without_server_dependencies() -> None:
 
 EVERY_COMMAND = {
     "backtest", "db", "demo", "eval-alerts", "export", "grid", "import", "lm", "lm-corpus", "lm-grid", "lm-regimes", "parity",
-    "prune", "serve", "sim", "sync", "token", "watch",
+    "prune", "run", "serve", "sim", "sync", "token", "watch",
 }  # fmt: skip
 """What `keel --help` lists in the dev install (every extra installed: none under "Not in this install:")."""
 
@@ -97,7 +97,7 @@ def test_the_base_install_is_the_trainer_side(base_install: dict[str, str]) -> N
 def test_the_base_install_lists_the_commands_it_has(base_install: dict[str, str]) -> None:
     help_result = _run(base_install, "keel", "--help")
     assert help_result.returncode == 0, help_result.stderr
-    assert listed_commands(help_result.stdout) == {"sync", "import", "export", "watch", "parity"}
+    assert listed_commands(help_result.stdout) == {"sync", "import", "export", "watch", "parity", "run"}
     assert "Not in this install:" in help_result.stdout and "serve" in help_result.stdout
     serve = _run(base_install, "keel", "serve", "--port", "8750")
     assert serve.returncode == 2
