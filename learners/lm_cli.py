@@ -56,9 +56,25 @@ def _add_training(parser: argparse.ArgumentParser) -> None:
                         help="model size (default: tiny on cpu, small on cuda)")  # fmt: skip
     parser.add_argument("--steps", type=int, default=600, help="learner steps (default 600)")
     parser.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
-    parser.add_argument("--digits", type=int, default=6, help="task: digits to sort (default 6)")
+    parser.add_argument("--task", choices=("sort", "copy"), default="sort",
+                        help="sort: fixed-length answers (default); copy: answers that end with <eos> "
+                             "under a length cap, 64-token vocabulary (docs/lm.md)")  # fmt: skip
+    parser.add_argument("--digits", type=int, default=None,
+                        help="task difficulty: digits to sort (default 6); copy: most digits in a prompt "
+                             "(default 3)")  # fmt: skip
+    parser.add_argument("--max-new-tokens", type=int, default=0, metavar="N",
+                        help="copy: the length cap of an answer, <eos> included (default 2*digits + 2)")  # fmt: skip
+    parser.add_argument("--truncation-penalty", type=float, default=0.0, metavar="P",
+                        help="copy: the reward of an answer cut at the cap is -P (default 0)")  # fmt: skip
     parser.add_argument("--prompts", type=int, default=16, help="prompts per batch (default 16)")
-    parser.add_argument("--samples", type=int, default=8, help="samples per prompt (default 8)")
+    parser.add_argument("--samples", type=int, default=8,
+                        help="samples per prompt (default 8; 1 only with --adv batch)")  # fmt: skip
+    parser.add_argument("--adv", choices=("group", "group_std", "batch"), default="",
+                        help="advantages: reward - group mean (group), divided by the group's std + 1e-6 "
+                             "(group_std), or reward - batch mean (batch); default batch for flash_reinforce, "
+                             "group otherwise")  # fmt: skip
+    parser.add_argument("--agg", choices=("token_sum", "token_mean", "seq_mean_token_mean"), default="",
+                        help="the loss's aggregation over tokens (default: the loss's own, docs/losses.md)")  # fmt: skip
     parser.add_argument("--clip", type=float, default=1.0, help="max grad norm, 0: off (default 1)")
     parser.add_argument("--project", default="default", help="Keel project of the runs")
     parser.add_argument("--token", default=None, help="API token (default: $KEEL_TOKEN)")
@@ -68,9 +84,12 @@ def _config(args: argparse.Namespace, **fields: Any) -> Any:
     from learners.lm.learner import LMConfig
 
     size = args.size or ("small" if args.device.startswith("cuda") else "tiny")
+    digits = args.digits if args.digits is not None else (3 if args.task == "copy" else 6)
     return LMConfig(
-        device=args.device, size=size, steps=args.steps, lr=args.lr, digits=args.digits,
-        prompts=args.prompts, group=args.samples, clip=args.clip, **fields,
+        device=args.device, size=size, steps=args.steps, lr=args.lr, digits=digits,
+        prompts=args.prompts, group=args.samples, clip=args.clip, task=args.task,
+        max_new_tokens=args.max_new_tokens, truncation_penalty=args.truncation_penalty, adv=args.adv,
+        agg=args.agg, **fields,
     )  # fmt: skip
 
 

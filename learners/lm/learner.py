@@ -19,20 +19,21 @@ import math
 import queue
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
+from learners.lm.advantages import ADVANTAGES, advantages, zero_std_frac
 from learners.lm.guard import Guard, GuardConfig
 from learners.lm.model import GPT, SIZES, GPTConfig
 from learners.lm.sampler import DTYPES, Rollout, Sampler, WeightBoard
-from learners.lm.task import VOCAB, SortTask, token_texts
+from learners.lm.task import DECODERS, TASKS, Task, make_task
 from trainer_hooks.losses import (
+    AGGREGATIONS,
     LOSSES,
     aggregation_weights,
-    compute_advantages,
     loss_terms,
     policy_loss,
 )
@@ -70,7 +71,7 @@ class LMConfig:
     lr: float = 1e-3
     """AdamW learning rate."""
     digits: int = 6
-    """Task difficulty: digits to sort."""
+    """Task difficulty: digits to sort (copy: most digits in a prompt)."""
     prompts: int = 16
     """Prompts per batch."""
     group: int = 8
@@ -79,13 +80,41 @@ class LMConfig:
     """Max gradient norm (0: no clipping). grad/norm is logged before clipping."""
     step_delay: float = 0.0
     """Sleep after each step, to watch a run live on a fast machine."""
+    task: str = "sort"
+    """"sort" (fixed-length answers) or "copy" (answers end with EOS under a length cap)."""
+    max_new_tokens: int = 0
+    """copy: the length cap of an answer, EOS included (0: the task's, 2·digits + 2)."""
+    truncation_penalty: float = 0.0
+    """copy: an answer cut at the cap gets reward −truncation_penalty (0 by default)."""
+    adv: str = ""
+    """Advantages: group, group_std or batch (learners/lm/advantages.py); "": the loss's
+    (batch for flash_reinforce, group otherwise)."""
+    agg: str = ""
+    """Aggregation of the loss over tokens (trainer_hooks.losses.AGGREGATIONS); "": the loss's."""
+
+    @property
+    def advantage_mode(self) -> str:
+        """The advantages used: `adv`, or the loss's default."""
+        return self.adv or ("batch" if self.loss == "flash_reinforce" else "group")
+
+    @property
+    def aggregation(self) -> str:
+        """The aggregation used: `agg`, or the loss's default."""
+        return self.agg or (LOSSES[self.loss].agg if self.loss in LOSSES else "token_sum")
+
+    def make_task(self) -> Task:
+        return make_task(self.task, self.digits, self.max_new_tokens, self.truncation_penalty)
 
     @property
     def name(self) -> str:
-        """`{loss}-lag{lag}-{dtype}[-lr{lr}][-clip{clip}][-d{digits}][-{size}][-b{prompts}x{group}]-s{seed}`:
-        a setting is named when it differs from the default, so runs of one corpus never share a name."""
+        """`{loss}-lag{lag}-{dtype}[-{task}][-lr{lr}][-clip{clip}][-d{digits}][-{size}][-b{prompts}x{group}]
+        [-adv-{mode}][-agg-{tsum|tmean|smean}][-cap{cap}][-tp{penalty}]-s{seed}`: a setting is named when
+        it differs from the default (the advantages and aggregation when they differ from the loss's),
+        so runs of one corpus never share a name."""
         parts = [self.loss, f"lag{self.lag}", self.sampler_dtype]
         default = LMConfig()
+        if self.task != default.task:
+            parts.append(self.task)
         if self.lr != default.lr:
             parts.append(f"lr{self.lr:g}")
         if self.clip != default.clip:
@@ -96,6 +125,14 @@ class LMConfig:
             parts.append(self.size)
         if (self.prompts, self.group) != (default.prompts, default.group):
             parts.append(f"b{self.prompts}x{self.group}")
+        if self.adv and self.adv != replace(self, adv="").advantage_mode:
+            parts.append(f"adv-{self.adv.replace('_', '')}")
+        if self.agg and self.agg != replace(self, agg="").aggregation:
+            parts.append(f"agg-{_AGG_NAMES.get(self.agg, self.agg)}")
+        if self.max_new_tokens and self.task == "copy" and self.max_new_tokens != 2 * self.digits + 2:
+            parts.append(f"cap{self.max_new_tokens}")
+        if self.truncation_penalty:
+            parts.append(f"tp{self.truncation_penalty:g}")
         return "-".join([*parts, f"s{self.seed}"])
 
     def check(self) -> None:
@@ -107,14 +144,36 @@ class LMConfig:
             problems.append(f"sampler dtype must be one of {', '.join(DTYPES)}")
         if self.size not in SIZES:
             problems.append(f"size must be one of {', '.join(SIZES)}")
-        if self.lag < 0 or self.steps < 1 or self.prompts < 1 or self.group < 2:
-            problems.append("need lag >= 0, steps >= 1, prompts >= 1, group >= 2")
-        if not (1 <= self.digits <= 7):
-            problems.append("digits must be 1..7 (the model's context is 16 tokens)")
+        if self.adv not in ("", *ADVANTAGES):
+            problems.append(f"adv must be one of {', '.join(ADVANTAGES)}")
+        if self.agg not in ("", *AGGREGATIONS):
+            problems.append(f"agg must be one of {', '.join(AGGREGATIONS)}")
+        # One answer per prompt is FlashREINFORCE's setting: only the batch baseline allows it.
+        fewest = 1 if self.advantage_mode == "batch" else 2
+        if self.lag < 0 or self.steps < 1 or self.prompts < 1 or self.group < fewest:
+            problems.append(f"need lag >= 0, steps >= 1, prompts >= 1, group >= {fewest}"
+                            + (" (group >= 1 with --adv batch)" if fewest == 2 else ""))  # fmt: skip
+        if self.task not in TASKS:
+            problems.append(f"unknown task {self.task!r}; one of {', '.join(TASKS)}")
+        elif self.task == "sort":
+            if not (1 <= self.digits <= 7):
+                problems.append("digits must be 1..7 (the model's context is 16 tokens)")
+            if self.max_new_tokens or self.truncation_penalty:
+                problems.append("max_new_tokens and truncation_penalty are the copy task's")
+        else:
+            if not (1 <= self.digits <= 10):
+                problems.append("copy: digits must be 1..10")
+            if self.max_new_tokens and not (2 <= self.max_new_tokens <= 64):
+                problems.append("copy: max_new_tokens must be 2..64 (0: 2·digits + 2)")
+            if not (math.isfinite(self.truncation_penalty) and self.truncation_penalty >= 0):
+                problems.append("truncation_penalty must be finite and >= 0")
         if not (self.lr > 0 and self.clip >= 0):
             problems.append("need lr > 0 and clip >= 0")
         if problems:
             raise ValueError("; ".join(problems))
+
+
+_AGG_NAMES = {"token_sum": "tsum", "token_mean": "tmean", "seq_mean_token_mean": "smean"}
 
 
 class MetricSink(Protocol):
@@ -137,6 +196,7 @@ class MetricSink(Protocol):
         token_ids: Any = None,
         seq_ids: Any = None,
         decode: Any = None,
+        max_length: int | None = None,
     ) -> None: ...
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None: ...
@@ -165,11 +225,12 @@ class Recorder:
         token_ids: Any = None,
         seq_ids: Any = None,
         decode: Any = None,
+        max_length: int | None = None,
     ) -> None:  # the step details are the Monitor's: this records the scalars
         values = stability_metrics(
             sampler_logprobs, learner_logprobs, mask, rewards=rewards, advantages=advantages,
             gate_mask=gate_mask, logits=logits, sampler_version=sampler_version,
-            learner_version=learner_version,
+            learner_version=learner_version, max_length=max_length,
         )  # fmt: skip
         self.log(step, {**values, **(metrics or {})})
 
@@ -206,13 +267,14 @@ class Tee:
         token_ids: Any = None,
         seq_ids: Any = None,
         decode: Any = None,
+        max_length: int | None = None,
     ) -> None:
         for sink in self.sinks:
             sink.log_batch(
                 step, sampler_logprobs, learner_logprobs, mask, metrics=metrics, rewards=rewards,
                 advantages=advantages, gate_mask=gate_mask, logits=logits,
                 sampler_version=sampler_version, learner_version=learner_version,
-                token_ids=token_ids, seq_ids=seq_ids, decode=decode,
+                token_ids=token_ids, seq_ids=seq_ids, decode=decode, max_length=max_length,
             )  # fmt: skip
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
@@ -226,14 +288,18 @@ class LMResult:
     """reward/mean per step."""
     wall_s: float
     learner_tokens_per_s: float
-    """Answer tokens trained on per second of learner step (median step)."""
+    """Answer positions trained on per second of learner step (median step; copy: up to the cap)."""
     sampler_tokens_per_s: float
-    """Answer tokens generated per second of sampler batch (median batch)."""
+    """Answer positions generated per second of sampler batch (median batch)."""
 
 
 def run_config(config: LMConfig) -> dict[str, Any]:
     """The run's config as Keel stores it."""
-    return {**asdict(config), "gate/unit": LOSSES[config.loss].unit, "task": "sort"}
+    return {
+        **asdict(config), "gate/unit": LOSSES[config.loss].unit, "task": config.task,
+        "adv/mode": config.advantage_mode, "loss/agg": config.aggregation,
+        **({"max_new_tokens": config.make_task().max_new_tokens} if config.task != "sort" else {}),
+    }  # fmt: skip
 
 
 def train(
@@ -252,16 +318,23 @@ def train(
     back (learners/lm/guard.py); `on_guard` is handed it once made (to route commands to it).
 
     Per-step keys (besides stability_metrics'): `grad/norm`, `loss/total`,
-    `loss/pg`, `loss/kl`, `perf/step_s`, `perf/tokens_per_s`,
+    `loss/pg`, `loss/kl`, `reward/zero_std_frac`, `perf/step_s`, `perf/tokens_per_s`,
     `perf/sampler_tokens_per_s`, `perf/wait_s`, `provenance/seq_id_first`,
-    `provenance/seq_id_last`, `provenance/sampler_version`.
+    `provenance/seq_id_last`, `provenance/sampler_version`; with a length cap (copy)
+    stability_metrics' `response/length_mean`, `_max`, `response/truncated_frac` and
+    `response/length_cap` too.
     """
     config.check()
     device = torch.device(config.device)
-    task = SortTask(config.digits)
-    model_config = GPTConfig(**{**asdict(SIZES[config.size]), "vocab": VOCAB})
+    task = config.make_task()
+    model_config = GPTConfig(**{**asdict(SIZES[config.size]), "vocab": task.vocab, "context": task.context})
     torch.manual_seed(config.seed)
-    model = GPT(model_config).to(device)
+    model = GPT(model_config)
+    prior = task.prior_logits()
+    if prior is not None:  # the task's starting policy (a pretrained model's format)
+        with torch.no_grad():
+            model.head.bias.copy_(prior)
+    model = model.to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.0)
 
     board = WeightBoard(DTYPES[config.sampler_dtype])
@@ -276,6 +349,8 @@ def train(
         on_guard(guarding)
     board.publish(0, model)
     sampler.start()
+    decode = DECODERS[task.name]
+    max_length = task.max_new_tokens if task.eos is not None else None  # a cap only with an EOS
     rewards, step_s, sample_s = [], [], []
     started = time.perf_counter()
     try:
@@ -291,9 +366,9 @@ def train(
                 guarded = {**guarding.after_step(step, hazard(), reward), "guard/discarded": float(discarded)}
             board.publish(step + 1, model)
             elapsed = time.perf_counter() - step_started
-            tokens = out.learner_logp_B_T.numel()
+            tokens = out.mask_B_T.sum()  # answer tokens (a tensor: no host sync)
             if monitor is not None:
-                loss_pg, loss_kl = _loss_parts(config.loss, rollout, out)
+                loss_pg, loss_kl = _loss_parts(config.loss, config.aggregation, rollout, out)
                 monitor.log_batch(  # keel: the stability metrics of this batch
                     step,
                     rollout.sampler_logp_B_T,  # keel: recorded by the sampler, never recomputed
@@ -308,10 +383,14 @@ def train(
                     # keel: the worst sequences' tokens, and their ids
                     token_ids=rollout.tokens_B_L[:, -out.learner_logp_B_T.shape[1] :],
                     seq_ids=rollout.seq_id_B,
-                    decode=token_texts,
+                    decode=decode,
+                    max_length=max_length,  # keel: response/length_*, truncated_frac
                     metrics={
                         "grad/norm": out.grad_norm,
                         "loss/total": out.loss,
+                        "reward/zero_std_frac": zero_std_frac(
+                            rollout.rewards_B, config.advantage_mode, config.group
+                        ),
                         "loss/pg": loss_pg,
                         "loss/kl": loss_kl,
                         "perf/step_s": elapsed,
@@ -334,7 +413,7 @@ def train(
     finally:
         sampler.stop.set()
         sampler.join(timeout=30)
-    batch_tokens = config.prompts * config.group * config.digits
+    batch_tokens = config.prompts * config.group * task.max_new_tokens
     return LMResult(
         rewards=torch.stack(rewards).tolist(),  # one host sync, at the end
         wall_s=time.perf_counter() - started,
@@ -349,7 +428,8 @@ def _take(batches: queue.Queue[Rollout | BaseException], device: torch.device) -
         raise RuntimeError("the sampler thread failed") from item
     if device.type == "cuda":
         stream = torch.cuda.current_stream(device)
-        for tensor in (item.seq_id_B, item.version_B, item.tokens_B_L, item.sampler_logp_B_T, item.rewards_B):
+        for tensor in (item.seq_id_B, item.version_B, item.tokens_B_L, item.sampler_logp_B_T, item.rewards_B,
+                       *(() if item.mask_B_T is None else (item.mask_B_T,))):  # fmt: skip
             tensor.record_stream(stream)  # made on the sampler's stream, freed after use here
     return item
 
@@ -373,20 +453,24 @@ def learner_step(
     model: GPT, optimizer: torch.optim.Optimizer, rollout: Rollout, config: LMConfig, *, update: bool = True
 ) -> StepOutput:
     """One update on `rollout`: its recorded log μ go straight into the loss (no update, and a
-    zero gradient norm, when not `update`)."""
-    digits = config.digits
+    zero gradient norm, when not `update`). The loss covers the answer's tokens up to and
+    including its EOS (`rollout.mask_B_T`), aggregated by `config.aggregation`."""
+    prompt_len = config.make_task().prompt_len  # the prompt and "="
     tokens_B_L = rollout.tokens_B_L
-    logits_B_T_V = model(tokens_B_L[:, :-1])[:, digits:]  # position t predicts answer token t
+    # Position t predicts answer token t.
+    logits_B_T_V = model(tokens_B_L[:, :-1])[:, prompt_len - 1 :]
     learner_logp_B_T = (
-        logits_B_T_V.log_softmax(-1).gather(-1, tokens_B_L[:, digits + 1 :, None]).squeeze(-1)
+        logits_B_T_V.log_softmax(-1).gather(-1, tokens_B_L[:, prompt_len:, None]).squeeze(-1)
     )
-    mask_B_T = torch.ones_like(learner_logp_B_T, dtype=torch.bool)  # fixed-length answers
+    mask_B_T = rollout.mask_B_T
+    if mask_B_T is None:  # fixed-length answers
+        mask_B_T = torch.ones_like(learner_logp_B_T, dtype=torch.bool)
     # FlashREINFORCE is defined with the batch baseline; the others use GRPO's group baseline.
-    mode = "batch" if config.loss == "flash_reinforce" else "group"
-    adv_B = compute_advantages(rollout.rewards_B, mode, config.group)
+    adv_B = advantages(rollout.rewards_B, config.advantage_mode, config.group)
     loss, gate_mask = policy_loss(
-        config.loss, learner_logp_B_T, rollout.sampler_logp_B_T, adv_B, mask_B_T
-    )
+        config.loss, learner_logp_B_T, rollout.sampler_logp_B_T, adv_B, mask_B_T,
+        agg=config.aggregation,
+    )  # fmt: skip
     optimizer.zero_grad(set_to_none=True)
     if update:
         loss.backward()
@@ -401,10 +485,10 @@ def learner_step(
     )  # fmt: skip
 
 
-def _loss_parts(loss: str, rollout: Rollout, out: StepOutput) -> tuple[Tensor, Tensor]:
+def _loss_parts(loss: str, agg: str, rollout: Rollout, out: StepOutput) -> tuple[Tensor, Tensor]:
     """loss/pg and loss/kl: the policy-gradient term and the penalty (zero for most losses)."""
     terms = loss_terms(loss, out.learner_logp_B_T, rollout.sampler_logp_B_T, out.adv_B, out.mask_B_T)
-    weight_B_T = aggregation_weights(out.mask_B_T, LOSSES[loss].agg)
+    weight_B_T = aggregation_weights(out.mask_B_T, agg)
     return -(weight_B_T * terms.pg_B_T).sum(), (weight_B_T * terms.penalty_B_T).sum()
 
 

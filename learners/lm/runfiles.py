@@ -2,7 +2,8 @@
 
 `DIR/<run name>.run.gz`: gzip of one JSON object `{"name", "spec", "wall_s", "series"}`,
 each series the base64 of its little-endian float32 values (NaN and ±Inf kept), only the
-keys the detectors and the hazard read (SERIES_KEYS). A file is written under a temporary
+keys the detectors, the hazard and the alert rules read (SERIES_KEYS; a key the run did not log
+is left out: the sort task logs no `response/*`). A file is written under a temporary
 name and renamed, so one that exists is complete. Labels are not stored: they are taken
 from the series when the corpus is read (learners.labels), so a changed definition needs
 no rerun.
@@ -30,7 +31,8 @@ SERIES_KEYS = (
     "mismatch/log_ratio_abs_mean", "mismatch/tail_frac", "mismatch/tail_frac_2",
     "mismatch/low_tail_frac", "mismatch/log_ratio_abs_rare", "mismatch/log_ratio_abs_unlikely",
     "mismatch/log_ratio_abs_likely", "gate/frac", "grad/norm", "loss/total", "policy/entropy",
-    "staleness/lag_mean",
+    "staleness/lag_mean", "reward/zero_std_frac", "response/length_mean", "response/length_max",
+    "response/truncated_frac", "response/length_cap",
 )  # fmt: skip
 
 

@@ -13,6 +13,11 @@ Each `Rollout` carries what vLLM/SGLang return with a completion: the sampled
 tokens, the log-probability of each one under the distribution it was drawn
 from (recorded here, at sampling time, and never recomputed), a sequence id
 and the policy version that generated it.
+
+With a task that has an end-of-sequence token (`copy`), a sequence stops at its
+EOS or at the length cap (`max_new_tokens`), as an engine's `max_tokens`: after the
+EOS its places hold EOS again, log μ 0 and mask 0, so the mask covers exactly the
+answer, EOS included.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import torch
 from torch import Tensor
 
 from learners.lm.model import GPT, GPTConfig, KVCache
-from learners.lm.task import SortTask
+from learners.lm.task import Task
 
 __all__ = ["DTYPES", "Rollout", "Sampler", "WeightBoard"]
 
@@ -51,11 +56,14 @@ class Rollout:
     tokens_B_L: Tensor
     """int64 [B, L]: prompt, "=", answer; the G samples of a prompt are consecutive."""
     sampler_logp_B_T: Tensor
-    """float32 [B, T]: log μ of each answer token, from the sampler's own logits."""
+    """float32 [B, T]: log μ of each answer token, from the sampler's own logits (0 after EOS)."""
     rewards_B: Tensor
-    """float32 [B] in [0, 1]."""
+    """float32 [B]: in [0, 1] (copy: minus the truncation penalty for a cut answer)."""
     sample_s: float
     """Wall time the sampler spent generating this batch."""
+    mask_B_T: Tensor | None = None
+    """bool [B, T]: the answer's tokens, up to and including its EOS (all of them without
+    an EOS token, or when the answer was cut at the cap). None: every token."""
 
 
 class WeightBoard:
@@ -100,7 +108,7 @@ class Sampler(threading.Thread):
     def __init__(
         self,
         model_config: GPTConfig,
-        task: SortTask,
+        task: Task,
         board: WeightBoard,
         out: queue.Queue[Rollout | BaseException],
         *,
@@ -152,13 +160,14 @@ class Sampler(threading.Thread):
     def generate(self, index: int, count: int = 1) -> list[Rollout]:
         """Batches index … index + count − 1: `group` answers per prompt, log μ of each token."""
         started = time.perf_counter()
-        batch, digits = self.prompts * self.group, self.task.digits
+        batch, cap, eos = self.prompts * self.group, self.task.max_new_tokens, self.task.eos
         prompts_N_P = self.task.prompts(count * self.prompts, self.generator, self.device)
         tokens_N_L = prompts_N_P.repeat_interleave(self.group, dim=0)
         cache = KVCache(len(self.model.blocks))
         next_N_1 = tokens_N_L
-        logps = []
-        for _ in range(digits):
+        logps, masks = [], []
+        done_N_1 = torch.zeros((tokens_N_L.shape[0], 1), dtype=torch.bool, device=self.device)
+        for position in range(cap):
             # Logits come out of the low-precision model; like vLLM, sample and take
             # log-probabilities from them in float32.
             logp_N_V = self.model(next_N_1, cache)[:, -1].float().log_softmax(-1)
@@ -166,9 +175,23 @@ class Sampler(threading.Thread):
             # Gumbel-max: an exact draw from softmax(logp) with no host sync.
             gumbel_N_V = -(-uniform_N_V.clamp_min(1e-20).log()).log()
             next_N_1 = (logp_N_V + gumbel_N_V).argmax(-1, keepdim=True)
-            logps.append(logp_N_V.gather(1, next_N_1))
+            logp_N_1 = logp_N_V.gather(1, next_N_1)
+            if eos is not None:  # a finished answer is padded: EOS, log μ 0, mask 0
+                masks.append(~done_N_1)
+                next_N_1 = torch.where(done_N_1, eos, next_N_1)
+                logp_N_1 = torch.where(done_N_1, 0.0, logp_N_1)
+                done_N_1 = done_N_1 | (next_N_1 == eos)
+            logps.append(logp_N_1)
             tokens_N_L = torch.cat([tokens_N_L, next_N_1], dim=1)
+            # On a CPU (no sync to pay), stop once every answer has ended, as an engine does.
+            if eos is not None and self.stream is None and position + 1 < cap and bool(done_N_1.all()):
+                rest = cap - position - 1
+                tokens_N_L = torch.cat([tokens_N_L, tokens_N_L.new_full((tokens_N_L.shape[0], rest), eos)], 1)
+                logps.append(logp_N_1.new_zeros((logp_N_1.shape[0], rest)))
+                masks.append(done_N_1.new_zeros((done_N_1.shape[0], rest)))
+                break
         sampler_logp_N_T = torch.cat(logps, dim=1)
+        mask_N_T = torch.cat(masks, dim=1) if masks else torch.ones_like(sampler_logp_N_T, dtype=torch.bool)
         rewards_N = self.task.reward(tokens_N_L)
         seq_id_N = torch.arange(index * batch, (index + count) * batch, device=self.device)
         if self.stream is not None:
@@ -184,6 +207,7 @@ class Sampler(threading.Thread):
                 sampler_logp_B_T=sampler_logp_N_T[part],
                 rewards_B=rewards_N[part],
                 sample_s=sample_s,
+                mask_B_T=mask_N_T[part],
             )
             for i, part in enumerate(slice(j * batch, (j + 1) * batch) for j in range(count))
         ]

@@ -238,6 +238,9 @@ def test_keel_lm_streams_every_headline_metric_and_the_provenance(
 def test_keel_lm_rejects_bad_arguments() -> None:
     result = keel("lm", "--loss", "nope", "--server", "http://127.0.0.1:9")
     assert result.returncode == 2 and "unknown loss 'nope'" in result.stderr
+    # One answer per prompt needs the batch baseline (FlashREINFORCE's setting).
+    result = keel("lm", "--loss", "ppo", "--task", "copy", "--samples", "1", "--server", "http://127.0.0.1:9")
+    assert result.returncode == 2 and "group >= 2" in result.stderr
 
 
 def test_keel_lm_grid_writes_a_labelled_corpus(tmp_path) -> None:
