@@ -1,6 +1,7 @@
 /* The run page's Checkpoint and Stop buttons (dashboard/views/run.py): shown to an admin
-   only, they POST a command to the run as the logged-in user (the login cookie goes with
-   the request; docs/alerts.md, "Acting on an alert"). */
+   only, and only while the run is running (a finished run has no trainer to take them); they
+   POST a command to the run as the logged-in user (the login cookie goes with the request;
+   docs/alerts.md, "Acting on an alert"). */
 window.dash_clientside = window.dash_clientside || {};
 window.dash_clientside.keel_commands = {
   shown: async function (state) {
@@ -8,7 +9,10 @@ window.dash_clientside.keel_commands = {
     try {
       var answer = await fetch("/api/v1/whoami", { credentials: "same-origin" });
       var who = await answer.json();
-      return (who.scopes || []).indexOf("admin") >= 0 ? { display: "flex" } : { display: "none" };
+      if ((who.scopes || []).indexOf("admin") < 0) return { display: "none" };
+      var run = await fetch("/api/v1/runs/" + encodeURIComponent(state.runs[0]), { credentials: "same-origin" });
+      var body = run.ok ? await run.json() : {};
+      return body.status === "running" ? { display: "flex" } : { display: "none" };
     } catch (e) {
       return { display: "none" };
     }
@@ -17,7 +21,10 @@ window.dash_clientside.keel_commands = {
     var hit = (window.dash_clientside.callback_context.triggered || [])[0];
     if (!hit || !hit.value || !state || state.page !== "run") return window.dash_clientside.no_update;
     var action = hit.prop_id.indexOf("command-stop") === 0 ? "stop" : "checkpoint";
-    if (action === "stop" && !window.confirm("Stop this run? Its trainer saves a checkpoint and stops.")) {
+    if (action === "stop" && !window.confirm(
+      "Ask this run's trainer to stop? A trainer that listens to commands does what its stop handler does " +
+      "(TRL's KeelCallback saves a checkpoint and stops; keel run interrupts its command)."
+    )) {
       return window.dash_clientside.no_update;
     }
     var run = state.runs[0];

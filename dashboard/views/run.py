@@ -117,7 +117,7 @@ def commands_panel() -> html.Div:
                     html.Button("Checkpoint", id="command-checkpoint", n_clicks=0, className="button",
                                 title="ask the trainer to save a checkpoint now"),
                     html.Button("Stop", id="command-stop", n_clicks=0, className="button",
-                                title="ask the trainer to save a checkpoint and stop"),
+                                title="ask the trainer to stop (what it does is its stop handler's)"),
                     html.Span(id="command-sent", className="sub"),
                 ],
                 id="command-buttons",
@@ -128,6 +128,9 @@ def commands_panel() -> html.Div:
         ],
         className="panel section",
     )  # fmt: skip
+
+
+_PENDING = "not received: a trainer gets commands only while it listens to them (docs/integrate.md, \"Acting on alerts\")"
 
 
 def _commands_table(commands: list[dict[str, Any]]) -> Any:
@@ -141,7 +144,7 @@ def _commands_table(commands: list[dict[str, Any]]) -> Any:
                 html.Td(badge(str(c.get("state", ""))), className=f"command-{c.get('state', '')}"),
                 html.Td(str(c.get("requested_by", ""))),
                 html.Td(_when(datetime.fromtimestamp(float(c["created_at"]), timezone.utc).isoformat()) if c.get("created_at") else "—"),
-                html.Td(str(c.get("message") or "")),
+                html.Td(str(c.get("message") or (_PENDING if c.get("state") == "pending" else ""))),
             ]
         )
         for c in commands

@@ -95,3 +95,21 @@ def test_the_buttons_are_hidden_from_a_read_only_login(server_factory, sqlite_ur
             # And the API refuses the read token's command, whatever the page shows.
             refused = httpx.post(f"{server.url}/api/v1/runs/{run['id']}/commands", json={"action": "stop"}, headers={"Authorization": f"Bearer {token}"})
             assert refused.status_code == 401
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_finished_run_offers_no_command_and_a_pending_one_says_why(server, browser) -> None:
+    """A run whose trainer finished has no one to take a command: no buttons. A command no
+    trainer has received says so, instead of a bare `pending`."""
+    run, ws = _listening(server, "ended")
+    with ws:
+        ws.send(json.dumps({"type": "finish", "status": "finished"}))
+        assert json.loads(ws.recv(timeout=10))["type"] == "bye"
+    sent = httpx.post(f"{server.url}/api/v1/runs/{run['id']}/commands", json={"action": "checkpoint"})
+    assert sent.status_code == 202
+    browser.get(f"{server.url}/runs/{run['id']}")
+    text = wait_until(lambda: "checkpoint" in text_of(browser, "run-commands") and text_of(browser, "run-commands"), message="listed")
+    assert "not received: a trainer gets commands only while it listens to them" in text
+    time.sleep(1.0)  # the page has asked who it is and what the run is
+    assert _shown(browser) is False
+    assert console_errors(browser) == []
