@@ -192,8 +192,9 @@ def _demo(args: argparse.Namespace) -> int:
                 while waves and (not running or used + sum(map(_weight, waves[0])) <= jobs):
                     wave = waves.pop(0)
                     for name in wave:
+                        if stop.wait(0.5):  # the imports one after the other, not all at once
+                            return
                         start(name, runs[name])
-                        stop.wait(0.5)  # the imports one after the other, not all at once
                     used += sum(map(_weight, wave))
                 pages = _print_pages(base, pages)
                 stop.wait(2.0)
@@ -207,16 +208,20 @@ def _demo(args: argparse.Namespace) -> int:
     )
     try:
         server.run()
+    except KeyboardInterrupt:  # uvicorn shuts down, then raises the Ctrl-C it caught again
+        pass
     finally:
         stop.set()
-        for child in running.values():
+        launcher.join(timeout=10)  # it starts no child once it sees `stop`
+        children = list(running.values())
+        for child in children:
             child.terminate()
-        for child in running.values():
+        for child in children:
             try:
                 child.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 child.kill()
-        print(f"keel demo: stopped ({len(running)} run(s) cut short); the database stays in {home}", flush=True)
+        print(f"keel demo: stopped ({len(children)} run(s) cut short); the database stays in {home}", flush=True)
     return 0
 
 

@@ -92,7 +92,10 @@ def _serve(args: argparse.Namespace) -> int:
     # default). bench/fairness.py, PostgreSQL: a trainer's ack p99 beside 7.5 MiB frames
     # 192-388 ms at 5 ms, 91-98 ms at 0.5 ms.
     sys.setswitchinterval(0.0005)
-    server.run()
+    try:
+        server.run()
+    except KeyboardInterrupt:  # uvicorn shuts down, then raises the Ctrl-C it caught again
+        print("keel serve: stopped", file=sys.stderr)
     return 0 if server.started else 3  # 3: did not start (uvicorn's exit code for it)
 
 

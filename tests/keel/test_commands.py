@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -66,3 +67,33 @@ def test_the_demo_paces_its_trainers_to_the_cores_and_keeps_an_ab_together() -> 
     assert set(second) == {"lm-ppo-lag8-bf16-s1", "lm-cispo-lag8-bf16-s1"}
     # On two cores the waves run one after the other; a transformer wave fits alone.
     assert sum(map(_weight, first)) == 3 * LM_WEIGHT <= demo_jobs(2) < sum(map(_weight, toy)) + sum(map(_weight, first))
+
+
+@pytest.mark.parametrize("command", ["demo", "serve"])
+def test_ctrl_c_ends_the_demo_and_the_server_with_one_line(command: str, tmp_path: Path) -> None:
+    """uvicorn shuts down on Ctrl-C and raises it again: the command says it stopped, exits 0,
+    and prints no traceback (the demo's children are in their own session: none of theirs)."""
+    import signal
+    import time
+
+    from keel.local import free_port
+
+    port = str(free_port())
+    args = ["--dir", str(tmp_path / "demo")] if command == "demo" else ["--database-url", f"sqlite:///{tmp_path / 's.db'}"]
+    child = subprocess.Popen(
+        [sys.executable, "-m", "keel", command, "--port", port, *args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # serving: its port answers
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2)
+            break
+        except OSError:
+            time.sleep(0.5)
+    time.sleep(2.0 if command == "demo" else 0.0)  # the demo's first children are starting
+    child.send_signal(signal.SIGINT)
+    out, _ = child.communicate(timeout=60)
+    assert child.returncode == 0, out
+    assert "Traceback" not in out, out
+    assert out.strip().splitlines()[-1].startswith(f"keel {command}: stopped"), out
