@@ -16,36 +16,19 @@ from __future__ import annotations
 
 import copy
 import logging
-import re
 from collections.abc import Iterable
 from typing import Any
 
 from uvicorn.config import LOGGING_CONFIG
 
+from wire.redaction import MASK, mask_patterns
+
 __all__ = ["MASK", "MIN_LITERAL_SECRET", "RedactSecrets", "logging_config", "redact"]
 
-MASK = "***"
 MIN_LITERAL_SECRET = 8
 """A secret given by value (`logging_config(secrets=...)`) is masked wherever it appears
 when it is at least this long; a shorter one (compose's database password "keel") would
 mask ordinary words, and is masked only where the patterns find it."""
-
-_PATTERNS = (
-    # ?token=..., &access_token=..., ;password=..., client_secret=..., api_key=..., ?auth=...,
-    # ?authorization=Bearer%20...; also inside a quoted or bytes value (b'token=...', as a
-    # request's scope prints it).
-    re.compile(
-        r"(?i)((?:^|[?&;\s'\"(,])[\w.%-]*(?:token|secret|password|passwd|pwd|api[_-]?key|auth|authorization|credentials?)=)"
-        r"[^&;\s\"'#]+"
-    ),
-    # scheme://user:password@host
-    re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://[^/\s:@\"']*:)[^/\s@\"']+(?=@)"),
-    # Authorization: Bearer <token>, and Bearer%20<token> or Bearer+<token> in a URL
-    re.compile(r"(?i)(\bbearer(?:\s+|%20|\+))[^\s\"',&;#?]+"),
-    # A Keel API token (server/tokens.py) or webhook secret (server/webhooks/signing.py) anywhere.
-    # (keel_ + token_urlsafe(32): exactly 43 characters, so names like keel_test_... stay legible)
-    re.compile(r"()\b(?:keel_[A-Za-z0-9_-]{43}(?![A-Za-z0-9_-])|whsec_[A-Za-z0-9+/=]{16,})"),
-)
 
 
 def redact(text: str, secrets: Iterable[str] = ()) -> str:
@@ -53,9 +36,7 @@ def redact(text: str, secrets: Iterable[str] = ()) -> str:
     server's own, given by value), as `***`."""
     for secret in secrets:
         text = text.replace(secret, MASK)
-    for pattern in _PATTERNS:
-        text = pattern.sub(lambda match: match.group(1) + MASK, text)
-    return text
+    return mask_patterns(text)
 
 
 class RedactSecrets(logging.Filter):
