@@ -10,9 +10,11 @@ window.dash_clientside.keel_commands = {
       var answer = await fetch("/api/v1/whoami", { credentials: "same-origin" });
       var who = await answer.json();
       if ((who.scopes || []).indexOf("admin") < 0) return { display: "none" };
-      var run = await fetch("/api/v1/runs/" + encodeURIComponent(state.runs[0]), { credentials: "same-origin" });
-      var body = run.ok ? await run.json() : {};
-      return body.status === "running" ? { display: "flex" } : { display: "none" };
+      // The runs list answers 200 with [] for a run that does not exist (the run's own URL
+      // would answer 404, an error in the page's console).
+      var found = await fetch("/api/v1/runs?run_id=" + encodeURIComponent(state.runs[0]), { credentials: "same-origin" });
+      var runs = found.ok ? await found.json() : [];
+      return runs.length && runs[0].status === "running" ? { display: "flex" } : { display: "none" };
     } catch (e) {
       return { display: "none" };
     }
