@@ -79,7 +79,7 @@ def test_compare_page_renders_and_appends_live_points(server, browser, artifacts
             sent[(run.id, step)] = run.send([{"step": step, "values": toy_values(step, run.seed)}])
     seen = wait_until(
         lambda: (lambda d: d if all(k in d for k in sent) else None)(drawn_at(browser, "reward/mean")),
-        timeout=10,
+        timeout=30,  # a loaded CI box: the latency itself is judged below, and by bench.live_latency
         message="every live point painted",
     )
     latencies = [seen[k] - sent_at * 1000 for k, sent_at in sent.items()]
