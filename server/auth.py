@@ -28,7 +28,7 @@ from server.deps import get_components
 from server.errors import Forbidden
 from server.ratelimit import RateLimiter, address_key
 from server.storage.admission import Speaker
-from server.tokens import UNKNOWN_TOKEN_SEEN, token_name, token_scopes
+from server.tokens import UNKNOWN_TOKEN_SEEN, token_identity, token_scopes
 
 COOKIE = "keel_token"
 LOGIN_PATH = "/login"
@@ -63,11 +63,11 @@ async def speaker_of(conn: HTTPConnection) -> Speaker | None:
     if not components.settings.auth_enabled:
         return None
     token = presented_token(conn) or ""
-    scopes = await token_scopes(components.store, token) if token else None
-    name = await token_name(components.store, token) if scopes is not None else None
-    if name is None:  # `allowed` let it in: a token revoked in between
+    identity = await token_identity(components.store, token) if token else None
+    if identity is None:  # `allowed` let it in: a token revoked in between
         raise Forbidden("the token was revoked")
-    return Speaker(name, admin="admin" in (scopes or ()))
+    name, scopes = identity
+    return Speaker(name, admin="admin" in scopes)
 
 
 def _same(token: str, secret: str) -> bool:

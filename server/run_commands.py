@@ -35,8 +35,9 @@ LISTED = 200
 MAX_PENDING = 100
 """Commands a run may hold `pending` (made, not yet received by a trainer): past it a new one
 is refused (429), so a run whose trainer does not listen cannot be filled without end."""
-PAGE = 100
-"""Unanswered commands read and sent at a time to a socket that starts listening."""
+PAGE = 50
+"""Unanswered commands read and sent at a time to a socket that starts listening (fewer than
+MAX_PENDING: a run at its cap is sent in pages)."""
 
 
 def add_command(session: AsyncSession, run_id: str, action: str, payload: dict[str, Any], requested_by: str, now: float) -> Command:

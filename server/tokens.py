@@ -68,6 +68,18 @@ async def token_scopes(store: Store, token: str) -> set[str] | None:
     return set(SCOPES) if "admin" in scopes else scopes
 
 
+async def token_identity(store: Store, token: str) -> tuple[str, set[str]] | None:
+    """(name, scopes) of a live token in one lookup, None for an unknown or revoked one."""
+    async with store.sessions() as session:
+        row = (await session.execute(
+            select(ApiToken.name, ApiToken.scopes).where(ApiToken.token_hash == hash_token(token), ApiToken.revoked.is_(False))
+        )).first()
+    if row is None:
+        return None
+    scopes = set(row.scopes)
+    return row.name, set(SCOPES) if "admin" in scopes else scopes
+
+
 async def token_name(store: Store, token: str) -> str | None:
     """The name of a live (not revoked) token, None for an unknown one."""
     async with store.sessions() as session:

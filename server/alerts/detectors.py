@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-__all__ = ["Signal", "Detector", "NonFinite", "Threshold", "Climb", "CoClimb", "Jump", "Silent", "LogLevel", "RobustBaseline", "RewardGain"]
+__all__ = ["Signal", "Detector", "NonFinite", "Threshold", "Climb", "CoClimb", "Jump", "Silent", "LogLevel", "RobustBaseline", "RewardGain", "watched"]
 
 MAD_TO_SIGMA = 1.4826
 MAX_PARAM_MAGNITUDE = 1e15
@@ -208,6 +208,17 @@ class RewardGain:
         return gained is not None and gained[0] > 0 and gained[0] >= gain * gained[1]
 
 
+def watched(state: dict[str, Any], metric: str, values: Mapping[str, float]) -> str | None:
+    """The metric a rule watches on this run: the first of its alternatives separated by `|`
+    (`loss/total|loss/pg`) that the run logs, kept in `state` once chosen; None until one is."""
+    key = state.get("key")
+    if key is None:
+        key = next((k.strip() for k in metric.split("|") if k.strip() in values), None)
+        if key is not None:
+            state["key"] = key
+    return key
+
+
 class LogLevel:
     """The level m and spread d of log x over a run's ordinary steps, for a detector of jumps.
 
@@ -306,21 +317,10 @@ class Climb(Detector):
         if self.params["after_gain"]:
             RewardGain.update(reward, values, self.params["reward_key"], self.params["reward_std_key"], REWARD_ALPHA)
 
-    def watched(self, state: dict[str, Any], values: Mapping[str, float]) -> str | None:
-        """The metric this run's climb watches: the first of the rule's alternatives
-        (`loss/total|loss/pg`) the run logs, kept once chosen."""
-        key = state.get("key")
-        if key is None:
-            key = next((k for k in self.metric.split("|") if k.strip() in values), None)
-            if key is None:
-                return None
-            key = state["key"] = key.strip()
-        return key
-
     def observe(self, state: dict[str, Any], reward: dict[str, Any], values: Mapping[str, float]) -> Signal | None:
         """One step of the climb, given the reward's gain as tracked in `reward` (`track_reward`)."""
         p = self.params
-        key = self.watched(state, values)
+        key = watched(state, self.metric, values)
         value = None if key is None else values.get(key)
         if value is None or math.isnan(value):
             return None
@@ -438,10 +438,9 @@ class Jump(Detector):
     def update(self, state: dict[str, Any], step: int, values: Mapping[str, float]) -> Signal | None:
         p = self.params
         RewardGain.update(state, values, p["reward_key"], p["reward_std_key"], REWARD_ALPHA)
-        key = state.get("key") or next((k.strip() for k in self.metric.split("|") if k.strip() in values), None)
+        key = watched(state, self.metric, values)
         if key is None:
             return None
-        state["key"] = key
         value = values.get(key)
         if value is None or math.isnan(value):
             return None
