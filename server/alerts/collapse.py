@@ -114,7 +114,7 @@ class CollapseRisk(Detector):
                 f"{self.metric} spiked to {state['spike_value']:.4g} ({state['spike_factor']:.0f}x its recent level) "
                 f"at step {state['spike_step']}, and the learner has moved away from the sampler: "
                 f"{p['kl_key']} {kl:.3g} against {before:.3g} before the spike"
-                + (f", with {p['reward_key']} {gain:.1f} initial spreads above its start" if gain is not None else "")
+                + (f", after {p['reward_key']} had risen {gain:.1f} times its early spread since the start" if gain is not None else "")
             )
         return None
 

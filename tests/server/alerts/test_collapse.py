@@ -49,7 +49,7 @@ def test_a_spike_that_moved_the_policy_fires_one_that_did_not_stays_quiet() -> N
     signal = det.update(state, 311, moved)
     assert signal.active
     assert "spiked to" in signal.message and "at step 310" in signal.message and "ratio_max 400" in signal.message
-    assert "reward/mean 7.6 initial spreads above its start" in signal.message
+    assert "after reward/mean had risen 7.6 times its early spread since the start" in signal.message
     # The spike did not move the gradient baseline, nor the KL level.
     assert math.exp(state["kl_level"]) == pytest.approx(0.02, rel=0.3)
     assert not det.update(state, 320, last).active
