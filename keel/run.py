@@ -220,7 +220,8 @@ class Runner:
         try:
             monitor = Monitor(self.args.server, run_name=name, project=self.args.project, group=self.args.group,
                               config=self.config, tags=self.args.tag, token=self.token)  # fmt: skip
-            monitor.on_command(self._on_command)
+            grace = self.args.stop_grace
+            monitor.on_command(self._on_command, {"stop": f"interrupts the command (SIGINT, then SIGTERM after {grace:g} s)"})
         except Exception as exc:  # noqa: BLE001 - Keel's failure is never the command's
             self._keel_ok = False
             self.say(f"not streaming to Keel ({exc!r}); the command runs on without it")
@@ -228,9 +229,7 @@ class Runner:
         self.monitors.append(monitor)
         return monitor
 
-    def _on_command(self, command: Command) -> str:
-        if command.action != "stop":
-            raise ValueError(f"keel run can only stop the command (SIGINT, then SIGTERM), not {command.action!r}")
+    def _on_command(self, command: Command) -> str:  # a stop: the only action it names
         return self.stop(f"stop command from {command.requested_by or 'the server'}")
 
     def stop(self, why: str) -> str:

@@ -164,13 +164,13 @@ def _lm(args: argparse.Namespace) -> int:
     ) as monitor:  # fmt: skip
 
         def on_guard(guarding: Guard) -> None:
-            def on_command(command: Command) -> str:
-                if command.action != "rollback":
-                    raise ValueError(f"keel lm --guard acts on 'rollback', not {command.action!r}")
+            def on_command(_command: Command) -> str:  # a rollback: the only action it names
                 guarding.ask()
                 return "rolling back at the end of the next step"
 
-            monitor.on_command(on_command)
+            monitor.on_command(
+                on_command, {"rollback": "restores the last good weights and skips the batches sampled since, at the end of the next step"}
+            )
 
         result = train(config, monitor, progress=progress, guard=guard, hazard=lambda: monitor.hazard, on_guard=on_guard)
     window = min(50, len(result.rewards))

@@ -10,6 +10,7 @@ catches what Keel raises on purpose with one `except`. docs/architecture.md list
     ├── InvalidRequest     a well-formed request the server will not carry out (422)
     │   └── ForbiddenTarget a webhook URL that resolves to a private address (refused, not retried)
     ├── TooManyPending     a command for a run that holds as many undelivered ones as it may (429)
+    ├── NotTaken           a command that no trainer of the run can take: it ended, or takes others (409)
     ├── Forbidden          a write to a run that belongs to another token's name (close 4403, 403)
     └── Conflict           contradicts what the server holds (close 4409, HTTP 409); `code` says what:
         ├── RunConflict    a hello for a run id that belongs to another project
@@ -28,6 +29,7 @@ __all__ = [
     "InvalidRequest",
     "KeelError",
     "NotFound",
+    "NotTaken",
     "ProtocolError",
     "RunConflict",
     "SeqGap",
@@ -72,6 +74,12 @@ class Forbidden(KeelError):
 class TooManyPending(KeelError):
     """A run holds as many pending commands as it may (server/run_commands.py MAX_PENDING):
     its trainer is not taking them. Answered 429."""
+
+
+class NotTaken(KeelError):
+    """A command no trainer of its run can take: the run has ended, or its trainer said which
+    actions it takes and this is not one of them. Answered 409; a rule's action is stored
+    `failed` with the same words."""
 
 
 class ForbiddenTarget(InvalidRequest):

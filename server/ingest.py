@@ -49,7 +49,7 @@ from wire import (
     parse_writer,
     reject_message,
 )
-from wire.signals import SIGNALS, parse_command_result, parse_listen
+from wire.signals import SIGNALS, parse_actions, parse_command_result, parse_listen
 
 log = logging.getLogger("keel.ingest")
 
@@ -283,7 +283,7 @@ class IngestSession:
             if self.sources is not None:
                 welcome["signals"] = list(SIGNALS)
             await self._send(welcome)
-            self._listen(message)
+            await self._listen(message)
             return
         assert self.run_id is not None
         if kind == "points":
@@ -316,7 +316,7 @@ class IngestSession:
             self.state = IngestState.FINISHED
             await self.websocket.close(1000)
         elif kind == "listen":
-            self._listen(message)
+            await self._listen(message)
         elif kind == "command_result":
             command_id, ok, text = parse_command_result(message)
             if self.sources is not None:
@@ -331,11 +331,16 @@ class IngestSession:
         """The token this socket was opened with was revoked: say so and close (4401)."""
         await self._fail({"type": "error", "code": "unauthorized", "message": "the token was revoked"}, CLOSE_AUTH)
 
-    def _listen(self, message: dict[str, Any]) -> None:
-        """A hello's or a listen message's `listen` (docs/protocol.md, "Signals")."""
-        signals = parse_listen(message)
+    async def _listen(self, message: dict[str, Any]) -> None:
+        """A hello's or a listen message's `listen` (docs/protocol.md, "Signals"), and the
+        command actions its trainer takes (stored on the run: the run page offers those)."""
+        signals, actions = parse_listen(message), parse_actions(message)
         if self.sources is None or self.run_id is None or (self.signals is None and not signals):
             return
+        if "commands" in signals:
+            await self.store.set_actions(self.run_id, {} if actions is None else actions)
+        elif self.signals is not None and "commands" in self.signals.signals:
+            await self.store.set_actions(self.run_id, None)  # it stopped listening
         if self.signals is None:
             self.signals = TrainerSignals(self.sources, self.run_id, self._send)
         self.signals.listen(signals)

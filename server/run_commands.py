@@ -7,6 +7,11 @@ marks it `delivered`. The trainer's answer makes it `acked` or `failed`. A socke
 starts listening is sent every command of the run not answered yet, so a command reaches a
 trainer that was away when it was made, and again one that did not answer before its
 connection dropped: at least once, with its id to make a repeat harmless.
+
+A command no trainer can take is not left `pending`: over REST it is refused (409) when the
+run has ended or its trainer said which actions it takes and this is not one; a rule's
+action is stored `failed` with the same words; and when a run ends, what its trainer had
+not answered becomes `failed`, "the run ended before its trainer answered".
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import orjson
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from server.errors import TooManyPending, UnknownRun
+from server.errors import NotTaken, TooManyPending, UnknownRun
 from server.live import LiveHub
 from server.models import Command, Run
 from server.storage import Store
@@ -27,7 +32,7 @@ from wire.signals import Command as WireCommand
 
 __all__ = [
     "MAX_PENDING", "add_command", "answer", "command_json", "create", "delivered", "list_commands",
-    "publish", "signal_message", "unanswered", "undeliverable",
+    "publish", "refusal", "signal_message", "unanswered", "undeliverable",
 ]
 
 LISTED = 200
@@ -40,17 +45,29 @@ PAGE = 50
 MAX_PENDING: a run at its cap is sent in pages)."""
 
 
-def add_command(session: AsyncSession, run_id: str, action: str, payload: dict[str, Any], requested_by: str, now: float) -> Command:
-    """A new pending command, added to `session` (written with its transaction)."""
+def refusal(run: Run, action: str) -> str | None:
+    """Why no trainer of `run` can take `action`, or None when one may."""
+    if run.status != "running":
+        return f"run {run.id!r} is {run.status}: no trainer is there to take a command"
+    if run.actions and action not in run.actions:
+        return f"this run's trainer takes {', '.join(sorted(run.actions))}, not {action!r}"
+    return None
+
+
+def add_command(session: AsyncSession, run: Run, action: str, payload: dict[str, Any], requested_by: str, now: float) -> Command:
+    """A new command, added to `session` (written with its transaction): pending, or failed
+    at once with why when no trainer of the run can take it (`refusal`)."""
+    refused = refusal(run, action)
     command = Command(
         id=uuid.uuid4().hex,
-        run_id=run_id,
+        run_id=run.id,
         action=action,
         payload=payload,
-        state="pending",
+        state="pending" if refused is None else "failed",
         requested_by=requested_by[:200],
         created_at=now,
-        message="",
+        finished_at=None if refused is None else now,
+        message=refused or "",
     )
     session.add(command)
     return command
@@ -93,18 +110,24 @@ def signal_message(command: Command) -> dict[str, Any]:
 def publish(hub: LiveHub, commands: list[Command]) -> None:
     """To the run's listening sockets, on every replica (after the commit)."""
     for command in commands:
-        hub.publish(command.run_id, signal_message(command))
+        if command.state == "pending":
+            hub.publish(command.run_id, signal_message(command))
 
 
 async def create(store: Store, hub: LiveHub, run_id: str, action: str, payload: dict[str, Any], requested_by: str) -> Command:
     """A new pending command. One still pending with the same action is replaced (marked
     `failed`, "replaced by <id>": a trainer that comes back gets the newest `stop`, once);
-    TooManyPending when the run holds MAX_PENDING pending commands of other actions."""
+    TooManyPending when the run holds MAX_PENDING pending commands of other actions; NotTaken
+    (nothing stored) when no trainer of the run can take it."""
     now = time.time()
     async with store.writing() as session:
-        if await session.get(Run, run_id) is None:
+        run = await session.get(Run, run_id)
+        if run is None:
             raise UnknownRun(run_id)
-        command = add_command(session, run_id, action, payload, requested_by, now)
+        refused = refusal(run, action)
+        if refused is not None:
+            raise NotTaken(refused)
+        command = add_command(session, run, action, payload, requested_by, now)
         replaced = await session.execute(
             update(Command)
             .where(Command.run_id == run_id, Command.action == action, Command.state == "pending", Command.id != command.id)

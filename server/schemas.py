@@ -121,6 +121,9 @@ class RunOut(BaseModel):
     last_seen_at: str
     finished_at: str | None
     tags: list[str]
+    actions: dict[str, str] | None = None
+    """The command actions the run's trainer takes, each with what it does: null while no
+    trainer of the run listens to commands, {} for one that listens without saying which."""
     latest: dict[str, LatestPoint] | None = None
     """Only when asked for (`GET /runs?latest=k1,k2`): the last point of each of these keys."""
 
@@ -140,6 +143,7 @@ class RunOut(BaseModel):
             last_seen_at=iso(run.last_seen_at) or "",
             finished_at=iso(run.finished_at),
             tags=list(run.tags or []),
+            actions=run.actions,
         )
 
 

@@ -15,7 +15,9 @@ Trainer -> worker ("inbox"):
     ("batch", step, time, {key: float}, [FieldSpec])    body: the BatchInputs tensors
     ("partials", step, time, {key: float}, layout)      body: Partials.pack() as float64
     ("finish", status, deadline)                        deadline: time.time() to give up
-    ("listen", [signal, ...])                           the signals to ask the server for
+    ("listen", [signal, ...], actions)                  the signals to ask the server for, and
+                                                        the command actions handled ({name:
+                                                        what it does} or None: not said)
     ("answer", command id, ok, message)                 a command handler's answer
 
 Worker -> trainer ("replies"):
@@ -72,6 +74,8 @@ class WorkerStart:
     """The trainer's sys.path when it pickled `decoder` (decoder.py: what it imports)."""
     listen: tuple[str, ...] = ()
     """The signals to ask the server for (docs/protocol.md, "Signals")."""
+    actions: dict[str, str] | None = None
+    """The command actions the trainer's handlers take, with what each does (None: not said)."""
 
 
 def encode(header: tuple[Any, ...], body: Sequence[Buffer] = ()) -> list[Buffer]:

@@ -247,17 +247,24 @@ class Monitor:
         server, a server without the hazard's metrics)."""
         return self._signals.hazard
 
-    def on_command(self, handler: Callable[[Command], Any]) -> None:
+    def on_command(self, handler: Callable[[Command], Any], actions: Mapping[str, str] | None = None) -> None:
         """Call `handler(command)` for each command sent to this run (`POST
         /api/v1/runs/{id}/commands`, or a rule's action), on a thread of the Monitor's, one
         command at a time. Its return acknowledges the command (a value returned is its
         message), an exception reports it failed. Commands are asked for only once a
         handler is registered (before, they stay pending on the server). A command may be
-        delivered twice (after a reconnect): handlers run once per command id here."""
-        if self._signals.on_command(handler) and self.enabled:
-            listen = (*LISTENED, "commands")
-            self._link.worker_start = replace(self._link.worker_start, listen=listen)
-            self._feed.put(encode(("listen", listen)), always=True)
+        delivered twice (after a reconnect): handlers run once per command id here.
+
+        `actions`: the actions this handler takes, each with a line on what it does
+        (`{"stop": "saves a checkpoint and stops"}`): the handler is called for those only,
+        and the run page offers exactly these, worded by what they do; the server refuses
+        any other. None: it is called for every command (the page offers Checkpoint and
+        Stop)."""
+        self._signals.on_command(handler, actions)
+        if self.enabled:
+            listen, taken = (*LISTENED, "commands"), self._signals.actions
+            self._link.worker_start = replace(self._link.worker_start, listen=listen, actions=taken)
+            self._feed.put(encode(("listen", listen, taken)), always=True)
 
     def _answer(self, command_id: str, ok: bool, message: str) -> None:
         self._feed.put(encode(("answer", command_id, ok, message)), always=True)

@@ -128,6 +128,7 @@ class Sender:
         config: SenderConfig | None = None,
         rng: random.Random | None = None,
         listen: frozenset[str] = frozenset(),
+        actions: dict[str, str] | None = None,
         on_signal: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.url = ingest_url(server_url)
@@ -153,16 +154,19 @@ class Sender:
         self._accepts: frozenset[str] = frozenset(ACCEPTS)  # the welcome says
         self._left_out: set[int] = set()  # frames whose details were kept aside already
         self._listen = listen
+        self._actions = actions
         self._listen_sent = True  # the hello carries it
         self._on_signal = on_signal
         self._answers: deque[tuple[str, bool, str]] = deque()  # to send
 
     # -- driving ------------------------------------------------------------------------
 
-    def set_listen(self, signals: frozenset[str]) -> None:
-        """Listen to these signals from now on (on the open connection too)."""
-        if signals != self._listen:
+    def set_listen(self, signals: frozenset[str], actions: dict[str, str] | None = None) -> None:
+        """Listen to these signals from now on (on the open connection too); `actions`: the
+        command actions the trainer's handlers take, with what each does (None: not said)."""
+        if signals != self._listen or actions != self._actions:
             self._listen = signals
+            self._actions = actions
             self._listen_sent = False
 
     def answer(self, command_id: str, ok: bool, message: str) -> None:
@@ -227,6 +231,8 @@ class Sender:
             hello = hello_message(self._spool.run, self._spool.writer)
             if self._listen:
                 hello["listen"] = sorted(self._listen)
+                if self._actions is not None:
+                    hello["actions"] = self._actions
             self._ws.send(json.dumps(hello))
             welcome = json.loads(self._ws.recv(timeout=self._config.connect_timeout))
             if welcome.get("type") == "error":
@@ -263,7 +269,7 @@ class Sender:
         if self.state is not ConnState.STREAMING:
             return
         if not self._listen_sent:
-            self._ws.send(json.dumps(listen_message(self._listen)))
+            self._ws.send(json.dumps(listen_message(self._listen, self._actions)))
             self._listen_sent = True
         while self._answers:
             self._ws.send(json.dumps(command_result_message(*self._answers[0])))

@@ -19,11 +19,11 @@ import logging
 import queue
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from wire.signals import Command
+from wire.signals import Command, parse_action
 
 __all__ = ["Alert", "Command", "Signals"]
 
@@ -68,7 +68,7 @@ class Signals:
         self._lock = threading.Lock()
         self._alerts: dict[int, Alert] = {}
         self._hazard: tuple[int, float] | None = None
-        self._handlers: list[Handler] = []
+        self._handlers: list[tuple[Handler, dict[str, str] | None]] = []  # (handler, its actions)
         self._answers: OrderedDict[str, tuple[bool, str]] = OrderedDict()
         self._queue: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -92,17 +92,31 @@ class Signals:
         with self._lock:
             return self._hazard[0] if self._hazard is not None else None
 
-    def on_command(self, handler: Handler) -> bool:
-        """Register a handler; True for the first (the worker then starts listening)."""
+    def on_command(self, handler: Handler, actions: Mapping[str, str] | None = None) -> None:
+        """Register a handler, for the actions named (None: every command)."""
         if not callable(handler):
             raise TypeError("on_command takes a function of one argument, the command")
+        declared = None if actions is None else {parse_action(name): str(text) for name, text in dict(actions).items()}
+        if declared == {}:
+            raise ValueError("on_command: name at least one action, or give actions=None for every command")
         with self._lock:
-            self._handlers.append(handler)
-            first = len(self._handlers) == 1
-            if first:
+            self._handlers.append((handler, declared))
+            if self._thread is None:
                 self._thread = threading.Thread(target=self._serve, name=f"keel-commands-{self._name}", daemon=True)
                 self._thread.start()
-        return first
+
+    @property
+    def actions(self) -> dict[str, str] | None:
+        """The actions the handlers take, with what each does, as the server is told; None
+        when a handler takes every command (it did not say which)."""
+        with self._lock:
+            taken: dict[str, str] = {}
+            for _handler, declared in self._handlers:
+                if declared is None:
+                    return None
+                for name, text in declared.items():
+                    taken[name] = f"{taken[name]}; {text}" if taken.get(name) and text else text or taken.get(name, "")
+            return taken
 
     # -- what the worker hands over (the replies thread) -------------------------------
 
@@ -164,7 +178,9 @@ class Signals:
 
     def _run(self, command: Command) -> tuple[bool, str]:
         with self._lock:
-            handlers = list(self._handlers)
+            handlers = [h for h, declared in self._handlers if declared is None or command.action in declared]
+        if not handlers:
+            return False, f"no handler here takes {command.action!r} (this trainer takes {sorted(self.actions or ())})"
         said = []
         for handler in handlers:
             try:

@@ -94,7 +94,7 @@ class Worker:
         self._decoder: tuple[bytes, tuple[str, ...]] | None = None  # the latest "decoder" message
         self._merger: StepMerger | None = None  # once "start" is served
         self._made_sender: Sender | None = None  # once "start" is served
-        self._listen: tuple[str, ...] | None = None  # the latest "listen" message
+        self._listen: tuple[tuple[str, ...], dict[str, str] | None] | None = None  # the latest "listen" message
         self._answers: list[tuple[str, bool, str]] = []  # "answer"s that came before the sender
 
     def reply(self, message: tuple[Any, ...]) -> None:
@@ -139,7 +139,8 @@ class Worker:
             start.server_url,
             token=start.token,
             config=start.sender_config,
-            listen=frozenset(self._listen if self._listen is not None else start.listen),
+            listen=frozenset(self._listen[0] if self._listen is not None else start.listen),
+            actions=self._listen[1] if self._listen is not None else start.actions,
             on_signal=lambda message: self.reply(("signal", message)),
         )
         for answer in self._answers:
@@ -239,9 +240,9 @@ class Worker:
             elif kind == "finish":
                 self._finish = (header[1], header[2])
             elif kind == "listen":
-                self._listen = tuple(header[1])
+                self._listen = (tuple(header[1]), header[2])
                 if self._made_sender is not None:
-                    self._made_sender.set_listen(frozenset(self._listen))
+                    self._made_sender.set_listen(frozenset(self._listen[0]), self._listen[1])
             elif kind == "answer":
                 if self._made_sender is not None:
                     self._made_sender.answer(header[1], header[2], header[3])

@@ -12,6 +12,9 @@ nothing it did not get before.
 - "commands": `{"type": "command", "command": command}` for each command addressed to the run
   that was not acknowledged yet (again after a reconnect: at least once). The client answers
   `{"type": "command_result", "id": ..., "ok": true | false, "message": "..."}`.
+  A client that listens to commands may say which actions its handler takes, with a line on
+  what each does: `"actions": {"stop": "saves a checkpoint and stops", ...}` in the same
+  hello or listen message (absent: it did not say; the run page then offers the usual two).
 
 Stdlib only, like the rest of `wire`.
 """
@@ -30,6 +33,7 @@ __all__ = [
     "command_result_message",
     "listen_message",
     "parse_action",
+    "parse_actions",
     "parse_command_result",
     "parse_listen",
 ]
@@ -39,6 +43,10 @@ SIGNALS = ("alerts", "hazard", "commands")
 
 ACTION = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 """A command's action: `checkpoint`, `stop` or a name of the user's own."""
+MAX_ACTIONS = 16
+"""Actions a client may declare for its command handler."""
+MAX_ACTION_TEXT = 200
+"""Characters of an action's description kept (the rest is cut)."""
 MAX_RESULT_MESSAGE = 1000
 """Characters of a command result's message kept (the rest is cut)."""
 
@@ -95,8 +103,27 @@ def parse_listen(msg: dict[str, Any]) -> frozenset[str]:
     return frozenset(name for name in raw if name in SIGNALS)
 
 
-def listen_message(signals: frozenset[str] | set[str]) -> dict[str, Any]:
-    return {"type": "listen", "listen": sorted(signals)}
+def parse_actions(msg: dict[str, Any]) -> dict[str, str] | None:
+    """The actions a hello or a listen message declares its command handler takes, each with
+    what it does; None when it declares none (a client that does not say)."""
+    raw = msg.get("actions")
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or len(raw) > MAX_ACTIONS:
+        raise ProtocolError(f"actions must be an object of at most {MAX_ACTIONS} action names to descriptions")
+    actions: dict[str, str] = {}
+    for name, text in raw.items():
+        if not isinstance(name, str) or not ACTION.fullmatch(name) or not isinstance(text, str):
+            raise ProtocolError(f"actions: {str(name)[:64]!r} is not an action name (1-64 of [A-Za-z0-9_.-]) with a text")
+        actions[name] = text[:MAX_ACTION_TEXT].replace("\x00", "")
+    return actions
+
+
+def listen_message(signals: frozenset[str] | set[str], actions: dict[str, str] | None = None) -> dict[str, Any]:
+    message: dict[str, Any] = {"type": "listen", "listen": sorted(signals)}
+    if actions is not None:
+        message["actions"] = actions
+    return message
 
 
 def parse_command_result(msg: dict[str, Any]) -> tuple[str, bool, str]:

@@ -1,7 +1,7 @@
-/* The run page's Checkpoint and Stop buttons (dashboard/views/run.py): shown to an admin
-   only, and only while the run is running (a finished run has no trainer to take them); they
-   POST a command to the run as the logged-in user (the login cookie goes with the request;
-   docs/alerts.md, "Acting on an alert"). */
+/* The run page's command buttons (dashboard/views/run.py): one for each action the run's
+   trainer said it takes, shown to an admin only; a click POSTs the command to the run as the
+   logged-in user (the login cookie goes with the request; docs/alerts.md, "Acting on an
+   alert"). Every action but a checkpoint asks first, in the words of the trainer's handler. */
 window.dash_clientside = window.dash_clientside || {};
 window.dash_clientside.keel_commands = {
   shown: async function (state) {
@@ -9,23 +9,22 @@ window.dash_clientside.keel_commands = {
     try {
       var answer = await fetch("/api/v1/whoami", { credentials: "same-origin" });
       var who = await answer.json();
-      if ((who.scopes || []).indexOf("admin") < 0) return { display: "none" };
-      // The runs list answers 200 with [] for a run that does not exist (the run's own URL
-      // would answer 404, an error in the page's console).
-      var found = await fetch("/api/v1/runs?run_id=" + encodeURIComponent(state.runs[0]), { credentials: "same-origin" });
-      var runs = found.ok ? await found.json() : [];
-      return runs.length && runs[0].status === "running" ? { display: "flex" } : { display: "none" };
+      return (who.scopes || []).indexOf("admin") < 0 ? { display: "none" } : { display: "flex" };
     } catch (e) {
       return { display: "none" };
     }
   },
-  send: async function (checkpoints, stops, state) {
-    var hit = (window.dash_clientside.callback_context.triggered || [])[0];
+  send: async function (clicks, titles, state) {
+    var context = window.dash_clientside.callback_context;
+    var hit = (context.triggered || [])[0];
     if (!hit || !hit.value || !state || state.page !== "run") return window.dash_clientside.no_update;
-    var action = hit.prop_id.indexOf("command-stop") === 0 ? "stop" : "checkpoint";
-    if (action === "stop" && !window.confirm(
-      "Ask this run's trainer to stop? A trainer that listens to commands does what its stop handler does " +
-      "(TRL's KeelCallback saves a checkpoint and stops; keel run interrupts its command)."
+    var action = JSON.parse(hit.prop_id.slice(0, hit.prop_id.lastIndexOf("."))).action;
+    var said = "";
+    (context.states_list[0] || []).forEach(function (entry) {
+      if (entry.id.action === action) said = entry.value || "";
+    });
+    if (action !== "checkpoint" && !window.confirm(
+      "Send '" + action + "' to this run's trainer? Its handler " + said + "."
     )) {
       return window.dash_clientside.no_update;
     }

@@ -8,7 +8,7 @@ import json
 from datetime import datetime, timezone
 from typing import Any
 
-from dash import ClientsideFunction, Dash, Input, Output, State, dcc, html, no_update
+from dash import ALL, ClientsideFunction, Dash, Input, Output, State, dcc, html, no_update
 
 from dashboard.components import (
     ALERT_TOKENS_TYPE,
@@ -106,28 +106,64 @@ def fold(title: str, body: Any, fold_id: str) -> html.Details:
     )
 
 
+COMMAND_ACTION = "command-action"
+"""The pattern id type of a command's button (`{"type": COMMAND_ACTION, "action": name}`)."""
+USUAL_ACTIONS = {
+    "checkpoint": "asks the trainer to save a checkpoint (what it does is its handler's)",
+    "stop": "asks the trainer to stop (what it does is its handler's)",
+}
+"""What the page offers a trainer that listens to commands without saying which it takes."""
+
+
 def commands_panel() -> html.Div:
-    """Commands to the run's trainer: Checkpoint and Stop (shown to an admin only, sent from
-    the browser as the logged-in user: assets/commands.js) and each command's state."""
+    """Commands to the run's trainer: a button for each action its trainer said it takes
+    (shown to an admin only, sent from the browser as the logged-in user: assets/commands.js),
+    a line on why there are none, and each command's state."""
     return html.Div(
         [
             html.H2("Commands"),
             html.Div(
-                [
-                    html.Button("Checkpoint", id="command-checkpoint", n_clicks=0, className="button",
-                                title="ask the trainer to save a checkpoint now"),
-                    html.Button("Stop", id="command-stop", n_clicks=0, className="button",
-                                title="ask the trainer to stop (what it does is its stop handler's)"),
-                    html.Span(id="command-sent", className="sub"),
-                ],
+                [html.Span(id="command-actions", className="command-actions"), html.Span(id="command-sent", className="sub")],
                 id="command-buttons",
                 className="command-buttons",
                 style={"display": "none"},
             ),
+            html.P(id="command-note", className="sub"),
+            dcc.Store(id="command-offered"),
             html.Div(id="run-commands"),
         ],
         className="panel section",
-    )  # fmt: skip
+    )
+
+
+def offered_actions(run: dict[str, Any] | None) -> tuple[dict[str, str], str]:
+    """The actions the run page offers for `run` (the run's JSON), each with what it does, and
+    a line saying why (none when the trainer named its actions and the run is live)."""
+    if run is None:
+        return {}, ""
+    status = str(run.get("status", ""))
+    if status not in ("running", "silent"):
+        return {}, f"The run is {status}: no trainer is there to take a command."
+    actions = run.get("actions")
+    if actions is None:
+        return {}, (
+            "This run's trainer does not listen to commands: a trainer takes them with Monitor.on_command "
+            "(docs/integrate.md, \"Acting on alerts\"); keel lm --guard takes rollback, keel run takes stop."
+        )
+    offered = dict(actions) if actions else dict(USUAL_ACTIONS)
+    said = "" if actions else "This run's trainer listens to commands without saying which it takes: "
+    said += " · ".join(f"{name}: {text}" for name, text in offered.items() if text)
+    if status == "silent":
+        said += " — the run is silent: a command waits until its trainer is back."
+    return offered, said
+
+
+def _action_buttons(offered: dict[str, str]) -> list[html.Button]:
+    return [
+        html.Button(name.replace("_", " ").replace("-", " ").capitalize(), id={"type": COMMAND_ACTION, "action": name},
+                    n_clicks=0, className="button", title=text or f"sends {name!r} to the run's trainer")
+        for name, text in offered.items()
+    ]  # fmt: skip
 
 
 _PENDING = "not received: a trainer gets commands only while it listens to them (docs/integrate.md, \"Acting on alerts\")"
@@ -292,11 +328,28 @@ def register(dash_app: Dash, api: KeelApi) -> None:
     dash_app.clientside_callback(
         ClientsideFunction("keel_commands", "send"),
         Output("command-sent", "children"),
-        Input("command-checkpoint", "n_clicks"),
-        Input("command-stop", "n_clicks"),
+        Input({"type": COMMAND_ACTION, "action": ALL}, "n_clicks"),
+        State({"type": COMMAND_ACTION, "action": ALL}, "title"),
         State("page-state", "data"),
         prevent_initial_call=True,
     )
+
+    @dash_app.callback(
+        Output("command-actions", "children"),
+        Output("command-note", "children"),
+        Output("command-offered", "data"),
+        Input("page-state", "data"),
+        Input("live-data-tick", "data"),
+        State("command-offered", "data"),
+    )
+    async def offer(state: dict[str, Any] | None, _tick: Any, before: Any) -> Any:
+        """The buttons of the actions the run's trainer takes; drawn again only when they
+        change (a click's count would be lost)."""
+        if not state or state.get("page") != "run":
+            return no_update, no_update, no_update
+        offered, note = offered_actions(await api.run(state["runs"][0]))
+        now = [[name, text] for name, text in offered.items()]
+        return (no_update if now == before else _action_buttons(offered)), note, now
 
     @dash_app.callback(
         Output("run-commands", "children"),

@@ -247,7 +247,7 @@ class AlertEngine:
         commands = [
             run_commands.add_command(
                 session,
-                run.id,
+                run,
                 str(rule.action),
                 {"alert": event.alert.id, "rule": rule.name, "severity": event.alert.severity, "step": event.alert.fired_step},
                 f"rule {rule.name}",

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from server import run_commands
 from server.auth import ADMIN, READ, presented_token
 from server.deps import HubDep, SettingsDep, StoreDep
-from server.errors import TooManyPending
+from server.errors import NotTaken, TooManyPending
 from server.schemas import ApiRoute, RunId, Text, errors
 from server.tokens import SCOPES, token_name, token_scopes
 from wire import ProtocolError
@@ -47,18 +47,22 @@ class CommandIn(BaseModel):
         return payload
 
 
-@router.post("/runs/{run_id}/commands", status_code=202, dependencies=[ADMIN], responses=errors(400, 404, 429))
+@router.post("/runs/{run_id}/commands", status_code=202, dependencies=[ADMIN], responses=errors(400, 404, 409, 429))
 async def send_command(run_id: RunId, body: CommandIn, request: Request, store: StoreDep, hub: HubDep, settings: SettingsDep) -> dict[str, Any]:
     """Ask the run's trainer to do something: `pending` until a writer of the run that listens
     to commands receives it (`delivered`), then `acked` or `failed` as its handler answers.
     A command still pending with the same action is replaced by this one (it becomes `failed`,
-    "replaced by …"); a run holds at most `MAX_PENDING` pending commands (429 past it)."""
+    "replaced by …"); a run holds at most `MAX_PENDING` pending commands (429 past it). A
+    command no trainer can take is refused (409, nothing stored): the run has ended, or its
+    trainer said which actions it takes (the run's `actions`) and this is not one."""
     token = presented_token(request)
     by = (await token_name(store, token) if token and settings.auth_enabled else None) or "local"
     try:
         command = await run_commands.create(store, hub, run_id, body.action, body.payload, by)
     except TooManyPending as exc:
         raise HTTPException(429, str(exc)) from None
+    except NotTaken as exc:
+        raise HTTPException(409, str(exc)) from None
     return run_commands.command_json(command)
 
 
@@ -71,7 +75,7 @@ async def list_commands(run_id: RunId, store: StoreDep) -> list[dict[str, Any]]:
 @router.get("/whoami")
 async def whoami(request: Request, store: StoreDep, settings: SettingsDep) -> dict[str, Any]:
     """Who the request's token (or login cookie) is and what it may do: the run page shows its
-    Checkpoint and Stop buttons to an admin only. With auth off, everyone is admin."""
+    command buttons to an admin only. With auth off, everyone is admin."""
     if not settings.auth_enabled:
         return {"auth": False, "name": "local", "scopes": list(SCOPES)}
     token = presented_token(request)

@@ -107,6 +107,11 @@ class Store:
         async with self.writing() as session:
             await writes.finish_run(session, run_id, status, now)
 
+    async def set_actions(self, run_id: str, actions: dict[str, str] | None) -> None:
+        """The command actions the run's trainer takes (None: none of its trainers listens)."""
+        async with self.writing() as session:
+            await writes.set_actions(session, run_id, actions)
+
     async def update_config(self, run_id: str, config: dict[str, Any]) -> Run:
         """Set the top-level keys of `config` in the run's config, keeping its other keys;
         the run as stored after. Setting the same keys again changes nothing (idempotent).

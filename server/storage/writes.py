@@ -30,7 +30,7 @@ from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from server.errors import UnknownRun
-from server.models import Run, Series
+from server.models import Command, Run, Series
 from server.storage.admission import FrameRef, admit, advance
 from server.storage.bounds import check_config, check_new_keys
 from server.storage.details import has_details, insert_details
@@ -39,7 +39,7 @@ from wire import Row
 
 __all__ = [
     "POINTS_PER_TRANSACTION", "SERIES_PER_STATEMENT", "RunUpdate", "SeriesCache", "WritePath", "WriteResult",
-    "finish_run", "last_step", "reject_frame", "update_config", "write_points",
+    "finish_run", "last_step", "set_actions", "reject_frame", "update_config", "write_points",
 ]
 
 POINTS_PER_TRANSACTION = 5_000
@@ -257,6 +257,8 @@ async def reject_frame(path: WritePath, run_id: str, frame: FrameRef, now: float
 
 
 async def finish_run(session: AsyncSession, run_id: str, status: str, now: float) -> None:
+    """The run ended: its status, and what its trainer had not answered of its commands
+    will not be answered (`failed`, with why)."""
     result = await session.execute(
         update(Run)
         .where(Run.id == run_id)
@@ -265,6 +267,16 @@ async def finish_run(session: AsyncSession, run_id: str, status: str, now: float
     )
     if result.first() is None:
         raise UnknownRun(run_id)
+    await session.execute(
+        update(Command)
+        .where(Command.run_id == run_id, Command.state.in_(("pending", "delivered")))
+        .values(state="failed", finished_at=now, message=f"the run ended ({status}) before its trainer answered")
+    )
+
+
+async def set_actions(session: AsyncSession, run_id: str, actions: dict[str, str] | None) -> None:
+    """What the run's trainer says it takes of commands (models.Run.actions)."""
+    await session.execute(update(Run).where(Run.id == run_id).values(actions=actions))
 
 
 async def update_config(session: AsyncSession, run_id: str, config: dict[str, Any], max_bytes: int) -> Run:

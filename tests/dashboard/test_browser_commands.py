@@ -1,5 +1,7 @@
-"""The run page's Checkpoint and Stop buttons in a real headless Chromium: shown to an admin,
-hidden from a read-only login; a click reaches a listening trainer and its answer shows."""
+"""The run page's command buttons in a real headless Chromium: one for each action the run's
+trainer said it takes, shown to an admin, hidden from a read-only login; a click reaches a
+listening trainer and its answer shows; a run whose trainer does not listen, or that ended,
+says so and offers none."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import time
 
 import httpx
 import pytest
+from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.ui import WebDriverWait
 from websockets.sync.client import connect
 
 from server.db import create_engine
@@ -31,10 +35,19 @@ def _shown(browser) -> bool | None:  # type: ignore[no-untyped-def]
     return browser.execute_script(SHOWN_JS)  # type: ignore[no-any-return]
 
 
-def _listening(server, name: str):  # type: ignore[no-untyped-def]
+def _buttons(browser) -> list[str]:  # type: ignore[no-untyped-def]
+    return [b.text for b in browser.find_elements("css selector", "#command-actions button")]
+
+
+def _button(browser, label: str):  # type: ignore[no-untyped-def]
+    return browser.find_element("xpath", f"//span[@id='command-actions']/button[text()='{label}']")
+
+
+def _listening(server, name: str, actions: dict[str, str] | None = None, listen: bool = True):  # type: ignore[no-untyped-def]
     run = new_run(name)
     ws = open_ingest(server)
-    ws.send(json.dumps({"type": "hello", "protocol": 1, "run": run, "listen": ["commands"]}))
+    hello = {"type": "hello", "protocol": 1, "run": run, **({"listen": ["commands"]} if listen else {})}
+    ws.send(json.dumps({**hello, **({"actions": actions} if actions is not None else {})}))
     assert json.loads(ws.recv(timeout=10))["type"] == "welcome"
     ws.send(points(0, [{"step": s, "values": {"reward/mean": 0.1 * s}} for s in range(5)]))
     assert json.loads(ws.recv(timeout=10)) == {"type": "ack", "seq": 0}
@@ -48,7 +61,10 @@ def test_a_checkpoint_clicked_on_the_run_page_reaches_the_trainer_and_its_answer
         browser.get(f"{server.url}/runs/{run['id']}")
         wait_until(lambda: _shown(browser), message="the buttons")
         assert "No commands sent" in wait_until(lambda: text_of(browser, "run-commands"), message="the commands panel")
-        browser.find_element("id", "command-checkpoint").click()
+        # It listens without naming its actions: the usual two, said to be its handler's.
+        assert wait_until(lambda: _buttons(browser), message="the buttons") == ["Checkpoint", "Stop"]
+        assert "without saying which it takes" in text_of(browser, "command-note")
+        _button(browser, "Checkpoint").click()
         assert "checkpoint sent" in wait_until(lambda: text_of(browser, "command-sent"), message="sent")
         message = json.loads(ws.recv(timeout=10))
         assert message["type"] == "command" and message["command"]["action"] == "checkpoint"
@@ -98,18 +114,41 @@ def test_the_buttons_are_hidden_from_a_read_only_login(server_factory, sqlite_ur
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
-def test_a_finished_run_offers_no_command_and_a_pending_one_says_why(server, browser) -> None:
-    """A run whose trainer finished has no one to take a command: no buttons. A command no
-    trainer has received says so, instead of a bare `pending`."""
-    run, ws = _listening(server, "ended")
+def test_a_trainer_that_named_its_actions_gets_those_buttons_worded_by_its_handler(server, browser) -> None:
+    said = "restores the last good weights and skips the batches sampled since"
+    run, ws = _listening(server, "guarded", {"rollback": said})
     with ws:
+        browser.get(f"{server.url}/runs/{run['id']}")
+        assert wait_until(lambda: _buttons(browser), message="the buttons") == ["Rollback"]
+        assert f"rollback: {said}" in text_of(browser, "command-note")
+        assert _button(browser, "Rollback").get_attribute("title") == said
+        _button(browser, "Rollback").click()
+        confirm = WebDriverWait(browser, 10).until(expected_conditions.alert_is_present())
+        assert confirm.text == f"Send 'rollback' to this run's trainer? Its handler {said}."
+        confirm.accept()
+        assert "rollback sent" in wait_until(lambda: text_of(browser, "command-sent"), message="sent")
+        message = json.loads(ws.recv(timeout=10))
+        assert message["type"] == "command" and message["command"]["action"] == "rollback"
+        assert console_errors(browser) == []
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_run_whose_trainer_does_not_listen_or_that_ended_offers_no_command_and_says_why(server, browser) -> None:
+    """No buttons where no trainer can take a command, and a line saying why; a command its
+    trainer never received becomes `failed` when the run ends, not `pending` for ever."""
+    run, ws = _listening(server, "deaf", listen=False)
+    with ws:
+        sent = httpx.post(f"{server.url}/api/v1/runs/{run['id']}/commands", json={"action": "checkpoint"})
+        assert sent.status_code == 202 and sent.json()["state"] == "pending"
+        browser.get(f"{server.url}/runs/{run['id']}")
+        text = wait_until(lambda: "checkpoint" in text_of(browser, "run-commands") and text_of(browser, "run-commands"), message="listed")
+        assert "not received: a trainer gets commands only while it listens to them" in text
+        assert "does not listen to commands" in wait_until(lambda: text_of(browser, "command-note"), message="the note")
+        assert _buttons(browser) == []
         ws.send(json.dumps({"type": "finish", "status": "finished"}))
         assert json.loads(ws.recv(timeout=10))["type"] == "bye"
-    sent = httpx.post(f"{server.url}/api/v1/runs/{run['id']}/commands", json={"action": "checkpoint"})
-    assert sent.status_code == 202
     browser.get(f"{server.url}/runs/{run['id']}")
-    text = wait_until(lambda: "checkpoint" in text_of(browser, "run-commands") and text_of(browser, "run-commands"), message="listed")
-    assert "not received: a trainer gets commands only while it listens to them" in text
-    time.sleep(1.0)  # the page has asked who it is and what the run is
-    assert _shown(browser) is False
+    assert "The run is finished: no trainer is there" in wait_until(lambda: text_of(browser, "command-note"), message="the note")
+    assert "the run ended (finished) before its trainer answered" in text_of(browser, "run-commands")
+    assert _buttons(browser) == []
     assert console_errors(browser) == []

@@ -145,11 +145,10 @@ def test_keel_lm_guard_rolls_back_on_a_rollback_command(server_factory, sqlite_u
         wait_until(lambda: bool(rollbacks()), timeout=60, what="a rollback on the run's charts")
         commands = {c["id"]: c for c in httpx.get(f"{server.url}/api/v1/runs/{rid}/commands").json()}
         assert commands[sent["id"]]["state"] == "acked"
-        wrong = httpx.post(f"{server.url}/api/v1/runs/{rid}/commands", json={"action": "checkpoint"}).json()
-        wait_until(
-            lambda: {c["id"]: c for c in httpx.get(f"{server.url}/api/v1/runs/{rid}/commands").json()}[wrong["id"]]["state"] == "failed",
-            what="an action the guard does not take, failed",
-        )
+        run = httpx.get(f"{server.url}/api/v1/runs/{rid}").json()
+        assert list(run["actions"]) == ["rollback"] and "restores the last good weights" in run["actions"]["rollback"]
+        wrong = httpx.post(f"{server.url}/api/v1/runs/{rid}/commands", json={"action": "checkpoint"})
+        assert wrong.status_code == 409 and "takes rollback, not 'checkpoint'" in wrong.json()["detail"]
         process.kill()
     time.sleep(0.1)
     assert len(rollbacks()) == 1

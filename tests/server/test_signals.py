@@ -286,3 +286,75 @@ def test_a_malformed_listen_closes_4400(server) -> None:  # type: ignore[no-unty
         with pytest.raises(ConnectionClosed) as closed:
             ws.recv(timeout=10)
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 4400
+
+
+def test_a_trainer_says_which_actions_it_takes_and_no_other_is_left_pending(server) -> None:  # type: ignore[no-untyped-def]
+    run = new_run()
+    run_url = f"{server.url}/api/v1/runs/{run['id']}"
+    with open_ingest(server) as ws:
+        _hello(ws, run)
+        ws.send(points(0, [{"step": 0, "values": {"m": 0.5}}]))
+        _until(ws, "ack")
+        assert httpx.get(run_url).json()["actions"] is None  # nothing of it listens to commands
+        ws.send(json.dumps({"type": "listen", "listen": ["commands"], "actions": {"rollback": "restores the last good weights"}}))
+        # The listen is stored before the next frame is read: an ack after it follows it.
+        ws.send(points(1, [{"step": 1, "values": {"m": 0.5}}]))
+        _until(ws, "ack", seq=1)
+        assert httpx.get(run_url).json()["actions"] == {"rollback": "restores the last good weights"}
+        refused = httpx.post(f"{run_url}/commands", json={"action": "stop"})
+        assert refused.status_code == 409, refused.text
+        assert "takes rollback, not 'stop'" in refused.json()["detail"]
+        taken = _send_command(server, run["id"], "rollback")
+        command, _ = _until(ws, "command")
+        assert command["command"]["id"] == taken["id"]
+        # A command delivered and not answered when the run ends will not be answered.
+        ws.send(json.dumps({"type": "finish", "status": "finished"}))
+        _until(ws, "bye")
+    assert [(c["action"], c["state"], c["message"]) for c in _commands(server, run["id"])] == [
+        ("rollback", "failed", "the run ended (finished) before its trainer answered")
+    ]
+    ended = httpx.post(f"{run_url}/commands", json={"action": "rollback"})
+    assert ended.status_code == 409 and "is finished: no trainer is there" in ended.json()["detail"], ended.text
+
+
+def test_a_trainer_that_listens_without_naming_actions_takes_any(server) -> None:  # type: ignore[no-untyped-def]
+    run = new_run()
+    with open_ingest(server) as ws:
+        _hello(ws, run, ["commands"])
+        ws.send(points(0, [{"step": 0, "values": {"m": 0.5}}]))
+        _until(ws, "ack")
+        assert httpx.get(f"{server.url}/api/v1/runs/{run['id']}").json()["actions"] == {}
+        made = _send_command(server, run["id"], "my-own-action")
+        command, _ = _until(ws, "command")
+        assert command["command"]["action"] == "my-own-action" and made["state"] == "pending"
+
+
+def test_a_rule_action_no_trainer_takes_is_stored_failed_with_why(server) -> None:  # type: ignore[no-untyped-def]
+    _rule(server, action="stop")
+    run = new_run()
+    with open_ingest(server) as ws:
+        hello: dict[str, Any] = {"type": "hello", "protocol": 1, "run": run, "listen": ["commands"], "actions": {"checkpoint": "saves"}}
+        ws.send(json.dumps(hello))
+        assert json.loads(ws.recv(timeout=10))["type"] == "welcome"
+        ws.send(points(0, [{"step": 0, "values": {"m": 0.5}}, {"step": 1, "values": {"m": 5.0}}]))
+        _until(ws, "ack")
+        deadline = time.monotonic() + 10
+        while not (listed := _commands(server, run["id"])) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        with pytest.raises(TimeoutError):  # nothing is sent to the trainer
+            _until(ws, "command", timeout=1.0)
+    assert [(c["action"], c["state"], c["message"]) for c in listed] == [
+        ("stop", "failed", "this run's trainer takes checkpoint, not 'stop'")
+    ]
+
+
+def test_malformed_actions_close_4400(server) -> None:  # type: ignore[no-untyped-def]
+    run = new_run()
+    with open_ingest(server) as ws:
+        _hello(ws, run)
+        ws.send(json.dumps({"type": "listen", "listen": ["commands"], "actions": {"bad name!": "x"}}))
+        error = json.loads(ws.recv(timeout=10))
+        assert error["type"] == "error" and "not an action name" in error["message"]
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=10)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 4400

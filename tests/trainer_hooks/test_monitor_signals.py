@@ -102,3 +102,29 @@ def test_commands_go_on_reaching_the_trainer_after_a_server_restart(make_server,
     wait_until(lambda: _commands(server, monitor.run_id)[second]["state"] == "acked", what="its answer")
     assert monitor.finish(timeout=30)
     assert server.last_step(monitor.run_id) == 19
+
+
+def test_handlers_that_name_their_actions_get_only_those_and_the_run_says_which(make_server, sqlite_url, tmp_path) -> None:
+    server = make_server(sqlite_url)
+    monitor = Monitor(server.url, run_name="actions", spool_dir=tmp_path, sender_config=FAST)
+    monitor.log(0, {"m": 0.0})
+    wait_until(lambda: server.last_step(monitor.run_id) == 0, what="the run")
+    run_url = f"{server.url}/api/v1/runs/{monitor.run_id}"
+    assert httpx.get(run_url).json()["actions"] is None
+    saved: list[str] = []
+    rolled: list[str] = []
+    monitor.on_command(lambda command: saved.append(command.id) or "saved", {"checkpoint": "saves the weights"})
+    monitor.on_command(lambda command: rolled.append(command.id) or "rolled back", {"rollback": "restores the last good weights"})
+    wait_until(lambda: httpx.get(run_url).json()["actions"] == {"checkpoint": "saves the weights", "rollback": "restores the last good weights"},
+               what="the run's actions")  # fmt: skip
+    refused = httpx.post(f"{run_url}/commands", json={"action": "stop"})
+    assert refused.status_code == 409 and "takes checkpoint, rollback, not 'stop'" in refused.json()["detail"]
+    checkpoint = _command(server, monitor.run_id, "checkpoint")
+    rollback = _command(server, monitor.run_id, "rollback")
+    wait_until(lambda: all(c["state"] == "acked" for c in _commands(server, monitor.run_id).values()), what="answers")
+    listed = _commands(server, monitor.run_id)
+    assert (saved, rolled) == ([checkpoint], [rollback])
+    assert (listed[checkpoint]["message"], listed[rollback]["message"]) == ("saved", "rolled back")
+    with pytest.raises(ValueError, match="name at least one action"):
+        monitor.on_command(lambda command: None, {})
+    assert monitor.finish(timeout=30)

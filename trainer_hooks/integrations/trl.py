@@ -404,7 +404,8 @@ class KeelCallback(TrainerCallback):
         with self._acting:
             self._ended = False
         if self.actions:
-            self.monitor.on_command(self._on_command)
+            said = {"save": "saves a checkpoint at the end of the current step", "stop": "saves a checkpoint and stops training"}
+            self.monitor.on_command(self._on_command, {action: said[what] for action, what in self.actions.items()})
 
     def _on_command(self, command: Command) -> str:
         """On the Monitor's command thread: ask the training loop, wait for the checkpoint."""
