@@ -1,6 +1,7 @@
 """Metrics a trainer prints: the one reader of console output, shared by `keel run` (the
-child's stdout and stderr, keel/run.py) and `keel import console FILE` (`read_console`
-below). docs/integrations/run.md.
+child's stdout and stderr, keel/run.py), `keel watch FILE` (a growing console log,
+keel/watch.py: `ConsoleStream.snapshot`/`restore` carry its state across a restart) and
+`keel import console FILE` (`read_console` below). docs/integrations/run.md.
 
 Each line is recognised on its own, by its shape (ANSI colour codes, Ray's `(main_task
 pid=...)` prefix and its `[repeated Nx across cluster]` suffix taken off first):
@@ -45,7 +46,7 @@ import math
 import re
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -185,6 +186,19 @@ class LineParser:
         self.kinds: Counter[str] = Counter()
         self._counted = 0  # the Trainer's logging calls of this run
         self._epoch: float | None = None
+
+    def snapshot(self) -> dict[str, Any]:
+        """The bookkeeping of the lines read so far, as JSON: `keel watch` saves it with its
+        byte offset, so that a restarted watcher reads on as this parser would (no spurious
+        new run, the Trainer's count going on)."""
+        return {"last_step": self.last_step, "counted": self._counted, "epoch": self._epoch, "records": self.records,
+                "kinds": dict(self.kinds), "unreadable": self.unreadable, "first_unreadable": self.first_unreadable}  # fmt: skip
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        """Go on from a `snapshot` (`resume` stays this parser's own)."""
+        self.last_step, self._counted, self._epoch = saved["last_step"], saved["counted"], saved["epoch"]
+        self.records, self.kinds = saved["records"], Counter(saved["kinds"])
+        self.unreadable, self.first_unreadable = saved["unreadable"], saved["first_unreadable"]
 
     def parse(self, line: str) -> Record | None:
         if len(line) > MAX_LINE:
@@ -385,6 +399,28 @@ class ConsoleStream:
     @property
     def decided(self) -> bool:
         return self.renamer is not None
+
+    def snapshot(self) -> dict[str, Any]:
+        """Everything this stream holds, as JSON (the parser's bookkeeping, the framework
+        decided, the records held while `auto` decides, the run's number): `restore` on a
+        new stream goes on exactly where this one is (`keel watch` of a console log)."""
+        return {
+            "parser": self.parser.snapshot(), "decided": self.renamer is not None, "framework": self.framework,
+            "why": self.why, "held": [asdict(record) for record in self._held], "run": self.run,
+            "skipped": [[name, why, count] for (name, why), count in self.table.skipped.items()],
+        }  # fmt: skip
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        from keel.importers import Renamer
+
+        self.parser.restore(saved["parser"])
+        if saved["decided"]:
+            self.framework, self.why = saved["framework"], saved["why"]
+            self.renamer = Renamer(self.framework)
+        self._held = [Record(held["step"], held["values"], held["kind"], held["new_run"], [(name, why) for name, why in held["skipped"]])
+                      for held in saved["held"]]  # fmt: skip
+        self.run = saved["run"]
+        self.table.skipped = Counter({(name, why): count for name, why, count in saved["skipped"]})
 
     def feed(self, lines: Iterable[str]) -> list[Named]:
         out: list[Named] = []

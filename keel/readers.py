@@ -22,6 +22,11 @@ reported with its size: the reader goes on after it.
   way to find the next one: the rest of that file is reported and left. An event file that is
   a symbolic link out of the watched folder, or not a regular file (a FIFO would block the
   read), is not read, and reported once.
+- A console log: what a trainer prints, redirected to a file, read in whole lines (a line ends
+  at `\n` or `\r`; keel/console.py's LineSplitter and LineParser read the metrics in them). The cursor is the offset past
+  the last line end handed out, and the file's identity (device, inode): a file replaced under
+  its name (rotated by a rename, written anew) is read to its end, then the new one from its
+  start; a file cut below the cursor (truncated, `copytruncate`) is read from its start.
 
 Standard library only at module level (see keel/cli.py).
 """
@@ -44,7 +49,7 @@ from typing import Any
 
 from wire import KeelError
 
-__all__ = ["HistoryRow", "ReaderNotInstalled", "TensorboardReader", "WandbReader", "masked_crc32c", "reads_to_the_end"]
+__all__ = ["ConsoleLogReader", "HistoryRow", "ReaderNotInstalled", "TensorboardReader", "WandbReader", "masked_crc32c", "reads_to_the_end"]
 
 
 class ReaderNotInstalled(KeelError, RuntimeError):
@@ -462,6 +467,133 @@ class TensorboardReader:
             else:
                 plugin = self.plugins.get(value.tag) or {"histo": "histograms", "image": "images", "audio": "audio"}.get(kind or "", kind or "value")
                 out.not_scalars.add(f"{plugin} {value.tag!r}")
+
+
+# -- console logs -------------------------------------------------------------------------
+
+
+_LONG_LINE = 4 * 256 * 1024
+"""Bytes without a line end after which the line is dropped: keel/console.py's MAX_LINE
+characters at 4 UTF-8 bytes each at most (a longer line is not a metrics line)."""
+
+
+_TAIL = 32
+"""Bytes before a console log's cursor kept to check that the file under it is the one read."""
+
+
+@dataclass
+class ConsoleRead:
+    data: bytes = b""
+    """Whole lines: the bytes read up to the last line end (so a line splitter fed them never
+    holds a partial line or a partial UTF-8 character)."""
+    restarted: str | None = None
+    """Why the file is read from its start again, when this read does ("truncated ...")."""
+    too_long: int = 0
+    """Lines longer than `_LONG_LINE` bytes dropped (counted when their start is met)."""
+
+
+class ConsoleLogReader:
+    """A plain-text log that grows: whole lines' bytes out, the cursor past the last line end.
+
+    The open file is kept between reads, so a file renamed away (rotated) is read to its end
+    before the new file under its name is followed, as `tail -F` does. A partial last line is
+    not consumed: the next read takes it whole once its end is written."""
+
+    def __init__(self, path: str, cursor: dict[str, Any] | None = None) -> None:
+        saved = cursor or {}
+        self.path = path
+        self.offset: int = int(saved.get("offset", 0))
+        self.identity: list[int] | None = saved.get("file")
+        """[device, inode] of the file the offset is in; None before the first read."""
+        self.long_line: bool = bool(saved.get("long_line", False))
+        """The bytes at the offset are the rest of a dropped line, up to its end."""
+        self.tail = bytes.fromhex(saved.get("tail", ""))
+        """The last bytes before the offset, as read: the file still holds them there unless it
+        was cut and written again past the offset between two reads."""
+        self.waiting = 0
+        """Bytes after the cursor that are not a whole line yet."""
+        self._fd: int | None = None
+
+    @property
+    def cursor(self) -> dict[str, Any]:
+        return {"offset": self.offset, "file": self.identity, "long_line": self.long_line, "tail": self.tail.hex()}
+
+    def read(self) -> ConsoleRead:
+        """The whole lines written since the last read (at most `_READ_LIMIT` bytes of them)."""
+        out = ConsoleRead()
+        if self._fd is None and not self._open(out):
+            return out
+        if self._read_open(out) == 0 and self._replaced():
+            self._read_open(out)  # what the old file got between that read and the rename
+            self.close()
+            self.identity, self.offset, self.long_line, self.tail = None, 0, False, b""
+            out.restarted = "replaced by a new file"
+            if self._open(out):
+                self._read_open(out)
+        return out
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def _open(self, out: ConsoleRead) -> bool:
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not block the open
+        except FileNotFoundError:
+            return False  # rotated away, the new one not there yet
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            os.close(fd)
+            raise ValueError(f"{self.path} is not a regular file")
+        identity = [info.st_dev, info.st_ino]
+        if self.identity is not None and identity != self.identity:
+            out.restarted = "replaced by a new file while it was not followed"
+            self.offset, self.long_line, self.tail = 0, False, b""
+        self.identity, self._fd = identity, fd
+        return True
+
+    def _replaced(self) -> bool:
+        try:
+            info = os.stat(self.path)
+        except FileNotFoundError:
+            return False
+        return [info.st_dev, info.st_ino] != self.identity
+
+    def _read_open(self, out: ConsoleRead) -> int:
+        """Reads the open file from the cursor; the bytes consumed."""
+        assert self._fd is not None
+        size = os.fstat(self._fd).st_size
+        if size < self.offset:
+            out.restarted = f"truncated to {size} bytes"
+            self.offset, self.long_line, self.tail = 0, False, b""
+        elif self.tail and os.pread(self._fd, len(self.tail), self.offset - len(self.tail)) != self.tail:
+            out.restarted = "truncated and written again"
+            self.offset, self.long_line, self.tail = 0, False, b""
+        data = os.pread(self._fd, min(size - self.offset, _READ_LIMIT), self.offset)
+        start = 0
+        if self.long_line:
+            ends = [at for at in (data.find(b"\n"), data.find(b"\r")) if at >= 0]
+            if not ends:
+                return self._consumed(len(data), size)
+            start = min(ends) + 1
+            self.long_line = False
+        end = max(start, data.rfind(b"\n") + 1, data.rfind(b"\r") + 1)
+        out.data += data[start:end]
+        if len(data) - end > _LONG_LINE:  # no line end in that much: not a metrics line, dropped
+            out.too_long += 1
+            self.long_line = True
+            end = len(data)
+        return self._consumed(end, size)
+
+    def _consumed(self, count: int, size: int) -> int:
+        assert self._fd is not None
+        self.offset += count
+        self.waiting = size - self.offset
+        if count:
+            kept = min(self.offset, _TAIL)
+            self.tail = os.pread(self._fd, kept, self.offset - kept)
+        return count
 
 
 # -- to the end -------------------------------------------------------------------------

@@ -1,6 +1,8 @@
-"""`keel watch`: follow a trainer's wandb and TensorBoard logs live, one Keel run per source run.
+"""`keel watch`: follow a trainer's wandb and TensorBoard logs, or the file its console output
+goes to, live: one Keel run per source run.
 
     keel watch ./wandb ./tb_logs --server http://keel-host:8750
+    keel watch train.log --server http://keel-host:8750
 
 Every wandb run directory (`offline-run-*`, and `run-*` of online runs: wandb writes the same
 transaction log `run-<id>.wandb` in both modes) and every directory holding TensorBoard
@@ -8,6 +10,11 @@ event files under the paths is followed, those that appear later included (the p
 scanned again every `--scan-interval` seconds). Each source run becomes one Keel run, named
 after it, with its config; its metrics are renamed by the framework's name map
 (trainer_hooks/integrations/names.py), chosen with `--framework` or recognised (`auto`).
+
+A file named on the command line (not a `.wandb` one) is a console log: the lines appended to it
+are read as `keel run` reads a command's output (keel/console.py), and each run in it (a step
+that goes back to 0 or 1 starts the next, unless `--resume`) becomes a Keel run of its own
+(`ConsoleFollower`: the byte offset and the stream's state are the cursor).
 
 Exact across failures. Per source, a state directory (under `--state`) holds:
 
@@ -20,6 +27,10 @@ Exact across failures. Per source, a state directory (under `--state`) holds:
     spool/<run_id>/  the Monitor's own spool (trainer_hooks/spool.py): frames until acked,
                  and the stable writer id the server numbers this source's frames by.
     lock         flock()ed by the watcher that follows the source.
+
+A console log's watch.json holds, instead of one run's, a list of runs ("runs": each its
+description, pending frames and status, a spool of its own) and, beside the byte offset, the
+reader's snapshot (keel/console.py ConsoleStream.snapshot), saved in the same rename.
 
 A read goes: records -> rows -> frames -> watch.json (cursor past those records, the frames
 as pending) -> spool. Killed between the last two steps, the next watcher finds pending frames
@@ -39,7 +50,8 @@ Keys the source removes stay in Keel's config.
 
 A finished source marks the Keel run finished: wandb's exit record (exit code 0: finished,
 else failed). TensorBoard has no such record: a directory whose event files have not grown
-for `--finish-after` seconds is marked finished, and reopened if they grow again.
+for `--finish-after` seconds is marked finished, and reopened if they grow again; so is a
+console log's last run (an earlier one is finished when the next begins).
 
 Standard library only at module level (see keel/cli.py).
 """
@@ -53,14 +65,15 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from keel.config_push import ConfigPush, Sent
-    from keel.importers import Renamer
-    from keel.readers import TensorboardReader, WandbReader
+    from keel.console import Named
+    from keel.importers import PointTable, Renamer
+    from keel.readers import ConsoleLogReader, TensorboardReader, WandbReader
     from trainer_hooks.sender import Sender
     from trainer_hooks.spool import Spool
 
@@ -96,6 +109,8 @@ def discover(paths: list[Path]) -> Iterator[tuple[str, Path, Path]]:
         if root.is_file():
             if root.suffix == ".wandb":
                 yield "wandb", root, root.resolve().parent
+            elif "tfevents" not in root.name:  # TensorBoard event files are followed by their directory
+                yield "console", root, root.resolve().parent
             continue
         for directory, subdirs, files in os.walk(root):
             here = Path(directory)
@@ -120,14 +135,158 @@ class Options:
         self.framework: str = args.framework
         self.state_root: Path = (args.state or default_state_root()).expanduser()
         self.finish_after: float = args.finish_after
+        self.resume: bool = args.resume
+        """A console log's step going back to 1 goes on in the same run."""
+
+
+def _claim(kind: str, source: Path, options: Options) -> tuple[Path, int]:
+    """The source's state directory under `--state` (one per source, server and project), and
+    the descriptor of its lock, held while this watcher follows it."""
+    import fcntl
+
+    key = f"{kind}\0{source}\0{options.server}\0{options.project}"
+    directory = options.state_root / "sources" / hashlib.sha256(key.encode()).hexdigest()[:24]
+    directory.mkdir(parents=True, exist_ok=True)
+    lock_fd = os.open(directory / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(lock_fd)
+        raise RuntimeError(f"{source} is followed by another keel watch (state {directory})") from None
+    return directory, lock_fd
+
+
+def _fit(text: str, what: str, say: Callable[[str], None]) -> str:
+    """`text` as the server takes a name (wire's Limits): without NUL characters, and at most
+    `max_name_length` characters: its start and a hash of the whole, so that it stays
+    recognisable and two long names stay two. Said when it changes."""
+    from wire import Limits
+
+    limit = Limits().max_name_length
+    fitted = text.replace("\x00", "")
+    if len(fitted) > limit:
+        fitted = f"{fitted[: limit - 9]}~{hashlib.sha256(text.encode()).hexdigest()[:8]}"
+    if fitted != text:
+        say(f"the {what} ({len(text)} characters) is shortened to {fitted!r}: "
+            f"the server takes {limit} characters at most, and no NUL")  # fmt: skip
+    return fitted
+
+
+def _count_skipped(state: dict[str, Any], skipped: Mapping[tuple[str, str], int], say: Callable[[str], None]) -> None:
+    """Adds what was not stored, by key and reason, to the source's counts; a key's first is said."""
+    counts = state["skipped"]
+    for (key, reason), count in skipped.items():
+        slot = f"{key}\t{reason}"
+        if slot not in counts:
+            say(f"values of {key!r} not stored: {reason} (counted)")
+        counts[slot] = counts.get(slot, 0) + count
+
+
+class Lane:
+    """One Keel run a source feeds, and how far it got: its description ("run"), the frames cut
+    and not yet spooled ("pending"), the status to finish it with, "done" once the server
+    took the finish, in `state` (a source's watch.json, or one entry of a console log's
+    "runs" in it, saved whole with the source's cursor by `save`); its spool and its Sender."""
+
+    def __init__(self, state: dict[str, Any], spool_root: Path, options: Options, say: Callable[[str], None],
+                 save: Callable[[], None], label: Callable[[], str]) -> None:  # fmt: skip
+        self.state = state
+        self.spool_root = spool_root
+        self.options = options
+        self.say = say
+        self.save = save
+        self.label = label
+        self.spool: Spool | None = None
+        self.sender: Sender | None = None
+        self.welcomed = bool(state.get("done"))
+        """Whether the server holds the run (a sender was welcomed): a PATCH finds it."""
+
+    def open(self) -> None:
+        """The run's spool (appending the frames a killed watcher saved but did not spool) and
+        its Sender, unless the server's own check of a hello refuses the run."""
+        from trainer_hooks.sender import Sender, SenderConfig
+        from trainer_hooks.spool import Spool
+        from wire import ProtocolError, RunInfo, hello_message, parse_hello
+
+        raw = self.state["run"]
+        info = RunInfo(id=raw["id"], name=raw["name"], project=raw["project"], group=raw["group"], config=raw["config"], tags=raw["tags"])
+        self.spool = Spool.open(self.spool_root / raw["id"], run=info, server_url=self.options.server)
+        if self.state.get("writer") != self.spool.writer:
+            self.state["writer"] = self.spool.writer  # the server numbers this run's frames by it
+            self.save()
+        self.spool_pending()
+        try:  # a run the check fails is refused whenever it is sent
+            parse_hello(hello_message(info))
+        except ProtocolError as exc:
+            self.say(f"{self.label()}: the server would refuse this run ({exc}); not sent, its frames stay in {self.spool.path}")
+            return
+        self.sender = Sender(self.spool, self.options.server, token=self.options.token, config=SenderConfig(backoff_max=5.0))
+        if self.state.get("status"):
+            self.sender.request_finish(self.state["status"])
+
+    def take(self, frames: list[str]) -> None:
+        """`frames` numbered as the spool will number them, as the state's pending: saved with
+        the cursor past what they hold, then spooled (`spool_pending`)."""
+        if frames and self.state.get("done"):  # a finished source grew again: a new life of its run
+            self.state.update(done=False, status=None)
+            self.say(f"{self.label()}: the source grew again; following it")
+        if frames and self.spool is None:
+            self.open()
+        spool = self.spool
+        self.state["pending"] = [[spool.next_n + i, frame] for i, frame in enumerate(frames)] if spool and frames else []
+
+    def spool_pending(self) -> None:
+        spool = self.spool
+        if spool is None:
+            return
+        for n, frame in self.state.get("pending") or []:
+            if n < spool.next_n:
+                continue  # spooled before the last watcher stopped
+            if n != spool.next_n:
+                raise RuntimeError(f"{spool.path}: frame {n} saved, but the spool is at {spool.next_n}")
+            spool.append(frame)
+
+    def request_finish(self, why: str) -> None:
+        if self.sender is not None and self.state["status"]:
+            self.sender.request_finish(self.state["status"])
+            self.say(f"{self.label()}: {why}; marking the run {self.state['status']}")
+
+    def stream(self) -> bool:
+        """Network work for the run, without waiting; True when the server has just taken its
+        finish (the spool is then removed)."""
+        from trainer_hooks.sender import ConnState
+
+        sender, spool = self.sender, self.spool
+        if sender is None or spool is None:
+            return False
+        if not sender.settled and (spool.unacked > 0 or self.state["status"] or sender.state is ConnState.STREAMING):
+            sender.step(0)
+        spool.fsync_if_due(1.0)
+        if sender.state in (ConnState.STREAMING, ConnState.FINISHING, ConnState.DONE):
+            self.welcomed = True
+        if sender.state is ConnState.DONE:
+            self.state.update(done=True, pending=[])
+            self.save()
+            spool.close(remove=True)
+            self.spool = self.sender = None
+            return True
+        if sender.state is ConnState.REJECTED and not self.state.get("rejected"):
+            self.state["rejected"] = sender.last_error
+            self.save()
+            self.say(f"{self.label()}: the server refused it ({sender.last_error}); its frames stay in {spool.path}")
+        return False
+
+    def close(self) -> None:
+        if self.sender is not None:
+            self.sender.close()
+        if self.spool is not None:
+            self.spool.close()
 
 
 class Follower:
     """One source run: its reader, its state, its spool and Sender."""
 
     def __init__(self, kind: str, source: Path, root: Path, options: Options, say: Callable[[str], None]) -> None:
-        import fcntl
-
         self.kind = kind
         self.source = source.resolve()
         self.root = root
@@ -135,18 +294,9 @@ class Follower:
         self.say = say
         if kind == "wandb" and not self.source.is_relative_to(root.resolve()):
             raise RuntimeError(f"a symbolic link to {self.source}, outside the watched {root.resolve()}")
-        key = f"{kind}\0{self.source}\0{options.server}\0{options.project}"
-        self.dir = options.state_root / "sources" / hashlib.sha256(key.encode()).hexdigest()[:24]
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = os.open(self.dir / "lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(self._lock_fd)
-            raise RuntimeError(f"{source} is followed by another keel watch (state {self.dir})") from None
+        self.dir, self._lock_fd = _claim(kind, self.source, options)
         self.state: dict[str, Any] = self._load_state()
-        self.spool: Spool | None = None
-        self.sender: Sender | None = None
+        self.lane = Lane(self.state, self.dir / "spool", options, say, self._save, lambda: self.label)
         self.reader: WandbReader | TensorboardReader = self._reader()
         self.renamer: Renamer | None = None
         """Keel's names of the source's (keel/importers.py, as `keel import` names them);
@@ -157,12 +307,10 @@ class Follower:
         self._config_refused: dict[str, Any] | None = None
         """A config the server refused for what it is (not sent again unless it changes)."""
         self._config_failing = False
-        self._welcomed = bool(self.state.get("done"))
-        """Whether the server holds the run (a sender was welcomed): a PATCH finds it."""
         if "framework" in self.state:  # chosen by an earlier watcher: keep it
             self._use_framework(self.state["framework"])
         if self.state.get("run") is not None and not self.state.get("done"):
-            self._open_spool()
+            self.lane.open()
 
     # -- state ----------------------------------------------------------------------------
 
@@ -242,23 +390,14 @@ class Follower:
         frames = self._frames(table) if table is not None else []
         if frames and self.state["run"] is None:
             self._describe_run()
-        if frames and self.state.get("done"):  # a finished source grew again: a new life of its run
-            self.state.update(done=False, status=None)
-            self.say(f"{self.label}: the source grew again; following it")
-        if frames and self.spool is None:
-            self._open_spool()
-        pending = []
-        if frames:
-            assert self.spool is not None
-            pending = [[self.spool.next_n + i, frame] for i, frame in enumerate(frames)]
-        self.state["pending"] = pending
+        self.lane.take(frames)
         self.state["cursor"] = self._cursor()
         if exit_code is not None and self.state["status"] is None:
             self.state["status"] = "finished" if exit_code == 0 else "failed"
         self._save()
-        self._append(pending)
+        self.lane.spool_pending()
         if exit_code is not None:
-            self._request_finish(f"wandb exit code {exit_code}")
+            self.lane.request_finish(f"the source finished (wandb exit code {exit_code})")
 
     def _read_wandb(self) -> tuple[Any, int | None, int]:
         from keel.importers import PointTable
@@ -309,16 +448,11 @@ class Follower:
         self.say(f"{self.label}: skipped a record of {size} bytes in {path}: larger than the "
                  f"{_READ_LIMIT >> 20} MiB keel watch reads at once")  # fmt: skip
 
-    def _frames(self, table: Any) -> list[str]:
+    def _frames(self, table: PointTable) -> list[str]:
         from keel.transfer import _frames
         from wire import encode_rows
 
-        skipped = self.state["skipped"]
-        for (key, reason), count in table.skipped.items():
-            slot = f"{key}\t{reason}"
-            if slot not in skipped:
-                self.say(f"{self.label}: values of {key!r} not stored: {reason} (counted)")
-            skipped[slot] = skipped.get(slot, 0) + count
+        _count_skipped(self.state, table.skipped, lambda text: self.say(f"{self.label}: {text}"))
         self.state["points"] += table.points
         rows = table.rows()
         self.state["rows"] = self.state.get("rows", 0) + len(rows)
@@ -351,19 +485,7 @@ class Follower:
         self.say(f"{self.label}: following {self.source} as run {self.state['run']['id']} on {self.options.server}")
 
     def _fit(self, text: str, what: str) -> str:
-        """`text` as the server takes a name (wire's Limits): without NUL characters, and at
-        most `max_name_length` characters: its start and a hash of the whole, so that it
-        stays recognisable and two long names stay two. Said when it changes."""
-        from wire import Limits
-
-        limit = Limits().max_name_length
-        fitted = text.replace("\x00", "")
-        if len(fitted) > limit:
-            fitted = f"{fitted[: limit - 9]}~{hashlib.sha256(text.encode()).hexdigest()[:8]}"
-        if fitted != text:
-            self.say(f"{self.label}: the {what} ({len(text)} characters) is shortened to {fitted!r}: "
-                     f"the server takes {limit} characters at most, and no NUL")  # fmt: skip
-        return fitted
+        return _fit(text, what, lambda line: self.say(f"{self.label}: {line}"))
 
     def _source_config(self, source: dict[str, Any]) -> dict[str, Any]:
         """The Keel run's config as the source's is now: wandb's config without its own
@@ -382,7 +504,7 @@ class Follower:
         acknowledged config is saved once the server answered, so a watcher killed before that
         sends it again: the PATCH merges top-level keys, and a repeat changes nothing."""
         run = self.state.get("run")
-        if run is None or not self._welcomed:
+        if run is None or not self.lane.welcomed:
             return
         if self._config_push is not None:
             sent = self._config_push.result()
@@ -420,83 +542,25 @@ class Follower:
             self._config_failing = True
             self.say(f"{self.label}: the run's new config is not on the server yet ({sent.error}); retrying")
 
-    # -- spool and sender -----------------------------------------------------------------
-
-    def _open_spool(self) -> None:
-        from trainer_hooks.sender import Sender, SenderConfig
-        from trainer_hooks.spool import Spool
-        from wire import ProtocolError, RunInfo, hello_message, parse_hello
-
-        raw = self.state["run"]
-        info = RunInfo(id=raw["id"], name=raw["name"], project=raw["project"], group=raw["group"], config=raw["config"], tags=raw["tags"])
-        self.spool = Spool.open(self.dir / "spool" / raw["id"], run=info, server_url=self.options.server)
-        if self.state.get("writer") != self.spool.writer:
-            self.state["writer"] = self.spool.writer  # the server numbers this source's frames by it
-            self._save()
-        self._append(self.state.get("pending") or [])  # frames a killed watcher saved but did not spool
-        try:  # the server's own check of a hello: a run it fails is refused whenever it is sent
-            parse_hello(hello_message(info))
-        except ProtocolError as exc:
-            self.say(f"{self.label}: the server would refuse this run ({exc}); not sent, its frames stay in {self.spool.path}")
-            return
-        self.sender = Sender(self.spool, self.options.server, token=self.options.token, config=SenderConfig(backoff_max=5.0))
-        if self.state.get("status"):
-            self.sender.request_finish(self.state["status"])
-
-    def _append(self, pending: list[list[Any]]) -> None:
-        spool = self.spool
-        if spool is None:
-            return
-        for n, frame in pending:
-            if n < spool.next_n:
-                continue  # spooled before the last watcher stopped
-            if n != spool.next_n:
-                raise RuntimeError(f"{self.dir}: frame {n} saved, but the spool is at {spool.next_n}")
-            spool.append(frame)
-
-    def _request_finish(self, why: str) -> None:
-        if self.sender is not None and self.state["status"]:
-            self.sender.request_finish(self.state["status"])
-            self.say(f"{self.label}: the source finished ({why}); marking the run {self.state['status']}")
+    # -- finishing and streaming ------------------------------------------------------------
 
     def _maybe_finish_idle(self, now: float) -> None:
         if (
             self.kind == "tensorboard"
-            and self.sender is not None
+            and self.lane.sender is not None
             and self.state["status"] is None
             and self.reader.waiting == 0
             and now - self.state["last_growth"] >= self.options.finish_after
         ):
             self.state["status"] = "finished"
             self._save()
-            self._request_finish(f"no new event for {self.options.finish_after:g} s")
+            self.lane.request_finish(f"the source finished (no new event for {self.options.finish_after:g} s)")
 
     def pump(self) -> None:
         """Network work for this run, without waiting."""
-        self._stream()
-        self._follow_config()
-
-    def _stream(self) -> None:
-        from trainer_hooks.sender import ConnState
-
-        sender, spool = self.sender, self.spool
-        if sender is None or spool is None:
-            return
-        if not sender.settled and (spool.unacked > 0 or self.state["status"] or sender.state is ConnState.STREAMING):
-            sender.step(0)
-        spool.fsync_if_due(1.0)
-        if sender.state in (ConnState.STREAMING, ConnState.FINISHING, ConnState.DONE):
-            self._welcomed = True
-        if sender.state is ConnState.DONE:
-            self.state.update(done=True, pending=[])
-            self._save()
-            spool.close(remove=True)
-            self.spool = self.sender = None
+        if self.lane.stream():
             self.say(f"{self.label}: {self.state['status']}; {self._summary()}")
-        elif sender.state is ConnState.REJECTED and not self.state.get("rejected"):
-            self.state["rejected"] = sender.last_error
-            self._save()
-            self.say(f"{self.label}: the server refused it ({sender.last_error}); its frames stay in {spool.path}")
+        self._follow_config()
 
     def _summary(self) -> str:
         from keel.readers import _READ_LIMIT
@@ -516,12 +580,206 @@ class Follower:
         return "; ".join(parts)
 
     def close(self) -> None:
-        if self.sender is not None:
-            self.sender.close()
-        if self.spool is not None:
-            self.spool.close()
+        self.lane.close()
         os.close(self._lock_fd)
 
+
+DECIDE_AFTER = 30.0
+"""Seconds a console log stays still before the records held while `--framework auto` has
+not recognised a framework (keel/console.py holds up to HOLD_RECORDS) are named without one,
+so that a trainer that printed one or two steps is not held back (or `--finish-after`, when
+shorter)."""
+
+
+class ConsoleFollower:
+    """A console log: what a trainer prints, redirected to a file. One Keel run per run in it
+    (a step going back to 0 or 1 starts the next, unless `--resume`), each a Lane of its own
+    in `runs` of the source's watch.json.
+
+    A read goes: lines (keel/readers.py ConsoleLogReader) -> Named records (keel/console.py
+    ConsoleStream) -> each run's frames -> watch.json (the byte offset past those lines, the
+    stream's snapshot: its step bookkeeping, framework, held records and run number; the frames
+    as each run's pending) -> the runs' spools. A restarted watcher restores the stream from
+    the snapshot and reads on from the offset: no line is read twice, none skipped, and no
+    run is started or described again."""
+
+    kind = "console"
+
+    def __init__(self, source: Path, options: Options, say: Callable[[str], None]) -> None:
+        from keel.console import ConsoleStream, LineSplitter
+        from keel.readers import ConsoleLogReader
+
+        self.path = source
+        """As named: a log rotated under this name is followed into the new file."""
+        self.source = source.resolve()
+        self.options = options
+        self.say = say
+        self.dir, self._lock_fd = _claim(self.kind, source.absolute(), options)
+        self.state: dict[str, Any] = self._load_state()
+        self.reader: ConsoleLogReader = ConsoleLogReader(str(source), self.state["cursor"])
+        self.splitter = LineSplitter()
+        """Fed whole lines only (the reader's), so it holds nothing between reads to save."""
+        self.stream = ConsoleStream(options.framework, resume=options.resume)
+        if self.state["stream"] is not None:
+            self.stream.restore(self.state["stream"])
+        self.lanes = [self._lane(entry) for entry in self.state["runs"]]
+        self._ended: list[tuple[Lane, str]] = []
+        """Runs a read found over (the next began), to be finished once it is saved."""
+        for lane in self.lanes:
+            if not lane.state["done"]:
+                lane.open()
+
+    def _load_state(self) -> dict[str, Any]:
+        path = self.dir / STATE_FILE
+        if path.is_file():
+            state: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+            return state
+        return {
+            "format": STATE_FORMAT, "kind": self.kind, "source": str(self.path.absolute()), "cursor": None, "stream": None,
+            "runs": [], "skipped": {}, "points": 0, "rows": 0, "frames": 0, "too_long": 0, "last_growth": time.time(),
+        }  # fmt: skip
+
+    def _save(self) -> None:
+        _write_atomic(self.dir / STATE_FILE, self.state)
+
+    def _lane(self, entry: dict[str, Any]) -> Lane:
+        return Lane(entry, self.dir / "spool", self.options, self.say, self._save, lambda: f"run {entry['run']['name']!r}")
+
+    @property
+    def label(self) -> str:
+        return self.lanes[-1].label() if self.lanes else f"console log {self.path}"
+
+    # -- reading --------------------------------------------------------------------------
+
+    def poll(self, now: float) -> None:
+        """Read the lines the log gained, and spool their metrics; finish the last run when the
+        log has not grown for `--finish-after` seconds."""
+        before = self.reader.cursor
+        read = self.reader.read()
+        if read.restarted:
+            self.say(f"{self.label}: {self.path} was {read.restarted}; reading it from its start "
+                     "(its steps say whether the run goes on or a new one begins)")  # fmt: skip
+        if read.too_long:
+            self.state["too_long"] += read.too_long
+            self.say(f"{self.label}: a line of more than 1 MiB in {self.path} skipped ({self.state['too_long']} so far)")
+        if self.reader.cursor == before:
+            self._idle(now)
+            return
+        self.state["last_growth"] = now
+        self._take(self.stream.feed(self.splitter.feed(read.data)))
+
+    def _idle(self, now: float) -> None:
+        still = now - self.state["last_growth"]
+        if not self.stream.decided and still >= min(DECIDE_AFTER, self.options.finish_after):
+            held = self.stream.close()  # the log may say no more for a long while: name what it held
+            if held:
+                self._take(held)
+        last = self.lanes[-1] if self.lanes else None
+        if last is not None and last.sender is not None and last.state["status"] is None and still >= self.options.finish_after:
+            last.state["status"] = "finished"
+            self._save()
+            last.request_finish(f"the log has not grown for {self.options.finish_after:g} s")
+
+    def _take(self, records: list[Named]) -> None:
+        """`records` into their runs' frames, saved with the reader's cursor, then spooled."""
+        from keel.importers import PointTable
+
+        self._report()
+        tables: dict[int, PointTable] = {}
+        for named in records:
+            while named.run >= len(self.lanes):
+                self._begin(named)
+            tables.setdefault(named.run, PointTable()).add_row(named.step, named.values.items())
+        for index, lane in enumerate(self.lanes):
+            lane.take(self._frames(lane, tables[index]) if index in tables else [])
+        self.state["cursor"] = self.reader.cursor
+        self.state["stream"] = self.stream.snapshot()
+        self._save()
+        for lane in self.lanes:
+            lane.spool_pending()
+        ended, self._ended = self._ended, []
+        for lane, why in ended:
+            lane.request_finish(why)
+
+    def _report(self) -> None:
+        """Say once what the stream decided or could not read, and count what it did not keep."""
+        stream, parser = self.stream, self.stream.parser
+        if stream.decided and "framework" not in self.state:
+            self.state["framework"] = stream.framework
+            if self.options.framework == "auto":
+                self.say(f"{self.label}: framework {stream.framework or 'none'} ({stream.why})"
+                         + ("" if stream.framework else "; names are kept as printed, --framework chooses one"))  # fmt: skip
+        if parser.unreadable and not self.state.get("unreadable_said"):
+            self.state["unreadable_said"] = True
+            self.say(f"{self.label}: a line that looks like metrics could not be read (skipped, counted): {parser.first_unreadable!r}")
+        _count_skipped(self.state, stream.table.skipped, lambda text: self.say(f"{self.label}: {text}"))
+        stream.table.skipped.clear()
+
+    def _begin(self, first: Named) -> None:
+        """The log's next run, described by its first record; the run before it is over.
+
+        Its id is the one `keel import console` gives the same run of the same log (the file's
+        name, the run's place in it, its first record), so importing the log later lands in
+        the runs watched."""
+        from keel.importers import run_id_for
+
+        index = len(self.lanes)
+        if self.lanes and self.lanes[-1].state["status"] is None:
+            self.lanes[-1].state["status"] = "finished"
+            self._ended.append((self.lanes[-1], f"the step went back to {first.step}: the next run began"))
+        digest = hashlib.sha256(json.dumps([first.step, first.values], sort_keys=True).encode()).hexdigest()[:16]
+        stem = self.path.stem or self.path.name
+        say = lambda line: self.say(f"{self.label}: {line}")  # noqa: E731
+        name = _fit(stem if index == 0 else f"{stem} ({index + 1})", "run name", say)
+        source = {"source": "console", "path": str(self.path.absolute()), "run": index + 1, "framework": self.stream.framework}
+        run = {
+            "id": run_id_for(f"console/{self.path.name}/{index}/{digest}"), "name": name, "project": self.options.project,
+            "group": self.options.group, "config": {"keel_watch": source},
+            "tags": list(dict.fromkeys(tag for tag in (_fit(tag, "tag", say) for tag in self.options.tags) if tag)),
+        }  # fmt: skip
+        entry: dict[str, Any] = {"run": run, "pending": [], "status": None, "done": False, "points": 0}
+        self.state["runs"].append(entry)
+        self.lanes.append(self._lane(entry))
+        self.say(f"{self.label}: following {self.path} (its run {index + 1}) as run {run['id']} on {self.options.server}")
+
+    def _frames(self, lane: Lane, table: PointTable) -> list[str]:
+        from keel.transfer import _frames
+        from wire import encode_rows
+
+        _count_skipped(self.state, table.skipped, lambda text: self.say(f"{lane.label()}: {text}"))
+        rows = table.rows()
+        lane.state["points"] += table.points
+        self.state["points"] += table.points
+        self.state["rows"] += len(rows)
+        frames = _frames(encode_rows(rows)) if rows else []
+        self.state["frames"] += len(frames)
+        return frames
+
+    # -- streaming ------------------------------------------------------------------------
+
+    def pump(self) -> None:
+        """Network work for the log's runs, without waiting."""
+        for lane in self.lanes:
+            if lane.stream():
+                self.say(f"{lane.label()}: {lane.state['status']}; {self._summary(lane)}")
+
+    def _summary(self, lane: Lane) -> str:
+        parts = [f"{lane.state['points']} point(s) stored"]
+        parser = self.stream.parser
+        if parser.unreadable:
+            parts.append(f"{parser.unreadable} line(s) of the log that look like metrics could not be read")
+        if self.state["too_long"]:
+            parts.append(f"{self.state['too_long']} line(s) of more than 1 MiB skipped")
+        for slot, count in sorted(self.state["skipped"].items()):
+            key, reason = slot.split("\t", 1)
+            parts.append(f"{count} value(s) of {key!r} in the log not stored ({reason})")
+        return "; ".join(parts)
+
+    def close(self) -> None:
+        for lane in self.lanes:
+            lane.close()
+        self.reader.close()
+        os.close(self._lock_fd)
 
 
 class Watcher:
@@ -533,7 +791,7 @@ class Watcher:
         self.options = options
         self.interval = interval
         self.scan_interval = scan_interval
-        self.followers: dict[tuple[str, Path], Follower] = {}
+        self.followers: dict[tuple[str, Path], Follower | ConsoleFollower] = {}
         self._refused: set[tuple[str, Path]] = set()
         self._stopping = False
         self.say = say or (lambda line: print(f"keel watch: {line}", flush=True))
@@ -547,7 +805,10 @@ class Watcher:
             if key in self.followers or key in self._refused:
                 continue
             try:
-                self.followers[key] = Follower(kind, source, root, self.options, self.say)
+                if kind == "console":
+                    self.followers[key] = ConsoleFollower(source, self.options, self.say)
+                else:
+                    self.followers[key] = Follower(kind, source, root, self.options, self.say)
             except (RuntimeError, OSError, ValueError) as exc:
                 self._refused.add(key)
                 self.say(f"not following {source}: {exc}")
@@ -561,14 +822,14 @@ class Watcher:
                     self.scan()
                     next_scan = started + self.scan_interval
                 now = time.time()
-                for follower in list(self.followers.values()):
+                for key, follower in list(self.followers.items()):
                     try:
                         follower.poll(now)
                     except (ValueError, OSError) as exc:  # a source that is not what its name says
                         self.say(f"{follower.label}: {exc}; no longer followed")
                         follower.close()
-                        self.followers = {k: f for k, f in self.followers.items() if f is not follower}
-                        self._refused.add((follower.kind, follower.source))
+                        del self.followers[key]
+                        self._refused.add(key)  # as found: not followed again by the next scan
                         continue
                     follower.pump()
                 time.sleep(max(0.0, self.interval - (time.monotonic() - started)))
@@ -582,7 +843,8 @@ def _add_watch(parser: argparse.ArgumentParser) -> None:
     from wire.urls import DEFAULT_SERVER_URL
 
     parser.add_argument("paths", nargs="+", type=Path, metavar="PATH",
-                        help="directories to follow: wandb/ directories or run directories, TensorBoard log directories")  # fmt: skip
+                        help="what to follow: wandb/ directories or run directories, TensorBoard log directories, "
+                             "or a file a trainer's console output is written to (train.log)")  # fmt: skip
     parser.add_argument("--server", default=None, help=f"Keel server URL (default: $KEEL_URL, else {DEFAULT_SERVER_URL})")
     parser.add_argument("--framework", choices=FRAMEWORK_CHOICES, default="auto",
                         help="whose metric names to map to Keel's (default auto: recognised from the names and the config)")  # fmt: skip
@@ -595,7 +857,10 @@ def _add_watch(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--interval", type=float, default=0.5, help="seconds between reads of the sources (default 0.5)")
     parser.add_argument("--scan-interval", type=float, default=2.0, help="seconds between searches for new sources (default 2)")
     parser.add_argument("--finish-after", type=float, default=600.0,
-                        help="mark a TensorBoard run finished after this many seconds without a new event (default 600)")  # fmt: skip
+                        help="mark a TensorBoard run, or a console log's last run, finished after this many seconds "
+                             "without a new event or line (default 600)")  # fmt: skip
+    parser.add_argument("--resume", action="store_true",
+                        help="in a console log, a step that goes back to 1 goes on in the same run (default: a new run)")  # fmt: skip
 
 
 def _watch(args: argparse.Namespace) -> int:
@@ -626,7 +891,7 @@ def _watch(args: argparse.Namespace) -> int:
 
 COMMANDS = {
     "watch": (
-        "Follow wandb and TensorBoard logs live and stream them to Keel (any framework, no code).",
+        "Follow wandb and TensorBoard logs, or a console log file, live and stream them to Keel (any framework, no code).",
         _add_watch,
         _watch,
     ),

@@ -122,7 +122,7 @@ def _watching(paths: list[Path], server_url: str, state: Path, project: str = "d
               framework: str = "none") -> Iterator[list[str]]:  # fmt: skip
     """`keel watch PATHS` run in a thread; yields the lines it says, as it says them."""
     args = argparse.Namespace(server=server_url, token=None, project=project, group=None, tag=[], framework=framework,
-                              state=state, finish_after=600.0)  # fmt: skip
+                              state=state, finish_after=600.0, resume=False)  # fmt: skip
     said: list[str] = []
     watcher = Watcher(paths, Options(args), interval=0.05, scan_interval=0.2, say=said.append)
     thread = threading.Thread(target=watcher.run, daemon=True)
