@@ -1,11 +1,14 @@
-"""`keel parity A B`: is run B's sampler–learner mismatch the same as run A's?
+"""`keel parity A B`: is B's sampler–learner mismatch the same as A's?
 
     keel parity base-engine new-engine --server http://keel:8750 [--steps 50:]
+    keel parity base-s1,base-s2,base-s3 new-s1,new-s2,new-s3     # several seeds a side
 
 For a change to the inference engine, a kernel, the precision or a framework version: run a
-short job before and after, then ask whether the mismatch moved. Exit 0 when it did not
-(within tolerance), 1 when it did, 2 when the runs cannot be compared (an unknown or
-ambiguous run, no metric both runs have, no steps in the range, too few steps to decide).
+short job before and after (better: a few seeds of each), then ask whether the mismatch
+moved. Exit 0 when it did not (every metric within its margin), 1 when it did (a metric
+beyond it), 2 when the runs cannot be compared (an unknown or ambiguous run, no metric both
+sides have, no steps in the range, too few steps to test), 3 when the runs cannot tell
+(neither within nor beyond the margin: more steps or more seeds).
 
 This module is the command and its reads; what is compared and how the verdict is reached
 is `dashboard.parity` (pure, shared with the compare page's parity view, which gives the same
@@ -124,21 +127,29 @@ def _taus(text: str) -> list[float]:
     return taus
 
 
+def _refs(text: str) -> list[str]:
+    refs = [part.strip() for part in text.split(",") if part.strip()]
+    if not refs:
+        raise argparse.ArgumentTypeError(f"expected a run id or name, or several separated by commas, got {text!r}")
+    return refs
+
+
 def _add_parity(parser: argparse.ArgumentParser) -> None:
-    from dashboard.parity import DEFAULT_ALPHA, DEFAULT_TAUS, DEFAULT_TOLERANCE
+    from dashboard.parity import DEFAULT_ALPHA, DEFAULT_TAUS, DEFAULT_TOLERANCE, SEED_TOLERANCE
     from wire.urls import DEFAULT_SERVER_URL
 
-    parser.add_argument("a", metavar="A", help="the reference run (id or name)")
-    parser.add_argument("b", metavar="B", help="the run to compare with it (id or name)")
+    parser.add_argument("a", metavar="A", type=_refs, help="the reference run (id or name), or its seeds: A1,A2,...")
+    parser.add_argument("b", metavar="B", type=_refs, help="the run to compare with it (id or name), or its seeds: B1,B2,...")
     parser.add_argument("--server", default=None, help=f"Keel server URL (default: $KEEL_URL, else {DEFAULT_SERVER_URL})")
     parser.add_argument("--token", default=None, help="API token with read scope (default: $KEEL_TOKEN)")
     parser.add_argument("--steps", type=_steps_range, default=(None, None), metavar="FROM:TO",
                         help="the steps compared, both ends included, either may be empty (default: all)")
     parser.add_argument("--tolerance", type=_keyed, action="append", default=[], metavar="[KEY=]REL",
-                        help=f"relative difference of the medians that counts as the same (default {DEFAULT_TOLERANCE}); "
-                             "KEY=REL for one metric; repeatable")
+                        help=f"the margin: B/A within [1/(1+REL), 1+REL] is the same (default {SEED_TOLERANCE:g} with one run "
+                             f"a side, {DEFAULT_TOLERANCE:g} with several); KEY=REL for one metric; repeatable")
     parser.add_argument("--floor", type=_keyed, action="append", default=[], metavar="[KEY=]ABS",
-                        help="absolute difference of the medians that counts as the same (default 0); KEY=ABS for one metric; repeatable")
+                        help="numerical-noise floor: values at or below it count as zero (default per metric: KL 1e-12, "
+                             "|ℓ| 1e-6, shares 1e-4); KEY=ABS for one metric; repeatable")
     parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
                         help=f"family-wise significance level over the metrics (default {DEFAULT_ALPHA})")
     parser.add_argument("--taus", type=_taus, default=list(DEFAULT_TAUS), metavar="T1,T2,...",
@@ -146,7 +157,7 @@ def _add_parity(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
-def _split_keyed(pairs: list[tuple[str | None, float]], default: float) -> tuple[float, dict[str, float]]:
+def _split_keyed(pairs: list[tuple[str | None, float]], default: float | None) -> tuple[float | None, dict[str, float]]:
     per_key: dict[str, float] = {}
     for key, value in pairs:
         if key is None:
@@ -166,45 +177,58 @@ def _fail(message: str, as_json: bool) -> int:
 
 
 def _parity(args: argparse.Namespace) -> int:
-    from dashboard.parity import DEFAULT_TOLERANCE, ParityError, compare
+    from dashboard.parity import ParityError, compare_groups
     from keel.client import Client, ClientError
     from wire.urls import default_server
 
-    if not 0 < args.alpha < 1:
-        return _fail(f"--alpha must be in (0, 1), got {args.alpha}", args.json)
-    tolerance, tolerances = _split_keyed(args.tolerance, DEFAULT_TOLERANCE)
-    floor, floors = _split_keyed(args.floor, 0.0)
+    if not 0 < args.alpha < 0.5:
+        return _fail(f"--alpha must be in (0, 0.5), got {args.alpha}", args.json)
+    tolerance, tolerances = _split_keyed(args.tolerance, None)
+    floor, floors = _split_keyed(args.floor, None)
     server = default_server(args.server)
     token = args.token if args.token is not None else os.environ.get("KEEL_TOKEN")
     start, end = args.steps
     try:
         client = Client(server, token)
-        runs = {side: client.run(ref) for side, ref in (("a", args.a), ("b", args.b))}
-        read = {side: read_run(client, run, start, end, args.taus) for side, run in runs.items()}
+        sides = {side: [client.run(ref) for ref in refs] for side, refs in (("a", args.a), ("b", args.b))}
+        read = {side: [read_run(client, run, start, end, args.taus) for run in runs] for side, runs in sides.items()}
     except (ClientError, ValueError) as exc:
         return _fail(str(exc), args.json)
+    names = {side: ",".join(str(run["name"]) for run in runs) for side, runs in sides.items()}
     try:
-        report = compare(
-            read["a"][0], read["b"][0], tolerance=tolerance, tolerances=tolerances,
-            floor=floor, floors=floors, alpha=args.alpha,
+        report = compare_groups(
+            [values for values, _, _ in read["a"]], [values for values, _, _ in read["b"]],
+            tolerance=tolerance, tolerances=tolerances, floor=floor, floors=floors, alpha=args.alpha,
         )  # fmt: skip
     except ParityError as exc:
-        return _fail(f"{runs['a']['name']!r} and {runs['b']['name']!r}: {exc}", args.json)
-    spans = [_span(read[side][2]) for side in ("a", "b")]
-    if spans[0] != spans[1]:
-        report.notes.insert(0, f"the step ranges differ: A has {spans[0]}, B has {spans[1]}; each run's own steps are compared")
-    run_notes = [f"run {side.upper()}: {note}" for side in ("a", "b") for note in dict.fromkeys(read[side][1])]
+        return _fail(f"{names['a']!r} and {names['b']!r}: {exc}", args.json)
+    spans = {f"{side.upper()} {run['name']}": _span(steps) for side in ("a", "b") for run, (_, _, steps) in zip(sides[side], read[side], strict=True)}
+    if len(set(spans.values())) > 1:
+        listed = ", ".join(f"{who} has {span}" for who, span in spans.items())
+        report.notes.insert(0, f"the step ranges differ: {listed}; each run's own steps are compared")
+    run_notes = [
+        f"run {side.upper()}{' (' + str(run['name']) + ')' if len(sides[side]) > 1 else ''}: {note}"
+        for side in ("a", "b")
+        for run, (_, notes, _) in zip(sides[side], read[side], strict=True)
+        for note in dict.fromkeys(notes)
+    ]
     report.notes = run_notes + report.notes
     report.runs = {
-        side: {"id": run["id"], "name": run["name"], "start": start, "end": end} for side, run in runs.items()
-    }
+        side: {
+            "name": names[side], "start": start, "end": end,
+            "runs": [{"id": run["id"], "name": run["name"]} for run in runs],
+            **({"id": runs[0]["id"]} if len(runs) == 1 else {}),
+        }
+        for side, runs in sides.items()
+    }  # fmt: skip
     print(json.dumps(report.to_json(), indent=2) if args.json else report.render())
     return report.exit_code
 
 
 COMMANDS = {
     "parity": (
-        "Compare two runs' sampler–learner mismatch (per-step tests): exit 0 same, 1 different, 2 not comparable.",
+        "Compare two runs' (or two sets of seeds') sampler–learner mismatch: exit 0 same, 1 different, "
+        "2 not comparable, 3 cannot tell.",
         _add_parity,
         _parity,
     ),

@@ -109,6 +109,9 @@ def _add_lm(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--loss", required=True, help="a loss of trainer_hooks.losses, e.g. cispo")
     parser.add_argument("--lag", type=int, default=0, help="versions the sampler may run behind")
     parser.add_argument("--sampler-dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
+    parser.add_argument("--sampler-logit-noise", type=float, default=0.0, metavar="SIGMA",
+                        help="a planted engine change: Gaussian noise of SIGMA nats on every logit the sampler "
+                             "samples from (default 0; docs/parity.md, \"Calibration\")")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     _add_training(parser)
     parser.add_argument("--step-delay", type=float, default=0.0, metavar="SECONDS",
@@ -139,7 +142,7 @@ def _lm(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     config = _config(
         args, loss=args.loss, lag=args.lag, sampler_dtype=args.sampler_dtype, seed=args.seed,
-        step_delay=args.step_delay,
+        step_delay=args.step_delay, logit_noise=args.sampler_logit_noise,
     )  # fmt: skip
     guard = GuardConfig(hazard=args.guard_hazard, confirm_drop=args.guard_confirm) if args.guard else None
     try:

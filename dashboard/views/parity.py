@@ -1,8 +1,10 @@
 """The compare page's parity view: is B's sampler–learner mismatch the same as A's?
 
-A and B are two of the page's runs, or two of its groups (a group's runs pooled: each step of
-each run one observation). The verdict is `keel parity`'s (docs/parity.md), reached by the
-same code (dashboard/parity.py) on the same per-step values, read here through the REST API
+A and B are two of the page's runs, or two of its groups (a group's runs are seeds of one
+setting, as `keel parity A1,A2 B1,B2` takes them). The verdict is `keel parity`'s
+(docs/parity.md), reached by the same code (dashboard/parity.py `compare_groups`), with the
+same statement of what was compared and what it could have detected, on the same per-step
+values, read here through the REST API
 as the command reads them: every point of the scalars in the range, and the
 `mismatch/log_ratio` histogram of every step (paged by DISTRIBUTION_PAGE steps). Beside it,
 the two sides' histograms summed over the range and overlaid, their difference per bin, and
@@ -17,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dash import Dash, Input, Output, State, ctx, dcc, html, no_update
+from dash import Dash, Input, Output, State, dcc, html, no_update
 
 from dashboard.components import data_attributes
 from dashboard.data import KeelApi
@@ -28,11 +30,10 @@ from dashboard.parity import (
     SCALAR_KEYS,
     ParityError,
     ParityReport,
-    compare,
-    format_ratio,
+    compare_groups,
+    header,
     histogram_values,
     joined_pages,
-    pool,
 )
 from dashboard.parity_figures import (
     SIDE_COLOURS,
@@ -54,7 +55,9 @@ test needs every step's value, as `keel parity` reads them)."""
 DISTRIBUTION_PAGE = 5000
 """The most steps GET /runs/{id}/distributions answers unbucketed."""
 TAIL_KEYS = {"mismatch/tail_frac": "solid", "mismatch/low_tail_frac": "dot"}
-VERDICT_TITLES = {"same": "Same", "different": "Different", "incomparable": "Cannot compare"}
+VERDICT_TITLES = {"same": "Same", "different": "Different", "incomparable": "Cannot compare", "cannot tell": "Cannot tell"}
+WAITING = "Waiting for the page's runs"
+"""The charts' message until the first verdict: the choices come with the first data tick."""
 GRAPHS = ("parity-overlay", "parity-difference", "parity-tails")
 REDRAW_S = 60.0
 """While runs stream, the verdict is recomputed on a data tick at most this often (it reads
@@ -69,7 +72,7 @@ def _graph(graph_id: str) -> html.Div:
     return html.Div(
         dcc.Graph(
             id=graph_id,
-            figure=message_figure("Pick A and B", CHART_HEIGHT),
+            figure=message_figure(WAITING, CHART_HEIGHT),
             style={"height": f"{CHART_HEIGHT}px"},
             config={"displaylogo": False, "responsive": True, "modeBarButtons": [["toImage", "zoom2d", "resetScale2d"]]},
         ),
@@ -86,9 +89,10 @@ def panel() -> html.Div:
         [
             html.H2("Parity: is B's mismatch the same as A's?"),
             html.P(
-                ["The verdict of ", html.Code("keel parity A B"), " (the same test, on the same per-step values): "
-                 "each step one observation, a rank-sum test per mismatch metric, Holm-adjusted, "
-                 "a difference counted only beyond 25 % of the medians."],
+                ["The verdict of ", html.Code("keel parity A B"), " (the same code, on the same per-step values): "
+                 "each run cut into blocks of steps; one run a side compared block by block against a margin "
+                 "that holds seed-to-seed variation (B/A within 2×), a group's runs taken as seeds (their spread "
+                 "is the noise, margin 1.25×); same, different, or cannot tell."],
                 className="sub",
             ),  # fmt: skip
             html.Div(
@@ -100,8 +104,10 @@ def panel() -> html.Div:
                 ],
                 className="toolbar",
             ),
+            html.Div(id="parity-progress", className="sub"),
             html.Div(id="parity-result"),
             dcc.Store(id="parity-drawn-at"),
+            dcc.Store(id="parity-redraw"),
             html.Div([_graph(graph_id) for graph_id in GRAPHS], className="charts", style={"marginTop": "12px"}),
         ],
         id="parity",
@@ -208,11 +214,11 @@ class Parity:
 
 
 def parity_of(label_a: str, label_b: str, reads_a: Sequence[RunRead], reads_b: Sequence[RunRead]) -> Parity:
-    """The verdict on A's runs against B's (pooled when a side has several), and the figures."""
+    """The verdict on A's runs against B's (a side's runs taken as seeds), and the figures."""
     report: ParityReport | None = None
     error: str | None = None
     try:
-        report = compare(pool([r.values for r in reads_a]), pool([r.values for r in reads_b]))
+        report = compare_groups([r.values for r in reads_a], [r.values for r in reads_b])
     except ParityError as exc:
         error = str(exc)
     run_notes = [
@@ -260,7 +266,8 @@ def _histogram_figures(
 
 
 def verdict_view(parity: Parity) -> html.Div:
-    """The verdict as `keel parity` says it (its summary line), its table and its notes."""
+    """The verdict as `keel parity` says it (its summary line), what was compared (its method
+    line), its table (with what each metric could have detected) and its notes."""
     report = parity.report
     verdict = "incomparable" if report is None else report.verdict
     if report is None:
@@ -276,24 +283,17 @@ def verdict_view(parity: Parity) -> html.Div:
         )
     ]
     if report is not None:
-        header = ("metric", "steps A/B", "A median", "B median", "B/A", "p (Holm)", "verdict")
+        children.append(html.P(f"method: {report.method}", id="parity-method", className="sub"))
         rows = [
             html.Tr(
-                [
-                    html.Td(metric.key),
-                    html.Td(f"{metric.steps_a}/{metric.steps_b}"),
-                    html.Td(f"{metric.median_a:.3g}"),
-                    html.Td(f"{metric.median_b:.3g}"),
-                    html.Td(format_ratio(metric.ratio)),
-                    html.Td("-" if metric.p_adjusted is None else f"{metric.p_adjusted:.2g}"),
-                    html.Td(metric.verdict),
-                ],
+                [html.Td(cell) for cell in row],
                 className=f"parity-metric {metric.verdict.replace(' ', '-')}",
                 **data_attributes(key=metric.key),
             )
-            for metric in report.metrics
+            for metric, row in zip(report.metrics, report.rows(), strict=True)
         ]
-        children.append(html.Table([html.Thead(html.Tr([html.Th(h) for h in header])), html.Tbody(rows)], className="parity-table"))
+        columns = html.Thead(html.Tr([html.Th(h) for h in header(report.alpha)]))
+        children.append(html.Table([columns, html.Tbody(rows)], className="parity-table"))
         if report.notes:
             children.append(html.Ul([html.Li(note) for note in report.notes], className="parity-notes"))
     return html.Div(children)
@@ -322,6 +322,21 @@ def register(dash_app: Dash, api: KeelApi) -> None:
             return no_update, no_update, no_update, no_update
         return options, a, options, b
 
+    # A data tick asks for a new verdict only when one is drawn and older than REDRAW_S: the
+    # first comes from the choices above, and a tick that changes nothing runs no reads.
+    @dash_app.callback(
+        Output("parity-redraw", "data"),
+        Input("live-data-tick", "data"),
+        State("parity-a", "value"),
+        State("parity-b", "value"),
+        State("parity-drawn-at", "data"),
+        prevent_initial_call=True,
+    )
+    def due(_tick: Any, a: str | None, b: str | None, drawn_at: float | None) -> Any:
+        if not a or not b or drawn_at is None or time.time() - drawn_at < REDRAW_S:
+            return no_update
+        return time.time()
+
     @dash_app.callback(
         Output("parity-result", "children"),
         *(Output(graph_id, "figure") for graph_id in GRAPHS),
@@ -330,16 +345,15 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         Input("parity-b", "value"),
         Input("parity-from", "value"),
         Input("parity-to", "value"),
-        Input("live-data-tick", "data"),
+        Input("parity-redraw", "data"),
         State("page-state", "data"),
-        State("parity-drawn-at", "data"),
+        # While the reads and the test run, say so: never a stale prompt while A and B are picked.
+        running=[(Output("parity-progress", "children"), "Comparing A and B: reading every step of the range…", "")],
         prevent_initial_call=True,
     )
     async def draw(
-        a: str | None, b: str | None, start: Any, end: Any, _tick: Any, state: dict[str, Any] | None, drawn_at: float | None
+        a: str | None, b: str | None, start: Any, end: Any, _redraw: Any, state: dict[str, Any] | None
     ) -> tuple[Any, ...]:
-        if ctx.triggered_id == "live-data-tick" and (not a or not b or time.time() - (drawn_at or 0.0) < REDRAW_S):
-            return (no_update,) * (len(GRAPHS) + 2)
         if not state or state.get("page") != "compare" or not a or not b:
             message = message_figure("Pick A and B: two runs, or two groups", CHART_HEIGHT)
             return (html.Div("Pick A and B: two runs, or two groups.", className="sub"), message, message, message, None)

@@ -91,6 +91,10 @@ class LMConfig:
     (batch for flash_reinforce, group otherwise)."""
     agg: str = ""
     """Aggregation of the loss over tokens (trainer_hooks.losses.AGGREGATIONS); "": the loss's."""
+    logit_noise: float = 0.0
+    """A planted engine change of known size: the sampler adds Gaussian noise of this standard
+    deviation (nats) to every logit it samples from (0: none). Calibrates `keel parity`'s power
+    (docs/parity.md): μ moves away from π by about noise²/2 nats of KL per token."""
 
     @property
     def advantage_mode(self) -> str:
@@ -133,6 +137,8 @@ class LMConfig:
             parts.append(f"cap{self.max_new_tokens}")
         if self.truncation_penalty:
             parts.append(f"tp{self.truncation_penalty:g}")
+        if self.logit_noise:
+            parts.append(f"noise{self.logit_noise:g}")
         return "-".join([*parts, f"s{self.seed}"])
 
     def check(self) -> None:
@@ -169,6 +175,8 @@ class LMConfig:
                 problems.append("truncation_penalty must be finite and >= 0")
         if not (self.lr > 0 and self.clip >= 0):
             problems.append("need lr > 0 and clip >= 0")
+        if not (math.isfinite(self.logit_noise) and self.logit_noise >= 0):
+            problems.append("logit_noise must be finite and >= 0")
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -342,7 +350,7 @@ def train(
     sampler = Sampler(
         model_config, task, board, batches,
         lag=config.lag, prompts=config.prompts, group=config.group, device=device,
-        seed=config.seed + 1,
+        seed=config.seed + 1, logit_noise=config.logit_noise,
     )  # fmt: skip
     guarding = Guard(guard, model, optimizer) if guard is not None else None
     if guarding is not None:

@@ -117,6 +117,7 @@ class Sampler(threading.Thread):
         group: int,
         device: torch.device,
         seed: int,
+        logit_noise: float = 0.0,
     ) -> None:
         super().__init__(name="lm-sampler", daemon=True)
         self.task, self.board, self.out = task, board, out
@@ -124,6 +125,10 @@ class Sampler(threading.Thread):
         self.model = GPT(model_config).to(device=device, dtype=board.dtype).eval()
         self.version = -1
         self.generator = torch.Generator(device).manual_seed(seed)
+        # The planted change draws from its own generator, so the sampling draws (prompts,
+        # Gumbel noise) are those of the same seed without it: only μ differs.
+        self.logit_noise = logit_noise
+        self.noise_generator = torch.Generator(device).manual_seed(seed + 1_000_003)
         self.stop = threading.Event()
         # On a GPU the sampler gets its own stream, as an inference engine beside the trainer.
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
@@ -170,7 +175,11 @@ class Sampler(threading.Thread):
         for position in range(cap):
             # Logits come out of the low-precision model; like vLLM, sample and take
             # log-probabilities from them in float32.
-            logp_N_V = self.model(next_N_1, cache)[:, -1].float().log_softmax(-1)
+            logits_N_V = self.model(next_N_1, cache)[:, -1].float()
+            if self.logit_noise:  # LMConfig.logit_noise: an engine change of known size
+                noise_N_V = torch.randn(logits_N_V.shape, generator=self.noise_generator, device=self.device)
+                logits_N_V = logits_N_V + self.logit_noise * noise_N_V
+            logp_N_V = logits_N_V.log_softmax(-1)
             uniform_N_V = torch.rand(logp_N_V.shape, generator=self.generator, device=self.device)
             # Gumbel-max: an exact draw from softmax(logp) with no host sync.
             gumbel_N_V = -(-uniform_N_V.clamp_min(1e-20).log()).log()

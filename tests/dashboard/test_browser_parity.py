@@ -1,6 +1,7 @@
 """The compare page's parity view in headless Chromium: runs streamed over the ingest websocket
 with their `mismatch/log_ratio` histograms, the verdict `keel parity` gives (the same code,
-dashboard/parity.py), the summed histograms, and the KL chart's healthy band."""
+dashboard/parity.py, with the same statement of what was compared and what it could have
+detected), progress while it computes, the summed histograms, and the KL chart's healthy band."""
 
 from __future__ import annotations
 
@@ -11,12 +12,19 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dashboard.parity import HISTOGRAM_KEY, compare, histogram_values, pool, tail_key
+from dashboard.parity import (
+    HISTOGRAM_KEY,
+    ParityReport,
+    compare,
+    compare_groups,
+    histogram_values,
+    tail_key,
+)
 from tests.support.browser import console_errors, screenshot, text_of, wait_until
 from tests.support.step_details import EDGES, histogram
 from tests.support.toy_runs import LiveRun
 
-STEPS = 16
+STEPS = 40
 TOKENS = 600
 
 
@@ -63,11 +71,40 @@ def _verdict(browser: Any, expected: str) -> dict[str, Any]:
             var rows = Array.from(document.querySelectorAll('.parity-metric')).map(function (r) {
               return [r.getAttribute('data-key')].concat(Array.from(r.cells).map(function (c) { return c.innerText; }));
             });
-            return {verdict: v.getAttribute('data-verdict'), text: v.innerText, rows: rows};"""
+            var method = document.getElementById('parity-method');
+            return {verdict: v.getAttribute('data-verdict'), text: v.innerText, rows: rows,
+                    method: method ? method.innerText : null};"""
         )
         return found if found and found["verdict"] == expected else None
 
     return wait_until(shown, 40, message=f"parity verdict {expected!r}")  # type: ignore[no-any-return]
+
+
+def _shows(found: dict[str, Any], expected: ParityReport) -> None:
+    """The page's table and method line are the report's, cell for cell."""
+    assert found["method"] == f"method: {expected.method}"
+    assert {row[0]: row[1:] for row in found["rows"]} == {row[0]: list(row) for row in expected.rows()}
+
+
+def _watch_progress(browser: Any) -> None:
+    """Record, from now on, every state of the parity panel: the picks, the progress line, the
+    result's text and the charts' messages (a MutationObserver, so no state is missed). A
+    pick shows as its option's label in the dropdown ("run base", "group engine-old")."""
+    wait_until(lambda: browser.execute_script("return !!document.getElementById('parity-progress');"), 20, message="parity panel")
+    browser.execute_script(
+        """window.parityStates = [];
+        var panel = document.getElementById('parity');
+        function record() {
+          var value = function (id) { var text = document.getElementById(id).innerText;
+                                      return /^(run|group) /m.test(text) ? text : ''; };
+          var messages = Array.from(panel.querySelectorAll('.annotation-text')).map(function (a) { return a.textContent; });
+          window.parityStates.push({a: value('parity-a'), b: value('parity-b'),
+            progress: document.getElementById('parity-progress').innerText,
+            result: document.getElementById('parity-result').innerText, messages: messages});
+        }
+        record();
+        new MutationObserver(record).observe(panel, {subtree: true, childList: true, characterData: true});"""
+    )
 
 
 def _figure_meta(browser: Any, graph_id: str) -> dict[str, Any] | None:
@@ -90,16 +127,19 @@ def test_the_parity_view_gives_keel_parity_s_verdict_on_runs_and_groups(server, 
     # Two runs alike: the first two runs are A and B at first (the page shows one group each
     # for two runs only when they are in two groups: these share one).
     browser.get(f"{server.url}/compare?runs={base.id},{twin.id}")
+    _watch_progress(browser)
     same = _verdict(browser, "same")
     expected = compare(_values(base_rows), _values(twin_rows))
     assert expected.verdict == "same"
     assert same["text"].startswith("Same") and "SAME (base vs twin)" in same["text"]
-    shown = {row[0]: row[1:] for row in same["rows"]}
-    assert set(shown) == {metric.key for metric in expected.metrics}
-    for metric in expected.metrics:
-        assert shown[metric.key][1] == f"{metric.steps_a}/{metric.steps_b}" and shown[metric.key][-1] == metric.verdict
-        if metric.p_adjusted is not None:
-            assert shown[metric.key][5] == f"{metric.p_adjusted:.2g}"
+    _shows(same, expected)
+    assert same["method"].startswith("method: one run a side, each cut into") and "detects" in text_of(browser, "parity-result")
+    # While A and B are picked the panel never asks to pick them: it says it is comparing.
+    states = browser.execute_script("return window.parityStates;")
+    picked = [state for state in states if state["a"] and state["b"]]
+    assert picked and not [state for state in picked if "Pick A and B" in state["result"] + " ".join(state["messages"])]
+    assert any(state["progress"].startswith("Comparing A and B") for state in states)
+    assert browser.find_element("id", "parity-progress").text == ""
     overlay = wait_until(lambda: _figure_meta(browser, "parity-overlay"), 20, message="overlay drawn")
     assert overlay["totals"] == [STEPS * TOKENS, STEPS * TOKENS]  # every token of every step, summed
     summed_a = [sum(row["histograms"][HISTOGRAM_KEY]["counts"][i] for row in base_rows) for i in range(len(EDGES) - 1)]
@@ -120,24 +160,25 @@ def test_the_parity_view_gives_keel_parity_s_verdict_on_runs_and_groups(server, 
     expected = compare(_values(base_rows), _values(wide_rows))
     assert expected.verdict == "different"
     assert different["text"].startswith("Different") and expected.summary().replace("A vs B", "base vs wide") in different["text"]
+    _shows(different, expected)
     differing = {row[0] for row in different["rows"] if row[-1] == "differs"}
-    assert differing == {metric.key for metric in expected.metrics if metric.verdict == "differs"}
     assert {"mismatch/kl", tail_key(0.1, low=False)} <= differing
 
-    # Groups: the old engine's two runs pooled against the new engine's one, picked by default
-    # (the runs are in two groups); the last 2 steps are too few to decide.
+    # Groups: the old engine's two runs (two seeds) against the new engine's one, picked by
+    # default (the runs are in two groups); the last 2 steps are too few to decide.
     browser.get(f"{server.url}/compare?runs={base.id},{twin.id},{wide.id}")
-    grouped = _verdict(browser, "different")
-    expected = compare(pool([_values(base_rows), _values(twin_rows)]), _values(wide_rows))
-    assert "DIFFERENT (group engine-old vs group engine-new)" in grouped["text"]
+    expected = compare_groups([_values(base_rows), _values(twin_rows)], [_values(wide_rows)])
+    grouped = _verdict(browser, expected.verdict)
+    assert f"{expected.verdict.upper()} (group engine-old vs group engine-new)" in grouped["text"]
+    assert grouped["method"].startswith("method: 2 run(s) against 1")
     assert {row[0]: row[2] for row in grouped["rows"]}["mismatch/kl"] == f"{STEPS * 2}/{STEPS}"
-    assert {row[0]: row[-1] for row in grouped["rows"]} == {m.key: m.verdict for m in expected.metrics}
+    _shows(grouped, expected)
     screenshot(browser, artifacts / "compare_parity.png")
     box = browser.find_element("id", "parity-from")
-    box.send_keys("14\n")
+    box.send_keys(f"{STEPS - 2}\n")
     cannot = _verdict(browser, "incomparable")
     assert cannot["text"].startswith("Cannot compare") and "INCOMPARABLE" in cannot["text"]
-    assert "cannot give p" in text_of(browser, "parity-result")
+    assert "fewer than 4 blocks of 3: not tested" in text_of(browser, "parity-result")
     assert console_errors(browser) == []
     for run in (base, twin, wide):
         run.close()

@@ -11,7 +11,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from dashboard.parity import EXIT_DIFFERENT, EXIT_INCOMPARABLE, EXIT_SAME, HISTOGRAM_KEY, tail_key
+from dashboard.parity import (
+    EXIT_CANNOT_TELL,
+    EXIT_DIFFERENT,
+    EXIT_INCOMPARABLE,
+    EXIT_SAME,
+    HISTOGRAM_KEY,
+    tail_key,
+)
 from keel.cli import main
 from keel.importers import ImportedRun, PointTable
 from keel.transfer import upload_run
@@ -59,44 +66,66 @@ def _parity(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, s
 
 def test_keel_parity_over_a_real_server(server_factory, sqlite_url, capsys) -> None:
     server = server_factory(sqlite_url)
-    base = _store(server.url, "base", 16, 1e-3, seed=1)
-    _store(server.url, "same", 16, 1e-3, seed=2)
-    _store(server.url, "double", 16, 2e-3, seed=3, tail=0.03)
-
-    _store(server.url, "short", 12, 1e-3, seed=4)
+    base = _store(server.url, "base", 30, 1e-3, seed=1)
+    _store(server.url, "same", 30, 1e-3, seed=2)
+    _store(server.url, "wide", 30, 8e-3, seed=3, tail=0.1)
+    _store(server.url, "wide2", 30, 8e-3, seed=5, tail=0.1)
+    _store(server.url, "mid", 30, 1.6e-3, seed=6)
+    _store(server.url, "short", 24, 1e-3, seed=4)
 
     code, out, _ = _parity(capsys, "base", "same", "--server", server.url)
     assert code == EXIT_SAME, out
-    assert out.splitlines()[-1].startswith("SAME (base vs same)")
+    lines = out.splitlines()
+    assert lines[0].startswith("method: one run a side, each cut into 10 blocks of ~3 steps compared block by block")
+    assert "different when B/A is beyond 2x" in lines[0] and lines[-1].startswith("SAME (base vs same)")
+    assert lines[1].split() == ["metric", "steps", "A/B", "A", "B", "B/A", "90%", "interval", "detects", "floor", "p", "(Holm)", "verdict"]
     assert "step ranges differ" not in out
     # Runs of different lengths are compared, and the report says their ranges differ.
     code, out, _ = _parity(capsys, "base", "short", "--server", server.url, "--json")
-    assert "the step ranges differ: A has steps 0–15 (16), B has steps 0–11 (12)" in json.loads(out)["notes"][0], out
+    assert "the step ranges differ: A base has steps 0–29 (30), B short has steps 0–23 (24)" in json.loads(out)["notes"][0], out
     # Without --server: $KEEL_URL, as every keel command that talks to a server.
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("KEEL_URL", server.url)
         code, out, _ = _parity(capsys, "base", "same")
     assert code == EXIT_SAME, out
 
-    code, out, _ = _parity(capsys, base, "double", "--server", server.url, "--json")
+    code, out, _ = _parity(capsys, base, "wide", "--server", server.url, "--json")
     assert code == EXIT_DIFFERENT
     report = json.loads(out)
-    assert (report["verdict"], report["exit"], report["runs"]["a"]["name"]) == ("different", 1, "base")
+    assert (report["verdict"], report["exit"], report["runs"]["a"]["name"], report["runs"]["a"]["id"]) == ("different", 1, "base", base)
     by_key = {metric["key"]: metric for metric in report["metrics"]}
     assert "loss/total" not in by_key and {"mismatch/kl", tail_key(0.1, low=False), tail_key(0.1, low=True)} <= set(by_key)
-    assert by_key["mismatch/kl"]["verdict"] == "differs" and 1.5 < by_key["mismatch/kl"]["ratio"] < 2.7
+    kl = by_key["mismatch/kl"]
+    assert kl["verdict"] == "differs" and 5 < kl["ratio"] < 13 and kl["interval"][0] > 2 and kl["floor"] == 1e-12
+    assert 2 < kl["detectable"] < 5 and kl["blocks"] == 10
     assert by_key[tail_key(0.1, low=False)]["verdict"] == "differs"
-    assert by_key[tail_key(0.001, low=False)]["median_a"] > 0.9  # the bulk's spread, in both runs
+    assert by_key[tail_key(0.001, low=False)]["level_a"] > 0.9  # the bulk's spread, in both runs
 
-    # A step range: the last 4 steps alone are too few to decide.
-    code, out, err = _parity(capsys, "base", "double", "--server", server.url, "--steps", "12:")
+    # Seeds a side: the spread of the runs within a side is the noise, the margin 1.25x.
+    code, out, _ = _parity(capsys, "base,same", "wide,wide2", "--server", server.url, "--json")
+    report = json.loads(out)
+    assert code == EXIT_DIFFERENT and report["method"].startswith("2 run(s) against 2")
+    assert [run["name"] for run in report["runs"]["b"]["runs"]] == ["wide", "wide2"] and "id" not in report["runs"]["b"]
+    assert {m["key"]: m for m in report["metrics"]}["mismatch/kl"]["tolerance"] == 0.25
+    # 1.6x, two seeds against one over 12 steps (1 degree of freedom): not beyond 1.25x, and
+    # not a comparison that could have seen a tenfold change either.
+    code, out, _ = _parity(capsys, "base,same", "mid", "--server", server.url, "--steps", "18:")
+    assert code == EXIT_CANNOT_TELL and out.splitlines()[-1].startswith("CANNOT TELL (base,same vs mid)"), out
+    assert "mismatch/kl detects ≥" in out.splitlines()[-1]
+
+    # A step range: the last 10 steps alone are too few to test.
+    code, out, err = _parity(capsys, "base", "wide", "--server", server.url, "--steps", "20:")
     assert code == EXIT_INCOMPARABLE and "INCOMPARABLE" in out
-    code, _, err = _parity(capsys, "base", "double", "--server", server.url, "--steps", "100:200")
+    code, _, err = _parity(capsys, "base", "wide", "--server", server.url, "--steps", "100:200")
     assert code == EXIT_INCOMPARABLE and "no steps in the range" in err
-    # A wide enough tolerance forgives the doubled KL; the tails still differ.
-    code, out, _ = _parity(capsys, "base", "double", "--server", server.url, "--tolerance", "mismatch/kl=1.5", "--json")
+    # A wide enough margin forgives the KL; the tails still differ. A floor above the KL
+    # makes it nothing.
+    code, out, _ = _parity(capsys, "base", "wide", "--server", server.url, "--tolerance", "mismatch/kl=20", "--json")
     assert code == EXIT_DIFFERENT
     assert {m["key"]: m["verdict"] for m in json.loads(out)["metrics"]}["mismatch/kl"] == "same"
+    code, out, _ = _parity(capsys, "base", "wide", "--server", server.url, "--floor", "mismatch/kl=1", "--json")
+    kl = {m["key"]: m for m in json.loads(out)["metrics"]}["mismatch/kl"]
+    assert (kl["floor"], kl["verdict"]) == (1.0, "same") and kl["ratio"] == pytest.approx(1.0, abs=0.01)
 
 
 def test_keel_parity_cannot_compare_unknown_ambiguous_or_metricless_runs(server_factory, sqlite_url, capsys) -> None:
@@ -124,13 +153,14 @@ def test_keel_parity_cannot_compare_unknown_ambiguous_or_metricless_runs(server_
 
 
 def test_keel_parity_of_keel_lm_runs_same_setting_and_changed_sampler_precision(server_factory, sqlite_url, tmp_path) -> None:
-    """Two seeds of an fp16 sampler are the same; an fp32 sampler's mismatch is orders of
-    magnitude smaller (only the learner's own numerics are left), so it differs."""
+    """Two seeds of an fp16 sampler are the same (one run a side, against the seed margin);
+    an fp32 sampler's mismatch is orders of magnitude smaller (only the learner's own numerics
+    are left), so it differs."""
     server = server_factory(sqlite_url)
 
     def lm(name: str, seed: int, dtype: str) -> None:
         result = keel(
-            "lm", "--loss", "cispo", "--lag", "0", "--steps", "12", "--prompts", "4", "--samples", "4",
+            "lm", "--loss", "cispo", "--lag", "0", "--steps", "30", "--prompts", "4", "--samples", "4",
             "--digits", "4", "--sampler-dtype", dtype, "--seed", str(seed), "--server", server.url, "--name", name,
             env={"KEEL_SPOOL_DIR": str(tmp_path / "spool")},
         )  # fmt: skip
@@ -143,11 +173,12 @@ def test_keel_parity_of_keel_lm_runs_same_setting_and_changed_sampler_precision(
     assert same.returncode == EXIT_SAME, same.stdout + same.stderr
     report = json.loads(same.stdout)
     kl = {metric["key"]: metric for metric in report["metrics"]}["mismatch/kl"]
-    assert (kl["steps_a"], kl["steps_b"], kl["verdict"]) == (12, 12, "same")
+    assert (kl["steps_a"], kl["steps_b"], kl["blocks"], kl["verdict"]) == (30, 30, 10, "same")
 
     different = keel("parity", "fp16-s0", "fp32-s0", "--server", server.url)
     assert different.returncode == EXIT_DIFFERENT, different.stdout + different.stderr
-    rows = {line.split()[0]: line.split() for line in different.stdout.splitlines()[2:] if line.startswith("mismatch/")}
+    rows = {line.split()[0]: line.split() for line in different.stdout.splitlines()[3:] if line.startswith("mismatch/")}
     assert rows["mismatch/kl"][-1] == "differs"
-    assert float(rows["mismatch/kl"][4].rstrip("x")) < 1e-3  # fp32's KL is > 1000x smaller
+    # fp32's KL is at the noise floor (1e-12 nats), fp16's hundreds of times above it.
+    assert float(rows["mismatch/kl"][3]) < 1e-13 and float(rows["mismatch/kl"][4].rstrip("x")) < 1e-2
     assert different.stdout.splitlines()[-1].startswith("DIFFERENT (fp16-s0 vs fp32-s0)")

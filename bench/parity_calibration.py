@@ -1,0 +1,313 @@
+"""Calibrate `keel parity` on the real learner: seeds of one engine must come out the same,
+a changed engine different.
+
+    .venv/bin/python -m bench.parity_calibration grow [--limit N]   # run what corpora/parity/ lacks
+    .venv/bin/python -m bench.parity_calibration score              # the figures of docs/parity.md
+
+`grow` runs `keel lm`'s loop (learners.lm.learner.train, tiny model, the sort task with 3
+digits, 8 prompts x 8 samples, 1,000 steps) for every run of `plan()` not yet in
+`corpora/parity/`, one at a time, and writes each finished run there as one compact file
+(the format of `keel lm-regimes`, learners/lm/runfiles.py: gzip JSON, each series float32 in
+base64), so a killed `grow` resumes where it stopped. A run records the per-step values
+`keel parity` compares: the mismatch scalars, and the tail shares the server would take from
+the `mismatch/log_ratio` histogram (|ℓ| ≥ τ and ℓ ≤ −τ for each default τ, the NaN share),
+computed here from the same tokens.
+
+`score` reads the corpus and decides every pair with `dashboard.parity.compare`, the code
+`keel parity` and the compare page decide with, on the first 100, 300 and 1,000 steps:
+
+- *same engine*: two seeds of one setting (loss, lag, sampler dtype): the share called
+  `different` is the false-alarm rate a CI gate would see; the share `same` is what must stay
+  at 95 % or more;
+- *dtype*: fp32 against bf16 and fp16, bf16 against fp16, same loss and lag, other seeds;
+- *planted*: the bf16 engine against the same engine whose sampler adds Gaussian noise of
+  σ nats to its logits (`keel lm --sampler-logit-noise`), other seeds: power against σ;
+- with two seeds a side (`keel parity A1,A2 B1,B2`): the same, grouped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import gzip
+import itertools
+import json
+import math
+import os
+import sys
+import time
+from array import array
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+CORPUS = Path(__file__).resolve().parents[1] / "corpora" / "parity"
+SUFFIX = ".run.gz"
+LENGTHS = (100, 300, 1000)
+"""The run lengths scored: the first L steps of each run (a run of L steps is the first L
+steps of a longer one: nothing in the learner depends on the planned length)."""
+STEPS = 1000
+LOSSES = ("cispo", "ppo", "importance_sampling", "tis")
+LAGS = (0, 4)
+DTYPES = ("bf16", "fp16", "fp32")
+SEEDS = (1, 2, 3, 4)
+NOISES = (0.0005, 0.001, 0.002, 0.005)
+"""σ of the planted change (nats on each logit): a bf16 sampler's own mismatch on this task
+is a KL of ~2e-6 nats (about σ = 0.002's σ²/2), so these span invisible to obvious."""
+PLANTED_ON = ("cispo", 0, "bf16")
+
+
+# -- the corpus -----------------------------------------------------------------------------
+
+
+def plan() -> list[Any]:
+    """Every run of the corpus, in the order `grow` makes them: two seeds of every setting
+    first (so pairs exist early), the planted changes, then the other seeds."""
+    from learners.lm.learner import LMConfig
+
+    base = LMConfig(steps=STEPS, digits=3, prompts=8, group=8, size="tiny")
+    settings = list(itertools.product(LOSSES, LAGS, DTYPES))
+    loss, lag, dtype = PLANTED_ON
+
+    def seeds(chosen: Sequence[int]) -> list[Any]:
+        engines = [replace(base, loss=lo, lag=la, sampler_dtype=dt, seed=s) for s in chosen for lo, la, dt in settings]
+        planted = [
+            replace(base, loss=loss, lag=lag, sampler_dtype=dtype, seed=s, logit_noise=noise)
+            for s in chosen
+            for noise in NOISES
+        ]
+        return engines + planted
+
+    return seeds(SEEDS[:2]) + seeds(SEEDS[2:])
+
+
+def _pack(values: Sequence[float]) -> str:
+    packed = array("f", values)
+    if sys.byteorder != "little":
+        packed.byteswap()
+    return base64.b64encode(packed.tobytes()).decode("ascii")
+
+
+def _unpack(text: str) -> list[float]:
+    values = array("f")
+    values.frombytes(base64.b64decode(text))
+    if sys.byteorder != "little":
+        values.byteswap()
+    return values.tolist()
+
+
+def write(directory: Path, name: str, spec: Mapping[str, Any], wall_s: float, series: Mapping[str, Sequence[float]]) -> Path:
+    """One run as DIR/<name>.run.gz, written under a temporary name and renamed (a file that
+    exists is complete). The format of learners/lm/runfiles.py."""
+    directory.mkdir(parents=True, exist_ok=True)
+    body = {"name": name, "spec": dict(spec), "wall_s": wall_s, "series": {k: _pack(v) for k, v in series.items()}}
+    path = directory / f"{name}{SUFFIX}"
+    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with gzip.open(partial, "wt", encoding="utf-8", compresslevel=9) as handle:
+        json.dump(body, handle)
+    os.replace(partial, path)
+    return path
+
+
+def read(path: Path) -> dict[str, Any]:
+    with gzip.open(path, "rt", encoding="utf-8") as handle:
+        body = json.load(handle)
+    body["series"] = {key: _unpack(text) for key, text in body["series"].items()}
+    return dict(body)
+
+
+def corpus(directory: Path = CORPUS) -> Iterator[dict[str, Any]]:
+    for path in sorted(directory.glob(f"*{SUFFIX}")):
+        yield read(path)
+
+
+def _recorder() -> Any:
+    """A `Recorder` that also keeps, per step, the shares of the answer tokens in each tail of
+    ℓ = log π − log μ (what `dashboard.parity.histogram_values` takes from the server's
+    `mismatch/log_ratio` histogram), without a server."""
+    import torch
+
+    from dashboard.parity import DEFAULT_TAUS, NAN_KEY, tail_key
+    from learners.lm.learner import Recorder
+
+    class TailRecorder(Recorder):
+        def log_batch(self, step: int, sampler_logprobs: Any, learner_logprobs: Any, mask: Any, **kwargs: Any) -> None:
+            super().log_batch(step, sampler_logprobs, learner_logprobs, mask, **kwargs)
+            with torch.no_grad():
+                ell = (learner_logprobs.double() - sampler_logprobs.double())[mask.bool()]
+                finite = ell[torch.isfinite(ell)]
+                shares = {NAN_KEY: float(torch.isnan(ell).double().mean()) if ell.numel() else math.nan}
+                for tau in DEFAULT_TAUS:
+                    count = max(finite.numel(), 1)
+                    shares[tail_key(tau, low=False)] = float((finite.abs() >= tau).sum()) / count
+                    shares[tail_key(tau, low=True)] = float((finite < -tau).sum()) / count
+            self.log(step, shares)
+
+    return TailRecorder()
+
+
+def _kept(series: Mapping[str, Sequence[float]]) -> dict[str, Sequence[float]]:
+    from dashboard.parity import HISTOGRAM_KEY, SCALAR_KEYS
+
+    return {k: v for k, v in series.items() if k in SCALAR_KEYS or k.startswith(f"{HISTOGRAM_KEY}:") or k == "reward/mean"}
+
+
+def grow(directory: Path, limit: int | None) -> int:
+    import torch
+
+    from learners.lm.learner import train
+
+    torch.set_num_threads(1)
+    done = {path.name[: -len(SUFFIX)] for path in directory.glob(f"*{SUFFIX}")}
+    missing = [config for config in plan() if config.name not in done]
+    print(f"parity corpus: {len(done)} runs in {directory}, {len(missing)} to make", flush=True)
+    for made, config in enumerate(missing[:limit] if limit is not None else missing, start=1):
+        recorder = _recorder()
+        started = time.perf_counter()
+        train(config, recorder)
+        wall_s = time.perf_counter() - started
+        write(directory, config.name, asdict(config), round(wall_s, 1), _kept(recorder.series))
+        print(f"{made}/{len(missing)} {config.name} {wall_s:.0f} s", flush=True)
+    return 0
+
+
+# -- scoring --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Run:
+    name: str
+    loss: str
+    lag: int
+    dtype: str
+    noise: float
+    seed: int
+    series: Mapping[str, Sequence[float]]
+
+    @property
+    def engine(self) -> tuple[str, int, str, float]:
+        return self.loss, self.lag, self.dtype, self.noise
+
+
+def runs(directory: Path = CORPUS) -> list[Run]:
+    return [
+        Run(body["name"], spec["loss"], spec["lag"], spec["sampler_dtype"], spec.get("logit_noise", 0.0), spec["seed"],
+            _kept(body["series"]))
+        for body in corpus(directory)
+        for spec in [body["spec"]]
+    ]  # fmt: skip
+
+
+def _head(series: Mapping[str, Sequence[float]], length: int) -> dict[str, list[float]]:
+    return {key: list(values[:length]) for key, values in series.items() if not key.startswith("reward/")}
+
+
+def _verdict(a: Sequence[Run], b: Sequence[Run], length: int) -> Any:
+    from dashboard.parity import compare_groups
+
+    return compare_groups([_head(r.series, length) for r in a], [_head(r.series, length) for r in b])
+
+
+def pairs_same(found: Sequence[Run]) -> list[tuple[Run, Run]]:
+    by_engine: dict[Any, list[Run]] = {}
+    for run in found:
+        by_engine.setdefault(run.engine, []).append(run)
+    return [(x, y) for group in by_engine.values() for x, y in itertools.combinations(sorted(group, key=lambda r: r.seed), 2)]
+
+
+def pairs_dtype(found: Sequence[Run]) -> list[tuple[Run, Run]]:
+    plain = [r for r in found if not r.noise]
+    return [
+        (x, y) for x in plain for y in plain
+        if (x.loss, x.lag) == (y.loss, y.lag) and x.seed != y.seed and DTYPES.index(x.dtype) < DTYPES.index(y.dtype)
+    ]  # fmt: skip
+
+
+def pairs_planted(found: Sequence[Run], noise: float) -> list[tuple[Run, Run]]:
+    loss, lag, dtype = PLANTED_ON
+    base = [r for r in found if r.engine == (loss, lag, dtype, 0.0)]
+    changed = [r for r in found if r.engine == (loss, lag, dtype, noise)]
+    return [(x, y) for x in base for y in changed if x.seed != y.seed]
+
+
+def _rates(pairs: Sequence[tuple[Sequence[Run], Sequence[Run]]], length: int) -> dict[str, float]:
+    """The share of `pairs` given each verdict on their first `length` steps."""
+    counts = {"same": 0, "different": 0, "cannot tell": 0, "incomparable": 0}
+    for a, b in pairs:
+        counts[_verdict(a, b, length).verdict] += 1
+    return {verdict: count / len(pairs) for verdict, count in counts.items()} if pairs else {}
+
+
+def _grouped(group: Sequence[Run], size: int) -> list[tuple[tuple[Run, ...], tuple[Run, ...]]]:
+    """Every split of one engine's runs into two disjoint sides of `size` seeds (each once)."""
+    splits = []
+    for a in itertools.combinations(group, size):
+        rest = [r for r in group if r not in a]
+        splits += [(a, b) for b in itertools.combinations(rest, size) if a[0].seed < b[0].seed]
+    return splits
+
+
+def _planted_groups(found: Sequence[Run], noise: float) -> list[tuple[tuple[Run, ...], tuple[Run, ...]]]:
+    loss, lag, dtype = PLANTED_ON
+    base = sorted((r for r in found if r.engine == (loss, lag, dtype, 0.0)), key=lambda r: r.seed)
+    changed = sorted((r for r in found if r.engine == (loss, lag, dtype, noise)), key=lambda r: r.seed)
+    return [
+        (a, b) for a in itertools.combinations(base, 2) for b in itertools.combinations(changed, 2)
+        if not {r.seed for r in a} & {r.seed for r in b}
+    ]  # fmt: skip
+
+
+def comparisons(found: Sequence[Run]) -> list[tuple[str, list[tuple[Sequence[Run], Sequence[Run]]]]]:
+    """(label, the pairs of sides it scores): what the docs' table reports."""
+    plain = [r for r in found if not r.noise]
+    by_engine: dict[Any, list[Run]] = {}
+    for run in plain:
+        by_engine.setdefault(run.engine, []).append(run)
+    rows: list[tuple[str, list[tuple[Sequence[Run], Sequence[Run]]]]] = [
+        ("same engine, 1 run a side", [((x,), (y,)) for x, y in pairs_same(plain)]),
+        ("same engine, 2 seeds a side", [s for g in by_engine.values() for s in _grouped(sorted(g, key=lambda r: r.seed), 2)]),
+    ]
+    for lag in LAGS:
+        for low, high in (("fp32", "bf16"), ("fp32", "fp16"), ("bf16", "fp16")):
+            chosen = [((x,), (y,)) for x, y in pairs_dtype(plain) if {x.dtype, y.dtype} == {low, high} and x.lag == lag]
+            rows.append((f"{low} vs {high}, lag {lag}", chosen))
+    for noise in NOISES:
+        rows.append((f"bf16 vs bf16 + noise {noise:g}, 1 run a side", [((x,), (y,)) for x, y in pairs_planted(found, noise)]))
+        rows.append((f"bf16 vs bf16 + noise {noise:g}, 2 seeds a side", list(_planted_groups(found, noise))))
+    return rows
+
+
+def score(directory: Path) -> int:
+    found = runs(directory)
+    width = 48
+    print(f"{len(found)} runs in {directory}; per comparison, the share of pairs called same / different / cannot tell")
+    print(f"{'comparison (first L steps of each run)':<{width}} {'pairs':>5}" + "".join(f"  {f'L = {n}':<17}" for n in LENGTHS))
+    for label, pairs in comparisons(found):
+        cells = []
+        for length in LENGTHS:
+            rates = _rates(pairs, length)
+            cells.append(
+                "-" if not rates else f"{rates['same']:.0%}/{rates['different']:.0%}/{rates['cannot tell']:.0%}"
+                + (f" ({rates['incomparable']:.0%} inc.)" if rates["incomparable"] else "")
+            )
+        print(f"{label:<{width}} {len(pairs):>5}" + "".join(f"  {cell:<17}" for cell in cells))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    grow_parser = commands.add_parser("grow", help="run the corpus's missing runs, one at a time")
+    grow_parser.add_argument("--limit", type=int, default=None, metavar="N", help="make at most N runs")
+    commands.add_parser("score", help="decide every pair of the corpus and print the figures")
+    for sub in commands.choices.values():
+        sub.add_argument("--dir", type=Path, default=CORPUS, help=f"the corpus (default {CORPUS})")
+    args = parser.parse_args(argv)
+    if args.command == "grow":
+        return grow(args.dir, args.limit)
+    return score(args.dir)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
