@@ -125,8 +125,10 @@ def test_verl_and_step_lines_stream_as_they_are_appended_with_every_value_as_pri
             handle.write(printed[10][25:] + "\n")
         append(verl_log, printed[11:], pause=0.02)
         append(loop_log, loop_lines(range(11, 21), 20), pause=0.02)
-        _wait(lambda: (_get(server.url, f"/runs/{verl_id}") or {}).get("status") == "finished", 60, "verl's run finished")
-        _wait(lambda: (_get(server.url, f"/runs/{loop_id}") or {}).get("status") == "finished", 60, "the loop's run finished")
+        # Each run is finished once its log has been still for 4 s (a pause above may have
+        # finished it early: it is then followed again, and finished with every point).
+        _wait(lambda: "run 'verl': finished; 100 point(s) stored" in watch.output(), 60, "verl's run finished")
+        _wait(lambda: "run 'train': finished; 40 point(s) stored" in watch.output(), 60, "the loop's run finished")
     finally:
         watch.stop()
 
@@ -144,11 +146,11 @@ def test_verl_and_step_lines_stream_as_they_are_appended_with_every_value_as_pri
     assert _series(server.url, loop_id, "loss") == {step: 0.5 - step / 64 for step in range(1, 21)}
     assert _series(server.url, loop_id, "reward_avg") == {step: step / 3 for step in range(1, 21)}
     assert _get(server.url, f"/runs/{loop_id}")["name"] == "train"
+    assert _get(server.url, f"/runs/{verl_id}")["status"] == _get(server.url, f"/runs/{loop_id}")["status"] == "finished"
     assert [run["id"] for run in runs_of(server.url)] == [loop_id, verl_id]
     output = watch.output()
     assert "console log " + str(verl_log) + ": framework verl (" in output
     assert "run 'verl': the log has not grown for 4 s; marking the run finished" in output
-    assert "run 'verl': finished; 100 point(s) stored" in output
 
 
 def test_a_watcher_killed_mid_file_again_and_again_stores_every_step_once(server_factory, sqlite_url: str, tmp_path: Path) -> None:
