@@ -34,6 +34,7 @@ import itertools
 import json
 import math
 import os
+import statistics
 import sys
 import time
 from array import array
@@ -52,9 +53,11 @@ LOSSES = ("cispo", "ppo", "importance_sampling", "tis")
 LAGS = (0, 4)
 DTYPES = ("bf16", "fp16", "fp32")
 SEEDS = (1, 2, 3, 4)
-NOISES = (0.0005, 0.001, 0.002, 0.005)
-"""σ of the planted change (nats on each logit): a bf16 sampler's own mismatch on this task
-is a KL of ~2e-6 nats (about σ = 0.002's σ²/2), so these span invisible to obvious."""
+NOISES = (0.002, 0.005, 0.01, 0.02)
+"""σ of the planted change (nats on each logit), adding about σ²/2 nats of KL: a bf16
+sampler's own KL on this task grows from ~1e-6 nats at step 100 to ~1e-5 at step 1,000, so
+these span a change too small to matter to one of orders of magnitude (`score` prints the
+KL ratio each makes)."""
 PLANTED_ON = ("cispo", 0, "bf16")
 
 
@@ -224,6 +227,17 @@ def pairs_dtype(found: Sequence[Run]) -> list[tuple[Run, Run]]:
     ]  # fmt: skip
 
 
+def _kl_ratio(pairs: Sequence[tuple[Sequence[Run], Sequence[Run]]], length: int) -> float:
+    """The median over pairs of B/A of the mean KL over the first `length` steps: the size of
+    the change a planted σ makes at that length."""
+    ratios = sorted(
+        statistics.fmean(v for r in b for v in r.series["mismatch/kl"][:length])
+        / statistics.fmean(v for r in a for v in r.series["mismatch/kl"][:length])
+        for a, b in pairs
+    )
+    return ratios[len(ratios) // 2] if ratios else math.nan
+
+
 def pairs_planted(found: Sequence[Run], noise: float) -> list[tuple[Run, Run]]:
     loss, lag, dtype = PLANTED_ON
     base = [r for r in found if r.engine == (loss, lag, dtype, 0.0)]
@@ -258,6 +272,10 @@ def _planted_groups(found: Sequence[Run], noise: float) -> list[tuple[tuple[Run,
     ]  # fmt: skip
 
 
+def _one_a_side(pairs: Sequence[tuple[Run, Run]]) -> list[tuple[Sequence[Run], Sequence[Run]]]:
+    return [((x,), (y,)) for x, y in pairs]
+
+
 def comparisons(found: Sequence[Run]) -> list[tuple[str, list[tuple[Sequence[Run], Sequence[Run]]]]]:
     """(label, the pairs of sides it scores): what the docs' table reports."""
     plain = [r for r in found if not r.noise]
@@ -265,15 +283,15 @@ def comparisons(found: Sequence[Run]) -> list[tuple[str, list[tuple[Sequence[Run
     for run in plain:
         by_engine.setdefault(run.engine, []).append(run)
     rows: list[tuple[str, list[tuple[Sequence[Run], Sequence[Run]]]]] = [
-        ("same engine, 1 run a side", [((x,), (y,)) for x, y in pairs_same(plain)]),
+        ("same engine, 1 run a side", _one_a_side(pairs_same(plain))),
         ("same engine, 2 seeds a side", [s for g in by_engine.values() for s in _grouped(sorted(g, key=lambda r: r.seed), 2)]),
     ]
     for lag in LAGS:
         for low, high in (("fp32", "bf16"), ("fp32", "fp16"), ("bf16", "fp16")):
-            chosen = [((x,), (y,)) for x, y in pairs_dtype(plain) if {x.dtype, y.dtype} == {low, high} and x.lag == lag]
-            rows.append((f"{low} vs {high}, lag {lag}", chosen))
+            chosen = [(x, y) for x, y in pairs_dtype(plain) if {x.dtype, y.dtype} == {low, high} and x.lag == lag]
+            rows.append((f"{low} vs {high}, lag {lag}", _one_a_side(chosen)))
     for noise in NOISES:
-        rows.append((f"bf16 vs bf16 + noise {noise:g}, 1 run a side", [((x,), (y,)) for x, y in pairs_planted(found, noise)]))
+        rows.append((f"bf16 vs bf16 + noise {noise:g}, 1 run a side", _one_a_side(pairs_planted(found, noise))))
         rows.append((f"bf16 vs bf16 + noise {noise:g}, 2 seeds a side", list(_planted_groups(found, noise))))
     return rows
 
@@ -282,16 +300,18 @@ def score(directory: Path) -> int:
     found = runs(directory)
     width = 48
     print(f"{len(found)} runs in {directory}; per comparison, the share of pairs called same / different / cannot tell")
-    print(f"{'comparison (first L steps of each run)':<{width}} {'pairs':>5}" + "".join(f"  {f'L = {n}':<17}" for n in LENGTHS))
+    print(f"{'comparison (first L steps of each run)':<{width}} {'pairs':>5}" + "".join(f"  {f'L = {n}':<24}" for n in LENGTHS))
     for label, pairs in comparisons(found):
         cells = []
         for length in LENGTHS:
             rates = _rates(pairs, length)
-            cells.append(
-                "-" if not rates else f"{rates['same']:.0%}/{rates['different']:.0%}/{rates['cannot tell']:.0%}"
-                + (f" ({rates['incomparable']:.0%} inc.)" if rates["incomparable"] else "")
-            )
-        print(f"{label:<{width}} {len(pairs):>5}" + "".join(f"  {cell:<17}" for cell in cells))
+            cell = "-" if not rates else f"{rates['same']:.0%}/{rates['different']:.0%}/{rates['cannot tell']:.0%}"
+            if rates and rates["incomparable"]:
+                cell += f" ({rates['incomparable']:.0%} inc.)"
+            if rates and "noise" in label:
+                cell += f" KL {_kl_ratio(pairs, length):.2g}x"
+            cells.append(cell)
+        print(f"{label:<{width}} {len(pairs):>5}" + "".join(f"  {cell:<24}" for cell in cells))
     return 0
 
 

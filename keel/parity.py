@@ -12,7 +12,7 @@ sides have, no steps in the range, too few steps to test), 3 when the runs canno
 
 This module is the command and its reads; what is compared and how the verdict is reached
 is `dashboard.parity` (pure, shared with the compare page's parity view, which gives the same
-verdict) and docs/metrics.md, "Parity of two runs".
+verdict) and docs/parity.md, "How it decides".
 
 Standard library only at module level (see keel/cli.py): `dashboard.parity` is imported
 inside the functions, and the reads go through `keel.client.Client` (urllib).

@@ -131,6 +131,23 @@ def test_what_the_comparison_could_detect_is_the_margin_plus_its_interval() -> N
     assert compare(a, b, floor=0.0, tolerance=2.5, tolerances={"mismatch/kl": 1.0}).exit_code == EXIT_DIFFERENT
 
 
+def test_a_metric_beyond_its_margin_alone_but_not_over_the_family_cannot_tell() -> None:
+    """The KL's own interval lies beyond 2x (p ≈ 0.018), but eight metrics are tested: Holm
+    does not call it different, and it is not called the same either."""
+    spread = [0.4, -0.4, 0.3, -0.3, 0.5, -0.5, 0.2, -0.2, 0.35, -0.35]
+    rng = random.Random(3)
+    others = {f"mismatch/log_ratio:abs>={tau}": (_ar1(rng, 100, tau, spread=0.05), _ar1(rng, 100, tau, spread=0.05)) for tau in range(1, 8)}
+    a = {"mismatch/kl": [1e-3] * 100, **{key: values for key, (values, _) in others.items()}}
+    b = {"mismatch/kl": [1e-3 * 2 * math.exp(0.3 + e) for e in spread for _ in range(10)], **{key: values for key, (_, values) in others.items()}}
+    report = compare(a, b)
+    kl = report.metrics[0]
+    assert kl.p_different is not None and kl.p_adjusted is not None
+    assert kl.p_different == pytest.approx(stats.t.sf(0.3 / (np.std(spread, ddof=1) / math.sqrt(10)), 9))
+    assert kl.p_different < 0.05 < kl.p_adjusted and kl.interval is not None and kl.interval[0] > 2
+    assert kl.verdict == "cannot tell" and {m.verdict for m in report.metrics[1:]} == {"same"}
+    assert report.exit_code == EXIT_CANNOT_TELL and report.headline is kl
+
+
 def test_rounding_noise_is_the_same_by_default_and_a_difference_when_the_floor_is_lowered() -> None:
     """The issue's fp32 pair: KL 3.5e-15 against 4.5e-15 nats, |ℓ| 4e-8 against 6e-8. Under
     the floors both are nothing; with the floors overridden to ~0 they differ by 10x."""
