@@ -11,7 +11,7 @@ from dash import dcc, html, no_update
 from plotly.io.json import to_json_plotly
 
 from dashboard.figures import message_figure
-from dashboard.theme import KL_BANDS
+from dashboard.theme import HAZARD_HEALTHY, HEALTHY, KL_BANDS
 
 __all__ = [
     "GRAPH_TYPE",
@@ -33,6 +33,7 @@ __all__ = [
     "data_attributes",
     "radio",
     "digest",
+    "whole_name",
 ]
 
 GRAPH_TYPE = "metric-graph"
@@ -213,28 +214,45 @@ def metric_graph(key: str, height: int, figure: dict[str, Any] | None = None) ->
                     },
                 },
             ),
+            *_caption(HEALTHY.get(key)),
         ],
         className="chart-card",
         **data_attributes(key=key, **({"seen": "drawn"} if figure is not None else {})),
     )
 
 
+def _caption(text: str | None) -> list[html.P]:
+    """The line under a chart saying what healthy looks like on it (theme.HEALTHY), if any."""
+    return [html.P(text, className="chart-caption")] if text else []
+
+
 def hazard_graph(height: int) -> html.Div:
     return html.Div(
-        dcc.Graph(
-            id=HAZARD_GRAPH,
-            figure=message_figure("Loading…", height),
-            className=HAZARD_GRAPH,
-            style={"height": f"{height}px"},
-            config={
-                "displaylogo": False,
-                "responsive": True,
-                "modeBarButtons": [["toImage", "zoom2d", "pan2d", "resetScale2d"]],
-                "toImageButtonOptions": {"format": "png", "scale": 2, "filename": "collapse_hazard"},
-            },
-        ),
+        [
+            dcc.Graph(
+                id=HAZARD_GRAPH,
+                figure=message_figure("Loading…", height),
+                className=HAZARD_GRAPH,
+                style={"height": f"{height}px"},
+                config={
+                    "displaylogo": False,
+                    "responsive": True,
+                    "modeBarButtons": [["toImage", "zoom2d", "pan2d", "resetScale2d"]],
+                    "toImageButtonOptions": {"format": "png", "scale": 2, "filename": "collapse_hazard"},
+                },
+            ),
+            *_caption(HAZARD_HEALTHY),
+        ],
         className="chart-card",
     )
+
+
+def whole_name(tooltip_field: str) -> dict[str, Any]:
+    """What a grid column of run names adds to its definition: the name whole, wrapped over
+    lines when the column is narrow (seeds of one arm differ at their end: cut, they read the
+    same), and as the cell's title from `tooltip_field` (plain text; the grid needs
+    `enableBrowserTooltips`)."""
+    return {"wrapText": True, "autoHeight": True, "tooltipField": tooltip_field, "cellClass": "cell-name"}
 
 
 def badge(text: str, kind: str | None = None) -> html.Span:

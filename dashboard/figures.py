@@ -59,6 +59,9 @@ __all__ = [
     "flat_range",
     "FLAT_SPAN",
     "FLAT_PAD",
+    "x_axis_end",
+    "HEADROOM",
+    "MIN_HEADROOM",
     "EDGE_Y",
     "EDGE_SYMBOL",
 ]
@@ -119,6 +122,7 @@ def base_layout(title: str, unit: str, height: int, log_y: bool) -> Figure:
         "paper_bgcolor": "#ffffff",
         "plot_bgcolor": "#ffffff",
         "hovermode": "x unified",
+        "hoverlabel": {"namelength": -1},  # a run's name whole in the hover (Plotly cuts it at 15)
         "xaxis": {**axis, "title": {"text": "step", "standoff": 4}},
         "yaxis": {
             **axis,
@@ -150,6 +154,37 @@ def flat_range(extent: tuple[float, float] | None, log_y: bool) -> list[float] |
     if log_y:
         return [math.log10(middle) - FLAT_PAD, math.log10(middle) + FLAT_PAD]
     return [middle - FLAT_PAD * abs(middle), middle + FLAT_PAD * abs(middle)]
+
+
+HEADROOM = 0.1
+"""Room on the right of a growing run's step axis, as a share of the steps shown: the live
+updater paints the next points there without a redraw (assets/live/overlay.js)."""
+MIN_HEADROOM = 10
+"""The least room on the right, in steps."""
+
+
+def x_axis_end(first: float, newest: float) -> float:
+    """Where the step axis of a chart whose newest point is at `newest` ends while its runs
+    grow: HEADROOM of the steps shown past the newest (at least MIN_HEADROOM), rounded up to a
+    multiple of a round step (1, 2 or 5 × 10^k, at most that room). Every chart of a page that
+    holds the same steps ends at the same step, and the end moves in a few jumps, not with
+    every point (assets/live/math.js `xAxisEnd` is the same arithmetic)."""
+    room = max(MIN_HEADROOM, HEADROOM * (newest - first))
+    decade = 10 ** math.floor(math.log10(room))
+    grid = max(m * decade for m in (1, 2, 5) if m * decade <= room)
+    return float(math.ceil((newest + room) / grid) * grid)
+
+
+def _follow_data(layout: Figure, steps: Sequence[Sequence[int]]) -> None:
+    """Leave room on the right of the step axis for the points to come (x_axis_end), and say
+    where it ends in layout.meta ("x_first", "x_end": the live updater widens it from there)."""
+    firsts = [s[0] for s in steps if s]
+    if not firsts:
+        return
+    first, newest = min(firsts), max(s[-1] for s in steps if s)
+    end = x_axis_end(first, newest)
+    layout["xaxis"]["autorangeoptions"] = {"include": [end]}
+    layout["meta"].update(x_first=first, x_end=end)
 
 
 def _y_extent(traces: Sequence[Figure], log_y: bool) -> tuple[float, float] | None:
@@ -219,12 +254,19 @@ def metric_figure(
     *,
     companions: Sequence[RunLine] = (),
     levels: Mapping[str, float | None] | None = None,
+    growing: bool = False,
+    unused: Mapping[str, str | None] | None = None,
 ) -> Figure:
     """One chart of one metric across runs (or across groups when aggregating), with the
     runs' alerts and a backtest's firings. `companions`: a metric drawn beside the runs'
     lines (theme.MetricInfo.companion, their `key`); `levels`: each run's learned level
-    (None: not yet), drawn as a dashed line across the chart."""
+    (None: not yet), drawn as a dashed line across the chart; `growing`: a run is live, so
+    the step axis leaves room for its next points (x_axis_end); `unused`: the runs whose loss
+    does not use the metric (run id -> the loss's name, None when unnamed), said in a note
+    instead of drawn as a flat line (theme.MetricInfo.of_loss)."""
     info = metric_info(key)
+    every_line = lines
+    lines = [line for line in lines if line.run_id not in (unused or {})]
     log_y = info.log_y if options.log_y is None else options.log_y
     log_note = _log_fallback_note(lines) if log_y else None
     if log_note is not None:
@@ -238,7 +280,7 @@ def metric_figure(
         else f"<b>{plot_text(info.title)}</b>  <span style='color:{MUTED};font-size:11px'>{plot_text(drawn)}</span>"
     )
     layout = base_layout(title, plot_text(info.unit), options.height, log_y)
-    styles = run_styles(lines)
+    styles = run_styles(every_line)  # a run keeps its colour and dash when another is not drawn
     aggregate = options.aggregate != "runs"
     traces: list[Figure] = []
     if aggregate:
@@ -261,7 +303,9 @@ def metric_figure(
     level_meta = _draw_levels(layout, lines, levels, styles, log_y) if levels is not None else {}
 
     empty = not any(line.series.steps for line in lines)
-    if not lines:
+    if unused:
+        _say_unused(layout, key, every_line, unused, alone=not lines)
+    elif not lines:
         layout["annotations"].append(_annotation("No runs selected"))
     elif empty:
         layout["annotations"].append(_annotation(f"No points for {plot_text(key)} yet — waiting for data"))
@@ -317,7 +361,39 @@ def metric_figure(
         "edge": {kind: [EDGE_Y[kind], EDGE_SYMBOL[kind], EDGE_LABEL[kind]] for kind in EDGE_Y},
         **level_meta,
     }
+    layout["meta"]["unused"] = sorted(unused or {})
+    if growing and options.x_range is None and lines:
+        _follow_data(layout, [line.series.steps for line in lines])
     return {"data": traces, "layout": layout}
+
+
+def unused_note(key: str, lines: Sequence[RunLine], unused: Mapping[str, str | None], *, named: bool) -> str:
+    """What a chart says of the runs whose loss does not use `key` (figures.metric_figure
+    `unused`), in text: "not used by importance_sampling: 0 at every step (it gated nothing)";
+    `named`: with the runs' names, for a chart that draws other runs too."""
+    by_loss: dict[str, list[str]] = {}
+    for line in lines:
+        if line.run_id in unused:
+            by_loss.setdefault(unused[line.run_id] or "this run's loss", []).append(line.name)
+    what = metric_info(key).of_loss or "used"
+    parts = [f"{loss} ({', '.join(names)})" if named else loss for loss, names in by_loss.items()]
+    return f"not used by {'; '.join(parts)}: 0 at every step (it {what} nothing)"
+
+
+def _say_unused(
+    layout: Figure, key: str, lines: Sequence[RunLine], unused: Mapping[str, str | None], *, alone: bool
+) -> None:
+    """The note on a chart with runs whose loss does not use its metric: in place of the chart
+    when no other run is drawn (the axes hidden), else in its top left corner."""
+    text = plot_text(unused_note(key, lines, unused, named=not alone or len(lines) > 1))
+    if alone:
+        layout["xaxis"].update(visible=False)
+        layout["yaxis"].update(visible=False)
+        layout["annotations"].append(_annotation(text))
+        return
+    layout["annotations"].append(
+        {**_annotation(text), "x": 0.01, "y": 0.97, "xanchor": "left", "yanchor": "top", "font": {"size": 10, "color": MUTED}}
+    )
 
 
 LEVEL_LABEL = "learned level"
@@ -387,11 +463,11 @@ _VERTICAL_MARGINS = 84
 
 
 def hazard_figure(
-    lines: Sequence[RunLine], horizon: int | None, height: int = 300, render_id: str = ""
+    lines: Sequence[RunLine], horizon: int | None, height: int = 300, render_id: str = "", *, growing: bool = False
 ) -> Figure:
     """The runs' collapse hazard (GET /runs/{id}/hazard), one line per run in the run's
     colour and dash as on the metric charts, on a fixed [0, 1] axis. `horizon` None: the
-    server said none (no run known)."""
+    server said none (no run known); `growing`: as metric_figure's."""
     unit = f"P(collapse within {horizon} steps)" if horizon is not None else "P(collapse)"
     if len(unit) * _AXIS_TITLE_CHAR_PX > height - _VERTICAL_MARGINS:
         unit = unit.replace(" within ", " within<br>")  # two lines rather than over the title
@@ -419,6 +495,8 @@ def hazard_figure(
     # A refresh keeps the user's zoom while the same runs are shown.
     layout["uirevision"] = f"hazard|{','.join(sorted(line.run_id for line in lines))}"
     layout["meta"] = {"chart": "hazard", "horizon": horizon, "render_id": render_id, "empty": empty}
+    if growing:
+        _follow_data(layout, [line.series.steps for line in lines])
     return {"data": traces, "layout": layout}
 
 

@@ -20,6 +20,7 @@ __all__ = [
     "parse_value",
     "Series",
     "magnitude",
+    "all_zero",
     "Alert",
     "alert_matches",
     "EmaState",
@@ -206,6 +207,12 @@ def _all_finite(values: Sequence[float]) -> bool:
         return math.isfinite(sum(values))
     except TypeError:  # a None among them: looked at value by value
         return False
+
+
+def all_zero(series: Series) -> bool:
+    """Whether the series has points and every one is exactly 0 (a bucket's min and max too)."""
+    parts = (series.values, series.mins or (), series.maxs or ())
+    return bool(series.steps) and all(v == 0 for part in parts for v in part)
 
 
 def nonfinite_points(series: Series) -> list[NonFinite]:

@@ -21,6 +21,10 @@ __all__ = [
     "HAZARD_TOOLTIP",
     "CRITICAL_HAZARD",
     "KL_KEY",
+    "HEALTHY",
+    "HAZARD_HEALTHY",
+    "LOSS_CONFIG_KEYS",
+    "loss_name",
     "KL_BANDS",
     "MetricInfo",
     "metric_info",
@@ -75,6 +79,10 @@ class MetricInfo:
     the length), for the runs that log it."""
     learned_level: bool = False
     """Draw each run's learned level (dashboard/learned_level.py) as a dashed line."""
+    of_loss: str | None = None
+    """What the metric counts of the run's loss ("gated"): a run whose loss never does it logs
+    0 at every step, and its chart says the metric is not used by that loss instead of drawing
+    a flat line."""
 
     @property
     def drawn_from(self) -> tuple[str, ...]:
@@ -102,7 +110,7 @@ _KNOWN = {
         MetricInfo("mismatch/log_ratio_abs_unlikely", "Mean |log ratio|, 1e-3 ≤ μ < 0.1", "nats", True),
         MetricInfo("mismatch/log_ratio_abs_likely", "Mean |log ratio|, μ ≥ 0.1", "nats", True),
         MetricInfo("mismatch/bkl_seq_max", "Max sequence Bernoulli KL", "nats", True),
-        MetricInfo("gate/frac", "Gated fraction", "fraction of units gated", False),
+        MetricInfo("gate/frac", "Gated fraction", "fraction of units gated", False, of_loss="gated"),
         MetricInfo("grad/norm", "Gradient norm", "global L2 norm, pre-clip", True),
         MetricInfo("policy/entropy", "Policy entropy", "nats / token", True, learned_level=True),
         MetricInfo("policy/clip_frac", "PPO clip fraction", "share of tokens clipped", False),
@@ -162,6 +170,42 @@ def drawn_keys(charts: Iterable[str]) -> set[str]:
         if info.companion:
             drawn.add(info.companion)
     return drawn
+
+
+HEALTHY = {
+    "reward/mean": "Healthy: rises, then holds. A fall after the rise is the collapse the charts beside it warn of.",
+    "mismatch/kl": "Healthy: low and flat: 1e-5–1e-3 reported for dense models, 1e-3–1e-1 for MoE "
+    "(KL healthy band shades it); a stale sampler adds to it. A climb comes before a collapse.",
+    "gate/frac": "No published healthy range: read it against the KL. A share that falls while the KL climbs "
+    "is not a run healing.",
+    "mismatch/ratio_max": "Healthy: near 1 (exactly 1 on-policy) and not climbing. One token with a ratio ≫ 1 "
+    "is how importance sampling and PPO blow up.",
+    "grad/norm": "Healthy: steady at the run's own level. A sudden many-fold jump, or a NaN/Inf, is a broken update.",
+    "mismatch/tail_frac": "Healthy: small and flat. A growing share is the policies disagreeing by a factor of e "
+    "or more on more tokens.",
+    "policy/entropy": "Healthy: near the dashed learned level, drifting down as the policy sharpens. Climbing to "
+    "twice it is the output going uniform.",
+    LOSS_MAGNITUDE_KEY: "Healthy: within the magnitudes of its first steps. Growing into the hundreds or "
+    "thousands is a run diverging.",
+    "response/length_mean": "Healthy: below the dashed cap. Answers growing step after step towards it often come "
+    "before a fall.",
+    "response/truncated_frac": "Healthy: near 0. A share climbing towards 1 is answers running into the cap.",
+}
+"""One line under each headline and signal chart: what a healthy run looks like on it
+(docs/metrics.md, docs/alerts.md)."""
+HAZARD_HEALTHY = (
+    f"Healthy: near 0. From {CRITICAL_HAZARD:.0%} (the hazard rule's default threshold) the tables show it red."
+)
+"""The line under the collapse hazard chart."""
+
+LOSS_CONFIG_KEYS = ("loss", "loss_fn")
+"""Run config keys that name the run's loss (Keel's learners write `loss`, some frameworks'
+configs `loss_fn`): the first one set."""
+
+
+def loss_name(config: dict[str, object]) -> str | None:
+    """The run's loss as its config names it (a name, not a section of settings), or None."""
+    return next((value for key in LOSS_CONFIG_KEYS if isinstance(value := config.get(key), str) and value), None)
 
 
 KL_KEY = "mismatch/kl"

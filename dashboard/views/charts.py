@@ -27,8 +27,8 @@ from dashboard.components import GRAPH_TYPE, HAZARD_GRAPH, SEEN_TYPE, ZOOM_TYPE
 from dashboard.data import KeelApi
 from dashboard.figures import ChartOptions, RunLine, hazard_figure, metric_figure
 from dashboard.learned_level import ENTROPY_KEY, LEVEL_KEYS, learned_level
-from dashboard.series import Alert, Series, magnitude
-from dashboard.theme import KL_BANDS, KL_KEY, metric_info
+from dashboard.series import Alert, Series, all_zero, magnitude
+from dashboard.theme import KL_BANDS, KL_KEY, loss_name, metric_info
 
 __all__ = ["register", "zoom_range", "chart_figure", "learned_levels", "load_hazard", "hazards", "HISTORY_POINTS", "HAZARD_POINTS", "ZOOM_POINTS", "UNCHANGED"]
 
@@ -63,7 +63,9 @@ def zoom_range(relayout: dict[str, Any] | None) -> tuple[float, float] | str | N
 # chart with nothing drawn got a value ≤ 0), so the server must choose its axis again.
 # "compact": a line took in more live points than its history holds (assets/live/2_charts.js
 # COMPACT_AFTER), so it is drawn again from buckets: a page open all day stays cheap.
-STRUCTURAL_TICKS = {"alert", "reconnect", "log-axis", "compact"}
+# "unused": a run whose chart said the metric is not used by its loss (0 at every step) logged
+# another value, so its line must be drawn after all.
+STRUCTURAL_TICKS = {"alert", "reconnect", "log-axis", "compact", "unused"}
 
 
 # In the browser (assets/charts.js): only relayouts that touch the x axis reach the server;
@@ -148,8 +150,8 @@ def register(dash_app: Dash, api: KeelApi) -> None:
     async def draw_hazard(state: dict[str, Any] | None, _tick: Any) -> dict[str, Any]:
         if not state or state.get("page") not in ("run", "compare"):
             raise PreventUpdate
-        lines, horizon = await load_hazard(api, state.get("runs", []))
-        return hazard_figure(lines, horizon, int(state.get("height", 300)), render_id=uuid.uuid4().hex)
+        lines, horizon, live = await load_hazard(api, state.get("runs", []))
+        return hazard_figure(lines, horizon, int(state.get("height", 300)), render_id=uuid.uuid4().hex, growing=live)
 
 
 async def chart_figure(
@@ -158,16 +160,34 @@ async def chart_figure(
     """The chart of `key` over `run_ids` as `options` draw it (its zoomed range read at full
     resolution), with its companion lines and, on the entropy chart, each run's learned
     level. Also what a card sent with its figure holds (views/run.py)."""
-    lines, alerts, companions = await load_lines(api, run_ids, key, options.x_range)
+    infos = await api.runs_by_id(run_ids)
+    lines, alerts, companions = await load_lines(api, infos, key, options.x_range)
     levels = await learned_levels(api, [line.run_id for line in lines]) if metric_info(key).learned_level else None
+    unused = await unused_by_loss(api, key, lines) if options.x_range is None else {}
     return metric_figure(
-        key, lines, alerts, options, render_id=uuid.uuid4().hex, backtest=backtest, companions=companions, levels=levels
+        key, lines, alerts, options, render_id=uuid.uuid4().hex, backtest=backtest, companions=companions, levels=levels,
+        growing=growing(infos), unused=unused,
     )
 
 
-async def load_hazard(api: KeelApi, run_ids: list[str]) -> tuple[list[RunLine], int | None]:
-    """Each known run's hazard as a line (empty while it warms up), and the horizon the
-    server speaks about (None when no run answered)."""
+async def unused_by_loss(api: KeelApi, key: str, lines: Sequence[RunLine]) -> dict[str, str | None]:
+    """The runs whose loss does not do what `key` counts (theme.MetricInfo.of_loss): those that
+    logged 0 at every step, each with its loss as its config names it (None: not named)."""
+    if metric_info(key).of_loss is None:
+        return {}
+    zero = [line.run_id for line in lines if all_zero(line.series)]
+    runs = await asyncio.gather(*(api.run(run_id) for run_id in zero))
+    return {run_id: loss_name((run or {}).get("config") or {}) for run_id, run in zip(zero, runs, strict=True)}
+
+
+def growing(infos: dict[str, dict[str, Any] | None]) -> bool:
+    """Whether a run of these is live: its charts leave room on the right for its next points."""
+    return any((info or {}).get("status") == "running" for info in infos.values())
+
+
+async def load_hazard(api: KeelApi, run_ids: list[str]) -> tuple[list[RunLine], int | None, bool]:
+    """Each known run's hazard as a line (empty while it warms up), the horizon the server
+    speaks about (None when no run answered), and whether a run of them is live."""
     infos = await api.runs_by_id(run_ids)
     known = [run_id for run_id in dict.fromkeys(run_ids) if infos.get(run_id)]
     series, horizon = await hazards(api, known)
@@ -175,7 +195,7 @@ async def load_hazard(api: KeelApi, run_ids: list[str]) -> tuple[list[RunLine], 
     for run_id in known:
         info = infos[run_id] or {}
         lines.append(RunLine(run_id, str(info.get("name", run_id)), info.get("group"), series[run_id]))
-    return lines, horizon
+    return lines, horizon, growing(infos)
 
 
 async def hazards(api: KeelApi, run_ids: list[str]) -> tuple[dict[str, Series], int | None]:
@@ -196,12 +216,12 @@ async def hazards(api: KeelApi, run_ids: list[str]) -> tuple[dict[str, Series], 
 
 
 async def load_lines(
-    api: KeelApi, run_ids: list[str], key: str, x_range: tuple[float, float] | None
+    api: KeelApi, infos: dict[str, dict[str, Any] | None], key: str, x_range: tuple[float, float] | None
 ) -> tuple[list[RunLine], list[Alert], list[RunLine]]:
-    """The chart's line of each known run, the runs' alerts, and the runs' companion lines
-    (theme.MetricInfo.companion; a run that does not log it has none)."""
-    infos = await api.runs_by_id(run_ids)
-    known = [run_id for run_id in dict.fromkeys(run_ids) if infos.get(run_id)]
+    """The chart's line of each known run (`infos`: the runs as api.runs_by_id reads them),
+    the runs' alerts, and the runs' companion lines (theme.MetricInfo.companion; a run that
+    does not log it has none)."""
+    known = [run_id for run_id, info in infos.items() if info]
     start = end = None
     if x_range is not None:
         start = max(0, math.floor(min(x_range)))

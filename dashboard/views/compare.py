@@ -7,7 +7,7 @@ import asyncio
 from typing import Any
 
 import dash_ag_grid as dag
-from dash import Dash, Input, Output, State, dcc, html
+from dash import Dash, Input, Output, State, dcc, html, no_update
 
 from dashboard.components import (
     chart_controls,
@@ -16,6 +16,7 @@ from dashboard.components import (
     live_target,
     metric_graph,
     page_state,
+    whole_name,
 )
 from dashboard.data import KeelApi
 from dashboard.figures import RunLine, run_styles
@@ -39,6 +40,13 @@ WHEN_LOGGED_KEYS = ("mismatch/tail_frac", *SIGNAL_KEYS)
 """Charted after the headline charts when any of the runs logs what they draw."""
 
 
+SUMMARY_WAITS = (
+    "Final and peak reward, first critical alert, largest KL and ratio, peak hazard: read once "
+    "the charts above are drawn, then every few seconds while the runs stream."
+)
+"""What the summary says until its numbers come (the runs' names come at once)."""
+
+
 def parse_runs(search: str | None) -> list[str]:
     """Run ids from a `?runs=a,b` query string, in order, without duplicates."""
     from urllib.parse import parse_qs
@@ -60,7 +68,7 @@ def _number_column(field: str, header: str, **extra: Any) -> dict[str, Any]:
 
 
 SUMMARY_COLUMNS = [
-    {"field": "name", "headerName": "Run / group", "flex": 2, "minWidth": 180},
+    {"field": "name", "headerName": "Run / group", "flex": 2, "minWidth": 180, **whole_name("name")},
     {"field": "group", "headerName": "Group", "flex": 1, "minWidth": 100},
     _number_column("final_reward", "Final reward", flex=1),
     _number_column("peak_reward", "Peak reward", flex=1),
@@ -126,6 +134,7 @@ def layout(run_ids: list[str]) -> html.Div:
             html.Div(
                 [
                     html.H2("Summary"),
+                    html.P(SUMMARY_WAITS, id="compare-summary-status", className="sub"),
                     dag.AgGrid(
                         id="compare-summary",
                         columnDefs=SUMMARY_COLUMNS,
@@ -138,7 +147,8 @@ def layout(run_ids: list[str]) -> html.Div:
                         },
                         dashGridOptions={
                             "domLayout": "autoHeight",
-                            "localeText": {"noRowsToShow": "Loading summary…"},
+                            "localeText": {"noRowsToShow": "Reading the runs…"},
+                            "enableBrowserTooltips": True,
                         },
                         style={"height": None},
                     ),
@@ -158,12 +168,15 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         Output("compare-notice", "children"),
         Output("opt-metrics", "options"),
         Output("compare-logged", "children"),
+        Output("compare-summary", "rowData", allow_duplicate=True),
         Input("page-state", "data"),
-        prevent_initial_call=False,
+        prevent_initial_call="initial_duplicate",
     )
-    async def header(state: dict[str, Any] | None) -> tuple[Any, Any, list[dict[str, str]], list[Any]]:
+    async def header(state: dict[str, Any] | None) -> tuple[Any, Any, list[dict[str, str]], list[Any], Any]:
+        """The run chips, the charts of what the runs log, and the summary's rows with the runs'
+        names alone: the numbers follow once the charts are drawn (`summary`)."""
         if not state or state.get("page") != "compare":
-            return [], None, [], []
+            return [], None, [], [], no_update
         run_ids = state["runs"]
         infos = await api.runs_by_id(run_ids)
         known = [r for r in run_ids if infos.get(r)]
@@ -184,6 +197,7 @@ def register(dash_app: Dash, api: KeelApi) -> None:
                     html.Span(line.group or "", className="group"),
                 ],
                 href=f"/runs/{line.run_id}",
+                title=line.name,
                 className="chip",
             )
             for line in lines
@@ -198,7 +212,8 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         shown = logged_charts(WHEN_LOGGED_KEYS, logged)
         extra = sorted(logged - set(HEADLINE_KEYS) - drawn_keys(shown))
         charts = [metric_graph(key, CHART_HEIGHT) for key in shown]
-        return chips, notice, [{"label": k, "value": k} for k in extra], charts
+        names = [{"name": line.name, "group": line.group or "—"} for line in lines]
+        return chips, notice, [{"label": k, "value": k} for k in extra], charts, names
 
     @dash_app.callback(
         Output("compare-extra", "children"),
@@ -212,6 +227,7 @@ def register(dash_app: Dash, api: KeelApi) -> None:
 
     @dash_app.callback(
         Output("compare-summary", "rowData"),
+        Output("compare-summary-status", "children"),
         Input("page-state", "data"),
         Input("opt-aggregate", "value"),
         Input("live-data-tick", "data"),
@@ -219,9 +235,9 @@ def register(dash_app: Dash, api: KeelApi) -> None:
     )
     async def summary(
         state: dict[str, Any] | None, aggregate: str | None, _tick: Any
-    ) -> list[dict[str, Any]]:
+    ) -> tuple[list[dict[str, Any]], str]:
         if not state or state.get("page") != "compare":
-            return []
+            return [], ""
         run_ids = state["runs"]
         infos = await api.runs_by_id(run_ids)
         known = [r for r in run_ids if infos.get(r)]
@@ -244,7 +260,7 @@ def register(dash_app: Dash, api: KeelApi) -> None:
             rows = [
                 summarise_group(g, members).row() for g, members in sorted(groups.items())
             ] + rows
-        return rows
+        return rows, ""
 
 
 def _identity(run_id: str, info: dict[str, Any]) -> RunLine:

@@ -11,7 +11,7 @@ import dash_ag_grid as dag
 import httpx
 from dash import ClientsideFunction, Dash, Input, Output, dcc, html, no_update
 
-from dashboard.components import display_status, live_target
+from dashboard.components import display_status, live_target, whole_name
 from dashboard.data import KeelApi
 from dashboard.series import Alert, Series
 from dashboard.summary import wire
@@ -73,6 +73,7 @@ def run_rows(
         row: dict[str, Any] = {
             "id": run["id"],
             "name": f"[{markdown_text(run['name'])}](/runs/{quote(run['id'], safe='')})",
+            "full_name": run["name"],  # the cell's hover (title): the name as text, not markdown
             "group": run.get("group") or "",
             "project": run.get("project", ""),
             "tags": ", ".join(run.get("tags") or []),
@@ -100,6 +101,7 @@ def _columns() -> list[dict[str, Any]]:
             "minWidth": 180,
             "flex": 2,
             "pinned": "left",
+            **whole_name("full_name"),
         },
         {"field": "group", "headerName": "Group", "minWidth": 90, "flex": 1},
         {
@@ -214,7 +216,7 @@ def layout() -> html.Div:
                         "noRowsToShow": "No runs yet. Start a trainer with keel_rl's Monitor, or run `make demo`."
                     },
                     "selectionColumnDef": {"pinned": "left", "width": 48},
-                    "tooltipShowDelay": 300,
+                    "enableBrowserTooltips": True,
                 },
                 style=GRID_STYLE,
             ),

@@ -583,9 +583,13 @@ def test_the_collapse_hazard_is_charted_after_the_headline_charts_and_follows_li
     assert table[warming.id]["status"]["text"] == "live" and hazard_of[warming.id]["text"] == ""
     header = browser.find_element("css selector", '#runs-grid .ag-header-cell[col-id="hazard"]')
     assert header.text == "Hazard"
+    # The grid's tooltips are the browser's own (a title attribute: the run names' too).
     ActionChains(browser).move_to_element(header).perform()
     tooltip = wait_until(
-        lambda: browser.execute_script("var e = document.querySelector('.ag-tooltip'); return e ? e.textContent.trim() : ''"),
+        lambda: browser.execute_script(
+            "var e = document.querySelector('#runs-grid .ag-header-cell[col-id=\"hazard\"] [title]');"
+            "return e ? e.getAttribute('title') : ''"
+        ),
         message="the hazard header's tooltip",
     )
     assert tooltip == "collapse hazard: estimated probability that the run collapses within the next 50 steps"

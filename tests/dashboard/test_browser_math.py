@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from dashboard.figures import FLAT_PAD, FLAT_SPAN, flat_range
+from dashboard.figures import FLAT_PAD, FLAT_SPAN, flat_range, x_axis_end
 from dashboard.series import ema
 from tests.support.browser import wait_until
 
@@ -50,3 +50,6 @@ def test_smoothing_and_the_flat_axis_are_the_same_numbers_in_the_browser(server,
                 continue
             got = browser.execute_script("return window.keelLive.math.flatRange(arguments[0], arguments[1], arguments[2])", list(extent), log_y, flat)
             assert got == flat_range(extent, log_y), (extent, log_y)
+    for first, newest in [(0, 0), (0, 5), (0, 71), (0, 99), (0, 100), (0, 305), (30, 348), (0, 9999), (12, 123456)]:
+        got = browser.execute_script("return window.keelLive.math.xAxisEnd(arguments[0], arguments[1])", first, newest)
+        assert got == x_axis_end(first, newest), (first, newest)

@@ -15,8 +15,9 @@ from dashboard.figures import (
     hazard_figure,
     message_figure,
     metric_figure,
+    x_axis_end,
 )
-from dashboard.series import Alert, Series
+from dashboard.series import Alert, Series, all_zero
 from dashboard.traces import EDGE_SYMBOL, EDGE_Y, RunLine, run_styles
 
 INF, NAN = math.inf, math.nan
@@ -396,3 +397,41 @@ def test_metrics_of_the_signature_rules_have_titles_and_units(key: str, title: s
     layout = metric_figure(key, THREE[:1])["layout"]
     assert f"<b>{title}</b>" in layout["title"]["text"] and layout["yaxis"]["title"]["text"] == unit
     assert layout["yaxis"]["type"] == log
+
+
+def test_a_growing_chart_leaves_round_room_on_the_right() -> None:
+    assert x_axis_end(0, 5) == 20  # at least 10 steps, rounded up to a multiple of 10
+    assert x_axis_end(0, 71) == 90  # 71 + 10 = 81, up to the next 10
+    assert x_axis_end(0, 305) == 340  # 305 + 30.5, up to the next 20
+    assert x_axis_end(0, 290) == 320
+    for newest in range(0, 2000, 7):
+        end = x_axis_end(0, newest)
+        assert newest + max(10, newest / 10) <= end < newest + 2 * max(10, newest / 10)
+    layout = metric_figure("reward/mean", THREE, growing=True)["layout"]
+    newest = max(line.series.steps[-1] for line in THREE)
+    assert layout["xaxis"]["autorangeoptions"] == {"include": [x_axis_end(0, newest)]}
+    assert layout["meta"]["x_end"] == x_axis_end(0, newest)
+    assert "autorangeoptions" not in metric_figure("reward/mean", THREE)["layout"]["xaxis"]  # a finished run
+    zoomed = metric_figure("reward/mean", THREE, options=ChartOptions(x_range=(1.0, 2.0)), growing=True)["layout"]
+    assert "autorangeoptions" not in zoomed["xaxis"]
+
+
+def test_a_metric_the_loss_does_not_use_is_said_not_drawn() -> None:
+    gating = _line("a", "cispo", [0.1, 0.2, 0.0])
+    not_gating = [RunLine(r, f"is-s{i}", "is", Series([0, 1, 2], [0.0] * 3)) for i, r in enumerate("bc")]
+    alone = metric_figure("gate/frac", not_gating, unused={"b": "importance_sampling", "c": "importance_sampling"})
+    assert [t for t in alone["data"] if t["meta"].get("role") == "raw"] == []
+    assert [a["text"] for a in alone["layout"]["annotations"]] == [
+        "not used by importance_sampling (is-s0, is-s1): 0 at every step (it gated nothing)"
+    ]
+    assert alone["layout"]["yaxis"]["visible"] is False and alone["layout"]["meta"]["unused"] == ["b", "c"]
+    both = metric_figure("gate/frac", [gating, *not_gating], unused={"b": "importance_sampling", "c": None})
+    assert [t["meta"]["run"] for t in both["data"] if t["meta"].get("role") == "raw"] == ["a"]
+    assert [a["text"] for a in both["layout"]["annotations"]] == [
+        "not used by importance_sampling (is-s0); this run's loss (is-s1): 0 at every step (it gated nothing)"
+    ]
+    # The runs drawn keep the colour and dash they have on the other charts.
+    drawn = metric_figure("reward/mean", [gating, *not_gating])
+    style = next(t["line"] for t in drawn["data"] if t["meta"].get("role") == "raw" and t["meta"]["run"] == "a")
+    assert next(t["line"] for t in both["data"] if t["meta"].get("role") == "raw")["color"] == style["color"]
+    assert all_zero(not_gating[0].series) and not all_zero(gating.series) and not all_zero(Series.empty())

@@ -67,6 +67,12 @@
       return false;
     });
     if (!relevant.length) return [];
+    if (meta.unused && meta.unused.indexOf(runId) >= 0) {
+      // Drawn as "not used by its loss" (0 at every step): a value other than 0 needs its line.
+      var used = relevant.some(function (row) { return math.parseValue(row.values[meta.key]) !== 0; });
+      if (used) ask("unused");
+      return [];
+    }
     // A learned level still to come for this run: only the server can say when it is set.
     if (meta.pending && meta.pending.indexOf(runId) >= 0) ask("level", gd);
     if (meta.aggregate) {
@@ -240,22 +246,85 @@
   /*
    * Room on the right of an autoranged step axis for the points to come, so that the live
    * overlay (overlay.js) can paint them before the next redraw: when the appends reach the end
-   * of the x range, it is widened to HEADROOM of the steps shown past the newest (at least
-   * MIN_HEADROOM steps). Set on gd.layout itself so that the redraw appending the points
-   * applies it (a relayout would be a second redraw). A zoomed axis is left alone.
+   * of the x range, it is widened to math.xAxisEnd (figures.x_axis_end, as the server draws a
+   * growing run's chart). Every chart of the page ends where the farthest of them does
+   * (`pageEnd`, the hazard chart's too), so the charts show the same steps side by side. Set on
+   * gd.layout itself so that the redraw appending the points applies it (a relayout would be
+   * a second redraw). A zoomed axis is left alone.
    */
-  var HEADROOM = 0.1;
-  var MIN_HEADROOM = 10;
-  function roomOnTheRight(gd, p) {
-    var xaxis = gd.layout.xaxis || (gd.layout.xaxis = {});
+  var pageEnd = { page: null, end: -Infinity };
+  var following = false; // a followPage is queued for the next frame
+
+  function currentPage() {
+    return window.location.pathname + window.location.search;
+  }
+
+  /* The page's step axis end so far (-Infinity for none), raised to `end` when given: the
+     other charts then follow it (followPage). */
+  function sharedEnd(end) {
+    if (pageEnd.page !== currentPage()) pageEnd = { page: currentPage(), end: -Infinity };
+    if (end !== undefined && end > pageEnd.end) {
+      pageEnd.end = end;
+      if (!following) {
+        following = true;
+        requestAnimationFrame(followPage);
+      }
+    }
+    return pageEnd.end;
+  }
+
+  function autoranged(gd) {
     var full = gd._fullLayout && gd._fullLayout.xaxis;
-    if (xaxis.autorange === false || !full || !full.range) return;
+    return !!(full && full.range && gd.layout && gd.layout.meta && !(gd.layout.xaxis && gd.layout.xaxis.autorange === false));
+  }
+
+  function axisEnd(gd) {
+    var range = gd._fullLayout.xaxis.range;
+    return Math.max(range[0], range[1]);
+  }
+
+  /* Let `gd`'s autoranged step axis reach `end` from its next redraw on. */
+  function widen(gd, end) {
+    var xaxis = gd.layout.xaxis || (gd.layout.xaxis = {});
+    xaxis.autorangeoptions = Object.assign({}, xaxis.autorangeoptions, { include: [end] });
+    gd.layout.meta.x_end = end;
+  }
+
+  /*
+   * Every growing chart of the page whose step axis ends before the page's end is redrawn to
+   * reach it (the page's end rises a few times per run: when a chart's points reach its end).
+   * Plotly.redraw, not a relayout: a relayout would be reported as the reader's (relayoutData).
+   */
+  function followPage() {
+    following = false;
+    var end = pageEnd.end;
+    document.querySelectorAll(".keel-graph .js-plotly-plot, .hazard-graph .js-plotly-plot").forEach(function (gd) {
+      if (!autoranged(gd) || gd.layout.meta.x_end === undefined || axisEnd(gd) >= end) return;
+      widen(gd, end);
+      window.Plotly.redraw(gd);
+    });
+  }
+
+  function roomOnTheRight(gd, p) {
+    if (!autoranged(gd)) return;
     var newest = -Infinity;
     for (var i = 0; i < p.x.length; i++) newest = Math.max(newest, p.x[i][p.x[i].length - 1]);
-    var lo = Math.min(full.range[0], full.range[1]), hi = Math.max(full.range[0], full.range[1]);
-    if (newest < hi) return;
-    var room = Math.max(MIN_HEADROOM, HEADROOM * (newest - lo));
-    xaxis.autorangeoptions = Object.assign({}, xaxis.autorangeoptions, { include: [newest + room] });
+    var hi = axisEnd(gd);
+    var first = gd.layout.meta.x_first === undefined ? Math.min.apply(null, gd._fullLayout.xaxis.range) : gd.layout.meta.x_first;
+    var end = sharedEnd(newest >= hi ? math.xAxisEnd(first, newest) : undefined);
+    if (end > hi) widen(gd, end);
+  }
+
+  /* A figure the server drew for a growing run: its step axis end counts for the page's, and
+     it follows the page's if that is farther. */
+  function serverDrawn(gd) {
+    var meta = gd.layout && gd.layout.meta;
+    if (!meta || meta.x_end === undefined) return;
+    var end = sharedEnd(meta.x_end);
+    if (autoranged(gd) && axisEnd(gd) < end && !following) {
+      following = true;
+      requestAnimationFrame(followPage);
+    }
   }
 
   /*
@@ -300,5 +369,5 @@
     };
   }
 
-  live.charts = { state: state, take: take, draw: draw };
+  live.charts = { state: state, take: take, draw: draw, serverDrawn: serverDrawn };
 })(window.keelLive = window.keelLive || {});

@@ -68,6 +68,19 @@
   }
 
   /*
+   * Where a growing chart's step axis ends (figures.x_axis_end): HEADROOM of the steps shown
+   * past the newest (at least MIN_HEADROOM), rounded up to a multiple of a round step.
+   */
+  var HEADROOM = 0.1;
+  var MIN_HEADROOM = 10;
+  function xAxisEnd(first, newest) {
+    var room = Math.max(MIN_HEADROOM, HEADROOM * (newest - first));
+    var decade = Math.pow(10, Math.floor(Math.log10(room)));
+    var grid = [5, 2, 1].map(function (m) { return m * decade; }).filter(function (g) { return g <= room; })[0];
+    return Math.ceil((newest + room) / grid) * grid;
+  }
+
+  /*
    * One step of the debiased EMA (series.EmaState): `state` = {value, count} is updated
    * with a finite `value` and the smoothed value returned. Exact for a constant.
    */
@@ -95,6 +108,7 @@
     aboveFloor: aboveFloor,
     zeroLabel: zeroLabel,
     flatRange: flatRange,
+    xAxisEnd: xAxisEnd,
     emaStep: emaStep,
     ema: ema,
   };

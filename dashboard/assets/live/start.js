@@ -63,6 +63,7 @@
     return everDrawn;
   };
 
+  var hazardRender = null; // the hazard chart's figure last seen (layout.meta.render_id)
   var drawnFor = null; // the page (path and query) whose charts all got their first figure
 
   /*
@@ -136,6 +137,7 @@
       var meta = gd.layout && gd.layout.meta;
       if (!meta || !meta.render_id || s.render === meta.render_id) return;
       s.render = meta.render_id;
+      charts.serverDrawn(gd);
       everDrawn = true;
       live.note("renders", 1);
       scheduler.replay(gd);
@@ -151,6 +153,13 @@
     }
     scanCards();
     scanGraphs();
+    // The hazard chart is only ever drawn by the server: its figures are seen here.
+    var hazard = document.querySelector(".hazard-graph .js-plotly-plot");
+    var meta = hazard && hazard.layout && hazard.layout.meta;
+    if (meta && meta.render_id && meta.render_id !== hazardRender) {
+      hazardRender = meta.render_id;
+      charts.serverDrawn(hazard);
+    }
   }
 
   var queued = false;
