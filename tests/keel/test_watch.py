@@ -7,7 +7,6 @@ import json
 import math
 import os
 import random
-import signal
 import subprocess
 import sys
 import textwrap
@@ -23,45 +22,12 @@ from keel.importers import run_id_for
 from keel.readers import WandbReader, reads_to_the_end
 from tests.support.monitor import wait_until as _wait
 from tests.support.raw_client import hello, new_run, open_ingest, points, recv
-from tests.support.server import REPO_ROOT, keel_serve
+from tests.support.server import keel_serve
+from tests.support.watched import Watch
 from tests.support.watched import api_get as _get
 from tests.support.watched import stored_series as _series
 
 WANDB_ENV = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_CONSOLE": "off"}
-
-
-class Watch:
-    """`python -m keel watch` in a child process, its output in a file."""
-
-    def __init__(self, tmp: Path, server_url: str, paths: list[Path], *extra: str) -> None:
-        self.log = tmp / "watch.log"
-        self.state = tmp / "state"
-        self.argv = [sys.executable, "-m", "keel", "watch", *map(str, paths), "--server", server_url,
-                     "--state", str(self.state), "--interval", "0.1", "--scan-interval", "0.3", *extra]  # fmt: skip
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> Watch:
-        with self.log.open("ab") as log:
-            self.process = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
-        return self
-
-    def kill(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(30)
-        self.process = None
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.terminate()
-            self.process.wait(30)
-            self.process = None
-
-    def output(self) -> str:
-        return self.log.read_text()
-
-    def states(self) -> list[dict[str, Any]]:
-        return [json.loads(path.read_text()) for path in sorted(self.state.glob("sources/*/watch.json"))]
 
 
 def _steps(url: str, run_id: str, key: str) -> list[int]:

@@ -9,9 +9,6 @@ import contextlib
 import io
 import json
 import math
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,45 +17,11 @@ import httpx
 
 from keel.console import read_console
 from tests.support.monitor import wait_until as _wait
-from tests.support.server import REPO_ROOT
+from tests.support.watched import Watch
 from tests.support.watched import api_get as _get
 from tests.support.watched import stored_series as _series
 
 RAY = "\x1b[36m(main_task pid=48213)\x1b[0m "
-
-
-class Watch:
-    """`python -m keel watch` in a child process, its output in a file (SIGKILL-able)."""
-
-    def __init__(self, tmp: Path, server_url: str, paths: list[Path], *extra: str) -> None:
-        self.log = tmp / "watch.log"
-        self.state = tmp / "state"
-        self.argv = [sys.executable, "-m", "keel", "watch", *map(str, paths), "--server", server_url,
-                     "--state", str(self.state), "--interval", "0.1", "--scan-interval", "0.3", *extra]  # fmt: skip
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> Watch:
-        with self.log.open("ab") as log:
-            self.process = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
-        return self
-
-    def kill(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(30)
-        self.process = None
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.terminate()
-            self.process.wait(30)
-            self.process = None
-
-    def output(self) -> str:
-        return self.log.read_text()
-
-    def states(self) -> list[dict[str, Any]]:
-        return [json.loads(path.read_text()) for path in sorted(self.state.glob("sources/*/watch.json"))]
 
 
 def verl_lines(rows: list[tuple[int, dict[str, object]]]) -> list[str]:
