@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.guard --corpus corpora/regimes --out guard.jsonl [--collapsed 60 --stable 60]
 
 Takes the settings of runs of a regime corpus (`keel lm-regimes`): those whose reward fell
-for good (a lasting collapse, learners/labels.py) and as many that learned and never fell, and trains each
+for good (a lasting collapse, wire/labels.py) and as many that learned and never fell, and trains each
 again twice, side by side in one process each (`--jobs` at once): without the guard and with
 it. The guard reads the collapse hazard of the built-in model, computed beside the loop from
 the same metrics the server would compute it from (what `Monitor.hazard` says, without the
@@ -35,8 +35,8 @@ def _pick(corpus: str, collapsed: int, stable: int) -> list[tuple[str, dict[str,
     """Runs that fell for good, and runs that learned (reached the label's 0.5) and never fell
     (no dip, nothing unjudged), each in an order drawn from their names (every loss and
     regime mixed, the same every time)."""
-    from learners.labels import REACH, falls, smoothed
     from learners.lm.runfiles import read_dir
+    from wire.labels import REACH, falls, smoothed
 
     falling, steady = [], []
     for run in sorted(read_dir(corpus), key=lambda run: hashlib.sha256(run["name"].encode()).hexdigest()):
@@ -72,10 +72,10 @@ def run_arm(kind: str, spec: dict[str, Any], guard: bool, confirm_drop: float = 
     """One run (in a worker process): its outcome."""
     import torch
 
-    from learners.labels import falls, smoothed
     from learners.lm.guard import GuardConfig
     from learners.lm.learner import LMConfig, Recorder, train
     from server.alerts.hazard import MODEL, HazardModel, hazard_at, reads
+    from wire.labels import falls, smoothed
 
     torch.set_num_threads(1)
     model = HazardModel(MODEL)  # the built-in one (a server with no KEEL_HAZARD_MODEL)

@@ -1,6 +1,6 @@
 """Metrics a trainer prints: the one reader of console output, shared by `keel run` (the
 child's stdout and stderr, keel/run.py), `keel watch FILE` (a growing console log,
-keel/watch.py: `ConsoleStream.snapshot`/`restore` carry its state across a restart) and
+keel/watch_console.py: `ConsoleStream.snapshot`/`restore` carry its state across a restart) and
 `keel import console FILE` (`read_console` below). docs/integrations/run.md.
 
 Each line is recognised on its own, by its shape (ANSI colour codes, Ray's `(main_task

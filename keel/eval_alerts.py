@@ -5,7 +5,7 @@ collapse label: the toy grid (learners.toy) built on the spot, or a JSON file
 (`--corpus`: one saved with `--save-corpus`, or the real-learner corpus of
 `keel lm-grid --json`, or a folder of `keel lm-regimes`). A run *collapses* when its
 reward reached >= 0.5, later fell >= 0.2 below its running peak and did not regain
-within 0.1 of that peak in the next 100 steps (learners.labels); the collapse step is
+within 0.1 of that peak in the next 100 steps (wire.labels); the collapse step is
 the first step of that fall. A fall that regains is a *dip*. The real learner's
 reward is labelled on its 10-step trailing mean.
 
@@ -43,11 +43,11 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from learners.labels import SMOOTH_WINDOW, collapse_step, falls, smoothed
 from server.alerts.backtest import backtest
 from server.alerts.catalog import DEFAULT_RULES, RuleSpec
 from server.alerts.hazard import HazardModel
 from wire import Row
+from wire.labels import SMOOTH_WINDOW, collapse_step, falls, smoothed
 
 __all__ = [
     "CorpusRun",
@@ -98,7 +98,7 @@ class CorpusRun:
     series: dict[str, list[float]]
     collapse_step: int | None
     dips: list[int] = field(default_factory=list)
-    """Falls that regained (or, at the end, could not be judged): learners.labels."""
+    """Falls that regained (or, at the end, could not be judged): wire.labels."""
 
     @classmethod
     def labelled(cls, name: str, config: dict[str, Any], series: dict[str, list[float]], smooth: int = 1) -> CorpusRun:

@@ -5,7 +5,7 @@ Every run contributes one row per step t from the hazard's warm-up up to its col
 or, on a run that never collapsed, up to AFTERMATH steps before its end (keel.eval_alerts:
 what follows every row is then known): the features at t
 (server.alerts.hazard.features, exactly as the server computes them) and the label "the
-run collapses in (t, t + HORIZON]" (a collapse that lasts, learners.labels). Rows in a
+run collapses in (t, t + HORIZON]" (a collapse that lasts, wire.labels). Rows in a
 dip's window (from 150 steps before a fall that regained to 100 after it) are left out:
 they are neither a collapse to come nor a calm run.
 """

@@ -153,7 +153,12 @@ class ListedRun(RunOut):
     hazard: float | None = Field(
         None,
         description="only when asked for (`GET /runs?hazard=true`), and only on a running run: its current collapse "
-        "hazard, the last value of `GET /runs/{id}/hazard` (null while the run warms up)",
+        "hazard, the last value of `GET /runs/{id}/hazard` (null while the run warms up, or once its reward fell: "
+        "see `fell_at`)",
+    )
+    fell_at: int | None = Field(
+        None, description="with `hazard=true`, on a running run whose reward fell (a lasting collapse, or a fall not "
+        "regained yet): the fall's first step; the hazard is then null",
     )
 
     @classmethod
@@ -223,6 +228,17 @@ class HazardOut(BaseModel):
     horizon: int = Field(description="steps ahead the hazard speaks about")
     steps: list[int] = Field(description="ascending; a bucket's entry is the step of its highest hazard")
     hazard: list[float] = Field(description="probabilities in [0, 1], one per step (the highest of each bucket)")
+    warmup: int = Field(0, description="steps of the hazard's own before it gives one (it has no baseline yet)")
+    collapsed_at: int | None = Field(
+        None, description="the first step of a fall of the reward that lasted (wire/labels.py, as the corpora are "
+        "labelled): the hazard, a collapse ahead, no longer speaks of the run past it",
+    )
+    falling_since: int | None = Field(None, description="the first step of a fall of the reward not judged yet (no regain so far)")
+    dips: list[int] = Field(default_factory=list, description="first steps of the reward's falls that regained")
+    missing: list[str] = Field(
+        default_factory=list, description="metrics the hazard reads most that the run never logged (their features sit "
+        "at the fitted corpus' mean); all four: no hazard at all",
+    )
 
 
 class DistributionsOut(BaseModel):

@@ -167,7 +167,8 @@ class TrainerSignals:
         if self._hazard_of is not None and time.monotonic() >= self._hazard_at + HAZARD_PERIOD_S:
             started_at, self._hazard_of = self._hazard_of, None
             self._hazard_at = time.monotonic()
-            steps, hazard = await self.sources.hazards.so_far(store, self.run_id, started_at)
+            course = await self.sources.hazards.so_far(store, self.run_id, started_at)
+            steps, hazard = course.steps, course.hazard
             if steps and steps[-1] > self._hazard_step:
                 self._hazard_step = steps[-1]
                 await self._send({"type": "hazard", "run_id": self.run_id, "step": steps[-1], "hazard": hazard[-1]})

@@ -4,7 +4,7 @@ Each run is a full asynchronous learner (learner.train) in its own process (one
 torch thread for the learner, one for its sampler), recorded step by step with
 a `Recorder`; `--server` also streams it live with a Monitor. The corpus (`--json`)
 holds every run's config, its per-step series of every logged key and its
-collapse label: learners.labels (the reward reached >= 0.5, fell >= 0.2 below its
+collapse label: wire.labels (the reward reached >= 0.5, fell >= 0.2 below its
 running peak and did not regain within 0.1 of it in the next 100 steps) applied to the
 10-step trailing mean of `reward/mean`, because one batch of 16 prompts is too noisy
 for it: single-step dips of 0.2 happen in runs whose reward climbs steadily. The label
@@ -22,8 +22,8 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, replace
 from typing import Any
 
-from learners.labels import collapse_step, smoothed
 from learners.lm.learner import LMConfig
+from wire.labels import collapse_step, smoothed
 
 __all__ = [
     "CLIMB_FACTOR",

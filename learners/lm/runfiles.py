@@ -5,7 +5,7 @@ each series the base64 of its little-endian float32 values (NaN and ±Inf kept),
 keys the detectors, the hazard and the alert rules read (SERIES_KEYS; a key the run did not log
 is left out: the sort task logs no `response/*`). A file is written under a temporary
 name and renamed, so one that exists is complete. Labels are not stored: they are taken
-from the series when the corpus is read (learners.labels), so a changed definition needs
+from the series when the corpus is read (wire.labels), so a changed definition needs
 no rerun.
 """
 

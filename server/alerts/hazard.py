@@ -38,12 +38,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from server.alerts.detectors import REWARD_ALPHA, Climb, Detector, RewardGain, Signal
 from wire import Row
+from wire.labels import falls, smoothed
 
 if TYPE_CHECKING:
     from server.storage import Store
 
 __all__ = [
-    "FEATURES", "HORIZON", "INPUTS", "MODEL", "Hazard", "HazardCache", "HazardModel", "features", "hazard_at",
+    "FEATURES", "HORIZON", "INPUTS", "MODEL", "WARMUP", "Course", "Fall", "Hazard", "HazardCache", "HazardModel", "features", "hazard_at",
     "hazard_series", "load_model", "reads",
 ]  # fmt: skip
 
@@ -245,6 +246,52 @@ def hazard_series(rows: Sequence[Mapping[str, float]], model: HazardModel) -> li
     return [hazard_at(state, values, model) for values in rows]
 
 
+@dataclass(frozen=True)
+class Fall:
+    """What the reward did, by the corpora's collapse label (wire/labels.py) on its trailing
+    mean: once it fell, the hazard (a collapse *ahead*) no longer speaks of the run."""
+
+    collapsed_at: int | None = None
+    """The first step of a fall that lasted (no regain within WITHIN steps)."""
+    falling_since: int | None = None
+    """The first step of a fall not judged yet (fewer than WITHIN steps after it, no regain)."""
+    dips: tuple[int, ...] = ()
+    """First steps of the falls that regained."""
+
+
+@dataclass(frozen=True)
+class Course:
+    """A run's hazard so far (HazardCache.so_far), with what the page needs to read it."""
+
+    steps: list[int]
+    hazard: list[float]
+    reward_steps: list[int]
+    rewards: list[float]
+    """reward/mean at each step that logged a finite one."""
+    logged: frozenset[str]
+    """Which of INPUTS the run has logged."""
+
+    def fall(self) -> Fall:
+        """The reward's falls, labelled as the corpora are. A reward outside [0, 1] is read
+        on the range it has covered (the label's 0.5 reach and 0.2 drop are of a 0-1 reward)."""
+        rewards = self.rewards
+        low, high = (min(rewards), max(rewards)) if rewards else (0.0, 1.0)
+        if (low < 0.0 or high > 1.0) and high > low:
+            rewards = [(value - low) / (high - low) for value in rewards]
+        found = falls(smoothed(rewards))
+        at = self.reward_steps
+        return Fall(
+            collapsed_at=None if found.collapse is None else at[found.collapse],
+            falling_since=None if found.unjudged is None else at[found.unjudged],
+            dips=tuple(at[index] for index in found.dips),
+        )
+
+    def missing(self) -> list[str]:
+        """The metrics the hazard reads most (READS) that the run has never logged: their
+        features sit at the fitted corpus' mean, neither raising nor lowering it."""
+        return [key for key in READS if key not in self.logged]
+
+
 @dataclass
 class _Track:
     state: dict[str, Any] = field(default_factory=dict)
@@ -252,6 +299,17 @@ class _Track:
     through: int = -1
     steps: list[int] = field(default_factory=list)
     hazard: list[float] = field(default_factory=list)
+    reward_steps: list[int] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+    logged: set[str] = field(default_factory=set)
+
+    def note(self, row: Row) -> None:
+        """Keep what Course reads of a row (its reward, which inputs it logs)."""
+        self.logged.update(key for key in INPUTS if key in row.values)
+        reward = row.values.get("reward/mean")
+        if reward is not None and math.isfinite(reward):
+            self.reward_steps.append(row.step)
+            self.rewards.append(reward)
 
 
 class HazardCache:
@@ -271,9 +329,9 @@ class HazardCache:
         """Held from `after` to `extend`: two reads of one run must not both add its rows."""
         self._tracks: OrderedDict[tuple[str, float], _Track] = OrderedDict()
 
-    async def so_far(self, store: Store, run_id: str, started_at: float) -> tuple[list[int], list[float]]:
-        """The run's (step, hazard) past the warm-up, from what is kept extended by the rows
-        stored since (the whole history on a run's first read only)."""
+    async def so_far(self, store: Store, run_id: str, started_at: float) -> Course:
+        """The run's hazard past the warm-up (and what reads it), from what is kept extended by
+        the rows stored since (the whole history on a run's first read only)."""
         async with self.lock:
             rows: list[Row] = []
             after = self.after(run_id, started_at)
@@ -287,8 +345,8 @@ class HazardCache:
         track = self._tracks.get((run_id, started_at))
         return track.through if track is not None else -1
 
-    def extend(self, run_id: str, started_at: float, rows: Sequence[Row]) -> tuple[list[int], list[float]]:
-        """The run's (step, hazard) past the warm-up, `rows` (in step order, after `after()`) added."""
+    def extend(self, run_id: str, started_at: float, rows: Sequence[Row]) -> Course:
+        """The run's hazard past the warm-up, `rows` (in step order, after `after()`) added."""
         key = (run_id, started_at)
         track = self._tracks.pop(key, None) or _Track()
         self._tracks[key] = track
@@ -298,15 +356,18 @@ class HazardCache:
         for row in kept:
             value = hazard_at(track.state, row.values, self.model)
             track.through = row.step
+            track.note(row)
             if value is not None:
                 track.steps.append(row.step)
                 track.hazard.append(value)
         steps, hazard = track.steps, track.hazard
+        ahead = _Track(reward_steps=list(track.reward_steps), rewards=list(track.rewards), logged=set(track.logged))
         for row in newest:
+            ahead.note(row)
             value = hazard_at(copy.deepcopy(track.state), row.values, self.model)
             if value is not None:
                 steps, hazard = [*steps, row.step], [*hazard, value]
-        return steps, hazard
+        return Course(steps, hazard, ahead.reward_steps, ahead.rewards, frozenset(ahead.logged))
 
 
 def hazard_at(state: dict[str, Any], values: Mapping[str, float], model: HazardModel) -> float | None:

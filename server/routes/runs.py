@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 import orjson
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 
+from server.alerts.hazard import WARMUP
 from server.auth import ADMIN, INGEST, READ, presented_token, speaker_of
 from server.deps import CommittedDep, ComponentsDep, SettingsDep, StoreDep
 from server.errors import Conflict, Forbidden, TooLarge, UnknownRun
@@ -96,8 +97,11 @@ async def list_runs(
     if hazard:
         running = [(stored, out) for stored, out in listed if out.status == "running"][: components.hazards.runs]
         for stored, out in running:
-            _, values = await components.hazards.so_far(components.store, stored.id, stored.started_at)
-            out.hazard = values[-1] if values else None
+            course = await components.hazards.so_far(components.store, stored.id, stored.started_at)
+            fall = course.fall()
+            fell = fall.collapsed_at if fall.collapsed_at is not None else fall.falling_since
+            out.hazard = course.hazard[-1] if course.hazard and fell is None else None
+            out.fell_at = fell
     return runs
 
 
@@ -184,9 +188,13 @@ async def run_hazard(
     """The run's collapse hazard from its stored points: at each step past the warm-up, the
     estimated probability that the run collapses within the next `horizon` steps."""
     run = await components.store.get_run(run_id)
-    steps, hazard = await components.hazards.so_far(components.store, run_id, run.started_at)
-    steps, hazard = max_per_bucket(steps, hazard, max_points)
-    return HazardOut(run_id=run_id, horizon=components.hazards.model.horizon, steps=steps, hazard=hazard)
+    course = await components.hazards.so_far(components.store, run_id, run.started_at)
+    steps, hazard = max_per_bucket(course.steps, course.hazard, max_points)
+    fall = course.fall()
+    return HazardOut(
+        run_id=run_id, horizon=components.hazards.model.horizon, steps=steps, hazard=hazard, warmup=WARMUP,
+        collapsed_at=fall.collapsed_at, falling_since=fall.falling_since, dips=list(fall.dips), missing=course.missing(),
+    )  # fmt: skip
 
 
 # -- step details ----------------------------------------------------------------------------

@@ -226,16 +226,41 @@ def test_the_cache_extends_a_run_read_in_pieces_to_the_series_read_at_once() -> 
     whole = hazard_series(values, KL_MODEL)
     expected = ([s for s, v in enumerate(whole) if v is not None], [v for v in whole if v is not None])
     cache = hazard.HazardCache(KL_MODEL, runs=2)
-    answer: tuple[list[int], list[float]] = ([], [])
+    answer = hazard.Course([], [], [], [], frozenset())
     for start, end in ((0, 20), (20, 21), (21, 120), (120, 220)):
         after = cache.after("run", 1.0)
         assert after == start - 2 if start else after == -1  # the last row read is read again
         rows = [Row(step=s, time=None, values=values[s]) for s in range(after + 1, end)]
         answer = cache.extend("run", 1.0, rows)
-    assert answer[0] == expected[0] and answer[1] == pytest.approx(expected[1], rel=1e-12)
+    assert answer.steps == expected[0] and answer.hazard == pytest.approx(expected[1], rel=1e-12)
+    assert answer.rewards == [v["reward/mean"] for v in values] and answer.reward_steps == list(range(220))
     # The newest step got one more value after it was first read: the next read sees it.
     late = {**values[219], "reward/mean": 0.0, "mismatch/kl": 1e-4}
     again = hazard_series([*values[:219], late], KL_MODEL)[-1]
-    assert again != whole[-1] and cache.extend("run", 1.0, [Row(step=219, time=None, values=late)])[1][-1] == again
+    assert again != whole[-1] and cache.extend("run", 1.0, [Row(step=219, time=None, values=late)]).hazard[-1] == again
     # Another incarnation of the run (started again) starts afresh.
     assert cache.after("run", 2.0) == -1
+
+
+def _course(rewards: list[float], logged: frozenset[str] = frozenset({"reward/mean"})) -> hazard.Course:
+    return hazard.Course([], [], [10 * s for s in range(len(rewards))], rewards, logged)
+
+
+def test_a_run_whose_reward_fell_for_good_has_collapsed_by_the_corpora_label() -> None:
+    """The page reads the hazard by it: past a lasting fall the hazard no longer speaks of
+    the run. Steps are the run's own (here every 10th), the label is on the logged rows."""
+    rise = [min(0.9, 0.01 * s) for s in range(120)]
+    collapsed = _course([*rise, *[0.05] * 150])
+    fall = collapsed.fall()
+    assert fall.collapsed_at is not None and 1200 <= fall.collapsed_at <= 1300 and fall.falling_since is None
+    recovering = _course([*rise, *[0.05] * 30, *[0.9] * 150]).fall()
+    assert recovering.collapsed_at is None and len(recovering.dips) == 1 and 1200 <= recovering.dips[0] <= 1300
+    falling = _course([*rise, *[0.05] * 40]).fall()  # fewer than 100 rows after the fall: not judged yet
+    assert falling.collapsed_at is None and falling.falling_since is not None
+    assert _course(rise).fall() == hazard.Fall()
+    # A reward outside [0, 1] is read on the range it covered: the same run, scaled by 100.
+    assert _course([100 * r for r in [*rise, *[0.05] * 150]]).fall() == fall
+
+
+def test_the_hazard_says_which_of_its_main_metrics_a_run_never_logged() -> None:
+    assert _course([0.1], frozenset({"reward/mean", "grad/norm"})).missing() == ["mismatch/kl", "mismatch/ratio_max"]

@@ -177,7 +177,10 @@ def test_collapse_hazard_of_a_run(server_factory, database_url, tmp_path) -> Non
         body = whole.json()
         expected = hazard_series(values, RISING)
         bucketed = httpx.get(url, params={"max_points": 7}).json()
-    assert body["run_id"] == run["id"] and body["horizon"] == HORIZON == 50
+    assert body["run_id"] == run["id"] and body["horizon"] == HORIZON == 50 and body["warmup"] == WARMUP
+    # Its reward fell from step 126 on (read on the range it covered: it ends below 0) and has
+    # not regained in the 73 steps since: a fall not judged yet.
+    assert (body["falling_since"], body["collapsed_at"], body["dips"], body["missing"]) == (126, None, [], [])
     assert body["steps"] == list(range(WARMUP, 200))  # the warm-up has no hazard
     assert expected[:WARMUP] == [None] * WARMUP
     assert body["hazard"] == expected[WARMUP:]
@@ -239,8 +242,13 @@ def test_runs_with_the_current_hazard_of_each_running_run(server_factory, databa
         assert recv(live_ws)["type"] == "ack"
         second = listed(hazard="true", run_id=[live["id"], warming["id"]])
         assert set(second) == {live["id"], warming["id"]}
-        assert second[live["id"]]["hazard"] == hazard_series(values, RISING)[-1] > first[live["id"]]["hazard"]  # KL climbs
-        assert second[live["id"]]["hazard"] == httpx.get(f"{api}/runs/{live['id']}/hazard").json()["hazard"][-1]
+        assert first[live["id"]]["fell_at"] is None
+        # Its reward has fallen meanwhile (0.2 under its peak from step 127 on, by the corpora's
+        # label): a collapse ahead no longer speaks of it; the list says where it fell instead.
+        whole = httpx.get(f"{api}/runs/{live['id']}/hazard").json()
+        assert whole["hazard"][-1] == hazard_series(values, RISING)[-1] > first[live["id"]]["hazard"]  # KL climbs
+        assert (whole["falling_since"], whole["collapsed_at"]) == (127, None)
+        assert (second[live["id"]]["hazard"], second[live["id"]]["fell_at"]) == (None, 127)
     assert httpx.get(f"{api}/runs", params={"hazard": "maybe"}).status_code == 422
 
 
@@ -252,7 +260,10 @@ def test_collapse_hazard_errors(server) -> None:
         ws.send(points(0, [{"step": s, "values": {"reward/mean": 0.5}} for s in range(WARMUP)]))
         assert recv(ws)["type"] == "ack"
     url = f"{server.url}/api/v1/runs/{run['id']}/hazard"
-    assert httpx.get(url).json() == {"run_id": run["id"], "horizon": HORIZON, "steps": [], "hazard": []}
+    assert httpx.get(url).json() == {
+        "run_id": run["id"], "horizon": HORIZON, "steps": [], "hazard": [], "warmup": WARMUP,
+        "collapsed_at": None, "falling_since": None, "dips": [], "missing": ["mismatch/kl", "mismatch/ratio_max", "grad/norm"],
+    }  # fmt: skip
     assert httpx.get(url, params={"max_points": 0}).status_code == 422
     assert httpx.get(url, params={"max_points": 100_001}).status_code == 422
 

@@ -1,4 +1,6 @@
-"""The collapse label every corpus of reference runs uses (toy grid, transformer grid).
+"""The collapse label: every corpus of reference runs is labelled by it (toy grid,
+transformer grid), and the server says by it that a run has collapsed (its hazard's
+`collapsed_at`, docs/alerts.md), so the two never disagree. Standard library only.
 
 A *collapse* is a fall that lasts: the reward reached `reach` (0.5), fell `drop` (0.2)
 below its running peak, and did not regain within `regain` (0.1) of that peak in the next

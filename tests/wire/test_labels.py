@@ -1,8 +1,8 @@
-"""learners.labels: a collapse is a fall that lasts; a fall that regains is a dip."""
+"""wire.labels: a collapse is a fall that lasts; a fall that regains is a dip."""
 
 from __future__ import annotations
 
-from learners.labels import Falls, falls, smoothed
+from wire.labels import Falls, falls, smoothed
 
 
 def test_a_fall_that_does_not_regain_within_100_steps_is_a_collapse() -> None:
