@@ -53,6 +53,8 @@ LOSSES = ("cispo", "ppo", "importance_sampling", "tis")
 LAGS = (0, 4)
 DTYPES = ("bf16", "fp16", "fp32")
 SEEDS = (1, 2, 3, 4)
+PLANTED_SEEDS = (5, 6)
+"""Two more seeds of the planted-on engine and its changes: three seeds a side."""
 NOISES = (0.002, 0.005, 0.01, 0.02)
 """σ of the planted change (nats on each logit), adding about σ²/2 nats of KL: a bf16
 sampler's own KL on this task grows from ~1e-6 nats at step 100 to ~1e-5 at step 1,000, so
@@ -66,7 +68,8 @@ PLANTED_ON = ("cispo", 0, "bf16")
 
 def plan() -> list[Any]:
     """Every run of the corpus, in the order `grow` makes them: two seeds of every setting
-    first (so pairs exist early), the planted changes, then the other seeds."""
+    first (so pairs exist early), the planted changes, then the other seeds, then two more
+    seeds of the planted-on engine with and without its changes."""
     from learners.lm.learner import LMConfig
 
     base = LMConfig(steps=STEPS, digits=3, prompts=8, group=8, size="tiny")
@@ -82,7 +85,12 @@ def plan() -> list[Any]:
         ]
         return engines + planted
 
-    return seeds(SEEDS[:2]) + seeds(SEEDS[2:])
+    more = [
+        replace(base, loss=loss, lag=lag, sampler_dtype=dtype, seed=s, logit_noise=noise)
+        for s in PLANTED_SEEDS
+        for noise in (0.0, *NOISES)
+    ]
+    return seeds(SEEDS[:2]) + seeds(SEEDS[2:]) + more
 
 
 def _pack(values: Sequence[float]) -> str:
@@ -193,6 +201,10 @@ class Run:
         return self.loss, self.lag, self.dtype, self.noise
 
 
+Sides = tuple[Sequence[Run], Sequence[Run]]
+"""A comparison: A's runs and B's."""
+
+
 def runs(directory: Path = CORPUS) -> list[Run]:
     return [
         Run(body["name"], spec["loss"], spec["lag"], spec["sampler_dtype"], spec.get("logit_noise", 0.0), spec["seed"],
@@ -227,7 +239,7 @@ def pairs_dtype(found: Sequence[Run]) -> list[tuple[Run, Run]]:
     ]  # fmt: skip
 
 
-def _kl_ratio(pairs: Sequence[tuple[Sequence[Run], Sequence[Run]]], length: int) -> float:
+def _kl_ratio(pairs: Sequence[Sides], length: int) -> float:
     """The median over pairs of B/A of the mean KL over the first `length` steps: the size of
     the change a planted σ makes at that length."""
     ratios = sorted(
@@ -245,7 +257,7 @@ def pairs_planted(found: Sequence[Run], noise: float) -> list[tuple[Run, Run]]:
     return [(x, y) for x in base for y in changed if x.seed != y.seed]
 
 
-def _rates(pairs: Sequence[tuple[Sequence[Run], Sequence[Run]]], length: int) -> dict[str, float]:
+def _rates(pairs: Sequence[Sides], length: int) -> dict[str, float]:
     """The share of `pairs` given each verdict on their first `length` steps."""
     counts = {"same": 0, "different": 0, "cannot tell": 0, "incomparable": 0}
     for a, b in pairs:
@@ -253,38 +265,43 @@ def _rates(pairs: Sequence[tuple[Sequence[Run], Sequence[Run]]], length: int) ->
     return {verdict: count / len(pairs) for verdict, count in counts.items()} if pairs else {}
 
 
-def _grouped(group: Sequence[Run], size: int) -> list[tuple[tuple[Run, ...], tuple[Run, ...]]]:
+def _grouped(group: Sequence[Run], size: int) -> list[Sides]:
     """Every split of one engine's runs into two disjoint sides of `size` seeds (each once)."""
-    splits = []
+    splits: list[Sides] = []
     for a in itertools.combinations(group, size):
         rest = [r for r in group if r not in a]
         splits += [(a, b) for b in itertools.combinations(rest, size) if a[0].seed < b[0].seed]
     return splits
 
 
-def _planted_groups(found: Sequence[Run], noise: float) -> list[tuple[tuple[Run, ...], tuple[Run, ...]]]:
+def _planted_groups(found: Sequence[Run], noise: float, size: int) -> list[Sides]:
+    """`size` seeds of the planted-on engine against `size` other seeds of it with the change."""
     loss, lag, dtype = PLANTED_ON
     base = sorted((r for r in found if r.engine == (loss, lag, dtype, 0.0)), key=lambda r: r.seed)
     changed = sorted((r for r in found if r.engine == (loss, lag, dtype, noise)), key=lambda r: r.seed)
-    return [
-        (a, b) for a in itertools.combinations(base, 2) for b in itertools.combinations(changed, 2)
+    chosen: list[Sides] = [
+        (a, b) for a in itertools.combinations(base, size) for b in itertools.combinations(changed, size)
         if not {r.seed for r in a} & {r.seed for r in b}
     ]  # fmt: skip
+    return chosen
 
 
-def _one_a_side(pairs: Sequence[tuple[Run, Run]]) -> list[tuple[Sequence[Run], Sequence[Run]]]:
+def _one_a_side(pairs: Sequence[tuple[Run, Run]]) -> list[Sides]:
     return [((x,), (y,)) for x, y in pairs]
 
 
-def comparisons(found: Sequence[Run]) -> list[tuple[str, list[tuple[Sequence[Run], Sequence[Run]]]]]:
+def comparisons(found: Sequence[Run]) -> list[tuple[str, list[Sides]]]:
     """(label, the pairs of sides it scores): what the docs' table reports."""
     plain = [r for r in found if not r.noise]
     by_engine: dict[Any, list[Run]] = {}
     for run in plain:
         by_engine.setdefault(run.engine, []).append(run)
-    rows: list[tuple[str, list[tuple[Sequence[Run], Sequence[Run]]]]] = [
+    rows: list[tuple[str, list[Sides]]] = [
         ("same engine, 1 run a side", _one_a_side(pairs_same(plain))),
-        ("same engine, 2 seeds a side", [s for g in by_engine.values() for s in _grouped(sorted(g, key=lambda r: r.seed), 2)]),
+        *(
+            (f"same engine, {size} seeds a side", [s for g in by_engine.values() for s in _grouped(sorted(g, key=lambda r: r.seed), size)])
+            for size in (2, 3)
+        ),
     ]
     for lag in LAGS:
         for low, high in (("fp32", "bf16"), ("fp32", "fp16"), ("bf16", "fp16")):
@@ -292,7 +309,8 @@ def comparisons(found: Sequence[Run]) -> list[tuple[str, list[tuple[Sequence[Run
             rows.append((f"{low} vs {high}, lag {lag}", _one_a_side(chosen)))
     for noise in NOISES:
         rows.append((f"bf16 vs bf16 + noise {noise:g}, 1 run a side", _one_a_side(pairs_planted(found, noise))))
-        rows.append((f"bf16 vs bf16 + noise {noise:g}, 2 seeds a side", list(_planted_groups(found, noise))))
+        for size in (2, 3):
+            rows.append((f"bf16 vs bf16 + noise {noise:g}, {size} seeds a side", _planted_groups(found, noise, size)))
     return rows
 
 

@@ -107,10 +107,10 @@ DEFAULT_TAUS = (0.001, 0.01, 0.1)
 the scalars `tail_frac`, `tail_frac_2` and `low_tail_frac`."""
 DEFAULT_ALPHA = 0.05
 DEFAULT_TOLERANCE = 0.25
-"""With several runs a side: B/A within [1/1.25, 1.25] is the same (seed-to-seed variation
+"""With several runs a side: B/A within [1/1.25, 1.25] is no difference (seed-to-seed variation
 is measured from the runs, so the margin is only what no one would act on)."""
 SEED_TOLERANCE = 1.0
-"""With one run a side: B/A within [1/2, 2] is the same. Two seeds of one `keel lm` engine
+"""With one run a side: B/A within [1/2, 2] is no difference. Two seeds of one `keel lm` engine
 differ by up to ~1.6x on a metric (bench/parity_calibration.py, docs/parity.md): one run a
 side cannot measure that, so the margin must hold it."""
 BLOCKS = 10
@@ -299,7 +299,7 @@ class MetricResult:
     interval: tuple[float, float] | None
     """The (1 − 2α) interval of B/A; None when not tested."""
     tolerance: float
-    """The margin: B/A within [1/(1 + tolerance), 1 + tolerance] is the same."""
+    """The margin: B/A within [1/(1 + tolerance), 1 + tolerance] is no difference."""
     floor: float
     detectable: float | None
     """The smallest B/A (or its inverse) this comparison calls different at its steps and
@@ -493,7 +493,7 @@ def compare_groups(
     """Compare each metric every run of both sides has, from its per-step values in step
     order (NaN values dropped).
 
-    `tolerance` is the margin (0.25: B/A within [0.8, 1.25] is the same); None takes
+    `tolerance` is the margin (0.25: B/A within [0.8, 1.25] is no difference); None takes
     SEED_TOLERANCE with one run a side, DEFAULT_TOLERANCE with several. `floor` replaces
     every metric's noise floor (`default_floor`); both overridable per key. Raises
     ParityError when a side has no run, no metric is shared, or none has a step.

@@ -145,7 +145,7 @@ def _add_parity(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=_steps_range, default=(None, None), metavar="FROM:TO",
                         help="the steps compared, both ends included, either may be empty (default: all)")
     parser.add_argument("--tolerance", type=_keyed, action="append", default=[], metavar="[KEY=]REL",
-                        help=f"the margin: B/A within [1/(1+REL), 1+REL] is the same (default {SEED_TOLERANCE:g} with one run "
+                        help=f"the margin: B/A within [1/(1+REL), 1+REL] is no difference (default {SEED_TOLERANCE:g} with one run "
                              f"a side, {DEFAULT_TOLERANCE:g} with several); KEY=REL for one metric; repeatable")
     parser.add_argument("--floor", type=_keyed, action="append", default=[], metavar="[KEY=]ABS",
                         help="numerical-noise floor: values at or below it count as zero (default per metric: KL 1e-12, "

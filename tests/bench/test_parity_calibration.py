@@ -8,7 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from bench.parity_calibration import LOSSES, NOISES, SEEDS, Run, _grouped, plan, read, runs, write
+from bench.parity_calibration import (
+    LOSSES,
+    NOISES,
+    PLANTED_SEEDS,
+    SEEDS,
+    Run,
+    _grouped,
+    plan,
+    read,
+    runs,
+    write,
+)
 
 
 def test_a_run_file_reads_back_as_float32_with_nan_kept(tmp_path: Path) -> None:
@@ -26,9 +37,10 @@ def test_a_run_file_reads_back_as_float32_with_nan_kept(tmp_path: Path) -> None:
 def test_the_plan_makes_two_seeds_of_every_setting_first_and_names_every_run_once() -> None:
     configs = plan()
     names = [config.name for config in configs]
-    assert len(names) == len(set(names)) == len(SEEDS) * (len(LOSSES) * 2 * 3 + len(NOISES))
-    half = len(configs) // 2
-    assert {config.seed for config in configs[:half]} == set(SEEDS[:2])
+    assert len(names) == len(set(names)) == len(SEEDS) * (len(LOSSES) * 2 * 3 + len(NOISES)) + len(PLANTED_SEEDS) * (1 + len(NOISES))
+    first = len(SEEDS[:2]) * (len(LOSSES) * 2 * 3 + len(NOISES))
+    assert {config.seed for config in configs[:first]} == set(SEEDS[:2])
+    assert {config.seed for config in configs[-len(PLANTED_SEEDS) * (1 + len(NOISES)) :]} == set(PLANTED_SEEDS)
     assert sorted({config.logit_noise for config in configs}) == [0.0, *NOISES]
     assert all(config.steps == 1000 and config.size == "tiny" for config in configs)
 
