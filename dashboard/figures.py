@@ -35,6 +35,7 @@ from dashboard.traces import (
     EDGE_LABEL,
     EDGE_SYMBOL,
     EDGE_Y,
+    HazardRead,
     RunLine,
     Style,
     alert_overlays,
@@ -462,12 +463,25 @@ _VERTICAL_MARGINS = 84
 """The plot's top and bottom margins (base_layout): what of a chart's height the y axis lacks."""
 
 
+HAZARD_READS = ("reward/mean", "mismatch/kl", "mismatch/ratio_max", "grad/norm")
+"""The metrics the hazard reads most (server/alerts/hazard.py READS): a run without any has none."""
+
+
 def hazard_figure(
-    lines: Sequence[RunLine], horizon: int | None, height: int = 300, render_id: str = "", *, growing: bool = False
+    lines: Sequence[RunLine],
+    horizon: int | None,
+    height: int = 300,
+    render_id: str = "",
+    *,
+    growing: bool = False,
+    reads: Mapping[str, HazardRead] | None = None,
 ) -> Figure:
     """The runs' collapse hazard (GET /runs/{id}/hazard), one line per run in the run's
-    colour and dash as on the metric charts, on a fixed [0, 1] axis. `horizon` None: the
-    server said none (no run known); `growing`: as metric_figure's."""
+    colour and dash as on the metric charts, on a fixed [0, 1] axis, up to the step its
+    reward fell (marked: "collapsed at step N", "falling since step N"), with what it does
+    not read said. `horizon` None: the server said none (no run known); `growing`: as
+    metric_figure's."""
+    reads = reads or {}
     unit = f"P(collapse within {horizon} steps)" if horizon is not None else "P(collapse)"
     if len(unit) * _AXIS_TITLE_CHAR_PX > height - _VERTICAL_MARGINS:
         unit = unit.replace(" within ", " within<br>")  # two lines rather than over the title
@@ -487,17 +501,61 @@ def hazard_figure(
         }
         for line in lines
     ]
+    for line in lines:
+        read = reads.get(line.run_id, HazardRead())
+        if read.fell_at is not None:
+            layout["shapes"].append(_fall_shape(read.fell_at, styles[line.run_id].colour, line.run_id))
+            label = read.fall if len(lines) == 1 else f"{line.name}: {read.fall}"
+            layout["annotations"].append(_fall_label(read.fell_at, plot_text(label), styles[line.run_id].colour))
     empty = not any(line.series.steps for line in lines)
     if not lines:
         layout["annotations"].append(_annotation("No runs selected"))
-    elif empty:
-        layout["annotations"].append(_annotation("No hazard yet — it starts once a run has logged its first steps"))
+    elif empty and not any(reads.get(line.run_id, HazardRead()).fell_at is not None for line in lines):
+        layout["annotations"].append(_annotation(_no_hazard_yet(lines, reads)))
+    unread = _unread_note(lines, reads)
+    if unread:
+        layout["annotations"].append({**_annotation(plot_text(unread)), "y": 0.02, "yanchor": "bottom", "font": {"size": 11, "color": MUTED}})
     # A refresh keeps the user's zoom while the same runs are shown.
     layout["uirevision"] = f"hazard|{','.join(sorted(line.run_id for line in lines))}"
     layout["meta"] = {"chart": "hazard", "horizon": horizon, "render_id": render_id, "empty": empty}
     if growing:
-        _follow_data(layout, [line.series.steps for line in lines])
+        falls = [[read.fell_at] for read in reads.values() if read.fell_at is not None]
+        _follow_data(layout, [*(line.series.steps for line in lines), *falls])
     return {"data": traces, "layout": layout}
+
+
+def _no_hazard_yet(lines: Sequence[RunLine], reads: Mapping[str, HazardRead]) -> str:
+    """Why no run has a hazard yet: none logs what it reads, or each is still warming up."""
+    blind = [line for line in lines if len(reads.get(line.run_id, HazardRead()).missing) == len(HAZARD_READS)]
+    if len(blind) == len(lines):
+        return f"No hazard: it reads {', '.join(HAZARD_READS[:-1])} or {HAZARD_READS[-1]}, and {'this run logs' if len(lines) == 1 else 'these runs log'} none of them"
+    warmup = max((reads.get(line.run_id, HazardRead()).warmup for line in lines), default=0)
+    return f"Warming up — the hazard starts once a run has logged {warmup} steps of what it reads" if warmup else "No hazard yet"
+
+
+def _unread_note(lines: Sequence[RunLine], reads: Mapping[str, HazardRead]) -> str:
+    """A line naming the main metrics a run with a hazard never logged (their features sit at
+    the fitted corpus' mean: the hazard reads the others only)."""
+    notes = []
+    for line in lines:
+        missing = reads.get(line.run_id, HazardRead()).missing
+        if missing and len(missing) < len(HAZARD_READS):
+            notes.append(("" if len(lines) == 1 else f"{line.name}: ") + f"read without {', '.join(missing)} (not logged)")
+    return " · ".join(notes)
+
+
+def _fall_shape(step: int, colour: str, run_id: str) -> Figure:
+    return {
+        "type": "line", "xref": "x", "yref": "paper", "x0": step, "x1": step, "y0": 0, "y1": 1,
+        "line": {"color": colour, "width": 1.5, "dash": "dot"}, "name": f"fall:{run_id}",
+    }  # fmt: skip
+
+
+def _fall_label(step: int, text: str, colour: str) -> Figure:
+    return {
+        "text": text, "xref": "x", "yref": "paper", "x": step, "y": 0.98, "xanchor": "left", "yanchor": "top",
+        "showarrow": False, "font": {"size": 11, "color": colour},
+    }  # fmt: skip
 
 
 def message_figure(text: str, height: int = 300) -> Figure:

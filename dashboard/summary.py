@@ -42,6 +42,9 @@ class RunSummary:
     """The highest collapse hazard of the run (a group: of its runs); None: none yet."""
     peak_hazard_step: int | None = None
     """The step of the run's highest hazard (the first, on a tie); None for a group."""
+    fell: str | None = None
+    """Where the run's reward fell ("collapsed at step N", "falling since step N"): its peak
+    hazard is of the steps before. None: it did not (or a group)."""
 
     def row(self) -> dict[str, Any]:
         """A JSON-safe table row (non-finite numbers as "NaN"/"+Inf"/"−Inf" text)."""
@@ -58,6 +61,7 @@ class RunSummary:
             "nonfinite": self.nonfinite,
             "peak_hazard": self.peak_hazard,
             "peak_hazard_step": self.peak_hazard_step,
+            "fell": self.fell or "",
         }
 
 
@@ -99,9 +103,11 @@ def summarise_run(
     series: Mapping[str, Series],
     alerts: Sequence[Alert],
     hazard: Series | None = None,
+    fell: str | None = None,
 ) -> RunSummary:
     """`hazard`: the run's collapse hazard as GET /runs/{id}/hazard answers it (buckets keep
-    their highest hazard and its step, so its peak is the run's)."""
+    their highest hazard and its step, so its peak is the run's), up to where its reward
+    fell (`fell`, said as HazardRead.fall says it)."""
     reward = series.get(REWARD, Series.empty())
     top = peak(reward)
     worst = peak(hazard) if hazard is not None else None
@@ -121,6 +127,7 @@ def summarise_run(
         nonfinite=sum(len(nonfinite_points(series[k])) for k in SUMMARY_KEYS if k in series),
         peak_hazard=worst[0] if worst else None,
         peak_hazard_step=worst[1] if worst else None,
+        fell=fell,
     )
 
 

@@ -141,7 +141,7 @@ SIGNAL_KEYS = ("policy/entropy", LOSS_MAGNITUDE_KEY, "response/length_mean", "re
 """Charts drawn beside the headline charts, each when a run logs what it draws: the signals of
 the alert rules beyond the mismatch (entropy running away, the loss growing, answers at the
 length cap; docs/alerts.md)."""
-HAZARD_TOOLTIP = "collapse hazard: estimated probability that the run collapses within the next 50 steps"
+HAZARD_TOOLTIP = "collapse hazard: estimated probability that the run collapses within the next 50 steps (once it collapsed, the step it did)"
 """What a table's hazard column holds (50: the horizon GET /runs/{id}/hazard answers)."""
 CRITICAL_HAZARD = 0.5
 """A hazard at or above this is drawn in the critical colour (the default threshold of the

@@ -17,6 +17,7 @@ from dashboard.theme import DASHES, GROUP_PALETTE, INK, SEVERITY_COLOURS
 
 __all__ = [
     "RunLine",
+    "HazardRead",
     "Style",
     "run_styles",
     "group_of",
@@ -63,6 +64,37 @@ class RunLine:
     """The metric the line draws when it is not the chart's key (the loss magnitude chart's
     `loss/total` or `loss/pg`, a companion's `response/length_cap`): the live updater appends
     that metric's values to it."""
+
+
+@dataclass(frozen=True)
+class HazardRead:
+    """What reads a run's hazard right (GET /runs/{id}/hazard): where its reward fell, the
+    hazard's warm-up, and which of its main metrics the run never logged."""
+
+    fell_at: int | None = None
+    """The first step of the reward's fall (a lasting one: the hazard, a collapse ahead, stops
+    there; one not judged yet: it goes on)."""
+    collapsed: bool = False
+    """The fall lasted (else it has not regained yet, and is not judged yet)."""
+    warmup: int = 0
+    missing: tuple[str, ...] = ()
+
+    @classmethod
+    def from_json(cls, answer: dict[str, Any]) -> HazardRead:
+        collapsed, falling = answer.get("collapsed_at"), answer.get("falling_since")
+        return cls(
+            fell_at=collapsed if collapsed is not None else falling,
+            collapsed=collapsed is not None,
+            warmup=int(answer.get("warmup") or 0),
+            missing=tuple(answer.get("missing") or ()),
+        )
+
+    @property
+    def fall(self) -> str | None:
+        """"collapsed at step N", "falling since step N", or None."""
+        if self.fell_at is None:
+            return None
+        return f"{'collapsed at' if self.collapsed else 'falling since'} step {self.fell_at}"
 
 
 @dataclass(frozen=True)

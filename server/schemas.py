@@ -153,12 +153,12 @@ class ListedRun(RunOut):
     hazard: float | None = Field(
         None,
         description="only when asked for (`GET /runs?hazard=true`), and only on a running run: its current collapse "
-        "hazard, the last value of `GET /runs/{id}/hazard` (null while the run warms up, or once its reward fell: "
-        "see `fell_at`)",
+        "hazard, the last value of `GET /runs/{id}/hazard` (null while the run warms up, or once it collapsed: "
+        "see `collapsed_at`)",
     )
-    fell_at: int | None = Field(
-        None, description="with `hazard=true`, on a running run whose reward fell (a lasting collapse, or a fall not "
-        "regained yet): the fall's first step; the hazard is then null",
+    collapsed_at: int | None = Field(
+        None, description="with `hazard=true`, on a running run whose reward fell for good (its hazard's `collapsed_at`): "
+        "the fall's first step; its hazard, a collapse ahead, is then null",
     )
 
     @classmethod

@@ -29,6 +29,7 @@ from dashboard.figures import ChartOptions, RunLine, hazard_figure, metric_figur
 from dashboard.learned_level import ENTROPY_KEY, LEVEL_KEYS, learned_level
 from dashboard.series import Alert, Series, all_zero, magnitude
 from dashboard.theme import KL_BANDS, KL_KEY, loss_name, metric_info
+from dashboard.traces import HazardRead
 
 __all__ = ["register", "zoom_range", "chart_figure", "learned_levels", "load_hazard", "hazards", "HISTORY_POINTS", "HAZARD_POINTS", "ZOOM_POINTS", "UNCHANGED"]
 
@@ -150,8 +151,8 @@ def register(dash_app: Dash, api: KeelApi) -> None:
     async def draw_hazard(state: dict[str, Any] | None, _tick: Any) -> dict[str, Any]:
         if not state or state.get("page") not in ("run", "compare"):
             raise PreventUpdate
-        lines, horizon, live = await load_hazard(api, state.get("runs", []))
-        return hazard_figure(lines, horizon, int(state.get("height", 300)), render_id=uuid.uuid4().hex, growing=live)
+        lines, reads, horizon, live = await load_hazard(api, state.get("runs", []))
+        return hazard_figure(lines, horizon, int(state.get("height", 300)), render_id=uuid.uuid4().hex, growing=live, reads=reads)
 
 
 async def chart_figure(
@@ -185,34 +186,38 @@ def growing(infos: dict[str, dict[str, Any] | None]) -> bool:
     return any((info or {}).get("status") == "running" for info in infos.values())
 
 
-async def load_hazard(api: KeelApi, run_ids: list[str]) -> tuple[list[RunLine], int | None, bool]:
-    """Each known run's hazard as a line (empty while it warms up), the horizon the server
-    speaks about (None when no run answered), and whether a run of them is live."""
+async def load_hazard(api: KeelApi, run_ids: list[str]) -> tuple[list[RunLine], dict[str, HazardRead], int | None, bool]:
+    """Each known run's hazard as a line (empty while it warms up), what reads each, the
+    horizon the server speaks about (None when no run answered), and whether a run of them is live."""
     infos = await api.runs_by_id(run_ids)
     known = [run_id for run_id in dict.fromkeys(run_ids) if infos.get(run_id)]
-    series, horizon = await hazards(api, known)
+    series, reads, horizon = await hazards(api, known)
     lines = []
     for run_id in known:
         info = infos[run_id] or {}
         lines.append(RunLine(run_id, str(info.get("name", run_id)), info.get("group"), series[run_id]))
-    return lines, horizon, growing(infos)
+    return lines, reads, horizon, growing(infos)
 
 
-async def hazards(api: KeelApi, run_ids: list[str]) -> tuple[dict[str, Series], int | None]:
-    """Each run's hazard as a series of HAZARD_POINTS buckets at most, each its highest hazard
-    (empty while the run warms up, or for a run the server does not know), and the horizon
-    the server speaks about (None when no run answered): the hazard chart's data, and the
-    compare summary's peak hazard."""
+async def hazards(api: KeelApi, run_ids: list[str]) -> tuple[dict[str, Series], dict[str, HazardRead], int | None]:
+    """Each run's hazard as a series of HAZARD_POINTS buckets at most, each its highest hazard,
+    up to the step its reward collapsed (a collapse ahead no longer speaks of it past there; empty
+    while the run warms up, or for a run the server does not know), what reads it, and the
+    horizon the server speaks about (None when no run answered): the hazard chart's data, and
+    the compare summary's peak hazard."""
     ids = list(dict.fromkeys(run_ids))
     answers = await asyncio.gather(*(api.hazard(r, max_points=HAZARD_POINTS) for r in ids))
-    found, horizon = {}, None
+    found, reads, horizon = {}, {}, None
     for run_id, answer in zip(ids, answers, strict=True):
-        series = Series.empty()
+        series, read = Series.empty(), HazardRead()
         if answer is not None:
             horizon = int(answer["horizon"])
-            series = Series(list(answer["steps"]), [float(v) for v in answer["hazard"]])
-        found[run_id] = series
-    return found, horizon
+            read = HazardRead.from_json(answer)
+            ends = read.fell_at if read.collapsed else None  # a fall not judged yet may regain: still a hazard
+            kept = [(s, float(v)) for s, v in zip(answer["steps"], answer["hazard"], strict=True) if ends is None or s < ends]
+            series = Series([s for s, _ in kept], [v for _, v in kept])
+        found[run_id], reads[run_id] = series, read
+    return found, reads, horizon
 
 
 async def load_lines(

@@ -99,6 +99,13 @@ SUMMARY_COLUMNS = [
         "cellClassRules": {"cell-critical": {"function": f"params.value != null && params.value >= {CRITICAL_HAZARD}"}},
     },
     {"field": "peak_hazard_step", "headerName": "Peak hazard at step", "type": "rightAligned", "flex": 1},
+    {
+        "field": "fell",
+        "headerName": "Reward fell",
+        "headerTooltip": "where the reward fell by the collapse label (docs/alerts.md): the hazard speaks of the steps before",
+        "flex": 1.4,
+        "cellClassRules": {"cell-critical": {"function": "params.value && params.value.startsWith('collapsed')"}},
+    },
 ]
 
 
@@ -243,14 +250,14 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         known = [r for r in run_ids if infos.get(r)]
         by_key = await asyncio.gather(*(api.series_of_runs(known, key, max_points=HISTORY_POINTS) for key in SUMMARY_KEYS))
         alerts = await api.alerts(known) or []
-        hazard, _ = await hazards(api, known)  # what the hazard chart draws: its peak is the run's
+        hazard, reads, _ = await hazards(api, known)  # what the hazard chart draws: its peak is the run's
         summaries = []
         for run_id in known:
             info = infos[run_id] or {}
             series = {key: of_runs[run_id] for key, of_runs in zip(SUMMARY_KEYS, by_key, strict=True)}
             run_alerts = [a for a in alerts if a.run_id == run_id]
             summaries.append(
-                summarise_run(info.get("name", run_id), info.get("group"), series, run_alerts, hazard[run_id])
+                summarise_run(info.get("name", run_id), info.get("group"), series, run_alerts, hazard[run_id], reads[run_id].fall)
             )
         rows = [s.row() for s in summaries]
         if aggregate in ("std", "stderr"):

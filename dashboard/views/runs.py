@@ -82,6 +82,7 @@ def run_rows(
             "health_kind": kind,
             # GET /runs?hazard=true: only running runs have one (None while they warm up).
             "hazard": run.get("hazard") if run.get("status") == "running" else None,
+            "collapsed_at": run.get("collapsed_at") if run.get("status") == "running" else None,
             "last_step": run.get("last_step"),
             "last_seen_at": run.get("last_seen_at"),
         }
@@ -130,9 +131,9 @@ def _columns() -> list[dict[str, Any]]:
             "headerTooltip": HAZARD_TOOLTIP,
             "type": "rightAligned",
             "width": 100,
-            "valueFormatter": {"function": "keelPercent(params.value)"},
+            "valueFormatter": {"function": "params.data.collapsed_at != null ? 'collapsed at ' + params.data.collapsed_at : keelPercent(params.value)"},
             "cellClassRules": {
-                "cell-critical": {"function": f"params.value != null && params.value >= {CRITICAL_HAZARD}"}
+                "cell-critical": {"function": f"params.data.collapsed_at != null || (params.value != null && params.value >= {CRITICAL_HAZARD})"}
             },
         },
         {"field": "last_step", "headerName": "Last step", "type": "rightAligned", "width": 105},

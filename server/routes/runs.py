@@ -98,10 +98,9 @@ async def list_runs(
         running = [(stored, out) for stored, out in listed if out.status == "running"][: components.hazards.runs]
         for stored, out in running:
             course = await components.hazards.so_far(components.store, stored.id, stored.started_at)
-            fall = course.fall()
-            fell = fall.collapsed_at if fall.collapsed_at is not None else fall.falling_since
-            out.hazard = course.hazard[-1] if course.hazard and fell is None else None
-            out.fell_at = fell
+            collapsed = course.fall().collapsed_at
+            out.hazard = course.hazard[-1] if course.hazard and collapsed is None else None
+            out.collapsed_at = collapsed
     return runs
 
 

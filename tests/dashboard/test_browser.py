@@ -587,12 +587,13 @@ def test_the_collapse_hazard_is_charted_after_the_headline_charts_and_follows_li
     ActionChains(browser).move_to_element(header).perform()
     tooltip = wait_until(
         lambda: browser.execute_script(
-            "var e = document.querySelector('#runs-grid .ag-header-cell[col-id=\"hazard\"] [title]');"
+            "var h = document.querySelector('#runs-grid .ag-header-cell[col-id=\"hazard\"]');"
+            "var e = h && (h.hasAttribute('title') ? h : h.querySelector('[title]'));"
             "return e ? e.getAttribute('title') : ''"
         ),
         message="the hazard header's tooltip",
     )
-    assert tooltip == "collapse hazard: estimated probability that the run collapses within the next 50 steps"
+    assert tooltip == "collapse hazard: estimated probability that the run collapses within the next 50 steps (once it collapsed, the step it did)"
     assert console_errors(browser) == []
     screenshot(browser, artifacts / "runs-hazard.png", full_page=False)
     for run in (collapsing, stable, finished, warming):

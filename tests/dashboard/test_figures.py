@@ -18,7 +18,7 @@ from dashboard.figures import (
     x_axis_end,
 )
 from dashboard.series import Alert, Series, all_zero
-from dashboard.traces import EDGE_SYMBOL, EDGE_Y, RunLine, run_styles
+from dashboard.traces import EDGE_SYMBOL, EDGE_Y, HazardRead, RunLine, run_styles
 
 INF, NAN = math.inf, math.nan
 
@@ -310,6 +310,29 @@ def test_hazard_figure_one_line_per_run_in_its_colour_on_a_probability_axis() ->
     assert empty["layout"]["annotations"][0]["text"] == "No runs selected"
     waiting = hazard_figure([RunLine("c", "c", None, Series.empty())], 50)
     assert waiting["layout"]["meta"]["empty"] and "No hazard yet" in waiting["layout"]["annotations"][0]["text"]
+
+
+def test_hazard_figure_marks_where_a_reward_fell_and_says_what_it_does_not_read() -> None:
+    lines = [RunLine("a", "a", "cispo", Series([30, 31], [0.2, 0.9])), RunLine("b", "b", "is", Series([30], [0.1]))]
+    reads = {
+        "a": HazardRead(fell_at=32, collapsed=True, warmup=30),
+        "b": HazardRead(fell_at=30, collapsed=False, warmup=30, missing=("mismatch/kl", "mismatch/ratio_max")),
+    }
+    layout = hazard_figure(lines, 50, reads=reads)["layout"]
+    styles = run_styles(lines)
+    assert [(shape["x0"], shape["line"]["color"]) for shape in layout["shapes"]] == [(32, styles["a"].colour), (30, styles["b"].colour)]
+    texts = [note["text"] for note in layout["annotations"]]
+    assert texts == ["a: collapsed at step 32", "b: falling since step 30", "b: read without mismatch/kl, mismatch/ratio_max (not logged)"]
+    # One run: its marks need no name. No hazard yet: warming up, or nothing it reads is logged.
+    one = hazard_figure(lines[:1], 50, reads=reads)["layout"]
+    assert [note["text"] for note in one["annotations"]] == ["collapsed at step 32"]
+    warming = hazard_figure([RunLine("c", "c", None, Series.empty())], 50, reads={"c": HazardRead(warmup=30)})
+    assert warming["layout"]["annotations"][0]["text"] == "Warming up — the hazard starts once a run has logged 30 steps of what it reads"
+    blind = HazardRead(warmup=30, missing=("reward/mean", "mismatch/kl", "mismatch/ratio_max", "grad/norm"))
+    none = hazard_figure([RunLine("c", "c", None, Series.empty())], 50, reads={"c": blind})
+    assert none["layout"]["annotations"][0]["text"] == (
+        "No hazard: it reads reward/mean, mismatch/kl, mismatch/ratio_max or grad/norm, and this run logs none of them"
+    )
 
 
 def test_a_long_band_is_drawn_at_half_the_line_resolution_and_keeps_every_spike() -> None:

@@ -242,13 +242,18 @@ def test_runs_with_the_current_hazard_of_each_running_run(server_factory, databa
         assert recv(live_ws)["type"] == "ack"
         second = listed(hazard="true", run_id=[live["id"], warming["id"]])
         assert set(second) == {live["id"], warming["id"]}
-        assert first[live["id"]]["fell_at"] is None
-        # Its reward has fallen meanwhile (0.2 under its peak from step 127 on, by the corpora's
-        # label): a collapse ahead no longer speaks of it; the list says where it fell instead.
+        assert first[live["id"]]["collapsed_at"] is None
+        assert second[live["id"]]["hazard"] == hazard_series(values, RISING)[-1] > first[live["id"]]["hazard"]  # KL climbs
+        # Its reward fell from step 127 on, not long enough ago to be judged: still a hazard.
         whole = httpx.get(f"{api}/runs/{live['id']}/hazard").json()
-        assert whole["hazard"][-1] == hazard_series(values, RISING)[-1] > first[live["id"]]["hazard"]  # KL climbs
-        assert (whole["falling_since"], whole["collapsed_at"]) == (127, None)
-        assert (second[live["id"]]["hazard"], second[live["id"]]["fell_at"]) == (None, 127)
+        assert (whole["falling_since"], whole["collapsed_at"]) == (127, None) and second[live["id"]]["collapsed_at"] is None
+        # 100 steps later it has not regained: a lasting collapse, and no hazard ahead of it.
+        low = [{"step": s, "values": {**values[159], "reward/mean": 0.05}} for s in range(160, 260)]
+        live_ws.send(points(2, low))
+        assert recv(live_ws)["type"] == "ack"
+        third = listed(hazard="true", run_id=[live["id"]])[live["id"]]
+        assert (third["hazard"], third["collapsed_at"]) == (None, 127)
+        assert httpx.get(f"{api}/runs/{live['id']}/hazard").json()["collapsed_at"] == 127
     assert httpx.get(f"{api}/runs", params={"hazard": "maybe"}).status_code == 422
 
 
