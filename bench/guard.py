@@ -93,7 +93,7 @@ def run_arm(kind: str, spec: dict[str, Any], guard: bool, confirm_drop: float = 
 
     recorder = HazardRecorder()
     config = LMConfig(**spec)
-    train(config, recorder, guard=GuardConfig(confirm_drop=confirm_drop) if guard else None, hazard=lambda: latest["hazard"])
+    train(config, recorder, guard=GuardConfig(hazard=0.5, confirm_drop=confirm_drop) if guard else None, hazard=lambda: latest["hazard"])
     rewards = recorder.series["reward/mean"]
     label = falls(smoothed(rewards))
     rollbacks = recorder.series.get("guard/rollback", [])

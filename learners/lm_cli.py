@@ -122,10 +122,11 @@ def _add_lm(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", default=None, help="run name (default {loss}-lag{lag}-{dtype}-s{seed})")
     parser.add_argument("--group", default=None, help="run group (default: the loss)")
     parser.add_argument("--guard", action="store_true",
-                        help="roll back to the weights from before the collapse hazard rose when it passes "
-                             "--guard-hazard, or on a `rollback` command (docs/lm.md, \"The guard\")")  # fmt: skip
-    parser.add_argument("--guard-hazard", type=float, default=0.5, metavar="P",
-                        help="the hazard the guard acts at (default 0.5)")  # fmt: skip
+                        help="roll back to the weights from before the trouble began when a critical alert fires on "
+                             "the run (the server's rules), with --guard-hazard when the collapse hazard passes P, or "
+                             "on a `rollback` command (docs/lm.md, \"The guard\")")  # fmt: skip
+    parser.add_argument("--guard-hazard", type=float, default=None, metavar="P",
+                        help="act on the collapse hazard too, when it passes P (default: on critical alerts only)")  # fmt: skip
     parser.add_argument("--guard-confirm", type=float, default=0.0, metavar="R",
                         help="act on the hazard only once the reward's moving average fell R below its best "
                              "since the hazard rose (default 0: on the hazard alone)")  # fmt: skip
@@ -175,7 +176,14 @@ def _lm(args: argparse.Namespace) -> int:
                 on_command, {"rollback": "restores the last good weights and skips the batches sampled since, at the end of the next step"}
             )
 
-        result = train(config, monitor, progress=progress, guard=guard, hazard=lambda: monitor.hazard, on_guard=on_guard)
+        def alarm() -> int | None:
+            """The step the earliest critical alert firing on the run started at."""
+            started = [a.started_step for a in monitor.alerts if a.severity == "critical" and a.started_step is not None]
+            return min(started) if started else None
+
+        result = train(
+            config, monitor, progress=progress, guard=guard, hazard=lambda: monitor.hazard, alarm=alarm, on_guard=on_guard
+        )
     window = min(50, len(result.rewards))
     start = statistics.fmean(result.rewards[:window])
     end = statistics.fmean(result.rewards[-window:])

@@ -1,11 +1,14 @@
-"""`keel lm --guard`: a run that protects itself when its collapse hazard rises (docs/lm.md, "The guard").
+"""`keel lm --guard`: a run that protects itself when a critical alert fires on it, or its
+collapse hazard rises (docs/lm.md, "The guard").
 
 The guard keeps in memory, every `every` steps, a copy of the weights and the optimizer's
 state (the last `keep` of them: `every × keep` steps of history). After each step it reads
-the run's collapse hazard (what the server last said, `Monitor.hazard`, or one computed
-beside the loop) and whether a `rollback` command came. When the hazard passes `hazard`
-(or the command asks), it rolls back: the weights and optimizer state go back to the newest
-copy made before the hazard rose (before the first step of the rise above `hazard / 2`),
+the run's alarm (the step a critical alert firing on the run started at, as the server last
+said: `Monitor.alerts`), its collapse hazard when `hazard` is set (`Monitor.hazard`, or one
+computed beside the loop) and whether a `rollback` command came. When a critical alert fires,
+the hazard passes `hazard` (or the command asks), it rolls back: the weights and optimizer
+state go back to the newest copy made before the trouble began (before the step the alert
+started at, or the first step of the hazard's rise above `hazard / 2`),
 the batches already sampled from the damaged weights are not trained on (the loop takes them,
 logs them, and skips the update), and a remedy applies for
 `cool_steps` steps: the learning rate times `lr_factor`. Then training goes on; the step
@@ -17,8 +20,8 @@ back: the run's reward must also have fallen, its moving average (over `confirm_
 same (from before the rise), so waiting for the reward costs the steps in between, not the
 rescue; what it saves is the rollbacks of runs whose hazard rose and whose reward did not fall.
 
-It never rolls back twice in a row for one rise: after a rollback the hazard must fall below
-`hazard` again (or `cool_steps` pass), and `max_rollbacks` bounds them all. Each rollback is on
+It never rolls back twice in a row for one rise: after a rollback the alert must resolve and
+the hazard fall below `hazard` again (or `cool_steps` pass), and `max_rollbacks` bounds them all. Each rollback is on
 the run's charts: `guard/rollback` (1 at the step it happened), `guard/restored_step` (the step
 of the copy it went back to), `guard/steps_lost` (in all) and `guard/lr`.
 """
@@ -38,8 +41,8 @@ __all__ = ["Guard", "GuardConfig"]
 
 @dataclass(frozen=True)
 class GuardConfig:
-    hazard: float = 0.5
-    """Roll back when the collapse hazard passes this."""
+    hazard: float | None = None
+    """Roll back when the collapse hazard passes this too (None: on critical alerts only)."""
     every: int = 10
     """Steps between two kept copies of the weights and optimizer state."""
     keep: int = 10
@@ -55,8 +58,8 @@ class GuardConfig:
     """Steps of the reward's moving average (exponential, this span)."""
 
     def check(self) -> None:
-        if not 0 < self.hazard < 1 or self.every < 1 or self.keep < 1 or not 0 < self.lr_factor <= 1 or self.cool_steps < 0:
-            raise ValueError("guard: need 0 < hazard < 1, every >= 1, keep >= 1, 0 < lr_factor <= 1, cool_steps >= 0")
+        if (self.hazard is not None and not 0 < self.hazard < 1) or self.every < 1 or self.keep < 1 or not 0 < self.lr_factor <= 1 or self.cool_steps < 0:
+            raise ValueError("guard: need 0 < hazard < 1 (or none), every >= 1, keep >= 1, 0 < lr_factor <= 1, cool_steps >= 0")
         if self.confirm_drop < 0 or self.confirm_span < 1:
             raise ValueError("guard: need confirm_drop >= 0 and confirm_span >= 1")
 
@@ -97,28 +100,39 @@ class Guard:
         """Roll back at the end of the next step (a `rollback` command; any thread)."""
         self._asked.set()
 
-    def after_step(self, step: int, hazard: float | None, reward: float | None = None) -> dict[str, float]:
+    def after_step(
+        self, step: int, hazard: float | None, reward: float | None = None, alarm: int | None = None
+    ) -> dict[str, float]:
         """Call after step `step`'s update (and before its weights are published), with the
-        run's hazard and the step's mean reward: keeps a copy, or rolls back. The guard's
+        run's hazard, the step's mean reward and its alarm (the step a critical alert firing on
+        the run started at; None: none fires): keeps a copy, or rolls back. The guard's
         metrics for this step."""
         config = self.config
         if reward is not None and reward == reward:
             weight = 2.0 / (config.confirm_span + 1)
             self._reward = reward if self._reward is None else self._reward + weight * (reward - self._reward)
-        if hazard is not None and hazard > config.hazard / 2:
+        if config.hazard is None:
+            hazard = None  # the hazard is not what it acts on
+        if alarm is not None:
+            alarm = min(alarm, step)
+            self._rise_step = alarm if self._rise_step is None else min(self._rise_step, alarm)
+            if self._best is None:
+                self._best = self._reward
+        elif hazard is not None and config.hazard is not None and hazard > config.hazard / 2:
             if self._rise_step is None:
                 self._rise_step = step
                 self._best = self._reward
-        elif hazard is not None:
+        elif hazard is not None or config.hazard is None:  # calm (a hazard not known yet says nothing)
             self._rise_step = None
             self._best = None
         if self._reward is not None and self._rise_step is not None:
             self._best = self._reward if self._best is None else max(self._best, self._reward)
-        if hazard is not None and hazard <= config.hazard:
+        danger = alarm is not None or (hazard is not None and config.hazard is not None and hazard > config.hazard)
+        if not danger and (hazard is not None or config.hazard is None):
             self._armed = True
         asked = self._asked.is_set()
         rolled = False
-        if asked or (hazard is not None and hazard > config.hazard and self._armed and step >= self._cool_until and self._falling()):
+        if asked or (danger and self._armed and step >= self._cool_until and self._falling()):
             self._asked.clear()
             if self.copies and self.rollbacks < config.max_rollbacks:
                 self._roll_back(step)

@@ -317,13 +317,15 @@ def train(
     *,
     guard: GuardConfig | None = None,
     hazard: Callable[[], float | None] = lambda: None,
+    alarm: Callable[[], int | None] = lambda: None,
     on_guard: Callable[[Guard], None] = lambda guard: None,
 ) -> LMResult:
     """Run `config` to the end, the sampler on its own thread; log every step to `monitor`.
 
     `progress(step, reward)` is called every 100 steps (a host sync, only then). With `guard`,
-    a `Guard` watches `hazard()` (the run's collapse hazard, read after each step) and rolls
-    back (learners/lm/guard.py); `on_guard` is handed it once made (to route commands to it).
+    a `Guard` watches `alarm()` (the step a critical alert firing on the run started at) and
+    `hazard()` (the run's collapse hazard), read after each step, and rolls back
+    (learners/lm/guard.py); `on_guard` is handed it once made (to route commands to it).
 
     Per-step keys (besides stability_metrics'): `grad/norm`, `loss/total`,
     `loss/pg`, `loss/kl`, `reward/zero_std_frac`, `perf/step_s`, `perf/tokens_per_s`,
@@ -371,7 +373,7 @@ def train(
             guarded = {}
             if guarding is not None:  # the guard judges by the reward too: one host read of it a step
                 reward = float(rollout.rewards_B.float().mean())
-                guarded = {**guarding.after_step(step, hazard(), reward), "guard/discarded": float(discarded)}
+                guarded = {**guarding.after_step(step, hazard(), reward, alarm()), "guard/discarded": float(discarded)}
             board.publish(step + 1, model)
             elapsed = time.perf_counter() - step_started
             tokens = out.mask_B_T.sum()  # answer tokens (a tensor: no host sync)

@@ -99,6 +99,23 @@ def test_a_rollback_command_rolls_back_at_once_and_rollbacks_are_bounded() -> No
         GuardConfig(hazard=1.5).check()
 
 
+def test_a_critical_alert_rolls_back_to_before_it_started_once_until_it_resolves() -> None:
+    """By default the guard acts on the server's critical alerts, not on a raw hazard: back to
+    the newest copy from before the step the alert started at; while the same alert fires no
+    second rollback; once it resolved (and the cool-down passed) a new one acts again."""
+    model, optimizer = _net()
+    guard = Guard(GuardConfig(every=5, keep=10, cool_steps=5), model, optimizer)
+    rolled = []
+    for step in range(60):
+        _update(model, optimizer)
+        alarm = 17 if 22 <= step < 40 else (50 if step >= 52 else None)
+        rolled.append(guard.after_step(step, 0.99, 0.5, alarm))  # a high hazard alone does nothing
+    steps = [s for s, metrics in enumerate(rolled) if metrics["guard/rollback"]]
+    assert steps == [22, 52]
+    assert rolled[22]["guard/restored_step"] == 15.0 and rolled[52]["guard/restored_step"] == 45.0
+    assert rolled[-1]["guard/steps_lost"] == (22 - 15) + (52 - 45)
+
+
 def test_a_guarded_run_logs_its_rollbacks_and_skips_the_thrown_away_batches() -> None:
     recorder = Recorder()
     config = LMConfig(steps=40, prompts=4, group=4, digits=4, lag=3)
@@ -108,7 +125,7 @@ def test_a_guarded_run_logs_its_rollbacks_and_skips_the_thrown_away_batches() ->
         step["n"] += 1
         return 0.9 if step["n"] == 25 else 0.0  # after step 24
 
-    train(config, recorder, guard=GuardConfig(every=5, keep=4), hazard=hazard)
+    train(config, recorder, guard=GuardConfig(hazard=0.5, every=5, keep=4), hazard=hazard)
     series = recorder.series
     assert [s for s, r in enumerate(series["guard/rollback"]) if r] == [24]
     assert series["guard/restored_step"][24] == 20.0 and series["guard/steps_lost"][-1] == 4.0
@@ -135,7 +152,7 @@ def test_keel_lm_guard_rolls_back_on_a_rollback_command(server_factory, sqlite_u
 
         wait_until(lambda: run_id() is not None, timeout=120, what="the guarded run past step 30")
         rid = run_id()
-        assert httpx.get(f"{server.url}/api/v1/runs/{rid}").json()["config"]["guard"]["hazard"] == 0.5
+        assert httpx.get(f"{server.url}/api/v1/runs/{rid}").json()["config"]["guard"]["hazard"] is None  # on critical alerts
         sent = httpx.post(f"{server.url}/api/v1/runs/{rid}/commands", json={"action": "rollback"}).json()
 
         def rollbacks() -> list[int]:
