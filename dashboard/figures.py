@@ -43,6 +43,7 @@ from dashboard.traces import (
     group_of,
     group_traces,
     level_shape,
+    rollback_shapes,
     run_styles,
     run_traces,
 )
@@ -257,6 +258,7 @@ def metric_figure(
     levels: Mapping[str, float | None] | None = None,
     growing: bool = False,
     unused: Mapping[str, str | None] | None = None,
+    rollbacks: Mapping[str, Sequence[int]] | None = None,
 ) -> Figure:
     """One chart of one metric across runs (or across groups when aggregating), with the
     runs' alerts and a backtest's firings. `companions`: a metric drawn beside the runs'
@@ -264,7 +266,8 @@ def metric_figure(
     (None: not yet), drawn as a dashed line across the chart; `growing`: a run is live, so
     the step axis leaves room for its next points (x_axis_end); `unused`: the runs whose loss
     does not use the metric (run id -> the loss's name, None when unnamed), said in a note
-    instead of drawn as a flat line (theme.MetricInfo.of_loss)."""
+    instead of drawn as a flat line (theme.MetricInfo.of_loss); `rollbacks`: each guarded run's
+    rollback steps, a dotted line across the chart at each."""
     info = metric_info(key)
     every_line = lines
     lines = [line for line in lines if line.run_id not in (unused or {})]
@@ -299,6 +302,7 @@ def metric_figure(
             traces.extend(run_traces(line, styles[line.run_id], options.smoothing, log_y))
     traces.extend(companion_trace(line, styles[line.run_id], log_y) for line in companions if line.run_id in styles)
     shapes, alert_traces = alert_overlays(info.drawn_from, lines, alerts, backtest)
+    shapes += rollback_shapes(lines, rollbacks or {}, styles)
     layout["shapes"] = shapes if options.band is None else [_band_shape(options.band), *shapes]
     traces.extend(alert_traces)
     level_meta = _draw_levels(layout, lines, levels, styles, log_y) if levels is not None else {}

@@ -7,7 +7,7 @@ is the contract with the browser's live updater (see figures.py).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -25,6 +25,7 @@ __all__ = [
     "drawable",
     "group_traces",
     "alert_overlays",
+    "rollback_shapes",
     "companion_trace",
     "level_shape",
     "EDGE_Y",
@@ -413,6 +414,20 @@ def level_shape(level: float, name: str, style: Style, label: str) -> Figure:
             "font": {"size": 10, "color": style.colour},
         },
     }
+
+
+def rollback_shapes(lines: Sequence[RunLine], rollbacks: Mapping[str, Sequence[int]], styles: Mapping[str, Style]) -> list[Figure]:
+    """A guard's rollbacks (`guard/rollback`, learners/lm/guard.py) as a dotted line across the
+    chart at each step one happened, in its run's colour: where the weights went back."""
+    return [
+        {
+            "name": f"rollback:{line.run_id}", "type": "line", "xref": "x", "yref": "paper", "x0": step, "x1": step,
+            "y0": 0, "y1": 1, "layer": "below", "line": {"color": styles[line.run_id].colour, "width": 1.5, "dash": "dashdot"},
+        }  # fmt: skip
+        for line in lines
+        if line.run_id in styles
+        for step in rollbacks.get(line.run_id, ())
+    ]
 
 
 def alert_overlays(

@@ -167,8 +167,27 @@ async def chart_figure(
     unused = await unused_by_loss(api, key, lines) if options.x_range is None else {}
     return metric_figure(
         key, lines, alerts, options, render_id=uuid.uuid4().hex, backtest=backtest, companions=companions, levels=levels,
-        growing=growing(infos), unused=unused,
+        growing=growing(infos), unused=unused, rollbacks=await rollbacks(api, [line.run_id for line in lines]),
     )
+
+
+ROLLBACK_KEY = "guard/rollback"
+"""1 at each step a guard rolled its run back (learners/lm/guard.py)."""
+
+
+async def rollbacks(api: KeelApi, run_ids: list[str]) -> dict[str, list[int]]:
+    """The steps each run's guard rolled back at (none for a run without a guard); a bucket of
+    steps counts when its highest value is 1."""
+    if not run_ids:
+        return {}
+    found = await api.series_of_runs(run_ids, ROLLBACK_KEY, max_points=HISTORY_POINTS)
+    marked = {}
+    for run_id, series in found.items():
+        tops = series.maxs or series.values
+        steps = [step for step, top in zip(series.steps, tops, strict=True) if top >= 1.0]
+        if steps:
+            marked[run_id] = steps
+    return marked
 
 
 async def unused_by_loss(api: KeelApi, key: str, lines: Sequence[RunLine]) -> dict[str, str | None]:

@@ -458,3 +458,14 @@ def test_a_metric_the_loss_does_not_use_is_said_not_drawn() -> None:
     style = next(t["line"] for t in drawn["data"] if t["meta"].get("role") == "raw" and t["meta"]["run"] == "a")
     assert next(t["line"] for t in both["data"] if t["meta"].get("role") == "raw")["color"] == style["color"]
     assert all_zero(not_gating[0].series) and not all_zero(gating.series) and not all_zero(Series.empty())
+
+
+def test_a_guards_rollbacks_are_dotted_lines_across_every_chart_in_the_runs_colour() -> None:
+    lines = [RunLine("g", "guarded", "ppo", Series([0, 1, 2], [0.1, 0.2, 0.3])), RunLine("t", "twin", "ppo", Series([0, 1, 2], [0.1, 0.2, 0.1]))]
+    figure = metric_figure("reward/mean", lines, rollbacks={"g": [1, 2]})
+    styles = run_styles(lines)
+    marks = [s for s in figure["layout"]["shapes"] if s.get("name", "").startswith("rollback:")]
+    assert [(s["name"], s["x0"], s["x1"], s["line"]["color"]) for s in marks] == [
+        ("rollback:g", 1, 1, styles["g"].colour), ("rollback:g", 2, 2, styles["g"].colour)
+    ]
+    assert not [s for s in metric_figure("reward/mean", lines)["layout"]["shapes"] if s.get("name", "").startswith("rollback:")]
