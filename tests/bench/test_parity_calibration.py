@@ -51,3 +51,22 @@ def test_seeds_are_split_into_disjoint_sides_once() -> None:
     assert sorted(tuple(r.seed for r in a) + tuple(r.seed for r in b) for a, b in splits) == [
         (1, 2, 3, 4), (1, 3, 2, 4), (1, 4, 2, 3),
     ]  # fmt: skip
+
+
+def test_the_planted_change_moves_the_kl_by_about_half_sigma_squared() -> None:
+    """`keel lm --sampler-logit-noise σ`: an fp32 sampler's KL is rounding (~1e-15 nats); with
+    noise of σ on each logit it is about σ²/2 (less the share the softmax takes back)."""
+    import torch
+
+    from learners.lm.learner import LMConfig, Recorder, train
+
+    torch.set_num_threads(1)
+    kls = {}
+    for sigma in (0.0, 0.1):
+        recorder = Recorder()
+        train(LMConfig(loss="cispo", sampler_dtype="fp32", steps=3, digits=3, prompts=4, group=4, seed=3, logit_noise=sigma), recorder)
+        kls[sigma] = sum(recorder.series["mismatch/kl"]) / 3
+    assert kls[0.0] < 1e-12 and 0.3 * 0.1**2 / 2 < kls[0.1] < 1.2 * 0.1**2 / 2
+    assert LMConfig(logit_noise=0.1).name.endswith("-noise0.1-s0")
+    with pytest.raises(ValueError, match="logit_noise"):
+        LMConfig(logit_noise=-1.0).check()
