@@ -278,7 +278,7 @@ def verdict_view(parity: Parity) -> html.Div:
         html.Div(
             [html.Strong(VERDICT_TITLES[verdict]), html.Span(line, className="parity-summary")],
             id="parity-verdict",
-            className=f"parity-verdict {verdict}",
+            className=f"parity-verdict {verdict.replace(' ', '-')}",
             **data_attributes(verdict=verdict),
         )
     ]
