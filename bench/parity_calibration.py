@@ -28,23 +28,19 @@ computed here from the same tokens.
 from __future__ import annotations
 
 import argparse
-import base64
-import gzip
 import itertools
-import json
 import math
-import os
 import statistics
 import sys
 import time
-from array import array
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from learners.lm.runfiles import done_names, read_dir, write_run
+
 CORPUS = Path(__file__).resolve().parents[1] / "corpora" / "parity"
-SUFFIX = ".run.gz"
 LENGTHS = (100, 300, 1000)
 """The run lengths scored: the first L steps of each run (a run of L steps is the first L
 steps of a longer one: nothing in the learner depends on the planned length)."""
@@ -93,44 +89,8 @@ def plan() -> list[Any]:
     return seeds(SEEDS[:2]) + seeds(SEEDS[2:]) + more
 
 
-def _pack(values: Sequence[float]) -> str:
-    packed = array("f", values)
-    if sys.byteorder != "little":
-        packed.byteswap()
-    return base64.b64encode(packed.tobytes()).decode("ascii")
-
-
-def _unpack(text: str) -> list[float]:
-    values = array("f")
-    values.frombytes(base64.b64decode(text))
-    if sys.byteorder != "little":
-        values.byteswap()
-    return values.tolist()
-
-
-def write(directory: Path, name: str, spec: Mapping[str, Any], wall_s: float, series: Mapping[str, Sequence[float]]) -> Path:
-    """One run as DIR/<name>.run.gz, written under a temporary name and renamed (a file that
-    exists is complete). The format of learners/lm/runfiles.py."""
-    directory.mkdir(parents=True, exist_ok=True)
-    body = {"name": name, "spec": dict(spec), "wall_s": wall_s, "series": {k: _pack(v) for k, v in series.items()}}
-    path = directory / f"{name}{SUFFIX}"
-    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with gzip.open(partial, "wt", encoding="utf-8", compresslevel=9) as handle:
-        json.dump(body, handle)
-    os.replace(partial, path)
-    return path
-
-
-def read(path: Path) -> dict[str, Any]:
-    with gzip.open(path, "rt", encoding="utf-8") as handle:
-        body = json.load(handle)
-    body["series"] = {key: _unpack(text) for key, text in body["series"].items()}
-    return dict(body)
-
-
 def corpus(directory: Path = CORPUS) -> Iterator[dict[str, Any]]:
-    for path in sorted(directory.glob(f"*{SUFFIX}")):
-        yield read(path)
+    yield from read_dir(directory)
 
 
 def _recorder() -> Any:
@@ -170,7 +130,7 @@ def grow(directory: Path, limit: int | None) -> int:
     from learners.lm.learner import train
 
     torch.set_num_threads(1)
-    done = {path.name[: -len(SUFFIX)] for path in directory.glob(f"*{SUFFIX}")}
+    done = done_names(directory)
     missing = [config for config in plan() if config.name not in done]
     print(f"parity corpus: {len(done)} runs in {directory}, {len(missing)} to make", flush=True)
     for made, config in enumerate(missing[:limit] if limit is not None else missing, start=1):
@@ -178,7 +138,8 @@ def grow(directory: Path, limit: int | None) -> int:
         started = time.perf_counter()
         train(config, recorder)
         wall_s = time.perf_counter() - started
-        write(directory, config.name, asdict(config), round(wall_s, 1), _kept(recorder.series))
+        run = {"name": config.name, "spec": asdict(config), "wall_s": round(wall_s, 1), "series": _kept(recorder.series)}
+        write_run(directory, run, keys=None)
         print(f"{made}/{len(missing)} {config.name} {wall_s:.0f} s", flush=True)
     return 0
 

@@ -18,7 +18,7 @@ import os
 import struct
 import sys
 from array import array
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,11 +51,13 @@ def _unpack(text: str) -> list[float]:
     return values.tolist()
 
 
-def write_run(directory: str | os.PathLike[str], run: Mapping[str, Any]) -> Path:
-    """Write one run (learners.lm.grid.run_one's dict) as DIR/<name>.run.gz; its path."""
+def write_run(directory: str | os.PathLike[str], run: Mapping[str, Any], keys: Collection[str] | None = SERIES_KEYS) -> Path:
+    """Write one run (learners.lm.grid.run_one's dict) as DIR/<name>.run.gz, its series of
+    `keys` (None: every series it has), under a temporary name and renamed (a file that
+    exists is complete); its path."""
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
-    series = {key: _pack(run["series"][key]) for key in SERIES_KEYS if key in run["series"]}
+    series = {key: _pack(values) for key, values in run["series"].items() if keys is None or key in keys}
     body = {"name": run["name"], "spec": run["spec"], "wall_s": run.get("wall_s"), "series": series}
     path = folder / f"{run['name']}{SUFFIX}"
     partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")

@@ -16,17 +16,17 @@ from bench.parity_calibration import (
     Run,
     _grouped,
     plan,
-    read,
     runs,
-    write,
 )
+from learners.lm.runfiles import read_run, write_run
 
 
 def test_a_run_file_reads_back_as_float32_with_nan_kept(tmp_path: Path) -> None:
     series = {"mismatch/kl": [3.5e-15, 1e-3, math.nan], "mismatch/log_ratio:abs>=0.01": [0.0, 0.25, 1.0]}
-    path = write(tmp_path, "cispo-lag0-bf16-s1", {"loss": "cispo", "lag": 0, "sampler_dtype": "bf16", "seed": 1}, 1.5, series)
+    spec = {"loss": "cispo", "lag": 0, "sampler_dtype": "bf16", "seed": 1}
+    path = write_run(tmp_path, {"name": "cispo-lag0-bf16-s1", "spec": spec, "wall_s": 1.5, "series": series}, keys=None)
     assert path.name == "cispo-lag0-bf16-s1.run.gz" and not list(tmp_path.glob(".*tmp"))
-    body = read(path)
+    body = read_run(path)
     kl = body["series"]["mismatch/kl"]
     assert kl[0] == pytest.approx(3.5e-15, rel=1e-6) and kl[1] == pytest.approx(1e-3, rel=1e-6) and math.isnan(kl[2])
     assert body["series"]["mismatch/log_ratio:abs>=0.01"] == [0.0, 0.25, 1.0]
