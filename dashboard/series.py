@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from wire import read_value
+from wire.signals import Alert as WireAlert
 
 __all__ = [
     "parse_value",
@@ -99,7 +100,8 @@ def _parse_values(raw: list[Any]) -> list[float]:
 
 @dataclass(frozen=True)
 class Alert:
-    """One alert, in the shape of GET /api/v1/alerts."""
+    """One alert as the charts show it: the wire's alert (wire/signals.py, as GET
+    /api/v1/alerts writes it) with its id as text, or a backtest's firing in the same shape."""
 
     id: str
     run_id: str
@@ -117,22 +119,29 @@ class Alert:
         return key in self.keys if self.keys else alert_matches(self.metric, key)
 
     @classmethod
-    def from_json(cls, payload: dict[str, Any]) -> Alert:
-        def step(raw: Any) -> int | None:
-            return None if raw is None else int(raw)
-
+    def from_wire(cls, alert: WireAlert, id: str | None = None) -> Alert:
+        """The wire's alert as the charts show it (`id` as text: a backtest's own id)."""
         return cls(
-            id=str(payload.get("id", "")),
-            run_id=str(payload.get("run_id", "")),
-            rule=str(payload.get("rule", "")),
-            metric=payload.get("metric"),
-            severity=str(payload.get("severity", "warning")),
-            state=str(payload.get("state", "firing")),
-            started_step=step(payload.get("started_step")),
-            resolved_step=step(payload.get("resolved_step")),
-            message=str(payload.get("message") or ""),
-            keys=tuple(str(k) for k in payload.get("keys") or ()),
+            id=str(alert.id) if id is None else id,
+            run_id=alert.run_id,
+            rule=alert.rule,
+            metric=alert.metric or None,
+            severity=alert.severity,
+            state=alert.state,
+            started_step=alert.started_step,
+            resolved_step=alert.resolved_step,
+            message=alert.message,
+            keys=alert.keys,
         )
+
+    @classmethod
+    def from_json(cls, payload: dict[str, Any]) -> Alert:
+        """An alert as GET /alerts writes it, read by the wire's `Alert` (a ProtocolError when
+        malformed); a backtest's firing (dashboard/views/run.py) is one with a text id."""
+        own_id = payload.get("id")
+        if isinstance(own_id, str):
+            return cls.from_wire(WireAlert.from_json({**payload, "id": 0}), id=own_id)
+        return cls.from_wire(WireAlert.from_json(payload))
 
 
 def alert_matches(metric: str | None, key: str) -> bool:

@@ -1,5 +1,8 @@
 """The ingest websocket: hello -> welcome, points -> ack (after commit), finish -> bye.
 
+Every message it sends is built by its type in `wire` (wire/replies.py: Welcome, Ack,
+Reject, Bye, ErrorMessage; wire/signals.py: the signals).
+
 One connection streams one run as one writer (docs/protocol.md). Frames are handled in
 the order they arrive, so a client may keep several in flight; each ack follows its
 commit. A points frame whose seq is readable but whose rows break the protocol is
@@ -39,15 +42,19 @@ from wire import (
     CLOSE_OVERLOADED,
     CLOSE_SERVER_FAULT,
     CLOSE_TOO_LARGE,
+    Ack,
+    Bye,
+    ErrorMessage,
     Limits,
     ProtocolError,
+    Reject,
     Row,
+    Welcome,
     parse_finish,
     parse_hello,
     parse_rows,
     parse_seq,
     parse_writer,
-    reject_message,
 )
 from wire.signals import SIGNALS, parse_actions, parse_command_result, parse_listen
 
@@ -215,31 +222,22 @@ class IngestSession:
         except ProtocolError as exc:
             await self._fail(exc.to_message(), exc.close_code)
         except Conflict as exc:
-            await self._fail({"type": "error", "code": exc.code, "message": str(exc)}, CLOSE_CONFLICT)
+            await self._fail(ErrorMessage(exc.code, str(exc)).to_json(), CLOSE_CONFLICT)
         except Forbidden as exc:  # a hello for another token's run: nothing of it changed
-            await self._fail({"type": "error", "code": "forbidden", "message": str(exc)}, CLOSE_FORBIDDEN)
+            await self._fail(ErrorMessage("forbidden", str(exc)).to_json(), CLOSE_FORBIDDEN)
         except (SQLAlchemyTimeout, PoolTimeout):
             # Every database connection is busy (a slow or locked database): overloaded,
             # not broken. Nothing of this frame was acked; the client resends it.
-            await self._fail(
-                {"type": "error", "code": "overloaded", "message": "the database is busy; retry later"},
-                CLOSE_OVERLOADED,
-            )
+            await self._fail(ErrorMessage("overloaded", "the database is busy; retry later").to_json(), CLOSE_OVERLOADED)
         except _Silent:
             waited = "hello" if self.state is IngestState.AWAIT_HELLO else "frame"
             timeout = self.hello_timeout_s if self.state is IngestState.AWAIT_HELLO else self.idle_timeout_s
-            await self._fail(
-                {"type": "error", "code": "timeout", "message": f"no {waited} within {timeout:g} s"},
-                CLOSE_IDLE,
-            )
+            await self._fail(ErrorMessage("timeout", f"no {waited} within {timeout:g} s").to_json(), CLOSE_IDLE)
         except WebSocketDisconnect:
             return
         except Exception:
             log.exception("ingest failed for run %s", self.run_id)
-            await self._fail(
-                {"type": "error", "code": "server_fault", "message": "internal error; retry"},
-                CLOSE_SERVER_FAULT,
-            )
+            await self._fail(ErrorMessage("server_fault", "internal error; retry").to_json(), CLOSE_SERVER_FAULT)
 
     async def _receive(self) -> str | bytes | None:
         """The next frame's text, or None once the client has gone."""
@@ -279,10 +277,8 @@ class IngestSession:
             acked_seq, self.session_id = await self.store.open_run(info, time.time(), writer=self.writer, speaker=self.speaker)
             self.run_id = info.id
             self.state = IngestState.STREAMING
-            welcome = {"type": "welcome", "run_id": info.id, "acked_seq": acked_seq, "accepts": list(ACCEPTS)}
-            if self.sources is not None:
-                welcome["signals"] = list(SIGNALS)
-            await self._send(welcome)
+            signals = SIGNALS if self.sources is not None else None  # a server without them says nothing
+            await self._send(Welcome(info.id, acked_seq, ACCEPTS, signals).to_json())
             await self._listen(message)
             return
         assert self.run_id is not None
@@ -295,15 +291,15 @@ class IngestSession:
                     rows = parse_rows(message.get("rows"), self.limits)
             except ProtocolError as exc:
                 await self.store.reject_frame(self.run_id, frame, time.time())
-                await self._send(reject_message(frame.seq, exc))
+                await self._send(Reject.of(frame.seq, exc).to_json())
                 return
             try:
                 result = await self.store.write_points(self.run_id, rows, time.time(), frame)
             except TooLarge as exc:  # new keys past the run's limit: nothing of it stored
                 await self.store.reject_frame(self.run_id, frame, time.time())
-                await self._send(reject_message(frame.seq, exc))
+                await self._send(Reject.of(frame.seq, exc).to_json())
                 return
-            await self._send({"type": "ack", "seq": frame.seq})
+            await self._send(Ack(frame.seq).to_json())
             if result.stored:
                 await self.committed.points(self.run_id, result.started_at, rows)
                 if self.signals is not None:
@@ -312,7 +308,7 @@ class IngestSession:
             status = parse_finish(message)
             await self.store.finish_run(self.run_id, status, time.time())
             self.committed.status(self.run_id, status)
-            await self._send({"type": "bye"})
+            await self._send(Bye().to_json())
             self.state = IngestState.FINISHED
             await self.websocket.close(1000)
         elif kind == "listen":
@@ -329,7 +325,7 @@ class IngestSession:
 
     async def revoked(self) -> None:
         """The token this socket was opened with was revoked: say so and close (4401)."""
-        await self._fail({"type": "error", "code": "unauthorized", "message": "the token was revoked"}, CLOSE_AUTH)
+        await self._fail(ErrorMessage("unauthorized", "the token was revoked").to_json(), CLOSE_AUTH)
 
     async def _listen(self, message: dict[str, Any]) -> None:
         """A hello's or a listen message's `listen` (docs/protocol.md, "Signals"), and the
@@ -367,15 +363,14 @@ class IngestSession:
 
 async def refuse_unauthorized(websocket: WebSocket, scope: str) -> None:
     await websocket.accept()
-    await websocket.send_text(
-        orjson.dumps({"type": "error", "code": "unauthorized", "message": f"a token with the {scope!r} scope is required"}).decode()
-    )
+    refusal = ErrorMessage("unauthorized", f"a token with the {scope!r} scope is required")
+    await websocket.send_text(orjson.dumps(refusal.to_json()).decode())
     await websocket.close(CLOSE_AUTH)
 
 
 async def refuse_overloaded(websocket: WebSocket, message: str = "too many ingest connections; retry later") -> None:
     await websocket.accept()
-    await websocket.send_text(orjson.dumps({"type": "error", "code": "overloaded", "message": message}).decode())
+    await websocket.send_text(orjson.dumps(ErrorMessage("overloaded", message).to_json()).decode())
     await websocket.close(CLOSE_OVERLOADED, message[:120])
 
 

@@ -24,9 +24,10 @@ import orjson
 from server import run_commands
 from server.alerts import history
 from server.alerts.hazard import HazardCache
-from server.jsonview import alert_json
+from server.jsonview import wire_alert
 from server.live import Listener, LiveHub
 from server.storage import Store
+from wire.signals import AlertsMessage, HazardMessage
 
 __all__ = ["SignalSources", "TrainerSignals"]
 
@@ -145,7 +146,7 @@ class TrainerSignals:
             firing = await history.list_alerts(
                 store, run_ids=[self.run_id], state="firing", severity=None, project=None, limit=FIRING_LISTED
             )
-            await self._send({"type": "alerts", "run_id": self.run_id, "firing": [alert_json(a) for a in reversed(firing)]})
+            await self._send(AlertsMessage(self.run_id, tuple(wire_alert(a) for a in reversed(firing))).to_json())
         if self._resend:
             # Every unanswered command, oldest first, a page at a time, straight to the socket
             # (not through the bounded outbox: however many there are, the oldest, a `stop`
@@ -171,4 +172,4 @@ class TrainerSignals:
             steps, hazard = course.steps, course.hazard
             if steps and steps[-1] > self._hazard_step:
                 self._hazard_step = steps[-1]
-                await self._send({"type": "hazard", "run_id": self.run_id, "step": steps[-1], "hazard": hazard[-1]})
+                await self._send(HazardMessage(self.run_id, steps[-1], hazard[-1]).to_json())

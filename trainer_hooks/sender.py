@@ -47,11 +47,17 @@ from wire import (
     CLOSE_IDLE,
     CLOSE_MALFORMED,
     CLOSE_TOO_LARGE,
+    Ack,
+    Bye,
+    ErrorMessage,
+    Reject,
+    Welcome,
     finish_message,
     hello_message,
     points_frame,
+    read_reply,
 )
-from wire.signals import command_result_message, listen_message
+from wire.signals import SIGNAL_TYPES, command_result_message, listen_message
 from wire.urls import ingest_url
 
 __all__ = ["ConnState", "Sender", "SenderConfig", "ingest_url", "upload"]
@@ -234,16 +240,17 @@ class Sender:
                 if self._actions is not None:
                     hello["actions"] = self._actions
             self._ws.send(json.dumps(hello))
-            welcome = json.loads(self._ws.recv(timeout=self._config.connect_timeout))
-            if welcome.get("type") == "error":
+            raw = self._ws.recv(timeout=self._config.connect_timeout)
+            welcome = read_reply(json.loads(raw))
+            if isinstance(welcome, ErrorMessage):
                 # The close that follows carries the code (4401: bad token, 1013: busy).
-                self._server_error = f"{welcome.get('code')}: {welcome.get('message')}"
-                self._server_code = str(welcome.get("code"))
+                self._server_error = str(welcome)
+                self._server_code = welcome.code
                 self._ws.recv(timeout=self._config.connect_timeout)
-            if welcome.get("type") != "welcome":
-                raise RuntimeError(f"expected welcome, got {str(welcome)[:200]}")
-            acked_seq = int(welcome["acked_seq"])
-            self._accepts = frozenset(welcome.get("accepts") or ())
+            if not isinstance(welcome, Welcome):
+                raise RuntimeError(f"expected welcome, got {str(raw)[:200]}")
+            acked_seq = welcome.acked_seq
+            self._accepts = frozenset(welcome.accepts or ())  # not said: a server that stores none
         except InvalidStatus as exc:
             status = exc.response.status_code
             self._disconnect(exc, rejected=status in (401, 403))
@@ -339,22 +346,25 @@ class Sender:
             timeout = 0  # take what already arrived, then let the caller feed us more
 
     def _handle(self, message: dict[str, Any]) -> None:
-        kind = message.get("type")
-        if kind == "ack":
-            self._on_ack(int(message["seq"]))
-        elif kind == "reject":
-            self._on_reject(int(message["seq"]), f"{message.get('code')}: {message.get('message')}")
-        elif kind in ("alerts", "alert", "hazard", "command"):
+        """One message from the server: a reply (wire/replies.py) read by its type, a signal
+        handed on as it came (the training process reads it, trainer_hooks/signals.py)."""
+        reply = read_reply(message)
+        if isinstance(reply, Ack):
+            self._on_ack(reply.seq)
+        elif isinstance(reply, Reject):
+            self._on_reject(reply.seq, str(reply))
+        elif isinstance(reply, Bye):
+            if self.state is ConnState.FINISHING:
+                self.state = ConnState.DONE
+                self._close_socket()
+        elif isinstance(reply, ErrorMessage):
+            # The server closes right after; the close code decides what we do.
+            self._server_error = str(reply)
+            self._server_code = reply.code
+            logger.error("keel: server error: %s", self._server_error)
+        elif reply is None and message["type"] in SIGNAL_TYPES:
             if self._on_signal is not None:
                 self._on_signal(message)
-        elif kind == "bye" and self.state is ConnState.FINISHING:
-            self.state = ConnState.DONE
-            self._close_socket()
-        elif kind == "error":
-            # The server closes right after; the close code decides what we do.
-            self._server_error = f"{message.get('code')}: {message.get('message')}"
-            self._server_code = str(message.get("code"))
-            logger.error("keel: server error: %s", self._server_error)
 
     def _on_reject(self, seq: int, reason: str) -> None:
         base = self._spool.seq_base

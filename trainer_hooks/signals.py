@@ -11,6 +11,9 @@ handler runs at most once per command in this process.
 
 Nothing here ever blocks or raises in the training thread: the properties copy under a
 lock, and a handler's exception is the command's failure, never the trainer's.
+
+`Alert` (a firing alert, `Monitor.alerts`) and `Command` are the wire's own (wire/signals.py),
+as every signal is read by its type there.
 """
 
 from __future__ import annotations
@@ -20,10 +23,18 @@ import queue
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from wire.signals import Command, parse_action
+from wire.signals import (
+    Alert,
+    AlertMessage,
+    AlertsMessage,
+    Command,
+    CommandMessage,
+    HazardMessage,
+    parse_action,
+    read_signal,
+)
 
 __all__ = ["Alert", "Command", "Signals"]
 
@@ -31,29 +42,6 @@ logger = logging.getLogger("keel")
 
 ANSWERS_KEPT = 10_000
 """Commands whose answers are remembered (for repeats)."""
-
-
-@dataclass(frozen=True)
-class Alert:
-    """A firing alert of the run, as the server last said."""
-
-    id: int
-    rule: str
-    severity: str
-    started_step: int | None
-    message: str
-    metric: str = ""
-
-    @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> Alert:
-        return cls(
-            id=int(raw["id"]),
-            rule=str(raw.get("rule") or ""),
-            severity=str(raw.get("severity") or ""),
-            started_step=raw.get("started_step"),
-            message=str(raw.get("message") or ""),
-            metric=str(raw.get("metric") or ""),
-        )
 
 
 Handler = Callable[[Command], Any]
@@ -127,29 +115,25 @@ class Signals:
             logger.debug("keel: signal not understood (%r): %s", exc, str(message)[:200])
 
     def _receive(self, message: dict[str, Any]) -> None:
-        kind = message.get("type")
-        if kind == "alerts":
-            firing = [Alert.from_json(raw) for raw in message.get("firing") or ()]
+        signal = read_signal(message)  # wire/signals.py: a malformed one raises
+        if isinstance(signal, AlertsMessage):
             with self._lock:
-                self._alerts = {alert.id: alert for alert in firing}
-        elif kind == "alert":
-            raw = message["alert"]
-            alert = Alert.from_json(raw)
+                self._alerts = {alert.id: alert for alert in signal.firing}
+        elif isinstance(signal, AlertMessage):
+            alert = signal.alert
             with self._lock:
-                if raw.get("state") == "firing":
+                if alert.state == "firing":
                     self._alerts[alert.id] = alert
                 else:
                     self._alerts.pop(alert.id, None)
-        elif kind == "hazard":
-            step, value = int(message["step"]), float(message["hazard"])
+        elif isinstance(signal, HazardMessage):
             with self._lock:
-                if self._hazard is None or step >= self._hazard[0]:
-                    self._hazard = (step, value)
-        elif kind == "command":
-            command = Command.from_json(message["command"])
+                if self._hazard is None or signal.step >= self._hazard[0]:
+                    self._hazard = (signal.step, signal.hazard)
+        elif isinstance(signal, CommandMessage):
             with self._lock:
                 self._open += 1
-            self._queue.put(command)
+            self._queue.put(signal.command)
 
     def settle(self, timeout: float) -> bool:
         """Wait (at most `timeout` s) until every command received is answered, so the

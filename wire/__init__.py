@@ -2,6 +2,11 @@
 and the root of Keel's errors. Standard library only, so it goes on a GPU node with the
 hooks and into the server alike, and neither of them imports the other.
 
+Where each message lives: what a client sends on the ingest socket (hello, points, finish)
+and the rows' encoding in `wire.messages`; what the server answers (welcome, ack, reject,
+bye, error) in `wire.replies` (error in `wire.errors`, beside ProtocolError); the signals
+(listen, alerts, alert, hazard, command, command_result) and the alert in `wire.signals`.
+
     from wire import Row, RunInfo, hello_message, parse_rows, ProtocolError
 """
 
@@ -16,6 +21,7 @@ from wire.errors import (
     CLOSE_OVERLOADED,
     CLOSE_SERVER_FAULT,
     CLOSE_TOO_LARGE,
+    ErrorMessage,
     KeelError,
     ProtocolError,
 )
@@ -49,8 +55,8 @@ from wire.messages import (
     points_frame,
     points_message,
     read_value,
-    reject_message,
 )
+from wire.replies import REPLY_TYPES, Ack, Bye, Reject, Reply, Welcome, read_reply
 
 __all__ = [
     "ACCEPTS",
@@ -67,14 +73,21 @@ __all__ = [
     "MAX_SEQ",
     "MAX_STEP",
     "PROTOCOL_VERSION",
+    "REPLY_TYPES",
     "SAMPLE_FIELDS",
+    "Ack",
+    "Bye",
+    "ErrorMessage",
     "Histogram",
     "KeelError",
     "Limits",
     "ProtocolError",
+    "Reject",
+    "Reply",
     "Row",
     "RunInfo",
     "Sequences",
+    "Welcome",
     "decode_value",
     "encode_details",
     "encode_rows",
@@ -91,6 +104,6 @@ __all__ = [
     "parse_writer",
     "points_frame",
     "points_message",
+    "read_reply",
     "read_value",
-    "reject_message",
 ]

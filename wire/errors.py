@@ -6,6 +6,7 @@ them: both catch `KeelError`, and both read the close codes (docs/protocol.md).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
@@ -17,6 +18,7 @@ __all__ = [
     "CLOSE_OVERLOADED",
     "CLOSE_SERVER_FAULT",
     "CLOSE_TOO_LARGE",
+    "ErrorMessage",
     "KeelError",
     "ProtocolError",
 ]
@@ -49,4 +51,39 @@ class ProtocolError(KeelError, ValueError):
         self.close_code = close_code
 
     def to_message(self) -> dict[str, Any]:
-        return {"type": "error", "code": self.code, "message": str(self)}
+        """The `error` message the server sends before it closes with `close_code`."""
+        return ErrorMessage(self.code, str(self)).to_json()
+
+
+@dataclass(frozen=True)
+class ErrorMessage:
+    """`{"type": "error", "code", "message"}`: what the server says before it closes an
+    ingest socket (docs/protocol.md, "Errors"); the close code that follows decides what a
+    client does. A rate-limited client is also told `retry_after_s`."""
+
+    code: str
+    message: str
+    retry_after_s: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": "error", "code": self.code, "message": self.message}
+        if self.retry_after_s is not None:
+            out["retry_after_s"] = self.retry_after_s
+        return out
+
+    @classmethod
+    def from_json(cls, raw: Any) -> ErrorMessage:
+        """Raises ProtocolError for anything but an error message (a missing `message` is "")."""
+        if not isinstance(raw, dict) or raw.get("type") != "error":
+            raise ProtocolError(f"not an error message: {str(raw)[:200]}")
+        code, message, retry = raw.get("code"), raw.get("message", ""), raw.get("retry_after_s")
+        if not isinstance(code, str):
+            raise ProtocolError("error.code must be a string")
+        if not isinstance(message, str):
+            raise ProtocolError("error.message must be a string")
+        if retry is not None and (isinstance(retry, bool) or not isinstance(retry, (int, float))):
+            raise ProtocolError("error.retry_after_s must be a number")
+        return cls(code, message, None if retry is None else float(retry))
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"

@@ -54,7 +54,6 @@ __all__ = [
     "points_frame",
     "points_message",
     "read_value",
-    "reject_message",
 ]
 
 PROTOCOL_VERSION = 1
@@ -708,8 +707,3 @@ def points_frame(seq: int, rows_json: str) -> str:
 def finish_message(status: str = "finished") -> dict[str, Any]:
     return {"type": "finish", "status": status}
 
-
-def reject_message(seq: int, error: ProtocolError) -> dict[str, Any]:
-    """The server will never store frame `seq` (it breaks the protocol); the seq is used up,
-    so the writer goes on with the next frame."""
-    return {"type": "reject", "seq": seq, "code": error.code, "message": str(error)}
