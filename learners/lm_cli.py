@@ -304,6 +304,54 @@ def _regimes(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- keel lm-edge ----------------------------------------------------------------------
+
+
+def _add_edge(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dir", required=True, metavar="PATH",
+                        help="one file per run; the search reads the runs already there and goes on from them")  # fmt: skip
+    parser.add_argument("--runs", type=int, default=None, metavar="N",
+                        help="run N more runs, then stop (default: until the folder holds 300 edge runs)")  # fmt: skip
+    parser.add_argument("--report", action="store_true",
+                        help="print the tally (runs by cell and outcome, lasting collapses) and run nothing")  # fmt: skip
+    parser.add_argument("--steps", type=int, default=None, help="learner steps (default 1000)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (sampler and learner)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="runs at a time, each in its own cell (default 1)")  # fmt: skip
+
+
+def _edge(args: argparse.Namespace) -> int:
+    from learners.lm.corpus import REGIME_STEPS
+    from learners.lm.edge import TARGETS, EdgeRun, format_report, plan, read_edge_runs
+    from learners.lm.grid import run_grid
+    from learners.lm.learner import LMConfig
+    from learners.lm.runfiles import write_run
+
+    cache: dict[str, EdgeRun | None] = {}
+    runs = read_edge_runs(args.dir, cache) if os.path.isdir(args.dir) else []
+    if args.report:
+        print(format_report(runs), end="")
+        return 0
+    if not _check_device("lm-edge", args.device):
+        return 2
+    base = LMConfig(device=args.device, steps=args.steps or REGIME_STEPS)
+    left = args.runs if args.runs is not None else TARGETS["runs"] - len(runs)
+    print(f"keel lm-edge: {len(runs)} edge runs in {args.dir}, running {max(0, left)}", file=sys.stderr, flush=True)
+
+    def done_one(run: dict[str, Any]) -> None:
+        write_run(args.dir, run)
+        print(f"{run['name']:<52} final reward {run['final_reward']:.3f} ({run['wall_s']:.0f} s)",
+              file=sys.stderr, flush=True)  # fmt: skip
+
+    while left > 0:
+        configs = plan(runs, min(max(1, args.jobs), left), base)
+        run_grid(configs, jobs=len(configs), on_done=done_one)
+        left -= len(configs)
+        runs = read_edge_runs(args.dir, cache)
+    print(format_report(runs), end="")
+    return 0
+
+
 def _run_configs(command: str, args: argparse.Namespace, configs: list[Any]) -> int:
     from learners.lm.grid import (
         format_collapses,
@@ -364,6 +412,12 @@ COMMANDS = {
         "batch shapes, clipping, every loss, lags and sampler dtypes, one file per run (resumable).",
         _add_regimes,
         _regimes,
+    ),
+    "lm-edge": (
+        "The edge corpus: keel lm runs drawn, cell by cell, at the learning rate where runs learn and then "
+        "fall (an adaptive search that resumes from the runs in --dir; --report prints the tally).",
+        _add_edge,
+        _edge,
     ),
     "lm-corpus": (
         "The alert corpus: ten keel lm runs per seed, settings drawn from it (docs/alerts.md).",
