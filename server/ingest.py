@@ -305,9 +305,9 @@ class IngestSession:
                 if self.signals is not None:
                     self.signals.stored(result.started_at)
         elif kind == "finish":
-            status = parse_finish(message)
-            await self.store.finish_run(self.run_id, status, time.time())
-            self.committed.status(self.run_id, status)
+            finish = parse_finish(message)
+            await self.store.finish_run(self.run_id, finish.status, time.time(), writer=self.writer, last_seq=finish.last_seq)
+            self.committed.status(self.run_id, finish.status)
             await self._send(Bye().to_json())
             self.state = IngestState.FINISHED
             await self.websocket.close(1000)

@@ -57,6 +57,9 @@ class Run(Base):
     """The name of the token that made the run (with auth on): only tokens of that name, or
     an admin, write to it. None: made with auth off, or before owners (the next token that
     writes to it claims it)."""
+    unsent: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    """Frames its writer's trainer ended without getting acknowledged (its last `finish` said
+    its last frame's seq): they are in the trainer's spool for `keel sync`. None: none."""
     actions: Mapped[dict[str, str] | None] = mapped_column(JSON, nullable=True)
     """The command actions its trainer takes, with what each does: None while no trainer of
     the run listens to commands, {} for one that listens without saying which."""

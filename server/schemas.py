@@ -121,6 +121,9 @@ class RunOut(BaseModel):
     last_seen_at: str
     finished_at: str | None
     tags: list[str]
+    unsent: int | None = None
+    """Frames its trainer ended without getting acknowledged: in its spool, for `keel sync`
+    (null: none). A run that ended this way is `finished` (or `failed`), not `silent`."""
     actions: dict[str, str] | None = None
     """The command actions the run's trainer takes, each with what it does: null while no
     trainer of the run listens to commands, {} for one that listens without saying which."""
@@ -144,6 +147,7 @@ class RunOut(BaseModel):
             finished_at=iso(run.finished_at),
             tags=list(run.tags or []),
             actions=run.actions,
+            unsent=run.unsent,
         )
 
 

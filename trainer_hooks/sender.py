@@ -153,6 +153,7 @@ class Sender:
         self._inflight: deque[tuple[int, int, int, float]] = deque()
         self._failures = 0
         self._finish_status: str | None = None
+        self._ended_early = False  # finish_unacked sent `finish` with frames not acked
         self._server_code: str | None = None  # the `code` of the server's last error message
         self._outage_logged = False
         self.rejected_frames = 0
@@ -182,6 +183,24 @@ class Sender:
     def request_finish(self, status: str) -> None:
         """Send `finish` with this status once every spooled frame is acked."""
         self._finish_status = status
+
+    def finish_unacked(self, status: str, grace: float = 2.0) -> None:
+        """The trainer waits no longer: on an open connection, say how the run ended even
+        though frames are not acked yet (`finish` with the seq of the spool's last frame: the
+        server stores those in flight, counts those it never got, and shows the run as ended,
+        not silent), then read its answers for up to `grace` s. The frames not acked stay in
+        the spool for `keel sync`."""
+        base = self._spool.seq_base
+        if self.state is not ConnState.STREAMING or base is None:
+            return
+        self._ended_early = True
+        ends = time.monotonic() + grace
+        try:
+            self._ws.send(json.dumps(finish_message(status, last_seq=base + self._spool.next_n - 1)))
+            while self._ws is not None and not self.settled and time.monotonic() < ends:
+                self._receive(max(0.01, ends - time.monotonic()))
+        except Exception as exc:  # the connection went: the run shows as silent, as it is
+            self._disconnect(exc)
 
     @property
     def settled(self) -> bool:
@@ -354,7 +373,7 @@ class Sender:
         elif isinstance(reply, Reject):
             self._on_reject(reply.seq, str(reply))
         elif isinstance(reply, Bye):
-            if self.state is ConnState.FINISHING:
+            if self.state is ConnState.FINISHING or (self._ended_early and self._spool.unacked == 0):
                 self.state = ConnState.DONE
                 self._close_socket()
         elif isinstance(reply, ErrorMessage):

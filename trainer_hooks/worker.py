@@ -214,6 +214,7 @@ class Worker:
                 if self._sender.settled:
                     return True
             if time.time() >= deadline:
+                self._sender.finish_unacked(status)
                 return True
         self._sender.step(_TICK_S)
         self._spool.fsync_if_due(self._config.fsync_interval)

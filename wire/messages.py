@@ -26,6 +26,7 @@ from wire.errors import CLOSE_TOO_LARGE, ProtocolError
 __all__ = [
     "ACCEPTS",
     "FINISH_STATUSES",
+    "Finish",
     "MAX_CONFIG_DEPTH",
     "MAX_SEQ",
     "MAX_STEP",
@@ -656,11 +657,23 @@ def parse_points(msg: dict[str, Any], limits: Limits = Limits()) -> tuple[int, l
     return parse_seq(msg), parse_rows(msg.get("rows"), limits)
 
 
-def parse_finish(msg: dict[str, Any]) -> str:
+@dataclass(frozen=True)
+class Finish:
+    """The client's `finish`: how its run ended, and, when it gives up waiting for the
+    server's acks, the seq of its last frame (the server then knows how many it never got)."""
+
+    status: str = "finished"
+    last_seq: int | None = None
+
+
+def parse_finish(msg: dict[str, Any]) -> Finish:
     status = msg.get("status", "finished")
     if status not in FINISH_STATUSES:
         raise ProtocolError(f"finish.status must be one of {', '.join(FINISH_STATUSES)}")
-    return str(status)
+    last_seq = msg.get("last_seq")
+    if last_seq is not None and (isinstance(last_seq, bool) or not isinstance(last_seq, int) or not -1 <= last_seq <= MAX_SEQ):
+        raise ProtocolError("finish.last_seq must be an integer in -1..2**63-1")
+    return Finish(str(status), last_seq)
 
 
 def hello_message(run: RunInfo, writer: str = "") -> dict[str, Any]:
@@ -704,6 +717,9 @@ def points_frame(seq: int, rows_json: str) -> str:
     return f'{{"type":"points","seq":{seq},"rows":{rows_json}}}'
 
 
-def finish_message(status: str = "finished") -> dict[str, Any]:
-    return {"type": "finish", "status": status}
+def finish_message(status: str = "finished", last_seq: int | None = None) -> dict[str, Any]:
+    message: dict[str, Any] = {"type": "finish", "status": status}
+    if last_seq is not None:
+        message["last_seq"] = last_seq
+    return message
 

@@ -136,6 +136,14 @@ def commands_panel() -> html.Div:
     )
 
 
+def unsent_note(frames: int) -> str:
+    """What a run whose trainer ended before the server acknowledged all it sent is."""
+    return (
+        f"its trainer ended with {frames} frame{'s' if frames != 1 else ''} not stored here: they are in its "
+        "spool, and `keel sync` on the trainer's machine sends them"
+    )
+
+
 def offered_actions(run: dict[str, Any] | None) -> tuple[dict[str, str], str]:
     """The actions the run page offers for `run` (the run's JSON), each with what it does, and
     a line saying why (none when the trainer named its actions and the run is live)."""
@@ -417,6 +425,9 @@ def register(dash_app: Dash, api: KeelApi) -> None:
             ("Finished", _when(run.get("finished_at")) if run.get("finished_at") else "—"),
             ("Tags", ", ".join(run.get("tags") or []) or "—"),
         ]
+        if run.get("unsent") and run["status"] != "running":
+            header.append(html.Span(unsent_note(int(run["unsent"])), className="sub warn", id="run-unsent"))
+            facts.append(("Not sent", f"{run['unsent']} frames"))
         if (run.get("config") or {}).get(MISMATCH_SOURCE):
             facts.append(("Mismatch measured from", str(run["config"][MISMATCH_SOURCE])))
         overview = html.Dl(

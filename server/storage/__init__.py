@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from server.db import is_sqlite, session_factory
 from server.errors import UnknownRun
-from server.models import Run
+from server.models import Run, RunWriter
 from server.storage import details, reads, writes
 from server.storage.admission import FrameRef, Speaker, claim, open_run
 from server.storage.details import Distributions, Fit, SequencePairs, StepSamples, StoredDetail
@@ -103,9 +103,17 @@ class Store:
                 raise UnknownRun(run_id)
             claim(run, speaker)
 
-    async def finish_run(self, run_id: str, status: str, now: float) -> None:
+    async def finish_run(self, run_id: str, status: str, now: float, *, writer: str = "", last_seq: int | None = None) -> int:
+        """End the run; with `last_seq` (the seq of `writer`'s last frame, from a trainer that
+        gave up waiting for acks), the frames of it not stored are counted on the run: how
+        many, returned."""
         async with self.writing() as session:
-            await writes.finish_run(session, run_id, status, now)
+            unsent = 0
+            if last_seq is not None:
+                stored = await session.get(RunWriter, (run_id, writer))
+                unsent = max(0, last_seq - (stored.acked_seq if stored is not None else -1))
+            await writes.finish_run(session, run_id, status, now, unsent)
+            return unsent
 
     async def set_actions(self, run_id: str, actions: dict[str, str] | None) -> None:
         """The command actions the run's trainer takes (None: none of its trainers listens)."""

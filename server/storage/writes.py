@@ -256,13 +256,13 @@ async def reject_frame(path: WritePath, run_id: str, frame: FrameRef, now: float
             await advance(session, run_id, frame, last_seen_at=now)
 
 
-async def finish_run(session: AsyncSession, run_id: str, status: str, now: float) -> None:
-    """The run ended: its status, and what its trainer had not answered of its commands
-    will not be answered (`failed`, with why)."""
+async def finish_run(session: AsyncSession, run_id: str, status: str, now: float, unsent: int | None = None) -> None:
+    """The run ended: its status, the frames its trainer ended without (None: none), and
+    what its trainer had not answered of its commands will not be answered (`failed`)."""
     result = await session.execute(
         update(Run)
         .where(Run.id == run_id)
-        .values(status=status, finished_at=now, last_seen_at=now)
+        .values(status=status, finished_at=now, last_seen_at=now, unsent=unsent or None)
         .returning(Run.id)
     )
     if result.first() is None:

@@ -358,3 +358,26 @@ def test_malformed_actions_close_4400(server) -> None:  # type: ignore[no-untype
         with pytest.raises(ConnectionClosed) as closed:
             ws.recv(timeout=10)
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 4400
+
+
+def test_a_finish_with_frames_it_never_got_ends_the_run_and_counts_them(server) -> None:  # type: ignore[no-untyped-def]
+    """A trainer that gives up waiting for acks still says how its run ended, with the seq of
+    its last frame: the run is finished (not silent), with the frames it never got counted."""
+    run = new_run()
+    with open_ingest(server) as ws:
+        _hello(ws, run)
+        for seq in range(3):
+            ws.send(points(seq, [{"step": seq, "values": {"m": 0.5}}]))
+        ws.send(json.dumps({"type": "finish", "status": "finished", "last_seq": 7}))
+        _until(ws, "bye")
+    shown = httpx.get(f"{server.url}/api/v1/runs/{run['id']}").json()
+    assert (shown["status"], shown["unsent"], shown["last_step"]) == ("finished", 5, 2)
+    # `keel sync` sends the rest later, then a finish with nothing left out: none unsent.
+    with open_ingest(server) as ws:
+        _hello(ws, run)
+        for seq in range(3, 8):
+            ws.send(points(seq, [{"step": seq, "values": {"m": 0.5}}]))
+        ws.send(json.dumps({"type": "finish", "status": "finished"}))
+        _until(ws, "bye")
+    shown = httpx.get(f"{server.url}/api/v1/runs/{run['id']}").json()
+    assert (shown["status"], shown["unsent"], shown["last_step"]) == ("finished", None, 7)

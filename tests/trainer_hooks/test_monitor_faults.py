@@ -53,3 +53,42 @@ def test_two_monitors_streaming_one_run_at_once_store_every_step_once(make_serve
         thread.join()
     assert second.finish(timeout=60) and first.finish(timeout=60)
     assert_every_step_once(server, first.run_id, 200)
+
+
+def test_a_trainer_that_ends_before_its_frames_are_acked_ends_its_run_with_them_counted(make_server, sqlite_url, tmp_path) -> None:
+    """The server stops answering (paused, its socket open) while the trainer ends: finish()
+    gives up at its timeout, and the run is shown as finished with the frames it never got
+    counted (not silent); the spool keeps them and `keel sync` sends them."""
+    import os
+    import signal
+
+    from tests.support.monitor import keel
+
+    server = make_server(sqlite_url)
+    monitor = Monitor(server.url, run_name="ends-early", spool_dir=tmp_path, sender_config=FAST)
+    monitor.log(0, headline(0))
+    deadline = time.monotonic() + 30
+    while server.last_step(monitor.run_id) != 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.process is not None
+    pid = server.process.pid
+    os.kill(pid, signal.SIGSTOP)
+    woken = threading.Timer(2.0, os.kill, (pid, signal.SIGCONT))  # while finish() says its last word
+    try:
+        for step in range(1, 400):
+            monitor.log(step, headline(step))
+            time.sleep(0.005)  # frames are cut as the steps come: more than the sender has in flight
+        woken.start()
+        assert not monitor.finish(timeout=1)  # the server is still paused at the deadline
+    finally:
+        woken.join()
+        os.kill(pid, signal.SIGCONT)
+    deadline = time.monotonic() + 30
+    while server.run(monitor.run_id)["status"] != "finished" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    shown = server.run(monitor.run_id)
+    assert shown["status"] == "finished" and shown["unsent"] and shown["unsent"] > 0, shown
+    synced = keel("sync", "--server", server.url, str(tmp_path))
+    assert synced.returncode == 0, synced.stderr
+    assert_every_step_once(server, monitor.run_id, 400)
+    assert server.run(monitor.run_id)["unsent"] is None

@@ -16,6 +16,7 @@ from wire import (
     Ack,
     Bye,
     ErrorMessage,
+    Finish,
     ProtocolError,
     Reject,
     Row,
@@ -95,7 +96,8 @@ def test_points_round_trip_with_every_kind_of_value() -> None:
 
 @pytest.mark.parametrize("status", FINISH_STATUSES)
 def test_a_finish_round_trips(status: str) -> None:
-    assert parse_finish(_through_text(finish_message(status))) == status
+    assert parse_finish(_through_text(finish_message(status))).status == status
+    assert parse_finish(_through_text(finish_message(status, last_seq=41))) == Finish(status, 41)
 
 
 @pytest.mark.parametrize("actions", [None, {}, {"stop": "saves a checkpoint and stops", "rollback": "back"}])
@@ -211,6 +213,7 @@ MALFORMED: list[tuple[Callable[[Any], Any], Any, str]] = [
     (parse_hello, {"type": "hello", "protocol": 1}, r"hello\.run must be a JSON object"),
     (parse_points, {"type": "points", "seq": -1, "rows": []}, r"points\.seq must be an integer"),
     (parse_finish, {"type": "finish", "status": "done"}, "finish.status must be one of finished, failed, killed"),
+    (parse_finish, {"type": "finish", "status": "finished", "last_seq": "7"}, "finish.last_seq must be an integer"),
     (parse_listen, {"type": "listen", "listen": "alerts"}, "listen must be a list of signal names"),
     (parse_actions, {"type": "listen", "actions": {"": "x"}}, "is not an action name"),
     (parse_command_result, {"type": "command_result", "id": "c"}, "command_result needs ok: true or false"),
