@@ -95,6 +95,8 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         server.run()
     except KeyboardInterrupt:  # uvicorn shuts down, then raises the Ctrl-C it caught again
+        pass
+    if server.started:  # (the Ctrl-C may also come back after run() returned: said either way)
         print("keel serve: stopped", file=sys.stderr)
     return 0 if server.started else 3  # 3: did not start (uvicorn's exit code for it)
 
