@@ -65,7 +65,10 @@ def drawn_charts(driver: Any, count: int, timeout: float = 30.0) -> list[dict[st
         driver.execute_script(SCROLL_TO_LOADING_JS)
         return None
 
-    return wait_until(ready, timeout, message=f"{count} charts with data")  # type: ignore[no-any-return]
+    scrolled = driver.execute_script("return window.scrollY")
+    drawn = wait_until(ready, timeout, message=f"{count} charts with data")
+    driver.execute_script("window.scrollTo(0, arguments[0])", scrolled)  # where the reader was
+    return drawn  # type: ignore[no-any-return]
 
 
 def live_state(driver: Any) -> str | None:
