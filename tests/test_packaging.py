@@ -54,7 +54,7 @@ def test_trainer_hooks_imports_without_server_dependencies() -> None:
 
 
 EVERY_COMMAND = {
-    "backtest", "db", "demo", "eval-alerts", "export", "grid", "import", "lm", "lm-corpus", "lm-grid", "lm-regimes", "parity",
+    "backtest", "db", "demo", "eval-alerts", "export", "grid", "import", "lm", "lm-corpus", "lm-edge", "lm-grid", "lm-regimes", "parity",
     "prune", "run", "serve", "sim", "sync", "token", "watch",
 }  # fmt: skip
 """What `keel --help` lists in the dev install (every extra installed: none under "Not in this install:")."""

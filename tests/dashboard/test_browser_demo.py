@@ -1,7 +1,8 @@
 """`keel demo` walked as a newcomer walks it, in a real headless Chromium: the runs table, the
 guarded transformer beside its twin on the compare page, the guarded run's page and its
 Rollback button, a toy run that takes no command, then Ctrl-C. The demo's own trainers run
-(toy simulations and `keel lm`), paced faster than the default so the walk takes a minute or two."""
+(toy simulations and `keel lm`), paced faster than the default so the walk takes a minute or two;
+the guarded run's command goes first, while its trainer is surely still running."""
 
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def _buttons(browser: Any) -> list[str]:
 def test_a_newcomer_walks_the_demo_from_the_runs_table_to_a_rollback_and_stops_it(browser, tmp_path: Path, artifacts: Path) -> None:  # type: ignore[no-untyped-def]
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
-    argv = ["demo", "--port", str(port), "--dir", str(tmp_path / "demo"), "--step-delay", "0.1", "--jobs", "16"]
+    argv = ["demo", "--port", str(port), "--dir", str(tmp_path / "demo"), "--step-delay", "0.2", "--jobs", "16"]
     code = f"import sys, runpy; sys.argv = ['keel', *{argv!r}]; runpy.run_module('keel', run_name='__main__')"
     with python_process(code) as demo:
         # The guarded run and its twin stream (the guarded one has said which command it takes).
@@ -58,6 +59,21 @@ def test_a_newcomer_walks_the_demo_from_the_runs_table_to_a_rollback_and_stops_i
             180, interval=1.0, message="the guarded run and its twin streaming",
         )  # fmt: skip
         guarded, twin = runs[GUARDED], runs[TWIN]
+
+        # The guarded run's page offers the one command its trainer takes, worded by it.
+        browser.get(f"{base}/runs/{guarded['id']}")
+        assert wait_until(lambda: _buttons(browser), 30, message="the guarded run's buttons") == ["Rollback"]
+        assert "rollback: restores the last good weights" in text_of(browser, "command-note")
+        rollback = browser.find_element("xpath", "//span[@id='command-actions']/button[text()='Rollback']")
+        browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", rollback)  # clear of the sticky header
+        rollback.click()
+        confirm = WebDriverWait(browser, 10).until(expected_conditions.alert_is_present())
+        assert confirm.text.startswith("Send 'rollback' to this run's trainer? Its handler restores the last good weights")
+        confirm.accept()
+        assert "rollback sent" in wait_until(lambda: text_of(browser, "command-sent"), 10, message="sent")
+        answered = wait_until(lambda: "acked" in text_of(browser, "run-commands") and text_of(browser, "run-commands"),
+                              60, message="the trainer's answer")  # fmt: skip
+        assert "rolling back at the end of the next step" in answered
 
         # The runs table: every run, its whole name on hover.
         browser.get(f"{base}/")
@@ -82,19 +98,6 @@ def test_a_newcomer_walks_the_demo_from_the_runs_table_to_a_rollback_and_stops_i
         assert console_errors(browser) == []
         screenshot(browser, artifacts / "demo-compare.png")
 
-        # The guarded run's page offers the one command its trainer takes, worded by it.
-        browser.get(f"{base}/runs/{guarded['id']}")
-        assert wait_until(lambda: _buttons(browser), 30, message="the guarded run's buttons") == ["Rollback"]
-        assert "rollback: restores the last good weights" in text_of(browser, "command-note")
-        browser.find_element("xpath", "//span[@id='command-actions']/button[text()='Rollback']").click()
-        confirm = WebDriverWait(browser, 10).until(expected_conditions.alert_is_present())
-        assert confirm.text.startswith("Send 'rollback' to this run's trainer? Its handler restores the last good weights")
-        confirm.accept()
-        assert "rollback sent" in wait_until(lambda: text_of(browser, "command-sent"), 10, message="sent")
-        answered = wait_until(lambda: "acked" in text_of(browser, "run-commands") and text_of(browser, "run-commands"),
-                              60, message="the trainer's answer")  # fmt: skip
-        assert "rolling back at the end of the next step" in answered
-
         # The rollback is on its charts once they are drawn again (a fresh page draws from the server).
         def marked() -> bool:
             browser.get(f"{base}/runs/{guarded['id']}")
@@ -116,7 +119,7 @@ def test_a_newcomer_walks_the_demo_from_the_runs_table_to_a_rollback_and_stops_i
         note = wait_until(lambda: text_of(browser, "command-note"), 30, message="the toy run's command note")
         assert "does not listen to commands" in note or "no trainer is there" in note
         assert _buttons(browser) == [] and console_errors(browser) == []
-        assert [c for c in charts(browser) if c["key"]], "the toy run's page draws its charts"
+        wait_until(lambda: [c for c in charts(browser) if c["key"]], 30, message="the toy run's page draws its charts")
 
         # Ctrl-C ends the demo with one line, no traceback.
         demo.send_signal(signal.SIGINT)
