@@ -23,7 +23,7 @@ demo: $(STAMP)
 	$(BIN)/keel demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=20
 
 lint: $(STAMP)
 	$(BIN)/ruff check server trainer_hooks wire dashboard learners keel tests bench
