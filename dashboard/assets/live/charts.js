@@ -25,7 +25,9 @@
         render: null, // the figure (layout.meta.render_id) the state belongs to
         pending: null, // {idx, x, y}: appends not drawn yet
         received: [], // [run, steps, received at] of the pending appends (instrumentation)
-        visible: true, // until the IntersectionObserver says otherwise
+        // Out of view until the IntersectionObserver's first word (it speaks as soon as it
+        // observes the chart): a chart mounted below the window draws nothing meanwhile.
+        visible: !window.IntersectionObserver,
         observed: false,
         lastDraw: -Infinity, // performance.now() of the last draw
         lastPaint: -Infinity, // performance.now() of the last paint of the live overlay
@@ -301,7 +303,9 @@
     document.querySelectorAll(".keel-graph .js-plotly-plot, .hazard-graph .js-plotly-plot").forEach(function (gd) {
       if (!autoranged(gd) || gd.layout.meta.x_end === undefined || axisEnd(gd) >= end) return;
       widen(gd, end);
-      window.Plotly.redraw(gd);
+      // A chart out of view is only widened: its next draw, once in view, applies it (a
+      // redraw now would draw the points it holds back while out of view).
+      if (state(gd).visible) window.Plotly.redraw(gd);
     });
   }
 
