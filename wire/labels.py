@@ -15,7 +15,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["DROP", "REACH", "REGAIN", "SMOOTH_WINDOW", "WITHIN", "Falls", "collapse_step", "falls", "smoothed"]
+__all__ = ["DROP", "REACH", "REGAIN", "SMOOTH_WINDOW", "WITHIN", "Falls", "Scan", "collapse_step", "falls", "resume", "smoothed"]
 
 REACH = 0.5
 DROP = 0.2
@@ -44,10 +44,38 @@ def falls(
     within: int = WITHIN,
 ) -> Falls:
     """The run's lasting collapse, its dips and an unjudged fall at the end (see the module)."""
-    peak = -math.inf
-    dips: list[int] = []
-    falling = False
-    for step, reward in enumerate(rewards):
+    return resume(Scan(), rewards, reach, drop, regain, within)[0]
+
+
+@dataclass(frozen=True)
+class Scan:
+    """How far `falls` read a sequence, to go on from there once the sequence grows (a
+    page that reads a run's label every few seconds then reads each new step about once)."""
+
+    at: int = 0
+    """The first index not settled: the scan goes on from here."""
+    peak: float = -math.inf
+    falling: bool = False
+    dips: tuple[int, ...] = ()
+    collapse: int | None = None
+    """Once a fall lasted, the label is final: later values change nothing."""
+
+
+def resume(
+    scan: Scan,
+    rewards: Sequence[float],
+    reach: float = REACH,
+    drop: float = DROP,
+    regain: float = REGAIN,
+    within: int = WITHIN,
+) -> tuple[Falls, Scan]:
+    """`falls(rewards)`, going on from `scan`, which an earlier call returned for a prefix
+    of `rewards` (the same values, fewer of them), and where this call stopped."""
+    if scan.collapse is not None:
+        return Falls(scan.collapse, list(scan.dips)), scan
+    peak, falling, dips = scan.peak, scan.falling, list(scan.dips)
+    for step in range(scan.at, len(rewards)):
+        reward = rewards[step]
         if falling:  # inside a dip: wait until it regains, then look for the next fall
             falling = not reward >= peak - regain
             peak = max(peak, reward)
@@ -58,11 +86,11 @@ def falls(
             if any(value >= peak - regain for value in after):
                 dips.append(step)
                 falling = True
-            elif len(after) < within:
-                return Falls(None, dips, step)
+            elif len(after) < within:  # read it again once more values arrived
+                return Falls(None, dips, step), Scan(step, peak, False, tuple(dips))
             else:
-                return Falls(step, dips)
-    return Falls(None, dips)
+                return Falls(step, dips), Scan(step, peak, False, tuple(dips), collapse=step)
+    return Falls(None, dips), Scan(len(rewards), peak, falling, tuple(dips))
 
 
 def collapse_step(rewards: Sequence[float], reach: float = REACH, drop: float = DROP) -> int | None:

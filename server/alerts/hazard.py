@@ -34,17 +34,17 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, overload
 
 from server.alerts.detectors import REWARD_ALPHA, Climb, Detector, RewardGain, Signal
 from wire import Row
-from wire.labels import falls, smoothed
+from wire.labels import SMOOTH_WINDOW, Falls, Scan, falls, resume, smoothed
 
 if TYPE_CHECKING:
     from server.storage import Store
 
 __all__ = [
-    "FEATURES", "HORIZON", "INPUTS", "MODEL", "WARMUP", "Course", "Fall", "Hazard", "HazardCache", "HazardModel", "features", "hazard_at",
+    "FEATURES", "HORIZON", "INPUTS", "MODEL", "WARMUP", "Course", "Fall", "Hazard", "HazardCache", "HazardModel", "fall_of", "features", "hazard_at",
     "hazard_series", "load_model", "reads",
 ]  # fmt: skip
 
@@ -265,31 +265,119 @@ class Course:
 
     steps: list[int]
     hazard: list[float]
-    reward_steps: list[int]
-    rewards: list[float]
-    """reward/mean at each step that logged a finite one."""
+    label: Fall
+    """What the reward did (Course.fall)."""
     logged: frozenset[str]
     """Which of INPUTS the run has logged."""
 
     def fall(self) -> Fall:
-        """The reward's falls, labelled as the corpora are. A reward outside [0, 1] is read
-        on the range it has covered (the label's 0.5 reach and 0.2 drop are of a 0-1 reward)."""
-        rewards = self.rewards
-        low, high = (min(rewards), max(rewards)) if rewards else (0.0, 1.0)
-        if (low < 0.0 or high > 1.0) and high > low:
-            rewards = [(value - low) / (high - low) for value in rewards]
-        found = falls(smoothed(rewards))
-        at = self.reward_steps
-        return Fall(
-            collapsed_at=None if found.collapse is None else at[found.collapse],
-            falling_since=None if found.unjudged is None else at[found.unjudged],
-            dips=tuple(at[index] for index in found.dips),
-        )
+        """The reward's falls, labelled as the corpora are (`fall_of` of its finite reward/mean)."""
+        return self.label
 
     def missing(self) -> list[str]:
         """The metrics the hazard reads most (READS) that the run has never logged: their
         features sit at the fitted corpus' mean, neither raising nor lowering it."""
         return [key for key in READS if key not in self.logged]
+
+
+def _span(low: float, high: float) -> tuple[float, float]:
+    """The range a reward is labelled on: the label's 0.5 reach and 0.2 drop are of a 0-1
+    reward, so one that left [0, 1] is read on the range it covered."""
+    return (low, high) if (low < 0.0 or high > 1.0) and high > low else (0.0, 1.0)
+
+
+def _scale(value: float, span: tuple[float, float]) -> float:
+    return value if span == (0.0, 1.0) else (value - span[0]) / (span[1] - span[0])
+
+
+def fall_of(steps: Sequence[int], rewards: Sequence[float]) -> Fall:
+    """The label of a reward logged at `steps`, read at once: what `_Rewards` keeps up to date."""
+    span = _span(min(rewards, default=0.0), max(rewards, default=1.0))
+    found = falls([_scale(value, span) for value in smoothed(rewards)])
+    return _fall(found, steps)
+
+
+def _fall(found: Falls, steps: Sequence[int]) -> Fall:
+    return Fall(
+        collapsed_at=None if found.collapse is None else steps[found.collapse],
+        falling_since=None if found.unjudged is None else steps[found.unjudged],
+        dips=tuple(steps[index] for index in found.dips),
+    )
+
+
+class _Plus(Sequence[float]):
+    """`head` and one value after it, without copying `head` (the run's newest reward)."""
+
+    def __init__(self, head: list[float], tail: float):
+        self.head, self.tail = head, tail
+
+    def __len__(self) -> int:
+        return len(self.head) + 1
+
+    @overload
+    def __getitem__(self, index: int) -> float: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[float]: ...
+    def __getitem__(self, index: int | slice) -> float | list[float]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(len(self))[index]]
+        return self.tail if index in (len(self.head), -1) else self.head[index]
+
+
+@dataclass
+class _Rewards:
+    """A run's finite reward/mean by step and its label so far: the smoothing and the scan
+    go on from where the last read stopped, so a run read every few seconds costs its new
+    steps, not its history (unless the reward leaves the range it was read on: then all)."""
+
+    steps: list[int] = field(default_factory=list)
+    raw: list[float] = field(default_factory=list)
+    smooth: list[float] = field(default_factory=list)
+    """`smoothed(raw)`, as the label reads it."""
+    total: float = 0.0
+    """The trailing window's sum after `raw` (smoothed's own running sum)."""
+    low: float = math.inf
+    high: float = -math.inf
+    span: tuple[float, float] = (0.0, 1.0)
+    """`_span(low, high)` of `raw`."""
+    scaled: list[float] = field(default_factory=list)
+    """`smooth` read on `span`."""
+    scan: Scan = Scan()
+    """How far the label read `scaled`."""
+
+    def _next(self, reward: float) -> tuple[float, float]:
+        """The running sum and the smoothed value once `reward` follows `raw` (as smoothed())."""
+        n = len(self.raw)
+        total = self.total + reward - (self.raw[n - SMOOTH_WINDOW] if n >= SMOOTH_WINDOW else 0.0)
+        return total, total / min(n + 1, SMOOTH_WINDOW)
+
+    def add(self, step: int, reward: float) -> None:
+        self.total, value = self._next(reward)
+        self.steps.append(step)
+        self.raw.append(reward)
+        self.smooth.append(value)
+        self.low, self.high = min(self.low, reward), max(self.high, reward)
+        span = _span(self.low, self.high)
+        if span != self.span:
+            self.span, self.scan = span, Scan()
+            self.scaled = [_scale(v, span) for v in self.smooth]
+        else:
+            self.scaled.append(_scale(value, span))
+
+    def fall(self, newest: tuple[int, float] | None) -> Fall:
+        """The label of the rewards kept and then `newest` (the run's newest step and reward,
+        which may still change): the scan of the kept ones is kept, the newest's is not."""
+        found, self.scan = resume(self.scan, self.scaled)
+        if newest is None:
+            return _fall(found, self.steps)
+        step, reward = newest
+        _, value = self._next(reward)
+        span = _span(min(self.low, reward), max(self.high, reward))
+        if span == self.span:
+            found, _ = resume(self.scan, _Plus(self.scaled, _scale(value, span)))
+        else:
+            found, _ = resume(Scan(), [_scale(v, span) for v in [*self.smooth, value]])
+        return _fall(found, _Plus(self.steps, step))  # type: ignore[arg-type]
 
 
 @dataclass
@@ -299,17 +387,20 @@ class _Track:
     through: int = -1
     steps: list[int] = field(default_factory=list)
     hazard: list[float] = field(default_factory=list)
-    reward_steps: list[int] = field(default_factory=list)
-    rewards: list[float] = field(default_factory=list)
+    rewards: _Rewards = field(default_factory=_Rewards)
     logged: set[str] = field(default_factory=set)
 
     def note(self, row: Row) -> None:
         """Keep what Course reads of a row (its reward, which inputs it logs)."""
         self.logged.update(key for key in INPUTS if key in row.values)
-        reward = row.values.get("reward/mean")
-        if reward is not None and math.isfinite(reward):
-            self.reward_steps.append(row.step)
-            self.rewards.append(reward)
+        reward = _reward(row)
+        if reward is not None:
+            self.rewards.add(row.step, reward)
+
+
+def _reward(row: Row) -> float | None:
+    reward = row.values.get("reward/mean")
+    return reward if reward is not None and math.isfinite(reward) else None
 
 
 class HazardCache:
@@ -361,13 +452,15 @@ class HazardCache:
                 track.steps.append(row.step)
                 track.hazard.append(value)
         steps, hazard = track.steps, track.hazard
-        ahead = _Track(reward_steps=list(track.reward_steps), rewards=list(track.rewards), logged=set(track.logged))
+        logged = set(track.logged)
+        last: tuple[int, float] | None = None
         for row in newest:
-            ahead.note(row)
+            logged.update(key for key in INPUTS if key in row.values)
+            last = None if (reward := _reward(row)) is None else (row.step, reward)
             value = hazard_at(copy.deepcopy(track.state), row.values, self.model)
             if value is not None:
                 steps, hazard = [*steps, row.step], [*hazard, value]
-        return Course(steps, hazard, ahead.reward_steps, ahead.rewards, frozenset(ahead.logged))
+        return Course(steps, hazard, track.rewards.fall(last), frozenset(logged))
 
 
 def hazard_at(state: dict[str, Any], values: Mapping[str, float], model: HazardModel) -> float | None:

@@ -226,14 +226,14 @@ def test_the_cache_extends_a_run_read_in_pieces_to_the_series_read_at_once() -> 
     whole = hazard_series(values, KL_MODEL)
     expected = ([s for s, v in enumerate(whole) if v is not None], [v for v in whole if v is not None])
     cache = hazard.HazardCache(KL_MODEL, runs=2)
-    answer = hazard.Course([], [], [], [], frozenset())
+    answer = hazard.Course([], [], hazard.Fall(), frozenset())
     for start, end in ((0, 20), (20, 21), (21, 120), (120, 220)):
         after = cache.after("run", 1.0)
         assert after == start - 2 if start else after == -1  # the last row read is read again
         rows = [Row(step=s, time=None, values=values[s]) for s in range(after + 1, end)]
         answer = cache.extend("run", 1.0, rows)
     assert answer.steps == expected[0] and answer.hazard == pytest.approx(expected[1], rel=1e-12)
-    assert answer.rewards == [v["reward/mean"] for v in values] and answer.reward_steps == list(range(220))
+    assert answer.fall() == hazard.fall_of(range(220), [v["reward/mean"] for v in values])
     # The newest step got one more value after it was first read: the next read sees it.
     late = {**values[219], "reward/mean": 0.0, "mismatch/kl": 1e-4}
     again = hazard_series([*values[:219], late], KL_MODEL)[-1]
@@ -242,8 +242,45 @@ def test_the_cache_extends_a_run_read_in_pieces_to_the_series_read_at_once() -> 
     assert cache.after("run", 2.0) == -1
 
 
-def _course(rewards: list[float], logged: frozenset[str] = frozenset({"reward/mean"})) -> hazard.Course:
-    return hazard.Course([], [], [10 * s for s in range(len(rewards))], rewards, logged)
+def _course(rewards: list[float]) -> hazard.Course:
+    """The course of a run that logged `rewards` every 10th step, read as a page does: in
+    pieces, the newest step read again each time."""
+    from wire import Row
+
+    cache = hazard.HazardCache(KL_MODEL, runs=1)
+    rows = [Row(step=10 * s, time=None, values={"reward/mean": r}) for s, r in enumerate(rewards)]
+    course = cache.extend("run", 1.0, [])
+    for start in range(0, len(rows), 37):
+        after = cache.after("run", 1.0)
+        course = cache.extend("run", 1.0, [row for row in rows[: start + 37] if row.step > after])
+    return course
+
+
+def test_the_label_read_in_pieces_is_the_label_read_at_once() -> None:
+    """HazardCache keeps each run's label scan and goes on from it; whatever the pieces, the
+    answer is fall_of(all rewards) — dips, a lasting fall, an unjudged one, a range that
+    grows past [0, 1] — and so the corpora's label (wire.labels.falls)."""
+    import random
+
+    from wire import Row
+
+    rng, seen = random.Random(7), set()
+    for trial in range(60):
+        level, rewards = 0.0, []
+        for _ in range(rng.randrange(1, 400)):
+            level = min(1.0, max(0.0, level + rng.gauss(0.004, 0.02) - (0.3 if rng.random() < 0.01 else 0.0)))
+            rewards.append(level * (1.0 if trial % 3 else 40.0) - (5.0 if trial % 5 == 0 else 0.0))
+        steps = [3 * s + 1 for s in range(len(rewards))]
+        rows = [Row(step=s, time=None, values={"reward/mean": r}) for s, r in zip(steps, rewards, strict=True)]
+        cache, done = hazard.HazardCache(KL_MODEL, runs=1), 0
+        while done < len(rows):
+            done = min(len(rows), done + rng.randrange(1, 60))
+            after = cache.after("run", 1.0)
+            course = cache.extend("run", 1.0, [row for row in rows[:done] if row.step > after])
+            assert course.fall() == hazard.fall_of(steps[:done], rewards[:done]), (trial, done)
+            label = course.fall()
+            seen.update(kind for kind, found in (("dip", label.dips), ("collapse", label.collapsed_at), ("unjudged", label.falling_since)) if found)
+    assert seen == {"dip", "collapse", "unjudged"}  # the pieces met every kind of answer
 
 
 def test_a_run_whose_reward_fell_for_good_has_collapsed_by_the_corpora_label() -> None:
@@ -263,4 +300,8 @@ def test_a_run_whose_reward_fell_for_good_has_collapsed_by_the_corpora_label() -
 
 
 def test_the_hazard_says_which_of_its_main_metrics_a_run_never_logged() -> None:
-    assert _course([0.1], frozenset({"reward/mean", "grad/norm"})).missing() == ["mismatch/kl", "mismatch/ratio_max"]
+    from wire import Row
+
+    cache = hazard.HazardCache(KL_MODEL, runs=1)
+    course = cache.extend("run", 1.0, [Row(step=s, time=None, values={"reward/mean": 0.1, "grad/norm": 1.0}) for s in range(3)])
+    assert course.missing() == ["mismatch/kl", "mismatch/ratio_max"]
