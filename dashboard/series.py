@@ -11,7 +11,7 @@ import fnmatch
 import math
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from wire import read_value
@@ -119,10 +119,10 @@ class Alert:
         return key in self.keys if self.keys else alert_matches(self.metric, key)
 
     @classmethod
-    def from_wire(cls, alert: WireAlert, id: str | None = None) -> Alert:
-        """The wire's alert as the charts show it (`id` as text: a backtest's own id)."""
+    def from_wire(cls, alert: WireAlert) -> Alert:
+        """The wire's alert as the charts show it."""
         return cls(
-            id=str(alert.id) if id is None else id,
+            id=str(alert.id),
             run_id=alert.run_id,
             rule=alert.rule,
             metric=alert.metric or None,
@@ -137,11 +137,16 @@ class Alert:
     @classmethod
     def from_json(cls, payload: dict[str, Any]) -> Alert:
         """An alert as GET /alerts writes it, read by the wire's `Alert` (a ProtocolError when
-        malformed); a backtest's firing (dashboard/views/run.py) is one with a text id."""
-        own_id = payload.get("id")
-        if isinstance(own_id, str):
-            return cls.from_wire(WireAlert.from_json({**payload, "id": 0}), id=own_id)
+        malformed)."""
         return cls.from_wire(WireAlert.from_json(payload))
+
+    def to_store(self) -> dict[str, Any]:
+        """As a page's store keeps it (a backtest's firings between two callbacks)."""
+        return {**asdict(self), "keys": list(self.keys)}
+
+    @classmethod
+    def from_store(cls, stored: dict[str, Any]) -> Alert:
+        return cls(**{**stored, "keys": tuple(stored.get("keys", ()))})
 
 
 def alert_matches(metric: str | None, key: str) -> bool:

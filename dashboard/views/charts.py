@@ -118,7 +118,7 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         # A backtest's firings show on its run's page only, beside the run's real alerts.
         replayed = []
         if state.get("page") == "run" and backtest and backtest.get("run_id") in state.get("runs", []):
-            replayed = [Alert.from_json(firing) for firing in backtest.get("firings", [])]
+            replayed = [Alert.from_store(firing) for firing in backtest.get("firings", [])]
         elif triggers == {"backtest-firings.data"}:
             raise PreventUpdate
         zoom = zoom_range(relayout)  # the store only ever holds x-axis relayouts (X_AXIS_ONLY)

@@ -219,29 +219,26 @@ def backtest_panel() -> html.Details:
     )
 
 
-def backtest_firings(run_id: str, result: dict[str, Any]) -> list[dict[str, Any]]:
-    """A backtest's episodes in the alerts API's shape (state "backtest"), from its firing step."""
-    firings = []
-    for replay in result.get("rules", []):
-        rule = replay["rule"]
-        for index, episode in enumerate(replay.get("episodes", [])):
-            firings.append(
-                {
-                    "id": f"backtest:{rule['name']}:{index}",
-                    "run_id": run_id,
-                    "rule": rule["name"],
-                    "metric": rule["metric"],
-                    "severity": rule.get("severity", "warning"),
-                    "state": "backtest",
-                    "started_step": episode["fired_step"],
-                    "resolved_step": episode.get("resolved_step"),
-                    "message": episode.get("message", ""),
-                }
-            )
-    return firings
+def backtest_firings(run_id: str, result: dict[str, Any]) -> list[Alert]:
+    """A backtest's episodes as the charts show alerts (state "backtest"), from its firing step."""
+    return [
+        Alert(
+            id=f"backtest:{replay['rule']['name']}:{index}",
+            run_id=run_id,
+            rule=replay["rule"]["name"],
+            metric=replay["rule"]["metric"],
+            severity=replay["rule"].get("severity", "warning"),
+            state="backtest",
+            started_step=episode["fired_step"],
+            resolved_step=episode.get("resolved_step"),
+            message=episode.get("message", ""),
+        )
+        for replay in result.get("rules", [])
+        for index, episode in enumerate(replay.get("episodes", []))
+    ]
 
 
-def _backtest_table(result: dict[str, Any], firings: list[dict[str, Any]]) -> html.Div:
+def _backtest_table(result: dict[str, Any], firings: list[Alert]) -> html.Div:
     replays = result.get("rules", [])
     summary = (
         f"{len(replays)} rule(s) replayed over {result.get('steps', 0)} steps: "
@@ -256,11 +253,11 @@ def _backtest_table(result: dict[str, Any], firings: list[dict[str, Any]]) -> ht
         rows = [
             html.Tr(
                 [
-                    html.Td(badge(f["severity"])),
-                    html.Td(f["rule"], className="rule"),
-                    html.Td(str(f["started_step"])),
-                    html.Td("—" if f["resolved_step"] is None else str(f["resolved_step"])),
-                    html.Td(f["message"]),
+                    html.Td(badge(f.severity)),
+                    html.Td(f.rule, className="rule"),
+                    html.Td(str(f.started_step)),
+                    html.Td("—" if f.resolved_step is None else str(f.resolved_step)),
+                    html.Td(f.message),
                 ]
             )
             for f in firings
@@ -465,7 +462,7 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         except ValueError as exc:
             return html.P(f"The server refused the rules: {exc}", className="note warn"), no_update
         firings = backtest_firings(run_id, result)
-        return _backtest_table(result, firings), {"run_id": run_id, "firings": firings}
+        return _backtest_table(result, firings), {"run_id": run_id, "firings": [f.to_store() for f in firings]}
 
     @dash_app.callback(
         Output("run-charts", "children"),

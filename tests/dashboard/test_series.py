@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -18,6 +19,7 @@ from dashboard.series import (
     nonfinite_points,
     parse_value,
 )
+from wire.errors import ProtocolError
 
 INF = math.inf
 NAN = math.nan
@@ -175,6 +177,15 @@ def test_alert_from_json_accepts_the_api_shape() -> None:
         }
     )
     assert alert == Alert("7", "r", "x", "m", "critical", "firing", 12, None, "boom")
+
+
+def test_a_backtest_firing_keeps_its_text_id_through_the_page_store() -> None:
+    """The run page keeps a backtest's firings in a store between two callbacks: they come
+    back as they went, text id and keys included; the API's shape needs an integer id."""
+    firing = Alert("backtest:kl:0", "r", "kl", "mismatch/kl", "critical", "backtest", 32, 40, "up", ("mismatch/kl",))
+    assert Alert.from_store(json.loads(json.dumps(firing.to_store()))) == firing
+    with pytest.raises(ProtocolError):
+        Alert.from_json({**firing.to_store(), "keys": ["mismatch/kl"]})
 
 
 def test_alert_keys_narrow_a_pattern_rule_to_the_metrics_that_fired() -> None:
