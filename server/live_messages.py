@@ -8,15 +8,11 @@ from typing import Any
 
 from wire import Row, encode_rows
 
-__all__ = ["live_alert_message", "live_points_message", "live_status_message"]
+__all__ = ["live_points_message", "live_status_message"]
 
 
 def live_points_message(run_id: str, rows: list[Row]) -> dict[str, Any]:
     return {"type": "points", "run_id": run_id, "rows": encode_rows(rows, details=False)}
-
-
-def live_alert_message(run_id: str, alert: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "alert", "run_id": run_id, "alert": alert}
 
 
 def live_status_message(run_id: str, status: str) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from typing import Any
 from starlette.requests import HTTPConnection
 
 from server.config import Settings
-from wire import CLOSE_OVERLOADED, ProtocolError
+from wire import CLOSE_OVERLOADED, ErrorMessage, ProtocolError
 
 __all__ = ["RateLimited", "RateLimiter", "RateLimits", "Reservation", "TokenBucket", "address_key", "client_key"]
 
@@ -144,7 +144,7 @@ class RateLimited(ProtocolError):
         self.retry_after_s = retry_after_s
 
     def to_message(self) -> dict[str, Any]:
-        return {**super().to_message(), "retry_after_s": round(self.retry_after_s, 3)}
+        return ErrorMessage(self.code, str(self), round(self.retry_after_s, 3)).to_json()
 
 
 def address_key(conn: HTTPConnection) -> str:

@@ -29,6 +29,7 @@ from server.live import LiveHub
 from server.models import Command, Run
 from server.storage import Store
 from wire.signals import Command as WireCommand
+from wire.signals import CommandMessage
 
 __all__ = [
     "MAX_PENDING", "add_command", "answer", "command_json", "create", "delivered", "list_commands",
@@ -102,9 +103,9 @@ def command_json(command: Command) -> dict[str, Any]:
 
 def signal_message(command: Command) -> dict[str, Any]:
     """What a listening trainer is sent (docs/protocol.md, "Signals")."""
-    return {"type": "command", "run_id": command.run_id, "command": WireCommand(
+    return CommandMessage(command.run_id, WireCommand(
         command.id, command.action, dict(command.payload), command.requested_by, command.created_at
-    ).to_json()}
+    )).to_json()
 
 
 def publish(hub: LiveHub, commands: list[Command]) -> None:

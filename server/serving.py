@@ -43,7 +43,7 @@ from server.bodies import Refused, answer_refusal
 from server.config import Settings
 from server.origins import SECURITY_HEADERS, with_security_headers
 from server.redaction import logging_config
-from wire import CLOSE_TOO_LARGE
+from wire import CLOSE_TOO_LARGE, ErrorMessage
 
 __all__ = ["BodyDeadline", "HeadDeadlineProtocol", "KeelWebSocketProtocol", "uvicorn_config"]
 
@@ -188,8 +188,8 @@ class _KeelServerProtocol(ServerProtocol):
             # The frame's header announced more than max_size: refused before its payload
             # is read (or, compressed, as soon as it inflates past it).
             limit = self.max_message_size
-            message = {"type": "error", "code": "too_large", "message": f"frame exceeds the limit of {limit} bytes"}
-            self.send_text(json.dumps(message).encode())
+            message = ErrorMessage("too_large", f"frame exceeds the limit of {limit} bytes")
+            self.send_text(json.dumps(message.to_json()).encode())
             code, reason = CLOSE_TOO_LARGE, "frame too large"
         super().fail(code, reason)
 

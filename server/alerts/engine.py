@@ -33,12 +33,12 @@ from server.alerts.lifecycle import Phase
 from server.alerts.notify import Notifier
 from server.alerts.rulebook import RuleBook
 from server.alerts.state import Change, Tracked, definition, signature
-from server.jsonview import alert_json
+from server.jsonview import wire_alert
 from server.live import LiveHub
-from server.live_messages import live_alert_message
 from server.models import Alert, Command, Rule, Run
 from server.storage import Store
 from wire import Row
+from wire.signals import AlertMessage
 
 __all__ = ["AlertEngine"]
 
@@ -322,7 +322,7 @@ class AlertEngine:
 
     def _publish(self, recorded: _Recorded) -> None:
         for alert in recorded.alerts:
-            self.hub.publish(alert.run_id, live_alert_message(alert.run_id, alert_json(alert)))
+            self.hub.publish(alert.run_id, AlertMessage(alert.run_id, wire_alert(alert)).to_json())
         run_commands.publish(self.hub, recorded.commands)
         if recorded.queued:
             self.on_outbox()

@@ -1,6 +1,5 @@
-"""What the server writes of the messages its own modules still build by hand (the live alert
-push, a command signal, a rate limit's error) and the alert JSON of every surface read back
-by the wire's decoders: the server says nothing the contract does not hold."""
+"""What the server writes of a command signal, a protocol error and the alert JSON of every
+surface, read back by the wire's decoders: the server says nothing the contract does not hold."""
 
 from __future__ import annotations
 
@@ -9,13 +8,12 @@ import math
 
 from server.errors import TooLarge
 from server.jsonview import alert_json, wire_alert
-from server.live_messages import live_alert_message
 from server.models import Alert as StoredAlert
 from server.models import Command as StoredCommand
 from server.ratelimit import RateLimited
 from server.run_commands import signal_message
 from wire import ErrorMessage, read_reply
-from wire.signals import Alert, AlertMessage, Command, CommandMessage, read_signal
+from wire.signals import Alert, Command, CommandMessage, read_signal
 
 
 def _stored_alert(**changes: object) -> StoredAlert:
@@ -37,12 +35,6 @@ def test_the_servers_alert_json_has_exactly_the_wire_alerts_fields_in_order() ->
     assert Alert.from_json(written) == wire_alert(stored)
     assert written["value"] == "inf" and written["keys"] == ["reward/mean", "grad/norm"]
     assert written["started_at"] == "2023-11-14T22:13:20+00:00"
-
-
-def test_the_live_alert_push_is_the_wire_alert_message() -> None:
-    stored = _stored_alert(state="resolved", resolved_step=9, resolved_at=1.7e9 + 60, acknowledged_by="ops")
-    message = live_alert_message("r", alert_json(stored))
-    assert read_signal(message) == AlertMessage("r", wire_alert(stored))
 
 
 def test_a_command_signal_is_the_wire_command_message() -> None:
