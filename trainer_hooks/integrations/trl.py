@@ -409,9 +409,7 @@ class KeelCallback(TrainerCallback):
 
     def _on_command(self, command: Command) -> str:
         """On the Monitor's command thread: ask the training loop, wait for the checkpoint."""
-        what = self.actions.get(command.action)
-        if what is None:
-            raise ValueError(f"this trainer acts on {sorted(self.actions)}, not {command.action!r}")
+        what = self.actions[command.action]  # the Monitor passes only the actions declared
         with self._acting:
             before = self._saves
             self._wanted.add(what)
