@@ -27,7 +27,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def format_results(results: list[Any]) -> str:
-    """A line per firing: run, rule, severity, pending/firing/resolved steps, message."""
+    """A line per firing: run, rule, severity, pending/firing/resolved steps, message. The
+    names and the message (a metric's key is in it) are `one_line`: each firing one line."""
+    from keel.cli import one_line
+
     lines = [f"{'run':34s} {'rule':24s} {'severity':8s} {'pending':>7s} {'fired':>6s} {'resolved':>8s}  message"]
     fired_runs: dict[str, int] = {}
     for run in results:
@@ -39,14 +42,14 @@ def format_results(results: list[Any]) -> str:
             for episode in result.episodes:
                 resolved = "-" if episode.resolved_step is None else str(episode.resolved_step)
                 lines.append(
-                    f"{run.run_name[:34]:34s} {result.rule.name[:24]:24s} {result.rule.severity:8s} "
-                    f"{episode.started_step:>7d} {episode.fired_step:>6d} {resolved:>8s}  {episode.message[:120]}"
+                    f"{one_line(run.run_name)[:34]:34s} {one_line(result.rule.name)[:24]:24s} {one_line(result.rule.severity):8s} "
+                    f"{episode.started_step:>7d} {episode.fired_step:>6d} {resolved:>8s}  {one_line(episode.message)[:120]}"
                 )
     lines.append("")
     for name, count in fired_runs.items():
-        lines.append(f"{name}: fired on {count} of {len(results)} runs")
+        lines.append(f"{one_line(name)}: fired on {count} of {len(results)} runs")
     skipped = {r.rule.name: r.skipped for run in results for r in run.results if r.skipped}
-    lines.extend(f"{name}: not replayed ({why})" for name, why in skipped.items())
+    lines.extend(f"{one_line(name)}: not replayed ({one_line(why)})" for name, why in skipped.items())
     return "\n".join(lines)
 
 

@@ -119,6 +119,13 @@ def printable(text: str) -> str:
     return _UNPRINTABLE.sub(lambda match: match.group().encode("unicode_escape").decode("ascii"), text)
 
 
+def one_line(text: str) -> str:
+    """`text` (a name, a key, a message a trainer chose) as part of one line of output:
+    `printable`, and its line breaks escaped too. The stream keeps line ends as text, the
+    command's own; one inside a name would start a line the name wrote (a verdict, say)."""
+    return printable(text).replace("\r", "\\r").replace("\n", "\\n")
+
+
 class _Printable:
     """A text stream that writes `printable(text)`: what a trainer named a run, a metric or
     a command reaches a `keel` command's terminal as text, never as a control sequence."""

@@ -178,6 +178,7 @@ def _fail(message: str, as_json: bool) -> int:
 
 def _parity(args: argparse.Namespace) -> int:
     from dashboard.parity import ParityError, compare_groups
+    from keel.cli import one_line
     from keel.client import Client, ClientError
     from wire.urls import default_server
 
@@ -195,6 +196,7 @@ def _parity(args: argparse.Namespace) -> int:
     except (ClientError, ValueError) as exc:
         return _fail(str(exc), args.json)
     names = {side: ",".join(str(run["name"]) for run in runs) for side, runs in sides.items()}
+    shown = str if args.json else one_line  # a name on a line of the report is that line's text, never a line of its own
     try:
         report = compare_groups(
             [values for values, _, _ in read["a"]], [values for values, _, _ in read["b"]],
@@ -202,12 +204,12 @@ def _parity(args: argparse.Namespace) -> int:
         )  # fmt: skip
     except ParityError as exc:
         return _fail(f"{names['a']!r} and {names['b']!r}: {exc}", args.json)
-    spans = {f"{side.upper()} {run['name']}": _span(steps) for side in ("a", "b") for run, (_, _, steps) in zip(sides[side], read[side], strict=True)}
+    spans = {f"{side.upper()} {shown(str(run['name']))}": _span(steps) for side in ("a", "b") for run, (_, _, steps) in zip(sides[side], read[side], strict=True)}
     if len(set(spans.values())) > 1:
         listed = ", ".join(f"{who} has {span}" for who, span in spans.items())
         report.notes.insert(0, f"the step ranges differ: {listed}; each run's own steps are compared")
     run_notes = [
-        f"run {side.upper()}{' (' + str(run['name']) + ')' if len(sides[side]) > 1 else ''}: {note}"
+        f"run {side.upper()}{' (' + shown(str(run['name'])) + ')' if len(sides[side]) > 1 else ''}: {note}"
         for side in ("a", "b")
         for run, (_, notes, _) in zip(sides[side], read[side], strict=True)
         for note in dict.fromkeys(notes)
@@ -215,7 +217,7 @@ def _parity(args: argparse.Namespace) -> int:
     report.notes = run_notes + report.notes
     report.runs = {
         side: {
-            "name": names[side], "start": start, "end": end,
+            "name": shown(names[side]), "start": start, "end": end,
             "runs": [{"id": run["id"], "name": run["name"]} for run in runs],
             **({"id": runs[0]["id"]} if len(runs) == 1 else {}),
         }

@@ -154,7 +154,10 @@ class Runner:
         self._keel_ok = True
 
     def say(self, text: str) -> None:
-        print(f"keel run: {text}", file=sys.stderr, flush=True)
+        """One line of keel run's own (a name in it, a rule's say, is escaped: keel.cli.one_line)."""
+        from keel.cli import one_line
+
+        print(f"keel run: {one_line(text)}", file=sys.stderr, flush=True)
 
     # -- the child ----------------------------------------------------------------------
 

@@ -182,3 +182,21 @@ def test_keel_parity_of_keel_lm_runs_same_setting_and_changed_sampler_precision(
     # fp32's KL is at the noise floor (1e-12 nats), fp16's hundreds of times above it.
     assert float(rows["mismatch/kl"][3]) < 1e-13 and float(rows["mismatch/kl"][4].rstrip("x")) < 1e-2
     assert different.stdout.splitlines()[-1].startswith("DIFFERENT (fp16-s0 vs fp32-s0)")
+
+
+def test_keel_parity_prints_a_run_name_as_text_never_as_a_line_of_its_own(server_factory, sqlite_url) -> None:
+    """A run named to forge the verdict (issue 48): with terminal controls that erase the line,
+    or with a line break and a verdict of its own. The terminal gets every name on its line,
+    escaped, and the verdict is the last line; --json keeps the names as they are."""
+    server = server_factory(sqlite_url)
+    base = _store(server.url, "base", 30, 1e-3, seed=1)
+    verdict = "SAME (base vs wide): 3 metric(s) tested, none beyond its margin"
+    for seed, name in enumerate((f"wide\x1b[2K\r{verdict}\u202e", f"wide): ok\n{verdict}", f"wide\r\n{verdict}\r\n"), start=3):
+        forged = _store(server.url, name, 30, 8e-3, seed=seed, tail=0.1)
+        shown = keel("parity", base, forged, "--server", server.url)
+        lines = shown.stdout.splitlines()
+        assert shown.returncode == EXIT_DIFFERENT and lines[-1].startswith("DIFFERENT (base vs wide"), shown.stdout
+        assert not any(line.startswith("SAME") for line in lines), shown.stdout
+        assert not {"\x1b", "\r", "\u202e"} & set(shown.stdout), shown.stdout
+        report = json.loads(keel("parity", base, forged, "--server", server.url, "--json").stdout)
+        assert report["runs"]["b"]["name"] == name and report["verdict"] == "different"

@@ -121,6 +121,33 @@ def test_a_stop_command_ends_a_child_that_ignores_sigint(server: ServerProcess, 
     assert len(set(range(1, max(steps) + 1)) - set(steps)) <= 1
 
 
+def test_who_sent_a_stop_is_said_on_one_line(server: ServerProcess, tmp_path: Path) -> None:
+    """A stop from a rule is said with the rule's name; a name with a line break and a
+    terminal control in it is shown escaped on keel run's own line, never as a line of its
+    own (issue 48)."""
+    forged = "keel run: the command ended (finished, exit 0); 0 step(s)"
+    rule = httpx.post(f"{server.url}/api/v1/rules", json={
+        "name": f"forge\n{forged}\x1b[2K", "metric": "forge_me", "detector": "threshold",
+        "params": {"op": ">", "threshold": 1.0}, "action": "stop",
+    })  # fmt: skip
+    assert rule.status_code == 201, rule.text
+    child = script(tmp_path, "forge.py", """
+        import time
+        for step in range(1, 600):
+            print(f"step={step} forge_me={2.0 if step > 3 else 0.0}", flush=True)
+            time.sleep(0.1)
+    """)
+    try:
+        done = subprocess.run(keel_run(server.url, tmp_path, "forged-stop", sys.executable, child),
+                              cwd=REPO_ROOT, env=env_for(tmp_path), capture_output=True, timeout=120)  # fmt: skip
+    finally:
+        httpx.delete(f"{server.url}/api/v1/rules/{rule.json()['id']}")
+    lines = done.stderr.decode().splitlines()
+    said = [line for line in lines if "stop command from rule forge" in line]
+    assert len(said) == 1 and said[0].startswith("keel run: stop command from rule forge\\nkeel run:"), lines
+    assert not any(line.startswith(forged) for line in lines) and b"\x1b" not in done.stderr, lines
+
+
 def test_at_a_terminal_colours_stay_and_ctrl_c_reaches_the_child_once(server: ServerProcess, tmp_path: Path) -> None:
     child = script(tmp_path, "tty.py", """
         import signal, sys, time
