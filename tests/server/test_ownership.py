@@ -123,3 +123,31 @@ def test_a_run_made_before_owners_is_claimed_by_the_first_token_that_writes(serv
         assert _hello(ws, run)["type"] == "welcome"  # claims it
     with _socket(server, team_b) as ws:
         assert _hello(ws, run)["code"] == "forbidden"
+
+
+def test_a_rules_action_fires_only_on_points_the_runs_own_writers_wrote(server_factory, database_url) -> None:
+    """An admin's rule whose action is `stop`; another team's token posts the metric past the
+    rule's threshold to the run's /points (403) and says hello for the run to stream it (4403):
+    nothing fires. The run's own trainer is told to stop once its own point is past it, and
+    only then: one command, for its own step."""
+    server = server_factory(database_url, host="127.0.0.1", auth=True, bootstrap_token=ADMIN)
+    team_a, team_b = _token(server, "team-a"), _token(server, "team-b")
+    rule = {"name": "m high", "metric": "m", "detector": "threshold", "params": {"op": ">", "threshold": 1.0}, "action": "stop"}
+    assert httpx.post(f"{server.url}/api/v1/rules", json=rule, headers=AS_ADMIN).status_code == 201
+    run = new_run("guarded")
+    with _socket(server, team_a) as trainer:
+        assert _hello(trainer, run, writer="rank0", listen=["commands"])["type"] == "welcome"
+        _write(trainer, 0, 0, 0.5)
+        foreign = httpx.post(f"{server.url}/api/v1/runs/{run['id']}/points", json={"rows": [{"step": 1, "values": {"m": 5.0}}]}, headers=team_b)
+        assert foreign.status_code == 403, foreign.text
+        with _socket(server, team_b) as intruder:
+            assert _hello(intruder, run, writer="rank9")["code"] == "forbidden"
+            assert _closed(intruder) == 4403
+        _write(trainer, 1, 2, 0.5)
+        trainer.send(points(2, [{"step": 3, "values": {"m": 5.0}}]))
+        received = [recv(trainer) for _ in range(2)]
+    command = next(message["command"] for message in received if message["type"] == "command")
+    assert {"type": "ack", "seq": 2} in received and (command["action"], command["payload"]["step"]) == ("stop", 3), received
+    listed = httpx.get(f"{server.url}/api/v1/runs/{run['id']}/commands", headers=AS_ADMIN).json()
+    assert [(c["action"], c["payload"]["step"]) for c in listed] == [("stop", 3)], listed
+    assert _series(server, run["id"], "m") == [0.5, 0.5, 5.0]
