@@ -25,9 +25,12 @@ def _add_sync(parser: argparse.ArgumentParser) -> None:
         type=Path,
         help="a run spool (…/<run_id>) or a directory of them (default root: ~/.keel/spool)",
     )
+    from wire.urls import DEFAULT_SERVER_URL
+
     parser.add_argument(
-        "--server", default=None, help="server URL (default: the one the trainer used)"
-    )
+        "--server", default=None,
+        help=f"Keel server URL (default: the one the trainer used, else $KEEL_URL, else {DEFAULT_SERVER_URL})",
+    )  # fmt: skip
     parser.add_argument(
         "--token", default=None, help="API token with ingest scope (default: $KEEL_TOKEN)"
     )
@@ -42,6 +45,7 @@ def _add_sync(parser: argparse.ArgumentParser) -> None:
 def _sync(args: argparse.Namespace) -> int:
     from trainer_hooks.sender import ConnState, upload
     from trainer_hooks.spool import Spool, SpoolBusyError, find_spools
+    from wire.urls import default_server
 
     _setup_logging()
     spools = find_spools(args.path.expanduser())
@@ -58,12 +62,7 @@ def _sync(args: argparse.Namespace) -> int:
             failures += 1
             continue
         run = spool.run
-        server_url = args.server or spool.server_url
-        if not server_url:
-            print(f"keel sync: {path} does not say which server; pass --server", file=sys.stderr)
-            spool.close()
-            failures += 1
-            continue
+        server_url = args.server or spool.server_url or default_server()
         # A spool without a recorded status belongs to a trainer that died before finish().
         status = spool.status or "killed"
         frames = spool.unacked

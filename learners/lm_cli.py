@@ -106,6 +106,8 @@ def _check_device(command: str, device: str) -> bool:
 
 
 def _add_lm(parser: argparse.ArgumentParser) -> None:
+    from wire.urls import DEFAULT_SERVER_URL
+
     parser.add_argument("--loss", required=True, help="a loss of trainer_hooks.losses, e.g. cispo")
     parser.add_argument("--lag", type=int, default=0, help="versions the sampler may run behind")
     parser.add_argument("--sampler-dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
@@ -118,7 +120,7 @@ def _add_lm(parser: argparse.ArgumentParser) -> None:
                         help="sleep after each step, to watch a fast run live")  # fmt: skip
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads per thread of the loop (default 1)")  # fmt: skip
-    parser.add_argument("--server", required=True, help="server URL, e.g. http://127.0.0.1:8750")
+    parser.add_argument("--server", default=None, help=f"Keel server URL (default: $KEEL_URL, else {DEFAULT_SERVER_URL})")
     parser.add_argument("--name", default=None, help="run name (default {loss}-lag{lag}-{dtype}-s{seed})")
     parser.add_argument("--group", default=None, help="run group (default: the loss)")
     parser.add_argument("--guard", action="store_true",
@@ -139,6 +141,7 @@ def _lm(args: argparse.Namespace) -> int:
     from learners.lm.learner import run_config, train
     from trainer_hooks.monitor import Monitor
     from trainer_hooks.signals import Command
+    from wire.urls import default_server
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     config = _config(
@@ -163,7 +166,7 @@ def _lm(args: argparse.Namespace) -> int:
     name = args.name or config.name + ("-guard" if guard else "")
     stored = {**run_config(config), **({"guard": asdict(guard)} if guard else {})}
     with Monitor(
-        args.server, run_name=name, project=args.project, group=args.group or config.loss,
+        default_server(args.server), run_name=name, project=args.project, group=args.group or config.loss,
         config=stored, tags=("lm",), token=args.token,
     ) as monitor:  # fmt: skip
 

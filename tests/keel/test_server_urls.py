@@ -31,3 +31,33 @@ def test_import_export_and_the_client_take_the_server_as_a_ws_url(server_factory
     assert run["name"] == "sparse" and run["status"] == "finished"
     series = client.series(run["id"], "a")
     assert series.steps.tolist() == [0, 1, 2] and series.values.tolist() == [1.0, 2.0, 3.5]
+
+
+def test_every_command_that_must_reach_a_server_defaults_to_keel_url_else_the_local_one() -> None:
+    """`--server` means one thing everywhere: left out, `$KEEL_URL`, else the local server.
+    The corpus commands (grid, lm-grid, lm-corpus) run offline and only
+    *also* stream when given one: their --server has no default."""
+    import argparse
+
+    from keel.cli import build_parser
+    from wire.urls import DEFAULT_SERVER_URL
+
+    parser = build_parser()
+    (sub,) = [action for action in parser._actions if isinstance(action, argparse._SubParsersAction)]
+    reach, offline = set(), set()
+
+    def walk(name: str, command: argparse.ArgumentParser) -> None:
+        nested = [a for a in command._actions if isinstance(a, argparse._SubParsersAction)]
+        for action in nested:
+            for child, child_parser in action.choices.items():
+                walk(f"{name} {child}", child_parser)
+        for action in command._actions:
+            if "--server" in action.option_strings:
+                assert action.default is None and not action.required, name
+                said = action.help or ""
+                (reach if f"$KEEL_URL, else {DEFAULT_SERVER_URL})" in said else offline).add(name)
+
+    for name, command in sub.choices.items():
+        walk(name, command)
+    assert {"lm", "parity", "run", "watch", "import wandb", "export", "sim", "sync"} <= reach, reach
+    assert offline == {"grid", "lm-grid", "lm-corpus"}, offline
