@@ -19,7 +19,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sqlalchemy import or_, select
+from sqlalchemy import or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -77,6 +77,23 @@ class _Recorded:
 
 def _to_load(context: _RunContext) -> list[RuleToLoad]:
     return [(rule, detector.initial_state(), context.definitions[rule.id]) for rule, detector in context.rules]
+
+
+async def _replace_pending(session: AsyncSession, commands: list[Command], now: float) -> None:
+    """Each new pending command replaces the run's pending ones with the same action, as one
+    over REST does (run_commands.create): a rule that fires again and again while its
+    trainer is away leaves one `stop`, the newest, not one per firing."""
+    newest = {command.action: command for command in commands if command.state == "pending"}
+    for command in commands:
+        if command.state == "pending" and newest[command.action] is not command:
+            command.state, command.finished_at = "failed", now
+            command.message = f"replaced by {newest[command.action].id} before a trainer received it"
+    for action, command in newest.items():
+        await session.execute(
+            update(Command)
+            .where(Command.run_id == command.run_id, Command.action == action, Command.state == "pending", Command.id != command.id)
+            .values(state="failed", finished_at=now, message=f"replaced by {command.id} before a trainer received it")
+        )
 
 
 class AlertEngine:
@@ -256,6 +273,7 @@ class AlertEngine:
             for event in events
             if event.state == "firing" and not event.alert.silenced and (rule := actions.get(event.alert.rule_id or -1))
         ]
+        await _replace_pending(session, commands, now)
         # After the changes: new alerts' ids are part of the state.
         if states:
             await repository.upsert_states(session, self.store.insert, run.id, [(rule_id, t.to_json(), t.last_step) for rule_id, t in states])

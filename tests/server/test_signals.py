@@ -271,6 +271,39 @@ def test_pending_commands_are_capped_replaced_by_action_and_all_delivered_oldest
     assert bad["message"].startswith("cannot be sent to a trainer:"), bad
 
 
+def test_a_rule_that_fires_again_and_again_leaves_one_pending_command_of_its_action(server) -> None:  # type: ignore[no-untyped-def]
+    """A rule's action obeys what a command over REST does: a newer one replaces the one still
+    pending with the same action, so a flapping metric on a run whose trainer is away leaves
+    one `stop` (the newest), not one per firing past the run's cap; the trainer that comes back
+    is sent that one."""
+    import time as clock
+
+    from server.run_commands import MAX_PENDING
+
+    _rule(server, action="stop", keep_firing_for=1)
+    run = new_run()
+    steps = 2 * MAX_PENDING + 50
+    with open_ingest(server) as ws:
+        _hello(ws, run)
+        ws.send(points(0, [{"step": step, "values": {"m": 5.0 if step % 2 else 0.0}} for step in range(steps)]))
+        _until(ws, "ack", seq=0)
+        deadline = clock.monotonic() + 30
+        while not any(c["payload"].get("step") == steps - 1 for c in _commands(server, run["id"])):
+            assert clock.monotonic() < deadline, "the last firing's command"
+            clock.sleep(0.1)
+        commands = _commands(server, run["id"])
+        pending = [c for c in commands if c["state"] == "pending"]
+        assert [c["payload"]["step"] for c in pending] == [steps - 1], [(c["state"], c["payload"]) for c in commands[:5]]
+        replaced = [c for c in commands if c["state"] == "failed"]
+        assert len(replaced) == len(commands) - 1 and all(c["message"].startswith("replaced by ") for c in replaced)
+        ws.send(json.dumps({"type": "listen", "listen": ["commands"]}))
+        sent, _ = _until(ws, "command")
+        assert sent["command"]["id"] == pending[0]["id"]
+        ws.send(points(1, [{"step": steps, "values": {"m": 0.0}}]))
+        _, before = _until(ws, "ack", seq=1)
+        assert all(m["type"] != "command" for m in before)
+
+
 def open_ingest_as(server: Any, headers: dict[str, str]) -> Any:
     from websockets.sync.client import connect
 
