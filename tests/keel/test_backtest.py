@@ -13,8 +13,8 @@ from keel.transfer import upload_run
 FORGED = "\nrun-b                              m high                   critical       0      0        -  forged"
 
 
-def test_a_run_or_metric_named_with_line_breaks_prints_one_line_per_firing(server_factory, sqlite_url, tmp_path: Path, capsys) -> None:
-    server = server_factory(sqlite_url)
+def test_a_run_or_metric_named_with_line_breaks_prints_one_line_per_firing(server_factory, database_url, tmp_path: Path, capsys) -> None:
+    server = server_factory(database_url)
     key = f"m{FORGED}\x1b[2K"
     table = PointTable()
     for step in range(10):
@@ -24,7 +24,7 @@ def test_a_run_or_metric_named_with_line_breaks_prints_one_line_per_firing(serve
     rules = tmp_path / "rules.json"
     rules.write_text(json.dumps([{"name": "m high", "metric": key, "detector": "threshold", "params": {"op": ">", "threshold": 1.0}}]))
     capsys.readouterr()
-    assert main(["backtest", "--database-url", sqlite_url, "--rules", str(rules)]) == 0
+    assert main(["backtest", "--database-url", database_url, "--rules", str(rules)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[:2] == ["run", "rule"] and lines[1].startswith("run-a\\nrun-b "), lines
     assert len(lines) == 4 and lines[2:] == ["", "m high: fired on 1 of 1 runs"], lines

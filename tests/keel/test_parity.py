@@ -184,11 +184,11 @@ def test_keel_parity_of_keel_lm_runs_same_setting_and_changed_sampler_precision(
     assert different.stdout.splitlines()[-1].startswith("DIFFERENT (fp16-s0 vs fp32-s0)")
 
 
-def test_keel_parity_prints_a_run_name_as_text_never_as_a_line_of_its_own(server_factory, sqlite_url) -> None:
+def test_keel_parity_prints_a_run_name_as_text_never_as_a_line_of_its_own(server_factory, database_url) -> None:
     """A run named to forge the verdict (issue 48): with terminal controls that erase the line,
     or with a line break and a verdict of its own. The terminal gets every name on its line,
     escaped, and the verdict is the last line; --json keeps the names as they are."""
-    server = server_factory(sqlite_url)
+    server = server_factory(database_url)
     base = _store(server.url, "base", 30, 1e-3, seed=1)
     verdict = "SAME (base vs wide): 3 metric(s) tested, none beyond its margin"
     for seed, name in enumerate((f"wide\x1b[2K\r{verdict}\u202e", f"wide): ok\n{verdict}", f"wide\r\n{verdict}\r\n"), start=3):
