@@ -43,6 +43,7 @@ def _add_sync(parser: argparse.ArgumentParser) -> None:
 
 
 def _sync(args: argparse.Namespace) -> int:
+    from keel.cli import one_line
     from trainer_hooks.sender import ConnState, upload
     from trainer_hooks.spool import Spool, SpoolBusyError, find_spools
     from wire.urls import default_server
@@ -71,13 +72,13 @@ def _sync(args: argparse.Namespace) -> int:
         spool.close(remove=done)
         if done:
             print(
-                f"keel sync: run {run.name!r} ({run.id}): {frames} frame(s) uploaded to "
+                f"keel sync: run {run.name!r} ({one_line(run.id)}): {frames} frame(s) uploaded to "
                 f"{server_url}, status {status}"
             )
         else:
             failures += 1
             print(
-                f"keel sync: run {run.name!r} ({run.id}) not uploaded ({sender.last_error}); "
+                f"keel sync: run {run.name!r} ({one_line(run.id)}) not uploaded ({one_line(str(sender.last_error))}); "
                 f"{spool.unacked} frame(s) kept in {path}",
                 file=sys.stderr,
             )

@@ -245,6 +245,7 @@ def _add_export(parser: argparse.ArgumentParser) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
+    from keel.cli import one_line
     from keel.client import Client, ClientError
     from wire.urls import default_server
 
@@ -271,7 +272,7 @@ def _export(args: argparse.Namespace) -> int:
     else:
         _write_csv(output, steps, columns)
     where = "stdout" if str(output) == "-" else output
-    print(f"keel export: run {run['name']!r} ({run['id']}): {len(keys)} key(s) at {len(steps)} step(s) to {where}", file=sys.stderr)
+    print(f"keel export: run {run['name']!r} ({one_line(run['id'])}): {len(keys)} key(s) at {len(steps)} step(s) to {where}", file=sys.stderr)
     if args.no_details or (args.details is None and str(output) == "-"):
         return 0
     target = args.details or output.with_suffix(".details.jsonl")

@@ -191,7 +191,7 @@ def _prune(args: argparse.Namespace) -> int:
             for run in runs:
                 points = 0 if args.dry_run else await delete_run(store, run.id)
                 verb = "would delete" if args.dry_run else f"deleted ({points} points)"
-                print(f"keel prune: {verb} run {run.name!r} ({run.id}, {run.project}, {run.status})", flush=True)
+                print(f"keel prune: {verb} run {run.name!r} ({run.id!r}, project {run.project!r}, {run.status})", flush=True)
             return len(runs)
         finally:
             await store.close()

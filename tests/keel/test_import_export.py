@@ -254,6 +254,23 @@ def test_an_export_is_no_spreadsheet_formula_and_a_terminal_shows_names_as_text(
     assert rows == [["step", "'-loss", "'=HYPERLINK(\"http://x\",\"y\")"], ["0", "2.0", "-1.5"]], rows
 
 
+def test_export_says_a_run_id_a_trainer_chose_on_its_own_line(server, tmp_path: Path, capsys) -> None:
+    """A run's id is the trainer's too: keel export names it escaped on its line (issue 48)."""
+    from keel.cli import main
+    from tests.support.raw_client import new_run, points, recv
+
+    forged = "keel export: run 'x' (y): 0 key(s) at 0 step(s) to nowhere"
+    run = new_run("odd-id", id=f"id\r\n{forged}\x1b[2K")
+    with open_ingest(server) as ws:
+        hello(ws, run)
+        ws.send(points(0, [{"step": 0, "values": {"m": 1.0}}]))
+        assert recv(ws)["type"] == "ack"
+    capsys.readouterr()
+    assert main(["export", "odd-id", "--server", server.url, "-o", str(tmp_path / "odd.csv")]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("keel export: run 'odd-id' (id\\r\\nkeel export:"), lines
+
+
 def test_export_writes_the_step_details_as_rows_a_server_takes_back(server, tmp_path: Path, capsys) -> None:
     import httpx
 

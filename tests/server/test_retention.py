@@ -73,6 +73,20 @@ def test_keel_prune_deletes_ended_runs_and_keeps_running_ones(server) -> None:
     assert [r["name"] for r in httpx.get(f"{server.url}/api/v1/runs").json()] == ["running"]
 
 
+def test_keel_prune_shows_what_a_trainer_chose_on_its_own_line(server) -> None:
+    """A run's id, name and project are the trainer's: shown escaped on prune's line, never
+    as a line of their own nor as terminal controls (issue 48)."""
+    forged = "keel prune: 0 run(s) found"
+    _stream(server, new_run(f"n\n{forged}", id=f"id\n{forged}\x1b[2K", project=f"p\r\n{forged}"), 5)
+    dry = subprocess.run(
+        [sys.executable, "-m", "keel", "prune", "--older-than", "0", "--database-url", server.database_url, "--dry-run"],
+        capture_output=True, text=True, timeout=120,
+    )
+    lines = dry.stdout.splitlines()
+    assert dry.returncode == 0 and len(lines) == 2 and lines[-1] == "keel prune: 1 run(s) found", lines
+    assert not any(line.startswith(forged) for line in lines) and "\x1b" not in dry.stdout, lines
+
+
 @pytest.mark.postgres
 def test_a_replica_writes_to_a_run_deleted_and_created_again_on_another(server_factory, postgres_url) -> None:
     """Replica B cached the run's series ids; A deleted the run and it came back: B's ids
