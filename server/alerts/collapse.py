@@ -26,7 +26,13 @@ So the detector has two stages:
    the smaller the move that can cost it (a run that gained 8.7 spreads is paged from 1.5
    nats on, one that gained 3 from 4.3), while early in learning large moves are the
    learning itself. On the toy grid this separated the damaging updates from the healthy
-   large ones better than any fixed jump (docs/alerts.md).
+   large ones better than any fixed jump (docs/alerts.md). Every reading of the window up
+   to the one that confirms must show the KL above `kl_factor` times k0: a batch after the
+   update on which the learner is no further from the sampler than that says the update did
+   not move the policy, and the window closes there. A converged run whose policy is nearly
+   deterministic has a KL that is 1e-5 on most batches and tens of nats on a rare one; such a
+   batch two steps after a large gradient, with an unmoved one between, is noise, not the
+   update's doing.
 
 The lead this gives is about `lag - 1` steps for a collapse caused by one update (the
 reward shows the damage `lag` steps after it), more when smaller damaging updates come
@@ -107,6 +113,12 @@ class CollapseRisk(Detector):
         if kl is None or step > state.get("window_until", -1):
             return None
         before = state["window_kl"]
+        if kl <= p["kl_factor"] * before:
+            # The learner is no further from the sampler on this batch than kl_factor times its
+            # level before the spike: the update did not move the policy, and a jump later in
+            # this window would be a noisy batch, not its doing. The window closes here.
+            state["window_until"] = step - 1
+            return None
         gain = RewardGain.gain(state)
         by_gain = p["kl_gain"] / gain if gain and gain > 0 else 0.0
         if kl - before > max(p["kl_jump"], by_gain, (p["kl_factor"] - 1) * before):

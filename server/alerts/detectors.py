@@ -277,6 +277,11 @@ class Climb(Detector):
     1/`surge_fast` at least `surge` times (in x) the one with weight 1/`surge_slow`. A level that
     crept up over hundreds of steps of a run that learns accumulates a CUSUM too; the climb
     before a collapse is the one that is also a surge.
+
+    `settle` (0: off) holds the CUSUM at 0 for that many values after the baseline is taken:
+    a run that has just gained `after_gain` spreads is in its fastest learning, its policy
+    moving most per step, and a stale sampler's mismatch rises with it for a few tens of
+    steps; what climbs once that has settled is counted.
     """
 
     kind = "climb"
@@ -284,15 +289,17 @@ class Climb(Detector):
         "warmup": 50, "k": 1.0, "h": 12.0, "z_cap": 8.0, "min_scale": 0.05, "floor": 1e-12,
         "after_gain": 2.5, "reward_key": "reward/mean", "reward_std_key": "reward/std",
         "direction": "up", "of": "value", "adapt": 0.0, "surge": 0.0, "surge_fast": 10, "surge_slow": 50,
+        "settle": 0,
     }
 
     def validate(self) -> None:
         _positive(self.params, "warmup", "k", "h", "z_cap", "min_scale", "floor", "surge_fast", "surge_slow")
         if self.params["warmup"] > MAX_WARMUP:
             raise ValueError(f"parameter 'warmup' must be at most {MAX_WARMUP}")
-        surge = self.params["surge"]
-        if isinstance(surge, bool) or not isinstance(surge, (int, float)) or surge < 0:
-            raise ValueError("parameter 'surge' must be a number >= 0 (0: off)")
+        for name in ("surge", "settle"):
+            value = self.params[name]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"parameter {name!r} must be a number >= 0 (0: off)")
         if not 1 <= self.params["surge_fast"] < self.params["surge_slow"]:
             raise ValueError("parameters 'surge_fast' and 'surge_slow' must satisfy 1 <= surge_fast < surge_slow")
         after = self.params["after_gain"]
@@ -339,7 +346,12 @@ class Climb(Detector):
             return Signal(False, value, "waiting for the reward to rise")
         z = RobustBaseline.z(state, x, p["warmup"], p["min_scale"])
         if z is None:
+            if p["settle"] and "median" in state:
+                state["settled"] = 0  # the baseline was just taken: the run settles from here
             return Signal(False, value, "warming up")
+        if state.get("settled", p["settle"]) < p["settle"]:
+            state["settled"] += 1
+            return Signal(False, value, "settling since the baseline was taken")
         up = p["direction"] == "up"
         if not up:
             z = -z
@@ -375,10 +387,12 @@ class CoClimb(Detector):
     climb's metric may). One metric climbing is common on a healthy stale run;
     the mismatch and the ratio tail climbing together, since the run learned, is how the slow
     collapses of docs/alerts.md begin. `surge` (3 by default) is asked of the first metric
-    only: the mismatch's recent rise, which a run that learns and drifts slowly lacks."""
+    only: the mismatch's recent rise, which a run that learns and drifts slowly lacks.
+    `settle` (30 by default) is every member's: nothing accumulates in the 30 values after the
+    baseline is taken, while the run is still in its fastest learning (docs/alerts.md)."""
 
     kind = "co_climb"
-    defaults: ClassVar[dict[str, Any]] = {**Climb.defaults, "surge": 3.0}
+    defaults: ClassVar[dict[str, Any]] = {**Climb.defaults, "surge": 3.0, "settle": 30}
 
     def validate(self) -> None:
         self.keys = [key.strip() for key in self.metric.split(",") if key.strip()]

@@ -171,6 +171,42 @@ def test_a_mismatch_that_creeps_up_over_hundreds_of_steps_is_no_drift_but_a_surg
     assert surged and 600 < surged[0] < 630, surged
 
 
+def test_a_mismatch_surge_while_the_run_still_learns_fast_is_no_drift_but_the_same_later_is() -> None:
+    """Mismatch drift's baseline is taken when the reward first gained 2.5 spreads, in the
+    middle of the run's fastest learning; a stale sampler's KL and ratio tail can surge then
+    and settle (the regime corpus's ppo-lag11-bf16-lr0.002-clip0-d4-s11: 6.7x its level 24
+    steps after the baseline, paged, and the run went on learning). `settle` (30) holds the
+    climb for 30 values after the baseline: that surge, 12-24 steps after it, is no longer
+    paged (it was, at its peak); the same surge 160 steps later still is."""
+
+    def rows(at: int) -> list[Row]:
+        rng = random.Random(9)
+        out = []
+        for step in range(400):
+            excursion = max(1.0, min(12.0, math.exp(min(step - at, at + 24 - step) / 4))) if at <= step < at + 24 else 1.0
+            values = {
+                "reward/mean": 0.1 + 0.6 * min(1.0, step / 100) + rng.gauss(0, 0.03), "reward/std": 0.15,
+                "mismatch/kl": 0.05 * excursion * math.exp(rng.gauss(0, 0.3)),
+                "mismatch/ratio_max": 3 * excursion**0.7 * math.exp(rng.gauss(0, 0.3)),
+            }
+            out.append(Row(step=step, time=None, values=values))
+        return out
+
+    drift = next(rule for rule in DEFAULT_RULES if rule.name == "mismatch drift")
+    detector = build_detector(drift.detector, drift.metric, drift.params)
+    assert detector.params["settle"] == 30
+    state = detector.initial_state()
+    baseline = next(row.step for row in rows(80) if detector.update(state, row.step, row.values) and "median" in state["mismatch/ratio_max"])
+    assert 60 <= baseline <= 70, baseline  # the excursion at 80 peaks 12 steps after it
+    early = _fired(rows(80))
+    assert "mismatch drift" not in early and early.get("mismatch climbing"), early  # the warning still says so
+    old = build_detector(drift.detector, drift.metric, {**drift.params, "settle": 0})
+    state = old.initial_state()
+    assert any(getattr(old.update(state, row.step, row.values), "active", False) for row in rows(80))
+    later = _fired(rows(240)).get("mismatch drift")
+    assert later and 240 < later[0] < 264, later
+
+
 def test_entropy_falling_is_watched_when_asked_and_says_by_how_much() -> None:
     detector = build_detector("climb", "policy/entropy", {"direction": "down", "min_scale": 0.35, "k": 2.0, "h": 10.0, "after_gain": 0})
     state = detector.initial_state()
@@ -188,6 +224,7 @@ def test_entropy_falling_is_watched_when_asked_and_says_by_how_much() -> None:
         ({"of": "sign"}, "'of'"),
         ({"adapt": 2}, "adapt"),
         ({"surge": -1}, "surge"),
+        ({"settle": -5}, "settle"),
         ({"surge_fast": 60, "surge_slow": 50}, "surge_fast"),
     ],
 )
