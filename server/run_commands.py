@@ -33,7 +33,7 @@ from wire.signals import CommandMessage
 
 __all__ = [
     "MAX_PENDING", "add_command", "answer", "command_json", "create", "delivered", "list_commands",
-    "publish", "refusal", "signal_message", "unanswered", "undeliverable",
+    "publish", "refusal", "replace_pending", "signal_message", "unanswered", "undeliverable",
 ]
 
 LISTED = 200
@@ -115,6 +115,18 @@ def publish(hub: LiveHub, commands: list[Command]) -> None:
             hub.publish(command.run_id, signal_message(command))
 
 
+async def replace_pending(session: AsyncSession, command: Command, now: float) -> int:
+    """Mark the run's other pending commands of `command`'s action `failed`, "replaced by
+    <id>": a trainer that comes back gets the newest, once (REST and rules' actions alike).
+    How many it replaced."""
+    replaced = await session.execute(
+        update(Command)
+        .where(Command.run_id == command.run_id, Command.action == command.action, Command.state == "pending", Command.id != command.id)
+        .values(state="failed", finished_at=now, message=f"replaced by {command.id} before a trainer received it")
+    )
+    return int(getattr(replaced, "rowcount", 0) or 0)
+
+
 async def create(store: Store, hub: LiveHub, run_id: str, action: str, payload: dict[str, Any], requested_by: str) -> Command:
     """A new pending command. One still pending with the same action is replaced (marked
     `failed`, "replaced by <id>": a trainer that comes back gets the newest `stop`, once);
@@ -129,12 +141,7 @@ async def create(store: Store, hub: LiveHub, run_id: str, action: str, payload: 
         if refused is not None:
             raise NotTaken(refused)
         command = add_command(session, run, action, payload, requested_by, now)
-        replaced = await session.execute(
-            update(Command)
-            .where(Command.run_id == run_id, Command.action == action, Command.state == "pending", Command.id != command.id)
-            .values(state="failed", finished_at=now, message=f"replaced by {command.id} before a trainer received it")
-        )
-        if not getattr(replaced, "rowcount", 0):
+        if not await replace_pending(session, command, now):
             pending = await session.scalar(
                 select(func.count()).select_from(Command).where(Command.run_id == run_id, Command.state == "pending")
             )

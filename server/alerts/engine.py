@@ -19,7 +19,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -88,12 +88,8 @@ async def _replace_pending(session: AsyncSession, commands: list[Command], now: 
         if command.state == "pending" and newest[command.action] is not command:
             command.state, command.finished_at = "failed", now
             command.message = f"replaced by {newest[command.action].id} before a trainer received it"
-    for action, command in newest.items():
-        await session.execute(
-            update(Command)
-            .where(Command.run_id == command.run_id, Command.action == action, Command.state == "pending", Command.id != command.id)
-            .values(state="failed", finished_at=now, message=f"replaced by {command.id} before a trainer received it")
-        )
+    for command in newest.values():
+        await run_commands.replace_pending(session, command, now)
 
 
 class AlertEngine:
