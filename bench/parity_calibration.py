@@ -103,10 +103,10 @@ def _recorder() -> Any:
     from learners.lm.learner import Recorder
 
     class TailRecorder(Recorder):
-        def log_batch(self, step: int, sampler_logprobs: Any, learner_logprobs: Any, mask: Any, **kwargs: Any) -> None:
-            super().log_batch(step, sampler_logprobs, learner_logprobs, mask, **kwargs)
+        def log_inputs(self, step: int, inputs: Any, *, metrics: Any = None, decode: Any = None) -> None:
+            super().log_inputs(step, inputs, metrics=metrics, decode=decode)
             with torch.no_grad():
-                ell = (learner_logprobs.double() - sampler_logprobs.double())[mask.bool()]
+                ell = (inputs.learner_logprobs.double() - inputs.sampler_logprobs.double())[inputs.mask.bool()]
                 finite = ell[torch.isfinite(ell)]
                 shares = {NAN_KEY: float(torch.isnan(ell).double().mean()) if ell.numel() else math.nan}
                 for tau in DEFAULT_TAUS:

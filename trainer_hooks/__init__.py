@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 __all__ = [
     "LOSSES",
     "Alert",
+    "BatchInputs",
     "Command",
     "Monitor",
     "SenderConfig",
@@ -26,7 +27,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from trainer_hooks.losses import LOSSES, compute_advantages, loss_terms, policy_loss
-    from trainer_hooks.metrics import grad_norm, nonfinite_count, stability_metrics
+    from trainer_hooks.metrics import BatchInputs, grad_norm, nonfinite_count, stability_metrics
     from trainer_hooks.monitor import Monitor
     from trainer_hooks.sender import SenderConfig
     from trainer_hooks.signals import Alert, Command
@@ -37,6 +38,7 @@ _LAZY = {
     "Alert": "trainer_hooks.signals",
     "Command": "trainer_hooks.signals",
     "stability_metrics": "trainer_hooks.metrics",
+    "BatchInputs": "trainer_hooks.metrics",
     "grad_norm": "trainer_hooks.metrics",
     "nonfinite_count": "trainer_hooks.metrics",
     "loss_terms": "trainer_hooks.losses",

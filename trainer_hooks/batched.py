@@ -16,135 +16,36 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from trainer_hooks.details import DetailPartials, detail_partials
-from trainer_hooks.metrics import Partials, stability_metrics, stability_partials
+from trainer_hooks.metrics import BatchInputs
 
-__all__ = ["BatchInputs", "compute", "concat"]
+__all__ = ["compute", "concat", "details_of"]
 
 logger = logging.getLogger("keel")
 
 
-@dataclass(frozen=True)
-class BatchInputs:
-    """The arguments of one `stability_metrics` call (`copy()` snapshots them)."""
-
-    sampler_logprobs: Tensor
-    learner_logprobs: Tensor
-    mask: Tensor | None = None
-    rewards: Tensor | None = None
-    advantages: Tensor | None = None
-    gate_mask: Tensor | None = None
-    logits: Tensor | None = None
-    sampler_version: Tensor | None = None
-    learner_version: Tensor | int | None = None
-    token_ids: Tensor | None = None
-    """The sampled token ids [B, T], for the step details' samples (`details.py`)."""
-    seq_ids: Tensor | None = None
-    """The caller's sequence ids [B] (integers), for the samples."""
-    sampler_topk_ids: Tensor | None = None
-    """The sampler's top-k token ids at each position [B, T, k] (< 0: no entry)."""
-    sampler_topk_logprobs: Tensor | None = None
-    """Their log-probabilities under the sampler [B, T, k]."""
-    max_length: int | None = None
-    """The answers' length cap (`response/*` metrics)."""
-
-    def arguments(self) -> dict[str, Any]:
-        """Every input, by name (what is shipped to the worker and copied)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    def metric_arguments(self) -> dict[str, Any]:
-        """The keyword arguments of `stability_metrics`."""
-        arguments = self.arguments()
-        del arguments["token_ids"], arguments["seq_ids"]
-        return arguments
-
-    def copy(self) -> BatchInputs:
-        """Snapshot the tensors (one copy each), so the caller may reuse its buffers at once."""
-        with torch.no_grad():  # copies without autograd history, no detach() needed
-            return BatchInputs(**{name: _copy(value) for name, value in self.arguments().items()})
-
-    def signature(self) -> tuple[Any, ...]:
-        """Batches with equal signatures can be stacked into one call: the same inputs
-        given, with the same dtypes and ranks (and vocabulary size for logits)."""
-        kinds: list[Any] = []
-        for field in fields(self):
-            value = getattr(self, field.name)
-            if isinstance(value, Tensor):
-                vocab = tuple(value.shape[2:]) if field.name in _PER_POSITION else ()
-                kinds.append((value.dtype, value.dim(), vocab))
-            elif field.name == "max_length":
-                kinds.append(value)  # only batches of one cap join or stack
-            else:
-                kinds.append(type(value))  # None, or an int learner_version
-        return tuple(kinds)
-
-    def stackable(self) -> bool:
-        """A plain [B, T] batch whose other inputs have the shapes stability_metrics expects
-        (padding would otherwise hide a shape error that the batch alone raises)."""
-        if self.learner_logprobs.dim() != 2:
-            return False
-        seqs, length = self.learner_logprobs.shape
-        tokens, per_seq = (seqs, length), (seqs,)
-        shapes = {
-            "sampler_logprobs": (tokens,),
-            "mask": (tokens,),
-            "rewards": (per_seq,),
-            "advantages": (per_seq, tokens),
-            "gate_mask": (per_seq, tokens),
-            "sampler_version": (per_seq,),
-            "token_ids": (tokens,),
-            "seq_ids": (per_seq,),
-        }
-        for name, allowed in shapes.items():
-            value = getattr(self, name)
-            if value is not None and tuple(value.shape) not in allowed:
-                return False
-        version = self.learner_version
-        if isinstance(version, Tensor) and tuple(version.shape) not in ((), per_seq):
-            return False  # per sequence when concat() joined micro-batches of other versions
-        return all(
-            getattr(self, name) is None or tuple(getattr(self, name).shape[:2]) == tokens
-            for name in _PER_POSITION
-        ) and _same_k(self.sampler_topk_ids, self.sampler_topk_logprobs)
-
-    def compute(self) -> dict[str, Tensor]:
-        return stability_metrics(**self.metric_arguments())
-
-    def partials(self) -> Partials:
-        return stability_partials(**self.metric_arguments())
-
-    def details(self, worst: int) -> DetailPartials:
-        """The step details of this batch (`details.py`), `worst` samples at most."""
-        return detail_partials(
-            self.sampler_logprobs,
-            self.learner_logprobs,
-            self.mask,
-            token_ids=self.token_ids,
-            seq_ids=self.seq_ids,
-            rewards=self.rewards,
-            advantages=self.advantages,
-            sampler_version=self.sampler_version,
-            logits=self.logits,
-            sampler_topk_ids=self.sampler_topk_ids,
-            sampler_topk_logprobs=self.sampler_topk_logprobs,
-            worst=worst,
-        )
-
-
-_PER_POSITION = ("logits", "sampler_topk_ids", "sampler_topk_logprobs")
-"""[B, T, ...] inputs: their trailing dims (vocabulary, k) must agree to stack."""
-
-
-def _same_k(ids: Tensor | None, logprobs: Tensor | None) -> bool:
-    if ids is None or logprobs is None:
-        return ids is None and logprobs is None
-    return ids.dim() == 3 and tuple(ids.shape) == tuple(logprobs.shape)
+def details_of(batch: BatchInputs, worst: int) -> DetailPartials:
+    """The step details of `batch` (`details.py`), `worst` samples at most."""
+    return detail_partials(
+        batch.sampler_logprobs,
+        batch.learner_logprobs,
+        batch.mask,
+        token_ids=batch.token_ids,
+        seq_ids=batch.seq_ids,
+        rewards=batch.rewards,
+        advantages=batch.advantages,
+        sampler_version=batch.sampler_version,
+        logits=batch.logits,
+        sampler_topk_ids=batch.sampler_topk_ids,
+        sampler_topk_logprobs=batch.sampler_topk_logprobs,
+        worst=worst,
+    )
 
 
 def concat(batches: Sequence[BatchInputs]) -> BatchInputs:
@@ -253,10 +154,6 @@ def _alone(batch: BatchInputs, report: Callable[[str, str], None]) -> dict[str, 
     except Exception as exc:
         report(f"batched:{type(exc).__name__}", f"stability metrics lost: {exc!r}")
         return {}
-
-
-def _copy(value: Any) -> Any:
-    return value.clone() if isinstance(value, Tensor) else value
 
 
 def _as_floats(metrics: dict[str, Tensor], steps: int) -> list[dict[str, float]]:

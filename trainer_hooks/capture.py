@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 from wire import Limits, Row
 
 if TYPE_CHECKING:  # batched imports torch; this module must not
-    from trainer_hooks.batched import BatchInputs
     from trainer_hooks.channel import Buffer, FieldSpec
+    from trainer_hooks.metrics import BatchInputs
 
 __all__ = ["Capture", "Captured", "HostCopy", "Shipped", "ship_inputs", "to_host"]
 

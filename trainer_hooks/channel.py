@@ -14,6 +14,8 @@ Trainer -> worker ("inbox"):
     ("log", step, time, {key: float})
     ("batch", step, time, {key: float}, [FieldSpec])    body: the BatchInputs tensors
     ("partials", step, time, {key: float}, layout)      body: Partials.pack() as float64
+    ("decoder", pickled decode, import path)            log_batch's `decode` (decoder.py), sent
+                                                        when it changes; kept for a restart
     ("finish", status, deadline)                        deadline: time.time() to give up
     ("listen", [signal, ...], actions)                  the signals to ask the server for, and
                                                         the command actions handled ({name:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import reduce
 from typing import Any
 
@@ -34,6 +34,7 @@ __all__ = [
     "SAMPLER_PROB_BUCKETS",
     "TAILS",
     "UNBOUNDED_EPS",
+    "BatchInputs",
     "Partials",
     "bernoulli_kl",
     "finalize",
@@ -160,6 +161,107 @@ class Partials:
         )
 
 
+@dataclass(frozen=True)
+class BatchInputs:
+    """One batch of a step, as a trainer logs it: the inputs of the metrics (`compute`,
+    `partials`), of the step details (`batched.details_of`) and of the Monitor's worker
+    (`copy()` snapshots them). `stability_metrics`' arguments are its fields (docs there)."""
+
+    sampler_logprobs: Tensor
+    learner_logprobs: Tensor
+    mask: Tensor | None = None
+    rewards: Tensor | None = None
+    advantages: Tensor | None = None
+    gate_mask: Tensor | None = None
+    logits: Tensor | None = None
+    sampler_version: Tensor | None = None
+    learner_version: Tensor | int | None = None
+    token_ids: Tensor | None = None
+    """The sampled token ids [B, T], for the step details' samples (`details.py`)."""
+    seq_ids: Tensor | None = None
+    """The caller's sequence ids [B] (integers), for the samples."""
+    sampler_topk_ids: Tensor | None = None
+    """The sampler's top-k token ids at each position [B, T, k] (< 0: no entry)."""
+    sampler_topk_logprobs: Tensor | None = None
+    """Their log-probabilities under the sampler [B, T, k]."""
+    max_length: int | None = None
+    """The answers' length cap (`response/*` metrics)."""
+
+    def arguments(self) -> dict[str, Any]:
+        """Every input, by name (what is shipped to the worker and copied)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def copy(self) -> BatchInputs:
+        """Snapshot the tensors (one copy each), so the caller may reuse its buffers at once."""
+        with torch.no_grad():  # copies without autograd history, no detach() needed
+            return BatchInputs(**{name: _copy(value) for name, value in self.arguments().items()})
+
+    def signature(self) -> tuple[Any, ...]:
+        """Batches with equal signatures can be stacked into one call: the same inputs
+        given, with the same dtypes and ranks (and vocabulary size for logits)."""
+        kinds: list[Any] = []
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, Tensor):
+                vocab = tuple(value.shape[2:]) if field.name in _PER_POSITION else ()
+                kinds.append((value.dtype, value.dim(), vocab))
+            elif field.name == "max_length":
+                kinds.append(value)  # only batches of one cap join or stack
+            else:
+                kinds.append(type(value))  # None, or an int learner_version
+        return tuple(kinds)
+
+    def stackable(self) -> bool:
+        """A plain [B, T] batch whose other inputs have the shapes stability_metrics expects
+        (padding would otherwise hide a shape error that the batch alone raises)."""
+        if self.learner_logprobs.dim() != 2:
+            return False
+        seqs, length = self.learner_logprobs.shape
+        tokens, per_seq = (seqs, length), (seqs,)
+        shapes = {
+            "sampler_logprobs": (tokens,),
+            "mask": (tokens,),
+            "rewards": (per_seq,),
+            "advantages": (per_seq, tokens),
+            "gate_mask": (per_seq, tokens),
+            "sampler_version": (per_seq,),
+            "token_ids": (tokens,),
+            "seq_ids": (per_seq,),
+        }
+        for name, allowed in shapes.items():
+            value = getattr(self, name)
+            if value is not None and tuple(value.shape) not in allowed:
+                return False
+        version = self.learner_version
+        if isinstance(version, Tensor) and tuple(version.shape) not in ((), per_seq):
+            return False  # per sequence when concat() joined micro-batches of other versions
+        return all(
+            getattr(self, name) is None or tuple(getattr(self, name).shape[:2]) == tokens
+            for name in _PER_POSITION
+        ) and _same_k(self.sampler_topk_ids, self.sampler_topk_logprobs)
+
+    def compute(self, quantile: bool = True) -> dict[str, Tensor]:
+        """`stability_metrics` of this batch."""
+        return finalize(self.partials(quantile))
+
+    def partials(self, quantile: bool = True) -> Partials:
+        """`stability_partials` of this batch (all-reduced under data parallel)."""
+        return _partials(self, quantile)
+
+_PER_POSITION = ("logits", "sampler_topk_ids", "sampler_topk_logprobs")
+"""[B, T, ...] inputs: their trailing dims (vocabulary, k) must agree to stack."""
+
+
+def _same_k(ids: Tensor | None, logprobs: Tensor | None) -> bool:
+    if ids is None or logprobs is None:
+        return ids is None and logprobs is None
+    return ids.dim() == 3 and tuple(ids.shape) == tuple(logprobs.shape)
+
+
+def _copy(value: Any) -> Any:
+    return value.clone() if isinstance(value, Tensor) else value
+
+
 def stability_metrics(
     sampler_logprobs: Tensor,
     learner_logprobs: Tensor,
@@ -218,23 +320,13 @@ def stability_metrics(
     Padding never counts: a sequence is a row with at least one mask-1 token;
     rewards, advantages and versions of empty rows are ignored.
     """
-    return finalize(
-        stability_partials(
-            sampler_logprobs,
-            learner_logprobs,
-            mask,
-            rewards=rewards,
-            advantages=advantages,
-            gate_mask=gate_mask,
-            logits=logits,
-            sampler_version=sampler_version,
-            learner_version=learner_version,
-            sampler_topk_ids=sampler_topk_ids,
-            sampler_topk_logprobs=sampler_topk_logprobs,
-            max_length=max_length,
-            quantile=quantile,
-        )
-    )
+    batch = BatchInputs(
+        sampler_logprobs, learner_logprobs, mask, rewards=rewards, advantages=advantages,
+        gate_mask=gate_mask, logits=logits, sampler_version=sampler_version,
+        learner_version=learner_version, sampler_topk_ids=sampler_topk_ids,
+        sampler_topk_logprobs=sampler_topk_logprobs, max_length=max_length,
+    )  # fmt: skip
+    return batch.compute(quantile)
 
 
 def stability_partials(
@@ -258,22 +350,18 @@ def stability_partials(
     `finalize(stability_partials(...))` is `stability_metrics(...)`; merge the partials
     of several batches first (`merge_partials`) to get the metrics of them all.
     """
+    batch = BatchInputs(
+        sampler_logprobs, learner_logprobs, mask, rewards=rewards, advantages=advantages,
+        gate_mask=gate_mask, logits=logits, sampler_version=sampler_version,
+        learner_version=learner_version, sampler_topk_ids=sampler_topk_ids,
+        sampler_topk_logprobs=sampler_topk_logprobs, max_length=max_length,
+    )  # fmt: skip
+    return batch.partials(quantile)
+
+
+def _partials(batch: BatchInputs, quantile: bool) -> Partials:
     with torch.no_grad():
-        partials = _local_partials(
-            sampler_logprobs,
-            learner_logprobs,
-            mask,
-            rewards,
-            advantages,
-            gate_mask,
-            logits,
-            sampler_version,
-            learner_version,
-            quantile,
-            sampler_topk_ids,
-            sampler_topk_logprobs,
-            max_length,
-        )
+        partials = _local_partials(batch, quantile)
         if not data_parallel():
             return partials
         if partials.histogram is not None:
@@ -367,25 +455,15 @@ def _count_nonfinite(
     return _masked_sum(torch.nan_to_num(values - values, nan=1.0), valid, dims)
 
 
-def _local_partials(
-    sampler_logprobs: Tensor,
-    learner_logprobs: Tensor,
-    mask: Tensor | None,
-    rewards: Tensor | None,
-    advantages: Tensor | None,
-    gate_mask: Tensor | None,
-    logits: Tensor | None,
-    sampler_version: Tensor | None,
-    learner_version: Tensor | int | None,
-    quantile: bool,
-    sampler_topk_ids: Tensor | None = None,
-    sampler_topk_logprobs: Tensor | None = None,
-    max_length: int | None = None,
-) -> Partials:
+def _local_partials(batch: BatchInputs, quantile: bool) -> Partials:
     """Per-rank sums (reduced with SUM) and extremes (reduced with MAX).
 
     Without a mask nothing is masked: the toy grid's hot path skips every where().
     """
+    sampler_logprobs, learner_logprobs, mask = batch.sampler_logprobs, batch.learner_logprobs, batch.mask
+    rewards, advantages, gate_mask, logits = batch.rewards, batch.advantages, batch.gate_mask, batch.logits
+    sampler_version, learner_version, max_length = batch.sampler_version, batch.learner_version, batch.max_length
+    sampler_topk_ids, sampler_topk_logprobs = batch.sampler_topk_ids, batch.sampler_topk_logprobs
     if (sampler_topk_ids is None) != (sampler_topk_logprobs is None):
         raise ValueError("sampler_topk_ids and sampler_topk_logprobs go together")
     *lead, seqs, seq_len = learner_logprobs.shape

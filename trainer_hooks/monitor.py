@@ -62,7 +62,7 @@ from wire import (
 from wire.urls import ingest_url, run_page_url
 
 if TYPE_CHECKING:  # batched imports torch, which a floats-only Monitor does without
-    from trainer_hooks.batched import BatchInputs
+    from trainer_hooks.metrics import BatchInputs
 
 __all__ = ["Monitor"]
 
@@ -358,27 +358,33 @@ class Monitor:
         if self._closed or os.getpid() != self._pid:
             return
         try:
-            import torch
-
-            from trainer_hooks.batched import BatchInputs
-            from trainer_hooks.metrics import data_parallel
+            from trainer_hooks.metrics import BatchInputs
 
             inputs = BatchInputs(
-                sampler_logprobs,
-                learner_logprobs,
-                mask,
-                rewards=rewards,
-                advantages=advantages,
-                gate_mask=gate_mask,
-                logits=logits,
-                sampler_version=sampler_version,
-                learner_version=learner_version,
-                token_ids=token_ids,
-                seq_ids=seq_ids,
-                sampler_topk_ids=sampler_topk_ids,
-                sampler_topk_logprobs=sampler_topk_logprobs,
+                sampler_logprobs, learner_logprobs, mask, rewards=rewards, advantages=advantages,
+                gate_mask=gate_mask, logits=logits, sampler_version=sampler_version,
+                learner_version=learner_version, token_ids=token_ids, seq_ids=seq_ids,
+                sampler_topk_ids=sampler_topk_ids, sampler_topk_logprobs=sampler_topk_logprobs,
                 max_length=max_length,
-            )
+            )  # fmt: skip
+        except Exception as exc:  # a bad input must never stop training
+            self._drop("error", 1, f"log_batch({step!r}) dropped: {exc!r}")
+            return
+        self.log_inputs(step, inputs, metrics=metrics, decode=decode)
+
+    def log_inputs(
+        self, step: int, inputs: BatchInputs, *, metrics: Mapping[str, Any] | None = None, decode: Any = None
+    ) -> None:
+        """`log_batch` with its tensors in one `trainer_hooks.BatchInputs` (a loop that hands
+        its batch to several sinks builds it once). Never raises."""
+        if self._closed or os.getpid() != self._pid:
+            return
+        try:
+            import torch
+
+            from trainer_hooks.batched import details_of
+            from trainer_hooks.metrics import data_parallel
+
             if decode is not None and self.enabled and not same(decode, self._decode):
                 self._send_decoder(decode)
             parallel = data_parallel()  # then every rank takes part in the all-reduces
@@ -388,7 +394,7 @@ class Monitor:
                 self._send_batch(torch, step, metrics or {}, inputs)
                 return
             partials = inputs.partials()  # queued kernels on a GPU; all-reduced on every rank
-            details = inputs.details(self.samples)  # likewise
+            details = details_of(inputs, self.samples)  # likewise
             if self.enabled:
                 packed, layout = partials.pack()
                 packed_details, details_layout = details.pack()

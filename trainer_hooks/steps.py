@@ -20,9 +20,8 @@ from typing import TYPE_CHECKING
 from wire import Histogram, Row, Sequences
 
 if TYPE_CHECKING:  # batched and metrics import torch, which a floats-only run does without
-    from trainer_hooks.batched import BatchInputs
     from trainer_hooks.details import DetailPartials, Details
-    from trainer_hooks.metrics import Partials
+    from trainer_hooks.metrics import BatchInputs, Partials
 
 __all__ = ["Call", "StepMerger"]
 
@@ -159,12 +158,13 @@ class StepMerger:
         """The step's details: its calls' merged (`details.merge_details`), finalised."""
         if not (open_step.details or open_step.inputs):
             return None
+        from trainer_hooks.batched import details_of
         from trainer_hooks.details import finalize_details, merge_details
 
         options = self.details
         try:
             parts = list(open_step.details)
-            parts.extend(inputs.details(options.worst) for inputs in open_step.inputs)
+            parts.extend(details_of(inputs, options.worst) for inputs in open_step.inputs)
             return finalize_details(
                 merge_details(parts),
                 decode=options.decode,

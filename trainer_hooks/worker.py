@@ -40,7 +40,7 @@ from trainer_hooks.steps import Call, DetailOptions, StepMerger
 from wire import encode_rows
 
 if TYPE_CHECKING:
-    from trainer_hooks.batched import BatchInputs
+    from trainer_hooks.metrics import BatchInputs
 
 __all__ = ["Worker", "run"]
 
@@ -350,7 +350,7 @@ def _inputs(fields: list[tuple[str, Any]], body: memoryview) -> BatchInputs:
     """The BatchInputs of a "batch" message (each tensor copied out, aligned)."""
     import torch
 
-    from trainer_hooks.batched import BatchInputs
+    from trainer_hooks.metrics import BatchInputs
 
     values: dict[str, Any] = {}
     offset = 0

@@ -6,7 +6,7 @@
         learner_logp_B_T = log π(rollout.tokens) in fp32       # the weights of version `step`
         loss, gate = policy_loss(loss, learner_logp_B_T, rollout.sampler_logp_B_T, adv_B, mask_B_T)
         backward, clip, AdamW step; board.publish(step + 1, model)
-        monitor.log_batch(step, rollout.sampler_logp_B_T, learner_logp_B_T, ...)   # keel
+        monitor.log_inputs(step, BatchInputs(rollout.sampler_logp_B_T, learner_logp_B_T, ...))   # keel
 
 The learner never recomputes log μ: the ratio it trains on and the mismatch Keel
 reports both come from the log-probabilities the sampler recorded. The lines
@@ -37,7 +37,7 @@ from trainer_hooks.losses import (
     loss_terms,
     policy_loss,
 )
-from trainer_hooks.metrics import stability_metrics
+from trainer_hooks.metrics import BatchInputs
 
 __all__ = [
     "LMConfig",
@@ -187,24 +187,8 @@ _AGG_NAMES = {"token_sum": "tsum", "token_mean": "tmean", "seq_mean_token_mean":
 class MetricSink(Protocol):
     """What the loop logs to: a `trainer_hooks.Monitor`, a `Recorder`, or both (`Tee`)."""
 
-    def log_batch(
-        self,
-        step: int,
-        sampler_logprobs: Any,
-        learner_logprobs: Any,
-        mask: Any,
-        *,
-        metrics: Mapping[str, Any] | None = None,
-        rewards: Any = None,
-        advantages: Any = None,
-        gate_mask: Any = None,
-        logits: Any = None,
-        sampler_version: Any = None,
-        learner_version: Any = None,
-        token_ids: Any = None,
-        seq_ids: Any = None,
-        decode: Any = None,
-        max_length: int | None = None,
+    def log_inputs(
+        self, step: int, inputs: BatchInputs, *, metrics: Mapping[str, Any] | None = None, decode: Any = None
     ) -> None: ...
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None: ...
@@ -216,31 +200,10 @@ class Recorder:
     def __init__(self) -> None:
         self.series: dict[str, list[float]] = {}
 
-    def log_batch(
-        self,
-        step: int,
-        sampler_logprobs: Any,
-        learner_logprobs: Any,
-        mask: Any,
-        *,
-        metrics: Mapping[str, Any] | None = None,
-        rewards: Any = None,
-        advantages: Any = None,
-        gate_mask: Any = None,
-        logits: Any = None,
-        sampler_version: Any = None,
-        learner_version: Any = None,
-        token_ids: Any = None,
-        seq_ids: Any = None,
-        decode: Any = None,
-        max_length: int | None = None,
+    def log_inputs(
+        self, step: int, inputs: BatchInputs, *, metrics: Mapping[str, Any] | None = None, decode: Any = None
     ) -> None:  # the step details are the Monitor's: this records the scalars
-        values = stability_metrics(
-            sampler_logprobs, learner_logprobs, mask, rewards=rewards, advantages=advantages,
-            gate_mask=gate_mask, logits=logits, sampler_version=sampler_version,
-            learner_version=learner_version, max_length=max_length,
-        )  # fmt: skip
-        self.log(step, {**values, **(metrics or {})})
+        self.log(step, {**inputs.compute(), **(metrics or {})})
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         keys = list(metrics)
@@ -258,32 +221,11 @@ class Tee:
     def __init__(self, *sinks: MetricSink) -> None:
         self.sinks = sinks
 
-    def log_batch(
-        self,
-        step: int,
-        sampler_logprobs: Any,
-        learner_logprobs: Any,
-        mask: Any,
-        *,
-        metrics: Mapping[str, Any] | None = None,
-        rewards: Any = None,
-        advantages: Any = None,
-        gate_mask: Any = None,
-        logits: Any = None,
-        sampler_version: Any = None,
-        learner_version: Any = None,
-        token_ids: Any = None,
-        seq_ids: Any = None,
-        decode: Any = None,
-        max_length: int | None = None,
+    def log_inputs(
+        self, step: int, inputs: BatchInputs, *, metrics: Mapping[str, Any] | None = None, decode: Any = None
     ) -> None:
         for sink in self.sinks:
-            sink.log_batch(
-                step, sampler_logprobs, learner_logprobs, mask, metrics=metrics, rewards=rewards,
-                advantages=advantages, gate_mask=gate_mask, logits=logits,
-                sampler_version=sampler_version, learner_version=learner_version,
-                token_ids=token_ids, seq_ids=seq_ids, decode=decode, max_length=max_length,
-            )  # fmt: skip
+            sink.log_inputs(step, inputs, metrics=metrics, decode=decode)
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         for sink in self.sinks:
@@ -379,8 +321,7 @@ def train(
             tokens = out.mask_B_T.sum()  # answer tokens (a tensor: no host sync)
             if monitor is not None:
                 loss_pg, loss_kl = _loss_parts(config.loss, config.aggregation, rollout, out)
-                monitor.log_batch(  # keel: the stability metrics of this batch
-                    step,
+                inputs = BatchInputs(  # keel: what the stability metrics read of this batch
                     rollout.sampler_logp_B_T,  # keel: recorded by the sampler, never recomputed
                     out.learner_logp_B_T,  # keel: log π of the same tokens, fp32
                     out.mask_B_T,
@@ -393,8 +334,12 @@ def train(
                     # keel: the worst sequences' tokens, and their ids
                     token_ids=rollout.tokens_B_L[:, -out.learner_logp_B_T.shape[1] :],
                     seq_ids=rollout.seq_id_B,
-                    decode=decode,
                     max_length=max_length,  # keel: response/length_*, truncated_frac
+                )
+                monitor.log_inputs(  # keel: the stability metrics of this batch, and the loop's own
+                    step,
+                    inputs,
+                    decode=decode,
                     metrics={
                         "grad/norm": out.grad_norm,
                         "loss/total": out.loss,

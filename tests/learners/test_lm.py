@@ -128,11 +128,11 @@ class Spy(Recorder):
         super().__init__()
         self.calls: list[dict[str, torch.Tensor]] = []
 
-    def log_batch(self, step, sampler_logprobs, learner_logprobs, mask, **inputs):  # type: ignore[no-untyped-def, override]
+    def log_inputs(self, step, inputs, *, metrics=None, decode=None):  # type: ignore[no-untyped-def, override]
         self.calls.append(
-            {"sampler": sampler_logprobs, "learner": learner_logprobs, **inputs}
+            {**inputs.arguments(), "sampler": inputs.sampler_logprobs, "learner": inputs.learner_logprobs, "metrics": metrics, "decode": decode}
         )
-        super().log_batch(step, sampler_logprobs, learner_logprobs, mask, **inputs)
+        super().log_inputs(step, inputs, metrics=metrics, decode=decode)
 
 
 @pytest.mark.parametrize("lag", [0, 3])

@@ -233,9 +233,9 @@ class Spy(Recorder):
         super().__init__()
         self.calls: list[dict[str, object]] = []
 
-    def log_batch(self, step, sampler_logprobs, learner_logprobs, mask, **inputs):  # type: ignore[no-untyped-def, override]
-        self.calls.append({"mask": mask, **inputs})
-        super().log_batch(step, sampler_logprobs, learner_logprobs, mask, **inputs)
+    def log_inputs(self, step, inputs, *, metrics=None, decode=None):  # type: ignore[no-untyped-def, override]
+        self.calls.append({**inputs.arguments(), "metrics": metrics, "decode": decode})
+        super().log_inputs(step, inputs, metrics=metrics, decode=decode)
 
 
 def test_a_copy_run_logs_the_length_metrics_the_zero_spread_share_and_keeps_them_in_run_files(tmp_path) -> None:

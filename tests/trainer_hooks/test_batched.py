@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from trainer_hooks.batched import BatchInputs, compute, concat
-from trainer_hooks.metrics import stability_metrics
+from trainer_hooks.batched import compute, concat
+from trainer_hooks.metrics import BatchInputs, stability_metrics
 
 
 def batch(seed: int, seqs: int, length: int, **extra: bool) -> dict[str, object]:

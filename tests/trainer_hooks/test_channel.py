@@ -9,10 +9,10 @@ import time
 import pytest
 import torch
 
-from trainer_hooks.batched import BatchInputs
 from trainer_hooks.capture import HostCopy, ship_inputs
 from trainer_hooks.channel import Reader, encode
 from trainer_hooks.link import Feed, Pending
+from trainer_hooks.metrics import BatchInputs
 from trainer_hooks.worker import _inputs
 
 

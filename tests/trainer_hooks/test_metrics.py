@@ -375,7 +375,8 @@ def test_merged_partials_are_the_metrics_of_the_concatenated_batches() -> None:
 def test_the_answers_length_against_its_cap() -> None:
     """With max_length, a row's mask tokens are its answer: its length, the longest, the
     share cut at the cap (an empty row is no answer) and the cap itself."""
-    from trainer_hooks.batched import BatchInputs, compute, concat
+    from trainer_hooks.batched import compute, concat
+    from trainer_hooks.metrics import BatchInputs
 
     lengths = [3, 5, 6, 0]
     mask = torch.tensor([[1.0 if t < n else 0.0 for t in range(6)] for n in lengths])

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from trainer_hooks.batched import BatchInputs, compute, concat
+from trainer_hooks.batched import compute, concat
 from trainer_hooks.metrics import (
+    BatchInputs,
     finalize,
     merge_partials,
     stability_metrics,
-    stability_partials,
     topk_disagreement,
 )
 
@@ -112,8 +112,8 @@ def test_the_metrics_are_masked_means_and_maxima_of_the_hand_values() -> None:
 def test_merged_partials_stacked_steps_and_joined_calls_equal_the_direct_path() -> None:
     parts = [_batch(seed, seqs=2 + seed, length=5 + seed) for seed in range(3)]
     whole = concat(parts)  # one batch: the micro-batches along B, padded with mask 0
-    direct = {key: float(v) for key, v in stability_metrics(**whole.metric_arguments()).items()}
-    merged = finalize(merge_partials([stability_partials(**p.metric_arguments()) for p in parts]))
+    direct = {key: float(v) for key, v in whole.compute().items()}
+    merged = finalize(merge_partials([p.partials() for p in parts]))
     for key in TOPK_KEYS:
         assert float(merged[key]) == pytest.approx(direct[key], rel=1e-6), key
     # Several steps stacked into one call (the worker's path): each step its own values.
