@@ -6,7 +6,8 @@ would have taken a huge step on it (the "dial": ℓ = 4, A = −1 gives IS and P
 CISPO −4, TIS −2, MIS 0, REINFORCE −1).
 
 The dashboard may not import the trainer side (tests/test_layering.py), so the table is written
-here in plain floats with the losses' default constants; tests/dashboard/test_coefficients.py
+here in plain floats, with the losses' default constants of wire/loss_constants.py (the losses
+take the same); tests/dashboard/test_coefficients.py
 checks every row against `trainer_hooks.losses.loss_terms` and fails when a loss is added there
 and not here.
 """
@@ -16,6 +17,20 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+from wire.loss_constants import (  # the losses' own defaults: trainer_hooks/losses.py takes them too
+    CISPO_CLIP,
+    CISPO_FLOOR_CLIP,
+    DRO_BETA,
+    FLASH_DELTA,
+    GSPO_CLIP_EPS,
+    KL_COEFF,
+    LOG_RATIO_CLAMP,
+    MIS_CAP,
+    PPO_CLIP_EPS,
+    PROB_CLAMP,
+    TIS_CAP,
+)
 
 __all__ = [
     "LOG_RATIO_CLAMP",
@@ -27,21 +42,7 @@ __all__ = [
     "sequence_drift",
 ]
 
-LOG_RATIO_CLAMP = 30.0
-"""ℓ is clamped to ±30 before exp, as the losses do (trainer_hooks.metrics.LOG_RATIO_CLAMP)."""
 
-# The losses' default constants (trainer_hooks/losses.py), one place each.
-KL_COEFF = 0.01
-PPO_CLIP_EPS = 0.2
-CISPO_CLIP = (0.0, 4.0)
-CISPO_FLOOR_CLIP = (0.8, 4.0)
-TIS_CAP = 2.0
-MIS_CAP = 2.0
-DRO_BETA = 0.05
-GSPO_CLIP_EPS = (3e-4, 4e-4)
-FLASH_DELTA = 3e-3
-PROB_CLAMP = 1e-6
-"""Probabilities in the Bernoulli KL are clamped to [1e-6, 1 − 1e-6] (trainer_hooks.metrics)."""
 _LOG_PROB_MIN, _LOG_PROB_MAX = math.log(PROB_CLAMP), math.log1p(-PROB_CLAMP)
 
 

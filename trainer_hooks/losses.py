@@ -25,6 +25,17 @@ import torch
 from torch import Tensor
 
 from trainer_hooks.metrics import LOG_RATIO_CLAMP, bernoulli_kl, log_ratio
+from wire.loss_constants import (
+    CISPO_CLIP,
+    CISPO_FLOOR_CLIP,
+    DRO_BETA,
+    FLASH_DELTA,
+    GSPO_CLIP_EPS,
+    KL_COEFF,
+    MIS_CAP,
+    PPO_CLIP_EPS,
+    TIS_CAP,
+)
 
 __all__ = [
     "ADVANTAGE_MODES",
@@ -128,7 +139,7 @@ def stable_proxy(
     adv_B_T: Tensor,
     mask_B_T: Tensor | None,
     *,
-    kl_coeff: float = 0.01,
+    kl_coeff: float = KL_COEFF,
 ) -> LossTerms:
     """c = A + β: REINFORCE plus Tinker's published k1 sampler KL, β Σ_t (log μ − log π)."""
     if not (math.isfinite(kl_coeff) and kl_coeff >= 0):
@@ -157,7 +168,7 @@ def ppo(
     adv_B_T: Tensor,
     mask_B_T: Tensor | None,
     *,
-    clip_eps: float = 0.2,
+    clip_eps: float = PPO_CLIP_EPS,
 ) -> LossTerms:
     """c = r·A where the unclipped branch of min(rA, clip(r)A) is active, else 0.
 
@@ -180,8 +191,8 @@ def cispo(
     adv_B_T: Tensor,
     mask_B_T: Tensor | None,
     *,
-    clip_low: float = 0.0,
-    clip_high: float = 4.0,
+    clip_low: float = CISPO_CLIP[0],
+    clip_high: float = CISPO_CLIP[1],
 ) -> LossTerms:
     """c = sg(clip(r, lo, hi))·A; gated tokens are those where the clip bites."""
     _, ratio_B_T = _ratio(logp_B_T, sampler_logp_B_T)
@@ -196,7 +207,7 @@ def tis(
     adv_B_T: Tensor,
     mask_B_T: Tensor | None,
     *,
-    cap: float = 2.0,
+    cap: float = TIS_CAP,
 ) -> LossTerms:
     """Truncated IS: c = sg(min(r, C))·A; gated tokens have r > C."""
     _, ratio_B_T = _ratio(logp_B_T, sampler_logp_B_T)
@@ -210,7 +221,7 @@ def mis(
     adv_B_T: Tensor,
     mask_B_T: Tensor | None,
     *,
-    cap: float = 2.0,
+    cap: float = MIS_CAP,
 ) -> LossTerms:
     """Masked sequence IS: c = ρ_i·A if ρ_i ≤ C else 0, ρ_i = exp(Σ_t ℓ) (clamped ±30).
 
@@ -230,7 +241,7 @@ def dro(
     adv_B_T: Tensor,
     mask_B_T: Tensor | None,
     *,
-    beta: float = 0.05,
+    beta: float = DRO_BETA,
 ) -> LossTerms:
     """c = A − β·ℓ: REINFORCE plus the quadratic penalty (β/2)(log π − log μ)²."""
     ell_B_T, _ = _ratio(logp_B_T, sampler_logp_B_T)
@@ -249,8 +260,8 @@ def gspo(
     adv_B_T: Tensor,
     mask_B_T: Tensor | None,
     *,
-    clip_eps_low: float = 3e-4,
-    clip_eps_high: float = 4e-4,
+    clip_eps_low: float = GSPO_CLIP_EPS[0],
+    clip_eps_high: float = GSPO_CLIP_EPS[1],
 ) -> LossTerms:
     """c = s_i·A where the unclipped branch is active, s_i = exp(mean_t ℓ): PPO at sequence level.
 
@@ -277,7 +288,7 @@ def flash_reinforce(
     adv_B_T: Tensor,
     mask_B_T: Tensor | None,
     *,
-    delta: float = 3e-3,
+    delta: float = FLASH_DELTA,
 ) -> LossTerms:
     """c = m_i·A_i·sg(r_t), m_i = 1[mean_t d_t ≤ δ] with d the Bernoulli KL (docs/metrics.md).
 
@@ -297,7 +308,7 @@ LOSSES: dict[str, LossSpec] = {
     "importance_sampling": LossSpec(importance_sampling, "token", "token_sum"),
     "ppo": LossSpec(ppo, "token", "token_sum"),
     "cispo": LossSpec(cispo, "token", "token_sum"),
-    "cispo_floor": LossSpec(functools.partial(cispo, clip_low=0.8), "token", "token_sum"),
+    "cispo_floor": LossSpec(functools.partial(cispo, clip_low=CISPO_FLOOR_CLIP[0], clip_high=CISPO_FLOOR_CLIP[1]), "token", "token_sum"),
     "tis": LossSpec(tis, "token", "token_sum"),
     "mis": LossSpec(mis, "sequence", "token_sum"),
     "dro": LossSpec(dro, "token", "token_sum"),

@@ -28,6 +28,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from wire.loss_constants import LOG_RATIO_CLAMP, PROB_CLAMP
+
 __all__ = [
     "LOG_RATIO_CLAMP",
     "PROB_CLAMP",
@@ -47,10 +49,6 @@ __all__ = [
     "topk_disagreement",
 ]
 
-LOG_RATIO_CLAMP = 30.0
-"""ℓ is clamped to ±30 before exp, so r stays finite in float32."""
-PROB_CLAMP = 1e-6
-"""Probabilities in the Bernoulli KL are clamped to [1e-6, 1 - 1e-6]."""
 UNBOUNDED_EPS = 0.2
 """`mismatch/unbounded_frac` counts tokens with A < 0 and r > 1 + UNBOUNDED_EPS: there PPO's
 clipped objective (ε = 0.2, its usual value) takes the unclipped r·A, and importance
