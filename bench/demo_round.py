@@ -27,7 +27,7 @@ from pathlib import Path
 from keel.local import free_port
 
 EXPECTED_LAST_STEP = {"toy": 599, "lm": 499}
-"""The last step of a demo run (keel/commands.py: toy runs of 600 steps, transformers of 500)."""
+"""The last step of a demo run (keel/demo.py: toy runs of 600 steps, transformers of 500)."""
 
 
 def main() -> int:

@@ -14,8 +14,8 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.routing import Match, Route
 from starlette.types import Receive, Scope, Send
 
-from dashboard.components import empty_state, shell
 from dashboard.data import KeelApi, in_process_client
+from dashboard.layout import empty_state, shell
 from dashboard.views import charts, compare, details, run, runs
 
 __all__ = ["mount", "build_dash", "route", "PAGE_PATHS", "LIVE_PARTS"]

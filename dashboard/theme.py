@@ -215,4 +215,4 @@ KL_BANDS = {
 }
 """Healthy ranges of the sampler–learner KL (k3, `mismatch/kl`) as the Miles/slime write-up on
 training–inference mismatch gives them, by model kind: (label, low, high). The KL chart shades
-the one a user picks (components.chart_controls, "KL healthy band")."""
+the one a user picks (layout.chart_controls, "KL healthy band")."""

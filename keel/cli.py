@@ -33,11 +33,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, TextIO
 
 _COMMAND_MODULES: Mapping[str, tuple[str, ...]] = {
-    "server.commands": ("fastapi",),
+    "server.cli": ("fastapi",),
     "keel.backtest": ("fastapi",),
     "learners.toy_cli": ("torch",),
     "learners.lm_cli": ("torch",),
-    "keel.commands": ("fastapi", "torch", "learners"),  # demo, eval-alerts: a server and the learners
+    "keel.demo": ("fastapi", "torch", "learners"),  # demo, eval-alerts: a server and the learners
     "keel.parity": (),
     "keel.run": (),
     "keel.sync": (),

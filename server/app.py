@@ -22,10 +22,10 @@ from server.errors import NotFound
 from server.origins import OriginGuard, SecurityHeaders, SitePolicy
 from server.ratelimit import client_key
 from server.routes import alerts as alert_routes
+from server.routes import api_tokens as token_routes
 from server.routes import backtest as backtest_routes
-from server.routes import commands as command_routes
 from server.routes import health, login, runs, streams
-from server.routes import tokens as token_routes
+from server.routes import run_commands as command_routes
 from server.serving import BodyDeadline
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/login", "/logout", "/docs", "/docs/oauth2-redirect", "/openapi.json"})

@@ -4,7 +4,7 @@ Off on loopback by default (local use); required on any other interface. A
 token arrives as `Authorization: Bearer <token>`, or, for browsers, as the
 HttpOnly `keel_token` cookie set by /login (a same-origin websocket sends it
 too). Never in the URL: URLs are written to access logs, proxies and browser
-history. Tokens themselves: server/tokens.py.
+history. Tokens themselves: server/api_tokens.py.
 
 Guessing is limited per client address (`FailedAuthLimit`): every token looked up for a
 request and found to be no live token's (a bad bearer token or cookie, a wrong token at
@@ -24,11 +24,11 @@ from starlette.requests import HTTPConnection
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from server.api_tokens import UNKNOWN_TOKEN_SEEN, token_identity, token_scopes
 from server.deps import get_components
 from server.errors import Forbidden
 from server.ratelimit import RateLimiter, address_key
 from server.storage.admission import Speaker
-from server.tokens import UNKNOWN_TOKEN_SEEN, token_identity, token_scopes
 
 COOKIE = "keel_token"
 LOGIN_PATH = "/login"

@@ -15,13 +15,13 @@ from server.alerts.engine import AlertEngine
 from server.alerts.hazard import HazardCache, HazardModel, load_model
 from server.alerts.notify import Notifier
 from server.alerts.rulebook import RuleBook
+from server.api_tokens import create_token
 from server.config import Settings, deprecated_env
 from server.fanout import Fanout
 from server.ingest import AfterCommit, FrameBudget, IngestSlots, SocketSlots
 from server.live import LiveHub
 from server.ratelimit import RateLimits
 from server.storage import Store
-from server.tokens import create_token
 from server.webhooks.delivery import DeliveryWorker, RetryPolicy
 
 __all__ = ["Components", "running"]

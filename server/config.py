@@ -199,7 +199,7 @@ class Settings(BaseSettings):
 
     @property
     def auth_enabled(self) -> bool:
-        from server.tokens import is_loopback
+        from server.api_tokens import is_loopback
 
         return self.auth if self.auth is not None else not is_loopback(self.host)
 

@@ -73,3 +73,13 @@ def test_the_readme_compose_command_sets_what_the_compose_file_requires() -> Non
     (command,) = [line for line in readme.splitlines() if re.match(r"(\w+=.* )?docker compose up ", line)]
     assert all(f"{name}=" in command for name in required), command
     assert yaml.safe_load(compose)["services"]["server"]["environment"]["KEEL_BOOTSTRAP_TOKEN"] == "${KEEL_ADMIN_TOKEN:?set KEEL_ADMIN_TOKEN to a long random string}"
+
+
+def test_every_module_the_architecture_names_exists() -> None:
+    """docs/architecture.md's map and glossary name modules by path: each is in the tree (a
+    rename that forgets the docs fails here)."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    named = set(re.findall(r"\b((?:wire|trainer_hooks|learners|server|dashboard|keel|migrations|bench|tests)/[\w/.-]*?\.(?:py|js))\b", text))
+    assert len(named) > 30, named  # the glossary and the map name dozens
+    missing = sorted(path for path in named if not (ROOT / path).exists())
+    assert missing == []

@@ -24,7 +24,7 @@ PATTERNS = (
     re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://[^/\s:@\"']*:)[^/\s@\"']+(?=@)"),
     # Authorization: Bearer <token>, and Bearer%20<token> or Bearer+<token> in a URL
     re.compile(r"(?i)(\bbearer(?:\s+|%20|\+))[^\s\"',&;#?]+"),
-    # A Keel API token (server/tokens.py) or webhook secret (server/webhooks/signing.py) anywhere.
+    # A Keel API token (server/api_tokens.py) or webhook secret (server/webhooks/signing.py) anywhere.
     # (keel_ + token_urlsafe(32): exactly 43 characters, so names like keel_test_... stay legible)
     re.compile(r"()\b(?:keel_[A-Za-z0-9_-]{43}(?![A-Za-z0-9_-])|whsec_[A-Za-z0-9+/=]{16,})"),
 )

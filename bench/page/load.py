@@ -31,7 +31,7 @@ from typing import Any
 from bench.page.browser import cold_load, probe
 from bench.page.results import Results
 from bench.page.streams import BenchRun
-from dashboard.components import INITIAL_SMOOTHING
+from dashboard.layout import INITIAL_SMOOTHING
 from dashboard.series import ema
 from dashboard.theme import HEADLINE_KEYS, metric_info
 from keel.client import Client

@@ -23,9 +23,9 @@ from typing import Any
 from dash import MATCH, ClientsideFunction, Dash, Input, Output, State, ctx
 from dash.exceptions import PreventUpdate
 
-from dashboard.components import GRAPH_TYPE, HAZARD_GRAPH, SEEN_TYPE, ZOOM_TYPE
 from dashboard.data import KeelApi
 from dashboard.figures import ChartOptions, RunLine, hazard_figure, metric_figure
+from dashboard.layout import GRAPH_TYPE, HAZARD_GRAPH, SEEN_TYPE, ZOOM_TYPE
 from dashboard.learned_level import ENTROPY_KEY, LEVEL_KEYS, learned_level
 from dashboard.series import Alert, Series, all_zero, magnitude
 from dashboard.theme import KL_BANDS, KL_KEY, loss_name, metric_info
@@ -94,7 +94,7 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         Input("backtest-firings", "data"),
         Input(seen_store, "data"),
         State(graph, "id"),
-        # First when the browser says the chart is near the view (components.SEEN_TYPE); again
+        # First when the browser says the chart is near the view (layout.SEEN_TYPE); again
         # when it asks for this chart alone (a learned level still to come: assets/live/socket.js).
         prevent_initial_call=True,
     )

@@ -9,7 +9,9 @@ from typing import Any
 import dash_ag_grid as dag
 from dash import Dash, Input, Output, State, dcc, html, no_update
 
-from dashboard.components import (
+from dashboard.data import KeelApi
+from dashboard.figures import RunLine, run_styles
+from dashboard.layout import (
     chart_controls,
     empty_state,
     hazard_graph,
@@ -18,8 +20,6 @@ from dashboard.components import (
     page_state,
     whole_name,
 )
-from dashboard.data import KeelApi
-from dashboard.figures import RunLine, run_styles
 from dashboard.series import Series
 from dashboard.summary import SUMMARY_KEYS, summarise_group, summarise_run
 from dashboard.theme import (

@@ -21,10 +21,10 @@ from typing import Any
 from dash import ClientsideFunction, Dash, Input, Output, State, ctx, dcc, html
 from dash.exceptions import PreventUpdate
 
-from dashboard.components import digest, radio
 from dashboard.data import KeelApi
 from dashboard.detail_figures import Distribution, distribution_figure, sequences_figure
 from dashboard.figures import message_figure
+from dashboard.layout import digest, radio
 from dashboard.views import token_view
 from dashboard.views.charts import X_AXIS_ONLY, zoom_range
 from dashboard.views.detail_states import LOADING, NO_DETAILS, empty_text

@@ -21,9 +21,9 @@ from typing import Any
 
 from dash import Dash, Input, Output, State, dcc, html, no_update
 
-from dashboard.components import data_attributes
 from dashboard.data import KeelApi
 from dashboard.figures import message_figure
+from dashboard.layout import data_attributes
 from dashboard.parity import (
     DEFAULT_TAUS,
     HISTOGRAM_KEY,

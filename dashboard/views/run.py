@@ -10,7 +10,9 @@ from typing import Any
 
 from dash import ALL, ClientsideFunction, Dash, Input, Output, State, dcc, html, no_update
 
-from dashboard.components import (
+from dashboard.data import KeelApi
+from dashboard.figures import ChartOptions
+from dashboard.layout import (
     ALERT_TOKENS_TYPE,
     INITIAL_SMOOTHING,
     badge,
@@ -23,8 +25,6 @@ from dashboard.components import (
     metric_graph,
     page_state,
 )
-from dashboard.data import KeelApi
-from dashboard.figures import ChartOptions
 from dashboard.series import Alert
 from dashboard.theme import HEADLINE_KEYS, SIGNAL_KEYS, drawn_keys, logged_charts
 from dashboard.views.charts import chart_figure

@@ -11,8 +11,8 @@ import dash_ag_grid as dag
 import httpx
 from dash import ClientsideFunction, Dash, Input, Output, dcc, html, no_update
 
-from dashboard.components import display_status, live_target, whole_name
 from dashboard.data import KeelApi
+from dashboard.layout import display_status, live_target, whole_name
 from dashboard.series import Alert, Series
 from dashboard.summary import wire
 from dashboard.text import markdown_text

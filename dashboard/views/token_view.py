@@ -16,8 +16,8 @@ from typing import Any
 from dash import ALL, MATCH, ClientsideFunction, Dash, Input, Output, State, ctx, dcc, html
 from dash.exceptions import PreventUpdate
 
-from dashboard.components import ALERT_TOKENS_TYPE, GRAPH_TYPE, HAZARD_GRAPH
 from dashboard.data import KeelApi
+from dashboard.layout import ALERT_TOKENS_TYPE, GRAPH_TYPE, HAZARD_GRAPH
 from dashboard.tokens import colour_legend, sample_card
 from dashboard.topk import TOPK_PANEL, TOPK_STORE, TOPK_TOKEN, choose, token_class
 from dashboard.views.detail_states import LOADING, NO_DETAILS, placeholder

@@ -8,9 +8,9 @@ from urllib.parse import parse_qs
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
+from server.api_tokens import token_scopes
 from server.auth import COOKIE
 from server.deps import StoreDep
-from server.tokens import token_scopes
 
 router = APIRouter(include_in_schema=False)
 

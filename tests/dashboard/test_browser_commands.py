@@ -15,9 +15,9 @@ from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
 from websockets.sync.client import connect
 
+from server.api_tokens import create_token
 from server.db import create_engine
 from server.storage import Store
-from server.tokens import create_token
 from tests.support.browser import console_errors, text_of, wait_until
 from tests.support.raw_client import new_run, open_ingest, points
 

@@ -1,9 +1,9 @@
-"""`keel demo` prints one compare page per A/B of a round (keel/commands.py): the toy A/B,
+"""`keel demo` prints one compare page per A/B of a round (keel/demo.py): the toy A/B,
 the transformer A/B with the guarded PPO, and the guarded PPO beside its unguarded twin."""
 
 from __future__ import annotations
 
-from keel.commands import _demo_comparisons, _demo_runs
+from keel.demo import _demo_comparisons, _demo_runs
 
 
 def test_a_demo_round_has_a_compare_page_per_ab_and_the_guard_beside_its_twin() -> None:

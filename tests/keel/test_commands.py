@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from keel.cli import main
-from keel.commands import DEMO_ARMS, LM_ARMS, _demo_runs, keel_command
+from keel.demo import DEMO_ARMS, LM_ARMS, _demo_runs, keel_command
 
 IMPOSTOR = "import sys; print('not keel'); sys.exit(42)\n"
 
@@ -40,7 +40,7 @@ def test_the_plain_module_form_would_have_run_the_impostor(tmp_path: Path) -> No
 
 
 def test_the_demo_help_says_what_a_round_streams(capsys: pytest.CaptureFixture[str]) -> None:
-    """`keel demo --help` names the A/Bs a round starts (keel/commands.py _demo_runs)."""
+    """`keel demo --help` names the A/Bs a round starts (keel/demo.py _demo_runs)."""
     with pytest.raises(SystemExit):
         main(["demo", "--help"])
     text = " ".join(capsys.readouterr().out.split())
@@ -55,7 +55,7 @@ def test_the_demo_help_says_what_a_round_streams(capsys: pytest.CaptureFixture[s
 def test_the_demo_paces_its_trainers_to_the_cores_and_keeps_an_ab_together() -> None:
     """A round's runs start in waves within a budget set from the cores: the toy runs
     together, each transformer seed's arms together (the guarded run with its twin)."""
-    from keel.commands import LM_WEIGHT, MIN_JOBS, _weight, demo_jobs, demo_waves
+    from keel.demo import LM_WEIGHT, MIN_JOBS, _weight, demo_jobs, demo_waves
 
     assert demo_jobs(2) == MIN_JOBS and demo_jobs(None) == MIN_JOBS and demo_jobs(16) == 48
     runs = _demo_runs("http://h:1", 0, 0.1)

@@ -70,7 +70,7 @@
 
   /*
    * Ask the server to draw the charts again (`gd` given: that chart alone, through its
-   * "metric-seen" store, components.SEEN_TYPE, at most once per DATA_REFRESH_MS: the entropy
+   * "metric-seen" store, layout.SEEN_TYPE, at most once per DATA_REFRESH_MS: the entropy
    * chart of a run whose learned level is still to come, which only the server computes).
    */
   var chartAsked = new WeakSet(); // charts with a redraw of their own asked for and not sent yet

@@ -4,7 +4,7 @@
  * Watches the page (Dash replaces it on navigation) for the live target and for new
  * figures; follows which charts are in view and whether the tab is shown. A chart's figure
  * is asked of the server only once its card comes within SEEN_MARGIN of the view (its
- * "metric-seen" store, components.SEEN_TYPE): a page of 40 charts costs what is on screen.
+ * "metric-seen" store, layout.SEEN_TYPE): a page of 40 charts costs what is on screen.
  * A card the server sent with its figure (data-seen="drawn": the run page's headline
  * charts) asks for nothing.
  *

@@ -276,8 +276,8 @@ def test_collapse_hazard_errors(server) -> None:
 def _secured(server_factory, database_url: str):  # type: ignore[no-untyped-def]
     """A server with auth on, and an ingest-only and a read-only token of it."""
     from server import db
+    from server.api_tokens import create_token
     from server.storage import Store
-    from server.tokens import create_token
 
     secured = server_factory(database_url, auth=True, bootstrap_token="keel_test_admin_token_0123456789abcdef")
 

@@ -9,11 +9,11 @@ from fastapi import APIRouter, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from server import run_commands
+from server.api_tokens import SCOPES, token_name, token_scopes
 from server.auth import ADMIN, READ, presented_token
 from server.deps import HubDep, SettingsDep, StoreDep
 from server.errors import NotTaken, TooManyPending
 from server.schemas import ApiRoute, RunId, Text, errors
-from server.tokens import SCOPES, token_name, token_scopes
 from wire import ProtocolError
 from wire.messages import parse_config
 from wire.signals import ACTION

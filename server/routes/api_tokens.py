@@ -7,10 +7,10 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, HTTPException, Path
 from pydantic import BaseModel, ConfigDict, Field
 
+from server.api_tokens import create_token, list_tokens, revoke_tokens, token_json
 from server.auth import ADMIN
 from server.deps import StoreDep
 from server.schemas import ApiRoute, Name, Text, errors
-from server.tokens import create_token, list_tokens, revoke_tokens, token_json
 
 router = APIRouter(tags=["tokens"], route_class=ApiRoute, responses=errors(401))
 

@@ -71,7 +71,7 @@ def _serve(args: argparse.Namespace) -> int:
     from server.serving import uvicorn_config
 
     settings = _settings(args, host=args.host, port=args.port, allow_private_webhooks=args.allow_private_webhooks)
-    from server.tokens import is_loopback
+    from server.api_tokens import is_loopback
 
     if not settings.auth_enabled and not is_loopback(settings.host):
         print(f"keel: refusing to serve on {settings.host} with auth off; unset KEEL_AUTH=false or bind 127.0.0.1", flush=True)
@@ -128,8 +128,8 @@ def _token(args: argparse.Namespace) -> int:
     import asyncio
 
     from server import db
+    from server.api_tokens import create_token, list_tokens, revoke_tokens
     from server.storage import Store
-    from server.tokens import create_token, list_tokens, revoke_tokens
 
     if args.action == "revoke" and not args.revoked_name:
         print("keel token revoke: name the tokens to revoke (keel token list shows them)")
