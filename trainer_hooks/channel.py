@@ -4,30 +4,16 @@ Both directions carry the same framing, one message after another:
 
     <u32 header length> <u32 body length> <header> <body>
 
-`header` is a pickled tuple whose first item names the message; `body` is raw bytes (the
-tensors of a `log_batch` call, each contiguous, in the order the header lists them). The
-trainer writes with one writev(2) of the caller's own buffers, so a CPU batch is copied
-once, by the kernel, and the loop may reuse its tensors as soon as the call returns.
+`header` is one of the frozen dataclasses below, pickled; `body` is raw bytes (the tensors
+of a `log_batch` call, each contiguous, in the order the header lists them). The trainer
+writes with one writev(2) of the caller's own buffers, so a CPU batch is copied once, by
+the kernel, and the loop may reuse its tensors as soon as the call returns.
 
-Trainer -> worker ("inbox"):
-    ("start", WorkerStart)                              always the first message
-    ("log", step, time, {key: float})
-    ("batch", step, time, {key: float}, [FieldSpec])    body: the BatchInputs tensors
-    ("partials", step, time, {key: float}, layout)      body: Partials.pack() as float64
-    ("decoder", pickled decode, import path)            log_batch's `decode` (decoder.py), sent
-                                                        when it changes; kept for a restart
-    ("finish", status, deadline)                        deadline: time.time() to give up
-    ("listen", [signal, ...], actions)                  the signals to ask the server for, and
-                                                        the command actions handled ({name:
-                                                        what it does} or None: not said)
-    ("answer", command id, ok, message)                 a command handler's answer
+Trainer -> worker ("inbox"; `Inbox`): Start (always the first), Log, Batch (body: the
+BatchInputs tensors), Packed (body: the partials and details, float64), Decoder, Listen,
+Answer, Finish.
 
-Worker -> trainer ("replies"):
-    ("ready",)                                          the spool is open
-    ("drop", kind, count, detail)                       counted in Monitor.dropped
-    ("log", level, message)                             for the trainer's "keel" logger
-    ("signal", message)                                 an alert, hazard or command (signals.py)
-    ("done", delivered, rejected, unacked)              finish is over; the spool is closed
+Worker -> trainer ("replies"; `Reply`): Ready, Drop, LogLine, Relay, Done.
 
 Both ends are trusted (one user, one machine, a pipe only they hold), which is what makes
 pickle acceptable here; nothing read from the network ever goes through it.
@@ -44,7 +30,10 @@ from typing import Any
 
 from trainer_hooks.sender import SenderConfig
 
-__all__ = ["FieldSpec", "Reader", "WorkerStart", "encode", "read_message", "write_all"]
+__all__ = [
+    "Answer", "Batch", "Decoder", "Done", "Drop", "FieldSpec", "Finish", "Inbox", "Listen", "Log", "LogLine",
+    "Packed", "Reader", "Ready", "Relay", "Reply", "Start", "WorkerStart", "encode", "read_message", "write_all",
+]  # fmt: skip
 
 _LENGTHS = struct.Struct("<II")
 # Bytes per read(2) of the replies (they are tiny).
@@ -80,7 +69,132 @@ class WorkerStart:
     """The command actions the trainer's handlers take, with what each does (None: not said)."""
 
 
-def encode(header: tuple[Any, ...], body: Sequence[Buffer] = ()) -> list[Buffer]:
+# -- trainer -> worker -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Start:
+    """Always the first message: take over the run's spool."""
+
+    worker: WorkerStart
+
+
+@dataclass(frozen=True)
+class Log:
+    """`Monitor.log`'s values of a step (floats, already on the host)."""
+
+    step: int
+    time: float
+    values: dict[str, float]
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A `log_batch` whose metrics the worker computes: the body holds the tensors that
+    `fields` lists, in order."""
+
+    step: int
+    time: float
+    values: dict[str, float]
+    fields: list[FieldSpec]
+
+
+@dataclass(frozen=True)
+class Packed:
+    """A `log_batch` computed in the trainer (partial sums, `Partials.pack()`, then the step
+    details' `DetailPartials.pack()`): the body is float64; `layout` is (partials' layout,
+    where the details start, details' layout)."""
+
+    step: int
+    time: float
+    values: dict[str, float]
+    layout: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Decoder:
+    """log_batch's `decode`, pickled (decoder.py), and the trainer's sys.path when it was."""
+
+    blob: bytes
+    import_path: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Listen:
+    """The signals to ask the server for, and the command actions handled ({name: what it
+    does}, or None: not said)."""
+
+    signals: tuple[str, ...]
+    actions: dict[str, str] | None
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A command handler's answer."""
+
+    command_id: str
+    ok: bool
+    message: str
+
+
+@dataclass(frozen=True)
+class Finish:
+    status: str
+    deadline: float
+    """time.time() at which to give up."""
+
+
+Inbox = Start | Log | Batch | Packed | Decoder | Listen | Answer | Finish
+
+
+# -- worker -> trainer -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ready:
+    """The spool is open."""
+
+
+@dataclass(frozen=True)
+class Drop:
+    """Counted in Monitor.dropped."""
+
+    kind: str
+    count: int
+    detail: str
+
+
+@dataclass(frozen=True)
+class LogLine:
+    """A record for the trainer's "keel" logger."""
+
+    level: int
+    message: str
+
+
+@dataclass(frozen=True)
+class Relay:
+    """An alert, hazard or command from the server (signals.py)."""
+
+    message: Any
+
+
+@dataclass(frozen=True)
+class Done:
+    """The worker's last word: finish is over, the spool is closed."""
+
+    delivered: bool
+    """The server acked every frame and the finish status."""
+    rejected: bool
+    """The server refused the token (or the run)."""
+    unacked: int
+    """Frames left in the spool for `keel sync`."""
+
+
+Reply = Ready | Drop | LogLine | Relay | Done
+
+
+def encode(header: Inbox | Reply, body: Sequence[Buffer] = ()) -> list[Buffer]:
     """One message as the buffers to write, in order (no copy of the body)."""
     head = pickle.dumps(header, protocol=pickle.HIGHEST_PROTOCOL)
     size = sum(memoryview(part).nbytes for part in body)
@@ -100,7 +214,7 @@ class Reader:
     def __init__(self) -> None:
         self._buffer = bytearray()
 
-    def feed(self, data: bytes) -> Iterator[tuple[tuple[Any, ...], memoryview]]:
+    def feed(self, data: bytes) -> Iterator[tuple[Any, memoryview]]:
         """The messages that `data` completes: (header, body), the body a copy of its own."""
         self._buffer += data
         start = 0
@@ -119,7 +233,7 @@ class Reader:
         return iter(messages)
 
 
-def read_message(fd: int, reader: Reader) -> Iterator[tuple[tuple[Any, ...], memoryview]]:
+def read_message(fd: int, reader: Reader) -> Iterator[tuple[Any, memoryview]]:
     """Block for the next chunk on `fd` and return the messages it completes (maybe none
     yet). Raises EOFError when the other end is closed."""
     data = os.read(fd, _READ_CHUNK)

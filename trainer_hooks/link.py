@@ -36,7 +36,20 @@ from pathlib import Path
 from typing import Any
 
 from trainer_hooks.capture import HostCopy
-from trainer_hooks.channel import Buffer, Reader, WorkerStart, encode, read_message
+from trainer_hooks.channel import (
+    Buffer,
+    Done,
+    Drop,
+    LogLine,
+    Reader,
+    Ready,
+    Relay,
+    Reply,
+    Start,
+    WorkerStart,
+    encode,
+    read_message,
+)
 
 __all__ = ["Done", "Feed", "Link", "Pending"]
 
@@ -272,18 +285,6 @@ class Feed:
                 return 0
 
 
-@dataclass(frozen=True)
-class Done:
-    """The worker's last word."""
-
-    delivered: bool
-    """The server acked every frame and the finish status."""
-    rejected: bool
-    """The server refused the token (or the run)."""
-    unacked: int
-    """Frames left in the spool for `keel sync`."""
-
-
 class Link:
     """Starts the worker, restarts it if it dies, relays its replies."""
 
@@ -350,7 +351,7 @@ class Link:
                 name=f"keel-replies-{self._name}",
                 daemon=True,
             ).start()
-            self._feed.connect(inbox_write, encode(("start", self.worker_start)))
+            self._feed.connect(inbox_write, encode(Start(self.worker_start)))
 
     def _spawn(self, inbox: int, replies: int) -> subprocess.Popen[bytes]:
         path = os.environ.get("PYTHONPATH")
@@ -412,19 +413,19 @@ class Link:
         if self.finish_message is not None:  # the dead worker took it along
             self._feed.put(self.finish_message, always=True)
 
-    def _handle(self, header: tuple[Any, ...]) -> None:
-        kind = header[0]
-        if kind == "drop":
-            self._on_drop(header[1], header[2], header[3])
-        elif kind == "log":
-            logger.log(header[1], "%s", header[2])
-        elif kind == "signal":
-            self._on_signal(header[1])
-        elif kind == "ready":
-            self.ready.set()
-        elif kind == "done":
-            self.done = Done(*header[1:4])
-            self._over.set()
+    def _handle(self, reply: Reply) -> None:
+        match reply:
+            case Drop(kind, count, detail):
+                self._on_drop(kind, count, detail)
+            case LogLine(level, message):
+                logger.log(level, "%s", message)
+            case Relay(message):
+                self._on_signal(message)
+            case Ready():
+                self.ready.set()
+            case Done():
+                self.done = reply
+                self._over.set()
 
 
 def _serve_here(inbox: int, replies: int) -> None:

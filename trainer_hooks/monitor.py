@@ -45,7 +45,18 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from trainer_hooks.capture import Capture, Captured, HostCopy, ship_inputs, to_host
-from trainer_hooks.channel import Buffer, WorkerStart, encode
+from trainer_hooks.channel import (
+    Answer,
+    Batch,
+    Buffer,
+    Decoder,
+    Finish,
+    Listen,
+    Log,
+    Packed,
+    WorkerStart,
+    encode,
+)
 from trainer_hooks.decoder import dumps as dump_decoder
 from trainer_hooks.decoder import import_path, same
 from trainer_hooks.link import Feed, Link, Pending
@@ -264,10 +275,10 @@ class Monitor:
         if self.enabled:
             listen, taken = (*LISTENED, "commands"), self._signals.actions
             self._link.worker_start = replace(self._link.worker_start, listen=listen, actions=taken)
-            self._feed.put(encode(("listen", listen, taken)), always=True)
+            self._feed.put(encode(Listen(tuple(listen), taken)), always=True)
 
     def _answer(self, command_id: str, ok: bool, message: str) -> None:
-        self._feed.put(encode(("answer", command_id, ok, message)), always=True)
+        self._feed.put(encode(Answer(command_id, ok, message)), always=True)
 
     @property
     def url(self) -> str:
@@ -423,7 +434,7 @@ class Monitor:
             return
         path = import_path()
         self._link.worker_start = replace(self._link.worker_start, decoder=blob, import_path=path)
-        if not self._feed.put(encode(("decoder", blob, path)), always=True):
+        if not self._feed.put(encode(Decoder(blob, tuple(path))), always=True):
             self._drop("queue_full", 1, "the send queue is full (is the worker stalled?)")
 
     def _ships(self, inputs: BatchInputs) -> bool:
@@ -443,13 +454,13 @@ class Monitor:
 
     def _send_log(self, captured: Captured) -> None:
         if not captured.snapshots:
-            message = encode(("log", captured.step, captured.time, captured.values))
+            message = encode(Log(captured.step, captured.time, captured.values))
             queued = self._feed.put(message)
         else:
 
             def encode_log() -> list[Buffer]:
                 row = captured.row()
-                return encode(("log", row.step, row.time, row.values))
+                return encode(Log(row.step, captured.time, row.values))
 
             queued = self._feed.put_pending(Pending(captured.copies, encode_log, 0))
         if not queued:
@@ -464,13 +475,12 @@ class Monitor:
         shipped = ship_inputs(torch, inputs)
         copies = captured.copies + shipped.copies
         if not copies:
-            header = ("batch", step, captured.time, captured.values, shipped.fields)
-            queued = self._feed.put(encode(header, shipped.buffers))
+            queued = self._feed.put(encode(Batch(step, captured.time, captured.values, shipped.fields), shipped.buffers))
         else:
 
             def encode_batch() -> list[Buffer]:
                 row = captured.row()
-                return encode(("batch", step, row.time, row.values, shipped.fields), shipped.buffers)
+                return encode(Batch(step, captured.time, row.values, shipped.fields), shipped.buffers)
 
             nbytes = sum(memoryview(buffer).nbytes for buffer in shipped.buffers)
             queued = self._feed.put_pending(Pending(copies, encode_batch, nbytes))
@@ -492,7 +502,7 @@ class Monitor:
         def encode_partials() -> list[Buffer]:
             row = captured.row()
             values = packed.wait().to(torch.float64).contiguous()
-            return encode(("partials", step, row.time, row.values, layout), [values.numpy()])
+            return encode(Packed(step, captured.time, row.values, layout), [values.numpy()])
 
         copies = [*captured.copies, packed]
         if all(copy.ready() for copy in copies):
@@ -580,7 +590,7 @@ class Monitor:
         if self._finish_status is None:
             self._closed = True
             self._finish_status = status
-            message = encode(("finish", status, time.time() + timeout))
+            message = encode(Finish(status, time.time() + timeout))
             self._link.finish_message = message
             self._feed.put(message, always=True)
 

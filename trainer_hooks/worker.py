@@ -32,7 +32,26 @@ from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainer_hooks.channel import Reader, WorkerStart, encode, write_all
+from trainer_hooks.channel import (
+    Answer,
+    Batch,
+    Decoder,
+    Done,
+    Drop,
+    Finish,
+    Listen,
+    Log,
+    LogLine,
+    Packed,
+    Reader,
+    Ready,
+    Relay,
+    Reply,
+    Start,
+    WorkerStart,
+    encode,
+    write_all,
+)
 from trainer_hooks.decoder import loads as load_decoder
 from trainer_hooks.sender import ConnState, Sender
 from trainer_hooks.spool import Spool
@@ -73,7 +92,7 @@ class _Forward(logging.Handler):
         self._worker = worker
 
     def emit(self, record: logging.LogRecord) -> None:
-        self._worker.reply(("log", record.levelno, self.format(record)))
+        self._worker.reply(LogLine(record.levelno, self.format(record)))
 
 
 class Worker:
@@ -97,14 +116,14 @@ class Worker:
         self._listen: tuple[tuple[str, ...], dict[str, str] | None] | None = None  # the latest "listen" message
         self._answers: list[tuple[str, bool, str]] = []  # "answer"s that came before the sender
 
-    def reply(self, message: tuple[Any, ...]) -> None:
+    def reply(self, message: Reply) -> None:
         try:
             write_all(self._replies, encode(message))
         except OSError:
             pass  # the trainer is gone; what matters is in the spool
 
     def _drop(self, kind: str, count: int, detail: str) -> None:
-        self.reply(("drop", kind, count, detail))
+        self.reply(Drop(kind, count, detail))
 
     def _warn(self, message: str) -> None:
         logger.warning("keel: %s", message)
@@ -141,7 +160,7 @@ class Worker:
             config=start.sender_config,
             listen=frozenset(self._listen[0] if self._listen is not None else start.listen),
             actions=self._listen[1] if self._listen is not None else start.actions,
-            on_signal=lambda message: self.reply(("signal", message)),
+            on_signal=lambda message: self.reply(Relay(message)),
         )
         for answer in self._answers:
             self._sender.answer(*answer)
@@ -156,7 +175,7 @@ class Worker:
             self._decoder = (start.decoder, start.import_path)
         self._set_decoder()
         os.set_blocking(self._inbox, False)
-        self.reply(("ready",))
+        self.reply(Ready())
         orphaned = False
         try:
             orphaned = self._loop()
@@ -234,32 +253,34 @@ class Worker:
             self._receive(data)
 
     def _receive(self, data: bytes) -> None:
-        for header, body in self._reader.feed(data):
-            kind = header[0]
-            if kind == "start":
-                self._start = header[1]
-            elif kind == "finish":
-                self._finish = (header[1], header[2])
-            elif kind == "listen":
-                self._listen = (tuple(header[1]), header[2])
-                if self._made_sender is not None:
-                    self._made_sender.set_listen(frozenset(self._listen[0]), self._listen[1])
-            elif kind == "answer":
-                if self._made_sender is not None:
-                    self._made_sender.answer(header[1], header[2], header[3])
-                else:
-                    self._answers.append((header[1], header[2], header[3]))
-            elif kind == "decoder":
-                self._decoder = (header[1], tuple(header[2]))
-                if self._merger is not None:
-                    self._set_decoder()
-            else:
-                try:
-                    call = _call(header, body)
-                    call.received = time.time()
-                    self._calls.append(call)
-                except Exception as exc:
-                    self._drop("error", 1, f"step {header[1]} lost: {exc!r}")
+        for message, body in self._reader.feed(data):
+            match message:
+                case Start(worker):
+                    self._start = worker
+                case Finish(status, deadline):
+                    self._finish = (status, deadline)
+                case Listen(signals, actions):
+                    self._listen = (tuple(signals), actions)
+                    if self._made_sender is not None:
+                        self._made_sender.set_listen(frozenset(self._listen[0]), self._listen[1])
+                case Answer(command_id, ok, said):
+                    if self._made_sender is not None:
+                        self._made_sender.answer(command_id, ok, said)
+                    else:
+                        self._answers.append((command_id, ok, said))
+                case Decoder(blob, path):
+                    self._decoder = (blob, tuple(path))
+                    if self._merger is not None:
+                        self._set_decoder()
+                case Log() | Batch() | Packed():
+                    try:
+                        call = _call(message, body)
+                        call.received = time.time()
+                        self._calls.append(call)
+                    except Exception as exc:
+                        self._drop("error", 1, f"step {message.step} lost: {exc!r}")
+                case _:
+                    self._drop("error", 1, f"unknown message from the trainer: {type(message).__name__}")
 
     def _set_decoder(self) -> None:
         """log_batch's `decode`, pickled by the trainer (decoder.py): token ids to strings."""
@@ -321,29 +342,29 @@ class Worker:
             unacked = self._spool.unacked
             self._sender.close()
             self._spool.close(remove=delivered)
-            self.reply(("done", delivered, rejected, unacked))
+            self.reply(Done(delivered, rejected, unacked))
 
 
-def _call(header: tuple[Any, ...], body: memoryview) -> Call:
-    kind, step, wall_time, values = header[:4]
-    if kind == "log":
+def _call(message: Log | Batch | Packed, body: memoryview) -> Call:
+    step, wall_time, values = message.step, message.time, message.values
+    if isinstance(message, Log):
         return Call(step, wall_time, values)
-    if kind == "batch":
-        return Call(step, wall_time, values, inputs=_inputs(header[4], body))
-    if kind == "partials":
+    if isinstance(message, Batch):
+        return Call(step, wall_time, values, inputs=_inputs(message.fields, body))
+    if isinstance(message, Packed):
         import torch
 
         from trainer_hooks.details import DetailPartials
         from trainer_hooks.metrics import Partials
 
         packed = torch.frombuffer(bytearray(body), dtype=torch.float64)
-        layout, details_at, details_layout = header[4]
+        layout, details_at, details_layout = message.layout
         partials = Partials.unpack(packed[:details_at], layout)
         details = None
         if details_layout is not None:
             details = DetailPartials.unpack(packed[details_at:], details_layout)
         return Call(step, wall_time, values, partials=partials, details=details)
-    raise ValueError(f"unknown message {kind!r}")
+    raise ValueError(f"unknown message {type(message).__name__}")
 
 
 def _inputs(fields: list[tuple[str, Any]], body: memoryview) -> BatchInputs:

@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from trainer_hooks.capture import HostCopy, ship_inputs
-from trainer_hooks.channel import Reader, encode
+from trainer_hooks.channel import Batch, Finish, Log, Reader, Start, encode
 from trainer_hooks.link import Feed, Pending
 from trainer_hooks.metrics import BatchInputs
 from trainer_hooks.worker import _inputs
 
 
-def _messages(reader: Reader, data: bytes, cut: int) -> list[tuple[tuple[object, ...], bytes]]:
+def _messages(reader: Reader, data: bytes, cut: int) -> list[tuple[object, bytes]]:
     """Feed `data` in pieces of `cut` bytes, as read(2) may return it."""
     out = []
     for start in range(0, len(data), cut):
@@ -27,9 +27,9 @@ def _messages(reader: Reader, data: bytes, cut: int) -> list[tuple[tuple[object,
 @pytest.mark.parametrize("cut", [1, 7, 64, 1 << 20])
 def test_messages_survive_any_split_of_the_stream(cut: int) -> None:
     sent = [
-        (("log", 0, 1.5, {"a": 1.0}), b""),
-        (("batch", 1, 2.5, {}, [("mask", None)]), b"\x00\x01" * 300),
-        (("finish", "killed", 9.0), b""),
+        (Log(0, 1.5, {"a": 1.0}), b""),
+        (Batch(1, 2.5, {}, [("mask", None)]), b"\x00\x01" * 300),
+        (Finish("killed", 9.0), b""),
     ]
     data = b"".join(b"".join(encode(header, [body] if body else [])) for header, body in sent)
     assert _messages(Reader(), data, cut) == sent
@@ -77,19 +77,19 @@ def test_a_full_pipe_never_blocks_the_caller_and_keeps_the_order() -> None:
     received = bytearray()
     reader = _reader_thread(read_fd, received, delay=0.5)
     feed = Feed(linger=0.01, max_messages=10_000, max_bytes=1 << 30, on_error=print)
-    feed.connect(write_fd, encode(("start", None)))
+    feed.connect(write_fd, encode(Start(None)))  # type: ignore[arg-type]
     payload = bytes(range(256)) * 64  # 16 KiB a message: the 64 KiB pipe fills at once
     started = time.monotonic()
     for step in range(200):
-        assert feed.put(encode(("log", step, 0.0, {}), [payload]))
+        assert feed.put(encode(Log(step, 0.0, {}), [payload]))
     assert time.monotonic() - started < 0.4  # never waited for the reader
     assert feed.flush(30)
     feed.close()
     reader.join(30)
     os.close(read_fd)
     messages = list(Reader().feed(bytes(received)))
-    assert [header for header, _ in messages][0] == ("start", None)
-    assert [header[1] for header, _ in messages[1:]] == list(range(200))
+    assert [header for header, _ in messages][0] == Start(None)  # type: ignore[arg-type]
+    assert [header.step for header, _ in messages[1:]] == list(range(200))
     assert all(bytes(body) == payload for _, body in messages[1:])
 
 
@@ -108,14 +108,14 @@ def test_a_pending_copy_holds_back_later_messages_until_it_lands() -> None:
     feed = Feed(linger=60.0, max_messages=100, max_bytes=1 << 20, on_error=print)
     feed.connect(write_fd, [])
     copy = _Copy(torch.zeros(()))
-    assert feed.put_pending(Pending([copy], lambda: encode(("log", 0, 0.0, {})), 0))
-    assert feed.put(encode(("log", 1, 0.0, {})))
+    assert feed.put_pending(Pending([copy], lambda: encode(Log(0, 0.0, {})), 0))
+    assert feed.put(encode(Log(1, 0.0, {})))
     assert feed.queued == 2  # step 1 waits behind step 0
     copy.landed = True
-    assert feed.put(encode(("log", 2, 0.0, {})))  # a later call forwards what landed
+    assert feed.put(encode(Log(2, 0.0, {})))  # a later call forwards what landed
     assert feed.idle
     os.set_blocking(read_fd, False)
-    steps = [header[1] for header, _ in Reader().feed(os.read(read_fd, 65536))]
+    steps = [header.step for header, _ in Reader().feed(os.read(read_fd, 65536))]
     assert steps == [0, 1, 2]
     feed.close()
     os.close(read_fd)
@@ -127,13 +127,13 @@ def test_the_queue_is_bounded_and_says_so() -> None:
     feed = Feed(linger=60.0, max_messages=3, max_bytes=1 << 30, on_error=print)
     feed.connect(write_fd, [])
     copy = _Copy(torch.zeros(()))
-    assert feed.put_pending(Pending([copy], lambda: encode(("log", 0, 0.0, {})), 0))
-    assert [feed.put(encode(("log", step, 0.0, {}))) for step in range(1, 5)] == [
+    assert feed.put_pending(Pending([copy], lambda: encode(Log(0, 0.0, {})), 0))
+    assert [feed.put(encode(Log(step, 0.0, {}))) for step in range(1, 5)] == [
         True,
         True,
         False,
         False,
     ]
-    assert feed.put(encode(("finish", "finished", 0.0)), always=True)
+    assert feed.put(encode(Finish("finished", 0.0)), always=True)
     feed.close()
     os.close(read_fd)
