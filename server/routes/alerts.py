@@ -26,6 +26,89 @@ StepCount = Annotated[int, Field(ge=0, le=MAX_INT)]
 Action = Annotated[str, Field(pattern=f"^{ACTION.pattern}$", description="1-64 of [A-Za-z0-9_.-]")]
 
 
+# -- what the routes answer ----------------------------------------------------------------
+
+
+class AlertOut(BaseModel):
+    """An alert as every surface writes it: wire.signals.Alert's fields, in its order (a test
+    keeps the two the same)."""
+
+    id: int
+    run_id: str
+    rule: str
+    metric: str
+    severity: str
+    state: Literal["pending", "firing", "resolved"]
+    started_step: int | None
+    resolved_step: int | None
+    message: str
+    keys: list[str]
+    rule_id: int | None
+    fingerprint: str
+    fired_step: int | None
+    value: float | str | None = Field(description='the value that fired it; non-finite as "nan", "inf", "-inf"')
+    started_at: str | None = Field(description="ISO 8601, UTC")
+    resolved_at: str | None
+    silenced: bool
+    acknowledged_at: str | None
+    acknowledged_by: str | None
+
+
+class RuleOut(BaseModel):
+    id: int
+    name: str
+    project: str | None
+    group: str | None
+    run_id: str | None
+    metric: str
+    detector: str
+    params: dict[str, Any]
+    severity: str
+    for_steps: int
+    keep_firing_for: int
+    enabled: bool
+    builtin: bool
+    action: str | None
+
+
+class SilenceOut(BaseModel):
+    id: int
+    matchers: dict[str, str]
+    starts_at: float
+    ends_at: float
+    comment: str
+    created_by: str
+    active: bool = Field(description="in force now")
+
+
+class WebhookOut(BaseModel):
+    id: int
+    url: str = Field(description="whole for an admin, `scheme://host/***` for a read token")
+    format: str
+    enabled: bool
+    disabled_reason: str | None
+
+
+class NewWebhookOut(WebhookOut):
+    secret: str = Field(description="the signing secret, shown this once")
+
+
+class QueuedOut(BaseModel):
+    event_id: str
+    status: Literal["queued"]
+
+
+class DeliveryOut(BaseModel):
+    id: int
+    event_id: str
+    event_type: str
+    status: str
+    attempts: int
+    next_attempt_at: float | None
+    last_error: str | None
+    delivered_at: float | None
+
+
 # -- alerts -----------------------------------------------------------------------
 
 
@@ -36,7 +119,7 @@ proxies (and by uvicorn itself well before 10,000 ids); read many runs' alerts b
 `project`/`state` and join, or page with `before_id`."""
 
 
-@router.get("/alerts", dependencies=[READ])
+@router.get("/alerts", response_model=list[AlertOut], dependencies=[READ])
 async def list_alerts(
     store: StoreDep,
     run_id: Annotated[
@@ -61,7 +144,7 @@ class AckIn(BaseModel):
     by: Name = "anonymous"
 
 
-@router.post("/alerts/{alert_id}/ack", dependencies=[ADMIN], responses=errors(400, 404, 429))
+@router.post("/alerts/{alert_id}/ack", response_model=AlertOut, dependencies=[ADMIN], responses=errors(400, 404, 429))
 async def acknowledge(alert_id: RowId, store: StoreDep, body: AckIn | None = None) -> dict[str, Any]:
     return alert_json(await history.acknowledge(store, alert_id, (body or AckIn()).by))
 
@@ -102,12 +185,12 @@ class RulePatch(BaseModel):
     action: Action | Literal[""] | None = Field(None, description='"" takes the action away')
 
 
-@router.get("/rules", dependencies=[READ])
+@router.get("/rules", response_model=list[RuleOut], dependencies=[READ])
 async def list_rules(rules: RuleBookDep, project: Text | None = None) -> list[dict[str, Any]]:
     return [rule_json(rule) for rule in await rules.list(project)]
 
 
-@router.post("/rules", status_code=201, dependencies=[ADMIN], responses=errors(400, 429))
+@router.post("/rules", status_code=201, response_model=RuleOut, dependencies=[ADMIN], responses=errors(400, 429))
 async def create_rule(body: RuleIn, rules: RuleBookDep) -> dict[str, Any]:
     try:
         rule = await rules.create(body.model_dump())
@@ -116,7 +199,7 @@ async def create_rule(body: RuleIn, rules: RuleBookDep) -> dict[str, Any]:
     return rule_json(rule)
 
 
-@router.patch("/rules/{rule_id}", dependencies=[ADMIN], responses=errors(400, 404, 429))
+@router.patch("/rules/{rule_id}", response_model=RuleOut, dependencies=[ADMIN], responses=errors(400, 404, 429))
 async def update_rule(rule_id: RowId, body: RulePatch, rules: RuleBookDep) -> dict[str, Any]:
     try:
         changes = body.model_dump(exclude_none=True)
@@ -151,7 +234,7 @@ class SilenceIn(BaseModel):
     created_by: Name = "anonymous"
 
 
-@router.get("/silences", dependencies=[READ])
+@router.get("/silences", response_model=list[SilenceOut], dependencies=[READ])
 async def list_silences(
     store: StoreDep,
     limit: int = Query(500, ge=1, le=10_000),
@@ -164,7 +247,7 @@ async def list_silences(
     return [silences.silence_json(s, now) for s in listed]
 
 
-@router.post("/silences", status_code=201, dependencies=[ADMIN], responses=errors(400, 429))
+@router.post("/silences", status_code=201, response_model=SilenceOut, dependencies=[ADMIN], responses=errors(400, 429))
 async def create_silence(body: SilenceIn, store: StoreDep) -> dict[str, Any]:
     now = time.time()
     starts_at = body.starts_at if body.starts_at is not None else now
@@ -178,7 +261,7 @@ async def create_silence(body: SilenceIn, store: StoreDep) -> dict[str, Any]:
     return silences.silence_json(silence, now)
 
 
-@router.delete("/silences/{silence_id}", dependencies=[ADMIN], responses=errors(404, 429))
+@router.delete("/silences/{silence_id}", response_model=SilenceOut, dependencies=[ADMIN], responses=errors(404, 429))
 async def expire_silence(silence_id: RowId, store: StoreDep) -> dict[str, Any]:
     return silences.silence_json(await silences.expire_silence(store, silence_id), time.time())
 
@@ -193,7 +276,7 @@ class WebhookIn(BaseModel):
     secret: Annotated[Text, Field(max_length=200)] | None = Field(None, description="whsec_<base64>; generated when omitted")
 
 
-@router.post("/webhooks", status_code=201, dependencies=[ADMIN], responses=errors(400, 429))
+@router.post("/webhooks", status_code=201, response_model=NewWebhookOut, dependencies=[ADMIN], responses=errors(400, 429))
 async def create_webhook(body: WebhookIn, store: StoreDep, settings: SettingsDep) -> dict[str, Any]:
     """The only response that carries the webhook's signing secret."""
     try:
@@ -207,7 +290,7 @@ async def create_webhook(body: WebhookIn, store: StoreDep, settings: SettingsDep
     return {**registry.webhook_json(hook), "secret": hook.secret}
 
 
-@router.get("/webhooks", dependencies=[READ])
+@router.get("/webhooks", response_model=list[WebhookOut], dependencies=[READ])
 async def list_webhooks(request: Request, store: StoreDep) -> list[dict[str, Any]]:
     """Every webhook. Its URL is whole for an admin token (or with auth off); a read token
     sees `scheme://host/***`: a receiver's URL is often its secret (Slack's, Discord's)."""
@@ -220,7 +303,7 @@ async def delete_webhook(hook_id: RowId, store: StoreDep) -> None:
     await registry.delete_webhook(store, hook_id)
 
 
-@router.post("/webhooks/{hook_id}/test", status_code=202, dependencies=[ADMIN], responses=errors(404, 429))
+@router.post("/webhooks/{hook_id}/test", status_code=202, response_model=QueuedOut, dependencies=[ADMIN], responses=errors(404, 429))
 async def test_webhook(
     hook_id: RowId, store: StoreDep, settings: SettingsDep, deliveries: DeliveriesDep
 ) -> dict[str, Any]:
@@ -229,7 +312,7 @@ async def test_webhook(
     return {"event_id": delivery.event_id, "status": "queued"}
 
 
-@router.get("/webhooks/{hook_id}/deliveries", dependencies=[READ], responses=errors(404))
+@router.get("/webhooks/{hook_id}/deliveries", response_model=list[DeliveryOut], dependencies=[READ], responses=errors(404))
 async def list_deliveries(hook_id: RowId, request: Request, store: StoreDep) -> list[dict[str, Any]]:
     """A webhook's deliveries, newest first; for a read token every URL in an error is masked
     as the webhook's own (`scheme://host/***`)."""

@@ -49,3 +49,13 @@ def test_the_servers_protocol_errors_are_wire_error_messages() -> None:
     assert read_reply(TooLarge("too many keys").to_message()) == ErrorMessage("too_large", "too many keys")
     limited = read_reply(RateLimited(1.25).to_message())
     assert limited == ErrorMessage("rate_limited", "rate limit exceeded; retry in 1.2 s", 1.25)
+
+
+def test_the_alerts_api_declares_the_wire_alert() -> None:
+    """GET /alerts and the ack answer with AlertOut: exactly the wire Alert's fields, in its
+    order, so the OpenAPI schema, the JSON and the decoders describe one thing."""
+    from server.routes.alerts import AlertOut
+
+    assert list(AlertOut.model_fields) == [field.name for field in dataclasses.fields(Alert)]
+    written = alert_json(_stored_alert(value=math.nan))
+    assert AlertOut.model_validate(written).model_dump(mode="json") == written
