@@ -90,17 +90,25 @@ def _watch_progress(browser: Any) -> None:
     """Record, from now on, every state of the parity panel: the picks, the progress line, the
     result's text and the charts' messages (a MutationObserver, so no state is missed). A
     pick shows as its option's label in the dropdown ("run base", "group engine-old")."""
-    wait_until(lambda: browser.execute_script("return !!document.getElementById('parity-progress');"), 20, message="parity panel")
+    # Dash draws the panel's parts in turns: wait for all four (on a loaded box the progress
+    # line has been there before the result's element).
+    wait_until(
+        lambda: browser.execute_script(
+            "return ['parity-a', 'parity-b', 'parity-progress', 'parity-result'].every(function (id) {"
+            " return !!document.getElementById(id); });"
+        ),
+        20,
+        message="parity panel",
+    )
     browser.execute_script(
         """window.parityStates = [];
         var panel = document.getElementById('parity');
         function record() {
-          var value = function (id) { var text = document.getElementById(id).innerText;
-                                      return /^(run|group) /m.test(text) ? text : ''; };
+          var text = function (id) { var el = document.getElementById(id); return el ? el.innerText : ''; };
+          var value = function (id) { var shown = text(id); return /^(run|group) /m.test(shown) ? shown : ''; };
           var messages = Array.from(panel.querySelectorAll('.annotation-text')).map(function (a) { return a.textContent; });
           window.parityStates.push({a: value('parity-a'), b: value('parity-b'),
-            progress: document.getElementById('parity-progress').innerText,
-            result: document.getElementById('parity-result').innerText, messages: messages});
+            progress: text('parity-progress'), result: text('parity-result'), messages: messages});
         }
         record();
         new MutationObserver(record).observe(panel, {subtree: true, childList: true, characterData: true});"""
