@@ -13,7 +13,7 @@ base64), so a killed `grow` resumes where it stopped. A run records the per-step
 the `mismatch/log_ratio` histogram (|ℓ| ≥ τ and ℓ ≤ −τ for each default τ, the NaN share),
 computed here from the same tokens.
 
-`score` reads the corpus and decides every pair with `dashboard.parity.compare`, the code
+`score` reads the corpus and decides every pair with `wire.parity.compare`, the code
 `keel parity` and the compare page decide with, on the first 100, 300 and 1,000 steps:
 
 - *same engine*: two seeds of one setting (loss, lag, sampler dtype): the share called
@@ -95,12 +95,12 @@ def corpus(directory: Path = CORPUS) -> Iterator[dict[str, Any]]:
 
 def _recorder() -> Any:
     """A `Recorder` that also keeps, per step, the shares of the answer tokens in each tail of
-    ℓ = log π − log μ (what `dashboard.parity.histogram_values` takes from the server's
+    ℓ = log π − log μ (what `wire.parity.histogram_values` takes from the server's
     `mismatch/log_ratio` histogram), without a server."""
     import torch
 
-    from dashboard.parity import DEFAULT_TAUS, NAN_KEY, tail_key
     from learners.lm.learner import Recorder
+    from wire.parity import DEFAULT_TAUS, NAN_KEY, tail_key
 
     class TailRecorder(Recorder):
         def log_inputs(self, step: int, inputs: Any, *, metrics: Any = None, decode: Any = None) -> None:
@@ -119,7 +119,7 @@ def _recorder() -> Any:
 
 
 def _kept(series: Mapping[str, Sequence[float]]) -> dict[str, Sequence[float]]:
-    from dashboard.parity import HISTOGRAM_KEY, SCALAR_KEYS
+    from wire.parity import HISTOGRAM_KEY, SCALAR_KEYS
 
     return {k: v for k, v in series.items() if k in SCALAR_KEYS or k.startswith(f"{HISTOGRAM_KEY}:") or k == "reward/mean"}
 
@@ -180,7 +180,7 @@ def _head(series: Mapping[str, Sequence[float]], length: int) -> dict[str, list[
 
 
 def _verdict(a: Sequence[Run], b: Sequence[Run], length: int) -> Any:
-    from dashboard.parity import compare_groups
+    from wire.parity import compare_groups
 
     return compare_groups([_head(r.series, length) for r in a], [_head(r.series, length) for r in b])
 

@@ -11,10 +11,10 @@ sides have, no steps in the range, too few steps to test), 3 when the runs canno
 (neither within nor beyond the margin: more steps or more seeds).
 
 This module is the command and its reads; what is compared and how the verdict is reached
-is `dashboard.parity` (pure, shared with the compare page's parity view, which gives the same
+is `wire.parity` (pure, shared with the compare page's parity view, which gives the same
 verdict) and docs/parity.md, "How it decides".
 
-Standard library only at module level (see keel/cli.py): `dashboard.parity` is imported
+Standard library only at module level (see keel/cli.py): `wire.parity` is imported
 inside the functions, and the reads go through `keel.client.Client` (urllib).
 """
 
@@ -47,7 +47,7 @@ def read_run(
 ) -> tuple[dict[str, list[float]], list[str], list[int]]:
     """The run's per-step values of every parity metric it has in start..end, notes, and the
     steps its scalars have there (sorted)."""
-    from dashboard.parity import HISTOGRAM_KEY, SCALAR_KEYS, histogram_values
+    from wire.parity import HISTOGRAM_KEY, SCALAR_KEYS, histogram_values
 
     stored = {info["key"] for info in client.keys(run)}
     values: dict[str, list[float]] = {}
@@ -72,7 +72,7 @@ def _distributions(
 ) -> tuple[list[float], list[list[int]], list[int], int]:
     """Edges, per-step counts and NaN counts of the histogram in start..end, every step on
     its own (consecutive windows when the range holds more than one unbucketed answer)."""
-    from dashboard.parity import HISTOGRAM_KEY, joined_pages
+    from wire.parity import HISTOGRAM_KEY, joined_pages
 
     found = client.distributions(run, HISTOGRAM_KEY, start, end, max_steps=_DISTRIBUTION_PAGE)
     if not found["bucketed"]:
@@ -135,7 +135,7 @@ def _refs(text: str) -> list[str]:
 
 
 def _add_parity(parser: argparse.ArgumentParser) -> None:
-    from dashboard.parity import DEFAULT_ALPHA, DEFAULT_TAUS, DEFAULT_TOLERANCE, SEED_TOLERANCE
+    from wire.parity import DEFAULT_ALPHA, DEFAULT_TAUS, DEFAULT_TOLERANCE, SEED_TOLERANCE
     from wire.urls import DEFAULT_SERVER_URL
 
     parser.add_argument("a", metavar="A", type=_refs, help="the reference run (id or name), or its seeds: A1,A2,...")
@@ -168,7 +168,7 @@ def _split_keyed(pairs: list[tuple[str | None, float]], default: float | None) -
 
 
 def _fail(message: str, as_json: bool) -> int:
-    from dashboard.parity import EXIT_INCOMPARABLE
+    from wire.parity import EXIT_INCOMPARABLE
 
     if as_json:
         print(json.dumps({"verdict": "incomparable", "exit": EXIT_INCOMPARABLE, "error": message}))
@@ -177,9 +177,9 @@ def _fail(message: str, as_json: bool) -> int:
 
 
 def _parity(args: argparse.Namespace) -> int:
-    from dashboard.parity import ParityError, compare_groups
     from keel.cli import one_line
     from keel.client import Client, ClientError
+    from wire.parity import ParityError, compare_groups
     from wire.urls import default_server
 
     if not 0 < args.alpha < 0.5:

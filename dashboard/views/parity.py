@@ -2,7 +2,7 @@
 
 A and B are two of the page's runs, or two of its groups (a group's runs are seeds of one
 setting, as `keel parity A1,A2 B1,B2` takes them). The verdict is `keel parity`'s
-(docs/parity.md), reached by the same code (dashboard/parity.py `compare_groups`), with the
+(docs/parity.md), reached by the same code (wire/parity.py `compare_groups`), with the
 same statement of what was compared and what it could have detected, on the same per-step
 values, read here through the REST API
 as the command reads them: every point of the scalars in the range, and the
@@ -24,17 +24,6 @@ from dash import Dash, Input, Output, State, dcc, html, no_update
 from dashboard.data import KeelApi
 from dashboard.figures import message_figure
 from dashboard.layout import data_attributes
-from dashboard.parity import (
-    DEFAULT_TAUS,
-    HISTOGRAM_KEY,
-    SCALAR_KEYS,
-    ParityError,
-    ParityReport,
-    compare_groups,
-    header,
-    histogram_values,
-    joined_pages,
-)
 from dashboard.parity_figures import (
     SIDE_COLOURS,
     HistogramSide,
@@ -45,6 +34,17 @@ from dashboard.parity_figures import (
     tails_figure,
 )
 from dashboard.series import Series
+from wire.parity import (
+    DEFAULT_TAUS,
+    HISTOGRAM_KEY,
+    SCALAR_KEYS,
+    ParityError,
+    ParityReport,
+    compare_groups,
+    header,
+    histogram_values,
+    joined_pages,
+)
 
 __all__ = ["panel", "register", "side_choices"]
 

@@ -1,6 +1,6 @@
 """The compare page's parity view in headless Chromium: runs streamed over the ingest websocket
 with their `mismatch/log_ratio` histograms, the verdict `keel parity` gives (the same code,
-dashboard/parity.py, with the same statement of what was compared and what it could have
+wire/parity.py, with the same statement of what was compared and what it could have
 detected), progress while it computes, the summed histograms, and the KL chart's healthy band."""
 
 from __future__ import annotations
@@ -12,7 +12,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dashboard.parity import (
+from tests.support.browser import console_errors, screenshot, text_of, wait_until
+from tests.support.step_details import EDGES, histogram
+from tests.support.toy_runs import LiveRun
+from wire.parity import (
     HISTOGRAM_KEY,
     ParityReport,
     compare,
@@ -20,9 +23,6 @@ from dashboard.parity import (
     histogram_values,
     tail_key,
 )
-from tests.support.browser import console_errors, screenshot, text_of, wait_until
-from tests.support.step_details import EDGES, histogram
-from tests.support.toy_runs import LiveRun
 
 STEPS = 40
 TOKENS = 600

@@ -1,5 +1,5 @@
 """`keel parity A B` against a real server (runs stored through the ingest protocol, and
-`keel lm` runs). The statistics it decides with are dashboard.parity's (tests/dashboard/test_parity.py)."""
+`keel lm` runs). The statistics it decides with are wire.parity's (tests/wire/test_parity.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from dashboard.parity import (
+from keel.cli import main
+from keel.importers import ImportedRun, PointTable
+from keel.transfer import upload_run
+from tests.support.monitor import keel
+from trainer_hooks.details import EDGES
+from wire import Histogram, Row
+from wire.parity import (
     EXIT_CANNOT_TELL,
     EXIT_DIFFERENT,
     EXIT_INCOMPARABLE,
@@ -19,12 +25,6 @@ from dashboard.parity import (
     HISTOGRAM_KEY,
     tail_key,
 )
-from keel.cli import main
-from keel.importers import ImportedRun, PointTable
-from keel.transfer import upload_run
-from tests.support.monitor import keel
-from trainer_hooks.details import EDGES
-from wire import Histogram, Row
 
 # -- the command against a real server -----------------------------------------------------------
 

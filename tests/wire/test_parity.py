@@ -1,4 +1,4 @@
-"""The statistics and the verdict of parity (dashboard/parity.py), shared by `keel parity`
+"""The statistics and the verdict of parity (wire/parity.py), shared by `keel parity`
 and the compare page's parity view: blocks of steps as the unit of evidence, the margin, the
 noise floors, seeds a side, and the histogram's tail shares."""
 
@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dashboard.parity import (
+from tests.support.step_details import EDGES, histogram
+from wire.parity import (
     BLOCKS,
     DEFAULT_TOLERANCE,
     EXIT_CANNOT_TELL,
@@ -30,7 +31,6 @@ from dashboard.parity import (
     student_t_quantile,
     tail_key,
 )
-from tests.support.step_details import EDGES, histogram
 
 
 def _ar1(rng: random.Random, count: int, level: float, *, rho: float = 0.9, spread: float = 0.5) -> list[float]:

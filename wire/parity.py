@@ -4,10 +4,9 @@ Pure functions of per-step values, standard library only (and `wire` for JSON nu
 `keel parity A B` (keel/parity.py: the command and its reads through keel.client) and the
 compare page's parity view (dashboard/views/parity.py: its reads through dashboard.data) both
 decide with `compare_groups`, so the page and the command give one verdict for the same
-values. It lives in the dashboard because the dashboard may not import `keel/`
-(docs/architecture.md); `keel` imports it inside its functions, and it imports nothing but
-the standard library and `wire`, so `keel parity` still runs on the base install (no Dash,
-no FastAPI, no numpy; tests/test_layering.py holds it to that).
+values. It lives in `wire`, which both may import (docs/architecture.md), and imports
+nothing but the standard library and `wire`, so `keel parity` runs on the base install (no
+Dash, no FastAPI, no numpy; tests/test_layering.py holds it to that).
 
 What is compared (docs/parity.md): the mismatch scalars both sides log (SCALAR_KEYS) and,
 from the `mismatch/log_ratio` histogram, each step's share of tokens in each tail.
@@ -56,7 +55,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from wire import encode_value
+from wire.messages import encode_value
 
 __all__ = [
     "BLOCKS",
