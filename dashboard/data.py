@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 from dashboard.series import Alert, Series
+from wire.api import ApiCommand, ApiRun, as_read
 
 __all__ = ["KeelApi", "in_process_client"]
 
@@ -61,14 +62,16 @@ class KeelApi:
         keys = ",".join(latest)
         response = await self._get("/runs", latest=keys or None, hazard="true" if hazard else None, limit=limit)
         response.raise_for_status()
-        return list(response.json())
+        runs: list[dict[str, Any]] = as_read(ApiRun, response.json(), many=True)
+        return runs
 
     async def run(self, run_id: str) -> dict[str, Any] | None:
         response = await self._get(f"/runs/{run_id}")
         if response.status_code == 404:
             return None
         response.raise_for_status()
-        return dict(response.json())
+        run: dict[str, Any] = as_read(ApiRun, response.json())
+        return run
 
     async def runs_by_id(self, run_ids: Iterable[str]) -> dict[str, dict[str, Any] | None]:
         """These runs (as the runs list gives them) in one read; None for an unknown id."""
@@ -77,7 +80,7 @@ class KeelApi:
             return {}
         response = await self._get("/runs", run_id=ids)
         response.raise_for_status()
-        found = {run["id"]: run for run in response.json()}
+        found = {run["id"]: run for run in as_read(ApiRun, response.json(), many=True)}
         return {run_id: found.get(run_id) for run_id in ids}
 
     async def keys(self, run_id: str) -> list[str]:
@@ -215,8 +218,10 @@ class KeelApi:
             response = await self._get(f"/runs/{run_id}/commands")
         except httpx.HTTPError:
             return []
-        payload = response.json() if response.status_code == 200 else []
-        return [c for c in payload if isinstance(c, dict)] if isinstance(payload, list) else []
+        if response.status_code != 200:
+            return []
+        commands: list[dict[str, Any]] = as_read(ApiCommand, response.json(), many=True)
+        return commands
 
     async def backtest(self, run_id: str, rules: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         """POST /backtest for one run: the default rules, or `rules`. Raises ValueError with

@@ -31,7 +31,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, overload
 
-from wire import KeelError, decode_value
+from wire import KeelError, ProtocolError, decode_value
+from wire.api import ApiRun, as_read
 from wire.urls import api_url
 
 __all__ = ["Client", "ClientError", "SeriesArrays", "SERIES_PAGE_POINTS"]
@@ -107,7 +108,7 @@ class Client:
         """The runs, newest first: dicts of id, name, project, group, status, last_step,
         started_at, last_seen_at, finished_at, tags; or a DataFrame of them (`as_="pandas"`)."""
         params = {"project": project, "group": group}
-        runs: list[dict[str, Any]] = self._get("/runs", params)
+        runs = _decoded(self._get("/runs", params), many=True)
         if as_ == "pandas":
             return _pandas().DataFrame(runs, columns=list(runs[0]) if runs else None)
         return runs
@@ -116,7 +117,7 @@ class Client:
         """One run with its `config`, by id, by name (which must be unambiguous) or by dict."""
         by_id = str(run["id"]) if isinstance(run, dict) else run
         try:
-            found: dict[str, Any] = self._get(f"/runs/{_segment(by_id)}")
+            found: dict[str, Any] = _decoded(self._get(f"/runs/{_segment(by_id)}"))
             return found
         except ClientError as exc:
             if exc.status != 404 or isinstance(run, dict):
@@ -127,7 +128,7 @@ class Client:
         if len(matches) > 1:
             ids = ", ".join(match["id"] for match in matches)
             raise ClientError(f"{len(matches)} runs are named {run!r} ({ids}); pass an id")
-        detail: dict[str, Any] = self._get(f"/runs/{_segment(matches[0]['id'])}")
+        detail: dict[str, Any] = _decoded(self._get(f"/runs/{_segment(matches[0]['id'])}"))
         return detail
 
     def keys(self, run: RunRef) -> list[dict[str, Any]]:
@@ -287,6 +288,15 @@ class Client:
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise ClientError(f"cannot reach {self.base}: {reason}") from None
+
+
+def _decoded(raw: Any, *, many: bool = False) -> Any:
+    """A run answer (a list of them, `many`) as wire.api reads it; a ClientError naming the
+    field for one that is not a run."""
+    try:
+        return as_read(ApiRun, raw, many=many)
+    except ProtocolError as exc:
+        raise ClientError(f"the server's answer is not a Keel run: {exc}") from None
 
 
 def _segment(value: str) -> str:

@@ -28,6 +28,7 @@ from server.errors import NotTaken, TooManyPending, UnknownRun
 from server.live import LiveHub
 from server.models import Command, Run
 from server.storage import Store
+from wire.api import ApiCommand
 from wire.signals import Command as WireCommand
 from wire.signals import CommandMessage
 
@@ -85,20 +86,13 @@ def _shown(payload: Any) -> Any:
 
 
 def command_json(command: Command) -> dict[str, Any]:
-    """The API shape of a command (REST and the run page)."""
-    return {
-        "id": command.id,
-        "run_id": command.run_id,
-        "action": command.action,
-        "payload": _shown(command.payload),
-        "state": command.state,
-        "requested_by": command.requested_by,
-        "created_at": command.created_at,
-        "delivered_at": command.delivered_at,
-        "finished_at": command.finished_at,
-        "message": command.message,
-        "answered_by": command.answered_by,
-    }
+    """The API shape of a command (REST and the run page): wire.api.ApiCommand."""
+    return ApiCommand(
+        id=command.id, run_id=command.run_id, action=command.action, payload=_shown(command.payload),
+        state=command.state, requested_by=command.requested_by, created_at=command.created_at,
+        delivered_at=command.delivered_at, finished_at=command.finished_at, message=command.message,
+        answered_by=command.answered_by,
+    ).to_json()  # fmt: skip
 
 
 def signal_message(command: Command) -> dict[str, Any]:

@@ -24,6 +24,23 @@ MAX_PAYLOAD_BYTES = 64 * 1024
 """A command's payload, as JSON, at most."""
 
 
+class CommandOut(BaseModel):
+    """A command as the API answers it: wire.api.ApiCommand's fields, in its order (a test
+    holds them equal)."""
+
+    id: str
+    run_id: str
+    action: str
+    payload: dict[str, Any]
+    state: str = Field(description="`pending`, `delivered`, `acked` or `failed`")
+    requested_by: str = Field(description='the token\'s name, "local" with auth off, or "rule <name>"')
+    created_at: float = Field(description="seconds since the epoch, as the times below")
+    delivered_at: float | None
+    finished_at: float | None
+    message: str = Field(description="the handler's answer, or why the command failed without one")
+    answered_by: str | None = Field(description="the writer whose trainer answered")
+
+
 class CommandIn(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
     action: Annotated[
@@ -48,7 +65,7 @@ class CommandIn(BaseModel):
 
 
 @router.post("/runs/{run_id}/commands", status_code=202, dependencies=[ADMIN], responses=errors(400, 404, 409, 429))
-async def send_command(run_id: RunId, body: CommandIn, request: Request, store: StoreDep, hub: HubDep, settings: SettingsDep) -> dict[str, Any]:
+async def send_command(run_id: RunId, body: CommandIn, request: Request, store: StoreDep, hub: HubDep, settings: SettingsDep) -> CommandOut:
     """Ask the run's trainer to do something: `pending` until a writer of the run that listens
     to commands receives it (`delivered`), then `acked` or `failed` as its handler answers.
     A command still pending with the same action is replaced by this one (it becomes `failed`,
@@ -63,13 +80,13 @@ async def send_command(run_id: RunId, body: CommandIn, request: Request, store: 
         raise HTTPException(429, str(exc)) from None
     except NotTaken as exc:
         raise HTTPException(409, str(exc)) from None
-    return run_commands.command_json(command)
+    return CommandOut.model_validate(run_commands.command_json(command))
 
 
 @router.get("/runs/{run_id}/commands", dependencies=[READ], responses=errors(404))
-async def list_commands(run_id: RunId, store: StoreDep) -> list[dict[str, Any]]:
+async def list_commands(run_id: RunId, store: StoreDep) -> list[CommandOut]:
     """The run's commands, newest first (the last 200), with their state and who asked."""
-    return [run_commands.command_json(c) for c in await run_commands.list_commands(store, run_id)]
+    return [CommandOut.model_validate(run_commands.command_json(c)) for c in await run_commands.list_commands(store, run_id)]
 
 
 @router.get("/whoami")

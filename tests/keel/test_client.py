@@ -140,6 +140,44 @@ def test_an_unreachable_server_is_a_client_error() -> None:
         Client("127.0.0.1:8750")
 
 
+def test_an_answer_that_is_not_a_keel_run_is_a_client_error_naming_the_field() -> None:
+    """The client reads runs through wire.api.ApiRun: a server (or a proxy) that answers
+    something else fails on the field, not with a KeyError in the caller."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    run = {
+        "id": "r", "name": "n", "project": "p", "group": None, "status": "paused", "last_step": 3,
+        "started_at": "2026-01-01T00:00:00+00:00", "last_seen_at": "2026-01-01T00:00:00+00:00",
+        "finished_at": None, "tags": [], "unsent": None, "actions": None, "latest": None,
+    }  # fmt: skip
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            body = json.dumps([run] if self.path.startswith("/api/v1/runs?") or self.path == "/api/v1/runs" else run).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        client = Client(f"http://127.0.0.1:{httpd.server_address[1]}", timeout=10)
+        for read in (client.runs, lambda: client.run("r")):
+            with pytest.raises(ClientError, match=r"not a Keel run: run\.status must be one of running, finished"):
+                read()
+        run["status"] = "finished"
+        assert client.run("r") == run and client.runs() == [run]
+    finally:
+        httpd.shutdown()
+
+
 def _post_details(url: str, run_id: str, rows: list[dict[str, object]]) -> None:
     import httpx
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import pytest
+
 from server.errors import TooLarge
 from server.jsonview import alert_json, wire_alert
 from server.models import Alert as StoredAlert
@@ -59,3 +61,85 @@ def test_the_alerts_api_declares_the_wire_alert() -> None:
     assert list(AlertOut.model_fields) == [field.name for field in dataclasses.fields(Alert)]
     written = alert_json(_stored_alert(value=math.nan))
     assert AlertOut.model_validate(written).model_dump(mode="json") == written
+
+
+def _stored_command(**changes: object) -> StoredCommand:
+    fields: dict[str, object] = {
+        "id": "c1", "run_id": "r", "action": "stop", "payload": {"why": "kl", "at": [1, 2.5]}, "state": "acked",
+        "requested_by": "ops", "created_at": 1.5, "delivered_at": 2.0, "finished_at": 2.25,
+        "message": "saved step-40.pt", "answered_by": "w1",
+    }
+    fields.update(changes)
+    return StoredCommand(**fields)
+
+
+def test_the_commands_api_declares_and_writes_the_wire_command() -> None:
+    """GET/POST /runs/{id}/commands answer with CommandOut: exactly wire.api.ApiCommand's
+    fields in order, and what the server writes decodes to the same command and back."""
+    from server.routes.run_commands import CommandOut
+    from server.run_commands import command_json
+    from wire.api import ApiCommand
+
+    assert list(CommandOut.model_fields) == [field.name for field in dataclasses.fields(ApiCommand)]
+    for stored in (_stored_command(), _stored_command(state="pending", delivered_at=None, finished_at=None, answered_by=None, message="")):
+        written = command_json(stored)
+        decoded = ApiCommand.from_json(written)
+        assert decoded.to_json() == written
+        assert CommandOut.model_validate(written).model_dump(mode="json") == written
+        assert (decoded.id, decoded.state, decoded.payload, decoded.finished_at) == (stored.id, stored.state, stored.payload, stored.finished_at)
+
+
+def test_the_runs_api_declares_the_wire_run() -> None:
+    """RunOut is wire.api.ApiRun's every-answer fields in order; the list adds the hazard's
+    two, the detail the config and acked seq: the same names, in ApiRun's order."""
+    from server.schemas import ListedRun, RunDetail, RunOut
+    from wire.api import RUN_EXTRAS, ApiRun
+
+    names = [field.name for field in dataclasses.fields(ApiRun)]
+    base = names[: -len(RUN_EXTRAS)]
+    assert list(RunOut.model_fields) == base
+    assert list(ListedRun.model_fields) == base + ["hazard", "collapsed_at"]
+    assert list(RunDetail.model_fields) == base + ["config", "acked_seq"]
+
+
+def test_a_run_the_server_writes_decodes_to_the_wire_run_and_back() -> None:
+    from server.models import Run as StoredRun
+    from server.schemas import LatestPoint, ListedRun, RunDetail
+    from wire.api import ApiRun
+
+    stored = StoredRun(
+        id="r", name="ppo-s0", project="p", group="ppo", config={"lr": 1e-3, "nested": {"a": [1, "x"]}},
+        tags=["ab"], status="running", acked_seq=41, last_step=40, started_at=1.7e9, last_seen_at=1.7e9 + 60,
+        finished_at=None, owner=None, unsent=None, actions={"rollback": "rolls back to the weights before the rise"},
+    )  # fmt: skip
+    detail = RunDetail.from_run(stored, now=1.7e9 + 61, silent_after_s=30).model_dump(mode="json")
+    decoded = ApiRun.from_json(detail)
+    assert (decoded.status, decoded.config, decoded.acked_seq, decoded.actions) == ("running", stored.config, 41, stored.actions)
+    assert decoded.to_json() == {key: value for key, value in detail.items() if value is not None or key not in ("hazard", "collapsed_at", "config", "acked_seq")}
+    listed = ListedRun.from_run(stored, now=1.7e9 + 200, silent_after_s=30)
+    listed.latest = {"reward/mean": LatestPoint(step=40, value="nan")}
+    listed.hazard = 0.25
+    written = listed.model_dump(mode="json", exclude_unset=True)
+    decoded = ApiRun.from_json(written)
+    assert decoded.status == "silent" and decoded.hazard == 0.25 and math.isnan(decoded.latest["reward/mean"].value)  # type: ignore[index]
+    assert decoded.to_json() == {**written, "latest": {"reward/mean": {"step": 40, "value": "nan"}}}
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [({"status": "paused"}, "run.status"), ({"tags": "ab"}, "run.tags"), ({"last_step": "4"}, "run.last_step"),
+     ({"latest": {"k": {"step": 1, "value": "lots"}}}, "run.latest"), ({"actions": {"stop": 3}}, "run.actions"),
+     ({"id": None}, "run.id")],
+)  # fmt: skip
+def test_a_malformed_run_is_a_protocol_error_naming_the_field(change: dict[str, object], field: str) -> None:
+    from wire import ProtocolError
+    from wire.api import ApiRun
+
+    good = {
+        "id": "r", "name": "n", "project": "p", "group": None, "status": "finished", "last_step": 3,
+        "started_at": "2026-01-01T00:00:00+00:00", "last_seen_at": "2026-01-01T00:00:00+00:00",
+        "finished_at": None, "tags": [], "unsent": None, "actions": None, "latest": None,
+    }  # fmt: skip
+    assert ApiRun.from_json(good).to_json() == good
+    with pytest.raises(ProtocolError, match=field.replace(".", r"\.")):
+        ApiRun.from_json({**good, **change})
