@@ -28,7 +28,7 @@ import httpx
 from websockets.asyncio.client import connect
 
 from bench.support import fresh_database, keel_server, percentile
-from wire import Row, RunInfo, hello_message, points_message
+from wire import Hello, Points, Row, RunInfo
 
 
 class Receiver:
@@ -65,13 +65,13 @@ class Receiver:
 async def trial(ws_url: str, receiver: Receiver) -> float:
     run_id = str(uuid.uuid4())
     async with connect(f"{ws_url}/api/v1/ingest") as ws:
-        await ws.send(json.dumps(hello_message(RunInfo(id=run_id, name=f"lat-{run_id[:6]}"))))
+        await ws.send(json.dumps(Hello(RunInfo(id=run_id, name=f"lat-{run_id[:6]}")).to_json()))
         await ws.recv()
         healthy = [Row(step=s, time=None, values={"grad/norm": 1.0, "reward/mean": 0.5}) for s in range(20)]
-        await ws.send(json.dumps(points_message(0, healthy)))
+        await ws.send(json.dumps(Points(0, healthy).to_json()))
         await ws.recv()
         spike = [Row(step=20, time=None, values={"grad/norm": math.nan, "reward/mean": 0.5})]
-        await ws.send(json.dumps(points_message(1, spike)))
+        await ws.send(json.dumps(Points(1, spike).to_json()))
         await ws.recv()
         acked = time.perf_counter()
     arrived = await asyncio.to_thread(receiver.wait, run_id)
@@ -81,12 +81,12 @@ async def trial(ws_url: str, receiver: Receiver) -> float:
 async def background_load(ws_url: str, stop: asyncio.Event) -> None:
     run_id = str(uuid.uuid4())
     async with connect(f"{ws_url}/api/v1/ingest") as ws:
-        await ws.send(json.dumps(hello_message(RunInfo(id=run_id, name=f"load-{run_id[:6]}"))))
+        await ws.send(json.dumps(Hello(RunInfo(id=run_id, name=f"load-{run_id[:6]}")).to_json()))
         await ws.recv()
         seq = 0
         while not stop.is_set():
             rows = [Row(step=seq * 10 + i, time=None, values={f"m/{k}": 0.1 * k for k in range(20)}) for i in range(10)]
-            await ws.send(json.dumps(points_message(seq, rows)))
+            await ws.send(json.dumps(Points(seq, rows).to_json()))
             await ws.recv()
             seq += 1
             await asyncio.sleep(0.01)

@@ -22,7 +22,7 @@ import uuid
 from websockets.asyncio.client import connect
 
 from bench.support import fresh_database, keel_server, percentile
-from wire import Row, RunInfo, hello_message, points_message
+from wire import Hello, Points, Row, RunInfo
 
 BIG_ROWS, BIG_KEYS = 10_000, 60  # 600k points, about 7 MiB of JSON
 
@@ -31,7 +31,7 @@ async def _open(ws_url: str, name: str, local_host: str = "127.0.0.1"):  # type:
     # Each client from its own loopback address: two hosts, two rate-limit buckets (the
     # server limits per address when auth is off), as two trainers would be.
     ws = await connect(f"{ws_url}/api/v1/ingest", max_size=None, local_addr=(local_host, 0))
-    await ws.send(json.dumps(hello_message(RunInfo(id=str(uuid.uuid4()), name=name))))
+    await ws.send(json.dumps(Hello(RunInfo(id=str(uuid.uuid4()), name=name)).to_json()))
     await ws.recv()
     return ws
 
@@ -41,7 +41,7 @@ async def small_trainer(ws_url: str, stop: asyncio.Event, latencies: list[float]
     seq = 0
     while not stop.is_set():
         rows = [Row(step=seq * 10 + i, time=None, values={f"m/{k}": 0.1 * k for k in range(20)}) for i in range(10)]
-        frame = json.dumps(points_message(seq, rows), separators=(",", ":"))
+        frame = json.dumps(Points(seq, rows).to_json(), separators=(",", ":"))
         started = time.perf_counter()
         await ws.send(frame)
         reply = json.loads(await ws.recv())
@@ -62,7 +62,7 @@ def big_frames(count: int) -> list[str]:
             Row(step=seq * BIG_ROWS + i, time=None, values={f"b{k}": float(i + k) for k in range(BIG_KEYS)})
             for i in range(BIG_ROWS)
         ]
-        frames.append(json.dumps(points_message(seq, rows), separators=(",", ":")))
+        frames.append(json.dumps(Points(seq, rows).to_json(), separators=(",", ":")))
     return frames
 
 

@@ -25,7 +25,7 @@ import psycopg
 from websockets.asyncio.client import connect
 
 from bench.support import fresh_database, keel_server
-from wire import Row, RunInfo, finish_message, hello_message, points_message
+from wire import Finish, Hello, Points, Row, RunInfo
 
 
 def frames(steps: int, metrics: int, rows_per_frame: int) -> list[str]:
@@ -36,14 +36,14 @@ def frames(steps: int, metrics: int, rows_per_frame: int) -> list[str]:
             Row(step=s, time=1.7e9 + s, values={k: (s * 0.001 + i) for i, k in enumerate(keys)})
             for s in range(start, min(steps, start + rows_per_frame))
         ]
-        out.append(json.dumps(points_message(seq, rows)))
+        out.append(json.dumps(Points(seq, rows).to_json()))
     return out
 
 
 async def stream_run(ws_url: str, payload: list[str], window: int) -> None:
     run_id = str(uuid.uuid4())
     async with connect(f"{ws_url}/api/v1/ingest", max_size=None) as ws:
-        await ws.send(json.dumps(hello_message(RunInfo(id=run_id, name=run_id[:8]))))
+        await ws.send(json.dumps(Hello(RunInfo(id=run_id, name=run_id[:8])).to_json()))
         json.loads(await ws.recv())
         in_flight = 0
         for frame in payload:
@@ -54,7 +54,7 @@ async def stream_run(ws_url: str, payload: list[str], window: int) -> None:
             in_flight += 1
         for _ in range(in_flight):
             assert json.loads(await ws.recv())["type"] == "ack"
-        await ws.send(json.dumps(finish_message("finished")))
+        await ws.send(json.dumps(Finish("finished").to_json()))
         await ws.recv()
 
 

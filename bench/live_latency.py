@@ -32,7 +32,7 @@ from selenium.webdriver.chrome.service import Service
 from websockets.sync.client import ClientConnection, connect
 
 from bench.support import keel_server, percentile
-from wire import Row, RunInfo, hello_message, points_message
+from wire import Hello, Points, Row, RunInfo
 
 KEYS = ("reward/mean", "mismatch/kl", "gate/frac", "mismatch/ratio_max", "grad/norm")
 
@@ -58,12 +58,12 @@ class Run:
             connect(f"{ws_url}/api/v1/ingest", max_size=None)
         )
         run = RunInfo(id=self.id, name=name, project="bench", group=group, tags=["bench"])
-        self.ws.send(json.dumps(hello_message(run)))
+        self.ws.send(json.dumps(Hello(run).to_json()))
         json.loads(self.ws.recv(timeout=10))
 
     def send(self, rows: list[Row]) -> float:
         sent_at = time.time()
-        self.ws.send(json.dumps(points_message(self.seq, rows)))
+        self.ws.send(json.dumps(Points(self.seq, rows).to_json()))
         self.seq += 1
         reply = json.loads(self.ws.recv(timeout=10))
         assert reply["type"] == "ack", reply

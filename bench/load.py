@@ -58,7 +58,7 @@ from websockets.asyncio.client import connect
 
 from bench.live_latency import KEYS, browser, wait
 from bench.support import ROOT, KeelServer, fresh_database, keel_server, percentile
-from wire import Row, RunInfo, hello_message, points_message
+from wire import Hello, Points, Row, RunInfo
 
 TARGET_CPU_PCT = 50.0
 TARGET_ACK_P95_MS = 250.0
@@ -108,10 +108,10 @@ async def stream_run(
     # As the Monitor connects: no per-message compression (metric frames are small).
     async with connect(f"{plan.ws_url}/api/v1/ingest", max_size=None, compression=None) as ws:
         run = RunInfo(id=run_id, name=f"load-{run_id[:6]}", project="load", group=f"g{seed % 4}")
-        await ws.send(json.dumps(hello_message(run)))
+        await ws.send(json.dumps(Hello(run).to_json()))
         assert json.loads(await ws.recv())["type"] == "welcome"
         history = [row(s, keys, seed) for s in range(HISTORY_STEPS)]
-        await ws.send(json.dumps(points_message(0, history)))
+        await ws.send(json.dumps(Points(0, history).to_json()))
         assert json.loads(await ws.recv())["type"] == "ack"
         ready.put(run_id)
         await asyncio.to_thread(go.wait)
@@ -147,7 +147,7 @@ async def stream_run(
             rows = [row(HISTORY_STEPS + s, keys, seed) for s in range(k, due)]
             frames[seq] = [run_id, seq, HISTORY_STEPS + k, due - k, start + k * period, now, math.nan]
             unacked += 1
-            await ws.send(json.dumps(points_message(seq, rows)))
+            await ws.send(json.dumps(Points(seq, rows).to_json()))
             seq, k = seq + 1, due
         schedule_done.set()
         if unacked == 0:

@@ -439,7 +439,7 @@ def _run(args: argparse.Namespace) -> int:
     import logging
 
     from trainer_hooks.sender import ingest_url
-    from wire import ProtocolError, RunInfo, hello_message, parse_hello
+    from wire import Hello, ProtocolError, RunInfo
     from wire.urls import default_server
 
     command = list(args.command)
@@ -456,8 +456,8 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     runner = Runner(args, command)
     try:  # the server's own check of the run's description, before the command starts
-        parse_hello(hello_message(RunInfo(id="00000000-0000-0000-0000-000000000000", name=runner.name,
-                                          project=args.project, group=args.group, config=runner.config, tags=args.tag)))  # fmt: skip
+        Hello.from_json(Hello(RunInfo(id="00000000-0000-0000-0000-000000000000", name=runner.name,
+                                      project=args.project, group=args.group, config=runner.config, tags=args.tag)).to_json())  # fmt: skip
     except ProtocolError as exc:
         print(f"keel run: the server would refuse this run: {exc}", file=sys.stderr)
         return 2

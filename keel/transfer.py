@@ -150,10 +150,10 @@ def upload_run(
     """
     from trainer_hooks.sender import ConnState, upload
     from trainer_hooks.spool import Spool
-    from wire import RunInfo, encode_rows, hello_message, parse_hello
+    from wire import Hello, RunInfo, encode_rows
 
     info = RunInfo(id=run.run_id, name=run.name, project=project, group=group, config=run.config, tags=run.tags)
-    parse_hello(hello_message(info))
+    Hello.from_json(Hello(info).to_json())
     frames = _frames(encode_rows(rows))
     stored = _stored_run(server_url, run.run_id, token)
     if stored is not None and stored["project"] != project:

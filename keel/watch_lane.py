@@ -147,7 +147,7 @@ class Lane:
         its Sender, unless the server's own check of a hello refuses the run."""
         from trainer_hooks.sender import Sender, SenderConfig
         from trainer_hooks.spool import Spool
-        from wire import ProtocolError, RunInfo, hello_message, parse_hello
+        from wire import Hello, ProtocolError, RunInfo
 
         raw = self.state["run"]
         info = RunInfo(id=raw["id"], name=raw["name"], project=raw["project"], group=raw["group"], config=raw["config"], tags=raw["tags"])
@@ -157,7 +157,7 @@ class Lane:
             self.save()
         self.spool_pending()
         try:  # a run the check fails is refused whenever it is sent
-            parse_hello(hello_message(info))
+            Hello.from_json(Hello(info).to_json())
         except ProtocolError as exc:
             self.say(f"{self.label()}: the server would refuse this run ({exc}); not sent, its frames stay in {self.spool.path}")
             return

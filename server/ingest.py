@@ -45,18 +45,17 @@ from wire import (
     Ack,
     Bye,
     ErrorMessage,
+    Finish,
+    Hello,
     Limits,
     ProtocolError,
     Reject,
     Row,
     Welcome,
-    parse_finish,
-    parse_hello,
     parse_rows,
     parse_seq,
-    parse_writer,
 )
-from wire.signals import SIGNALS, parse_actions, parse_command_result, parse_listen
+from wire.signals import SIGNALS, CommandResult, Listen
 
 log = logging.getLogger("keel.ingest")
 
@@ -272,14 +271,14 @@ class IngestSession:
     async def _dispatch(self, message: dict[str, Any]) -> None:
         kind = message["type"]
         if self.state is IngestState.AWAIT_HELLO:
-            info = parse_hello(message, self.limits)
-            self.writer = parse_writer(message)
+            hello = Hello.from_json(message, self.limits)
+            info, self.writer = hello.run, hello.writer
             acked_seq, self.session_id = await self.store.open_run(info, time.time(), writer=self.writer, speaker=self.speaker)
             self.run_id = info.id
             self.state = IngestState.STREAMING
             signals = SIGNALS if self.sources is not None else None  # a server without them says nothing
             await self._send(Welcome(info.id, acked_seq, ACCEPTS, signals).to_json())
-            await self._listen(message)
+            await self._listen(Listen(hello.listen, hello.actions))
             return
         assert self.run_id is not None
         if kind == "points":
@@ -305,19 +304,19 @@ class IngestSession:
                 if self.signals is not None:
                     self.signals.stored(result.started_at)
         elif kind == "finish":
-            finish = parse_finish(message)
+            finish = Finish.from_json(message)
             await self.store.finish_run(self.run_id, finish.status, time.time(), writer=self.writer, last_seq=finish.last_seq)
             self.committed.status(self.run_id, finish.status)
             await self._send(Bye().to_json())
             self.state = IngestState.FINISHED
             await self.websocket.close(1000)
         elif kind == "listen":
-            await self._listen(message)
+            await self._listen(Listen.from_json(message))
         elif kind == "command_result":
-            command_id, ok, text = parse_command_result(message)
+            answered = CommandResult.from_json(message)
             if self.sources is not None:
                 by = "local" if self.speaker is None else self.speaker.name
-                await answer(self.sources.store, self.run_id, command_id, ok, text, time.time(), by=by)
+                await answer(self.sources.store, self.run_id, answered.id, answered.ok, answered.message, time.time(), by=by)
         elif kind == "hello":
             raise ProtocolError("hello was already received on this connection")
         else:
@@ -327,10 +326,10 @@ class IngestSession:
         """The token this socket was opened with was revoked: say so and close (4401)."""
         await self._fail(ErrorMessage("unauthorized", "the token was revoked").to_json(), CLOSE_AUTH)
 
-    async def _listen(self, message: dict[str, Any]) -> None:
+    async def _listen(self, listen: Listen) -> None:
         """A hello's or a listen message's `listen` (docs/protocol.md, "Signals"), and the
         command actions its trainer takes (stored on the run: the run page offers those)."""
-        signals, actions = parse_listen(message), parse_actions(message)
+        signals, actions = listen.signals, listen.actions
         if self.sources is None or self.run_id is None or (self.signals is None and not signals):
             return
         if "commands" in signals:

@@ -65,10 +65,9 @@ from trainer_hooks.signals import Alert, Command, Signals
 from trainer_hooks.spool import Spool, default_spool_root
 from wire import (
     FINISH_STATUSES,
+    Hello,
     Limits,
     RunInfo,
-    hello_message,
-    parse_hello,
 )
 from wire.urls import ingest_url, run_page_url
 
@@ -214,7 +213,7 @@ class Monitor:
             config=json.loads(json.dumps(dict(config or {}), default=str)),
             tags=list(tags),
         )
-        parse_hello(hello_message(run), _LIMITS)
+        Hello.from_json(Hello(run).to_json(), _LIMITS)
         self._run = run
 
         root = Path(spool_dir).expanduser() if spool_dir is not None else default_spool_root()

@@ -50,14 +50,14 @@ from wire import (
     Ack,
     Bye,
     ErrorMessage,
+    Finish,
+    Hello,
     Reject,
     Welcome,
-    finish_message,
-    hello_message,
     points_frame,
     read_reply,
 )
-from wire.signals import SIGNAL_TYPES, command_result_message, listen_message
+from wire.signals import SIGNAL_TYPES, CommandResult, Listen
 from wire.urls import ingest_url
 
 __all__ = ["ConnState", "Sender", "SenderConfig", "ingest_url", "upload"]
@@ -196,7 +196,7 @@ class Sender:
         self._ended_early = True
         ends = time.monotonic() + grace
         try:
-            self._ws.send(json.dumps(finish_message(status, last_seq=base + self._spool.next_n - 1)))
+            self._ws.send(json.dumps(Finish(status, last_seq=base + self._spool.next_n - 1).to_json()))
             while self._ws is not None and not self.settled and time.monotonic() < ends:
                 self._receive(max(0.01, ends - time.monotonic()))
         except Exception as exc:  # the connection went: the run shows as silent, as it is
@@ -253,12 +253,9 @@ class Sender:
                     logger=_SOCKET_LOG,
                 )
             )
-            hello = hello_message(self._spool.run, self._spool.writer)
-            if self._listen:
-                hello["listen"] = sorted(self._listen)
-                if self._actions is not None:
-                    hello["actions"] = self._actions
-            self._ws.send(json.dumps(hello))
+            listen = frozenset(self._listen)
+            hello = Hello(self._spool.run, self._spool.writer, listen, self._actions if listen else None)
+            self._ws.send(json.dumps(hello.to_json()))
             raw = self._ws.recv(timeout=self._config.connect_timeout)
             welcome = read_reply(json.loads(raw))
             if isinstance(welcome, ErrorMessage):
@@ -295,10 +292,10 @@ class Sender:
         if self.state is not ConnState.STREAMING:
             return
         if not self._listen_sent:
-            self._ws.send(json.dumps(listen_message(self._listen, self._actions)))
+            self._ws.send(json.dumps(Listen(frozenset(self._listen), self._actions).to_json()))
             self._listen_sent = True
         while self._answers:
-            self._ws.send(json.dumps(command_result_message(*self._answers[0])))
+            self._ws.send(json.dumps(CommandResult(*self._answers[0]).to_json()))
             self._answers.popleft()
 
     def _send_ready(self) -> None:
@@ -351,7 +348,7 @@ class Sender:
             and not self._inflight
             and self._spool.unacked == 0
         ):
-            self._ws.send(json.dumps(finish_message(self._finish_status)))
+            self._ws.send(json.dumps(Finish(self._finish_status).to_json()))
             self.state = ConnState.FINISHING
 
     def _receive(self, wait: float) -> None:

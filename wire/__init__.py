@@ -7,7 +7,7 @@ and the rows' encoding in `wire.messages`; what the server answers (welcome, ack
 bye, error) in `wire.replies` (error in `wire.errors`, beside ProtocolError); the signals
 (listen, alerts, alert, hazard, command, command_result) and the alert in `wire.signals`.
 
-    from wire import Row, RunInfo, hello_message, parse_rows, ProtocolError
+    from wire import Hello, Row, RunInfo, parse_rows, ProtocolError
 """
 
 from __future__ import annotations
@@ -34,8 +34,10 @@ from wire.messages import (
     PROTOCOL_VERSION,
     SAMPLE_FIELDS,
     Finish,
+    Hello,
     Histogram,
     Limits,
+    Points,
     Row,
     RunInfo,
     Sequences,
@@ -44,17 +46,10 @@ from wire.messages import (
     encode_rows,
     encode_samples,
     encode_value,
-    finish_message,
-    hello_message,
     parse_config,
-    parse_finish,
-    parse_hello,
-    parse_points,
     parse_rows,
     parse_seq,
-    parse_writer,
     points_frame,
-    points_message,
     read_value,
 )
 from wire.replies import REPLY_TYPES, Ack, Bye, Reject, Reply, Welcome, read_reply
@@ -71,6 +66,7 @@ __all__ = [
     "CLOSE_TOO_LARGE",
     "FINISH_STATUSES",
     "Finish",
+    "Hello",
     "MAX_CONFIG_DEPTH",
     "MAX_SEQ",
     "MAX_STEP",
@@ -81,6 +77,7 @@ __all__ = [
     "Bye",
     "ErrorMessage",
     "Histogram",
+    "Points",
     "KeelError",
     "Limits",
     "ProtocolError",
@@ -95,17 +92,10 @@ __all__ = [
     "encode_rows",
     "encode_samples",
     "encode_value",
-    "finish_message",
-    "hello_message",
     "parse_config",
-    "parse_finish",
-    "parse_hello",
-    "parse_points",
     "parse_rows",
     "parse_seq",
-    "parse_writer",
     "points_frame",
-    "points_message",
     "read_reply",
     "read_value",
 ]

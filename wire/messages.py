@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from math import isfinite
@@ -25,8 +26,13 @@ from wire.errors import CLOSE_TOO_LARGE, ProtocolError
 
 __all__ = [
     "ACCEPTS",
+    "ACTION",
     "FINISH_STATUSES",
+    "MAX_ACTIONS",
+    "MAX_ACTION_TEXT",
+    "SIGNALS",
     "Finish",
+    "Hello",
     "MAX_CONFIG_DEPTH",
     "MAX_SEQ",
     "MAX_STEP",
@@ -43,17 +49,12 @@ __all__ = [
     "encode_rows",
     "encode_samples",
     "encode_value",
-    "finish_message",
-    "hello_message",
+    "parse_action",
     "parse_config",
-    "parse_finish",
-    "parse_hello",
-    "parse_points",
     "parse_rows",
     "parse_seq",
-    "parse_writer",
     "points_frame",
-    "points_message",
+    "Points",
     "read_value",
 ]
 
@@ -67,6 +68,15 @@ stored and read back)."""
 WRITER_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
 
 FINISH_STATUSES = ("finished", "failed", "killed")
+
+SIGNALS = ("alerts", "hazard", "commands")
+"""What a client may listen to (wire/signals.py), in the order the docs list them."""
+ACTION = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+"""A command's action: `checkpoint`, `stop` or a name of the user's own."""
+MAX_ACTIONS = 16
+"""Actions a client may declare for its command handler."""
+MAX_ACTION_TEXT = 200
+"""Characters of an action's description kept (the rest is cut)."""
 
 ACCEPTS = ("histograms", "samples", "sequences")
 """The step details a row may carry, as the server's welcome lists them (`accepts`)."""
@@ -264,7 +274,7 @@ def _depth(value: Any, limit: int) -> int:
     return deepest
 
 
-def parse_hello(msg: Any, limits: Limits = Limits()) -> RunInfo:
+def _parse_run(msg: Any, limits: Limits) -> RunInfo:
     msg = _require_dict(msg, "hello")
     if msg.get("type") != "hello":
         raise ProtocolError("the first message must be {'type': 'hello', ...}")
@@ -320,7 +330,7 @@ def _has_nul(value: Any) -> bool:
     return False
 
 
-def parse_writer(msg: dict[str, Any]) -> str:
+def _parse_writer(msg: dict[str, Any]) -> str:
     """The hello's `writer`: the id of the client's own frame sequence ("" when absent)."""
     writer = msg.get("writer", "")
     if not isinstance(writer, str) or len(writer) > 64 or not set(writer) <= WRITER_ID_CHARS:
@@ -653,8 +663,23 @@ def parse_seq(msg: dict[str, Any]) -> int:
     return seq
 
 
-def parse_points(msg: dict[str, Any], limits: Limits = Limits()) -> tuple[int, list[Row]]:
-    return parse_seq(msg), parse_rows(msg.get("rows"), limits)
+@dataclass(frozen=True)
+class Points:
+    """A frame of rows: `{"type": "points", "seq": n, "rows": [...]}`, acked by its seq.
+    The server reads its parts (`parse_seq`, then `parse_rows`) so that a frame whose rows
+    are refused is still refused by its seq; a client that spools encoded rows sends them
+    with `points_frame` (the same text)."""
+
+    seq: int
+    rows: list[Row]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": "points", "seq": self.seq, "rows": encode_rows(self.rows)}
+
+    @classmethod
+    def from_json(cls, msg: Any, limits: Limits = Limits()) -> Points:
+        msg = _require_dict(msg, "points")
+        return cls(parse_seq(msg), parse_rows(msg.get("rows"), limits))
 
 
 @dataclass(frozen=True)
@@ -665,22 +690,82 @@ class Finish:
     status: str = "finished"
     last_seq: int | None = None
 
+    def to_json(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"type": "finish", "status": self.status}
+        if self.last_seq is not None:
+            message["last_seq"] = self.last_seq
+        return message
 
-def parse_finish(msg: dict[str, Any]) -> Finish:
-    status = msg.get("status", "finished")
-    if status not in FINISH_STATUSES:
-        raise ProtocolError(f"finish.status must be one of {', '.join(FINISH_STATUSES)}")
-    last_seq = msg.get("last_seq")
-    if last_seq is not None and (isinstance(last_seq, bool) or not isinstance(last_seq, int) or not -1 <= last_seq <= MAX_SEQ):
-        raise ProtocolError("finish.last_seq must be an integer in -1..2**63-1")
-    return Finish(str(status), last_seq)
+    @classmethod
+    def from_json(cls, msg: Any) -> Finish:
+        msg = _require_dict(msg, "finish")
+        status = msg.get("status", "finished")
+        if status not in FINISH_STATUSES:
+            raise ProtocolError(f"finish.status must be one of {', '.join(FINISH_STATUSES)}")
+        last_seq = msg.get("last_seq")
+        if last_seq is not None and (isinstance(last_seq, bool) or not isinstance(last_seq, int) or not -1 <= last_seq <= MAX_SEQ):
+            raise ProtocolError("finish.last_seq must be an integer in -1..2**63-1")
+        return cls(str(status), last_seq)
 
 
-def hello_message(run: RunInfo, writer: str = "") -> dict[str, Any]:
-    message = {"type": "hello", "protocol": PROTOCOL_VERSION, "run": run.to_json()}
-    if writer:
-        message["writer"] = writer
-    return message
+def parse_action(raw: Any) -> str:
+    if not isinstance(raw, str) or not ACTION.fullmatch(raw):
+        raise ValueError("an action is 1-64 of [A-Za-z0-9_.-], starting with a letter or digit")
+    return raw
+
+
+def parse_signals(msg: dict[str, Any]) -> frozenset[str]:
+    """The signals a hello or a listen message asks for. Names this server does not know are
+    left out (a newer client may ask for more); anything but a list of strings is malformed."""
+    raw = msg.get("listen")
+    if raw is None:
+        return frozenset()
+    if not isinstance(raw, list) or not all(isinstance(name, str) for name in raw):
+        raise ProtocolError("listen must be a list of signal names")
+    return frozenset(name for name in raw if name in SIGNALS)
+
+
+def parse_actions(msg: dict[str, Any]) -> dict[str, str] | None:
+    """The actions a hello or a listen message declares its command handler takes, each with
+    what it does; None when it declares none (a client that does not say)."""
+    raw = msg.get("actions")
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or len(raw) > MAX_ACTIONS:
+        raise ProtocolError(f"actions must be an object of at most {MAX_ACTIONS} action names to descriptions")
+    actions: dict[str, str] = {}
+    for name, text in raw.items():
+        if not isinstance(name, str) or not ACTION.fullmatch(name) or not isinstance(text, str):
+            raise ProtocolError(f"actions: {str(name)[:64]!r} is not an action name (1-64 of [A-Za-z0-9_.-]) with a text")
+        actions[name] = text[:MAX_ACTION_TEXT].replace("\x00", "")
+    return actions
+
+
+@dataclass(frozen=True)
+class Hello:
+    """A connection's first message: the protocol version, the run, the writer (the id of
+    the client's own frame sequence, "" for one connection's) and, optionally, the signals it
+    listens to and the command actions its handler takes (docs/protocol.md)."""
+
+    run: RunInfo
+    writer: str = ""
+    listen: frozenset[str] = frozenset()
+    actions: dict[str, str] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"type": "hello", "protocol": PROTOCOL_VERSION, "run": self.run.to_json()}
+        if self.writer:
+            message["writer"] = self.writer
+        if self.listen:
+            message["listen"] = sorted(self.listen)
+        if self.actions is not None:
+            message["actions"] = dict(self.actions)
+        return message
+
+    @classmethod
+    def from_json(cls, msg: Any, limits: Limits = Limits()) -> Hello:
+        run = _parse_run(msg, limits)
+        return cls(run, _parse_writer(msg), parse_signals(msg), parse_actions(msg))
 
 
 def encode_rows(rows: list[Row], *, details: bool = True) -> list[dict[str, Any]]:
@@ -704,22 +789,10 @@ def encode_rows(rows: list[Row], *, details: bool = True) -> list[dict[str, Any]
     return encoded
 
 
-def points_message(seq: int, rows: list[Row]) -> dict[str, Any]:
-    return {"type": "points", "seq": seq, "rows": encode_rows(rows)}
-
-
 def points_frame(seq: int, rows_json: str) -> str:
-    """`points_message` as text, from rows already encoded to JSON (`encode_rows`).
+    """`Points(seq, rows).to_json()` as text, from rows already encoded to JSON (`encode_rows`).
 
     The client spools a frame's rows once, when it cuts the frame; only the seq is
     added when sending, so a frame is never decoded and encoded again.
     """
     return f'{{"type":"points","seq":{seq},"rows":{rows_json}}}'
-
-
-def finish_message(status: str = "finished", last_seq: int | None = None) -> dict[str, Any]:
-    message: dict[str, Any] = {"type": "finish", "status": status}
-    if last_seq is not None:
-        message["last_seq"] = last_seq
-    return message
-

@@ -17,8 +17,9 @@ nothing it did not get before.
   hello or listen message (absent: it did not say; the run page then offers the usual two).
 
 Each signal message is a frozen dataclass here (`AlertsMessage`, `AlertMessage`,
-`HazardMessage`, `CommandMessage`) with one encoder (`to_json()`) and one decoder
-(`from_json`, a ProtocolError for a malformed one); `read_signal` reads any of them. `Alert`
+`HazardMessage`, `CommandMessage`, and the client's `Listen` and `CommandResult`) with one
+encoder (`to_json()`) and one decoder (`from_json`, a ProtocolError for a malformed one);
+`read_signal` reads any of the server's. `Alert`
 is the alert as these messages, `GET /alerts`, the live socket and webhook events carry it.
 
 Stdlib only, like the rest of `wire`.
@@ -26,14 +27,22 @@ Stdlib only, like the rest of `wire`.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from wire.errors import ProtocolError
 from wire.fields import message_of, number, opt_int, opt_string, require_int, string, strings
-from wire.messages import MAX_STEP, decode_value, encode_value
+from wire.messages import (
+    ACTION,
+    MAX_STEP,
+    SIGNALS,
+    decode_value,
+    encode_value,
+    parse_action,
+    parse_actions,
+    parse_signals,
+)
 
 __all__ = [
     "SIGNALS",
@@ -41,28 +50,17 @@ __all__ = [
     "Alert",
     "AlertMessage",
     "AlertsMessage",
+    "ACTION",
     "Command",
     "CommandMessage",
+    "CommandResult",
     "HazardMessage",
+    "Listen",
     "Signal",
-    "command_result_message",
-    "listen_message",
     "parse_action",
-    "parse_actions",
-    "parse_command_result",
-    "parse_listen",
     "read_signal",
 ]
 
-SIGNALS = ("alerts", "hazard", "commands")
-"""What a client may listen to, in the order the docs list them."""
-
-ACTION = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-"""A command's action: `checkpoint`, `stop` or a name of the user's own."""
-MAX_ACTIONS = 16
-"""Actions a client may declare for its command handler."""
-MAX_ACTION_TEXT = 200
-"""Characters of an action's description kept (the rest is cut)."""
 MAX_RESULT_MESSAGE = 1000
 """Characters of a command result's message kept (the rest is cut)."""
 
@@ -104,60 +102,50 @@ class Command:
         }
 
 
-def parse_action(raw: Any) -> str:
-    if not isinstance(raw, str) or not ACTION.fullmatch(raw):
-        raise ValueError("an action is 1-64 of [A-Za-z0-9_.-], starting with a letter or digit")
-    return raw
+@dataclass(frozen=True)
+class Listen:
+    """`{"type": "listen", "listen": [...], "actions": {...}}`: the signals a client listens
+    to from now on (replacing the set its hello or last listen asked for), and the actions
+    its command handler takes (None: it does not say). A hello carries the same two fields."""
+
+    signals: frozenset[str] = frozenset()
+    actions: dict[str, str] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"type": "listen", "listen": sorted(self.signals)}
+        if self.actions is not None:
+            message["actions"] = dict(self.actions)
+        return message
+
+    @classmethod
+    def from_json(cls, raw: Any) -> Listen:
+        msg = message_of(raw, "listen")
+        return cls(parse_signals(msg), parse_actions(msg))
 
 
-def parse_listen(msg: dict[str, Any]) -> frozenset[str]:
-    """The signals a hello or a listen message asks for. Names this server does not know are
-    left out (a newer client may ask for more); anything but a list of strings is malformed."""
-    raw = msg.get("listen")
-    if raw is None:
-        return frozenset()
-    if not isinstance(raw, list) or not all(isinstance(name, str) for name in raw):
-        raise ProtocolError("listen must be a list of signal names")
-    return frozenset(name for name in raw if name in SIGNALS)
+@dataclass(frozen=True)
+class CommandResult:
+    """The client's answer to a command: `{"type": "command_result", "id", "ok", "message"}`
+    (the message cut at MAX_RESULT_MESSAGE characters, NUL removed)."""
 
+    id: str
+    ok: bool
+    message: str = ""
 
-def parse_actions(msg: dict[str, Any]) -> dict[str, str] | None:
-    """The actions a hello or a listen message declares its command handler takes, each with
-    what it does; None when it declares none (a client that does not say)."""
-    raw = msg.get("actions")
-    if raw is None:
-        return None
-    if not isinstance(raw, dict) or len(raw) > MAX_ACTIONS:
-        raise ProtocolError(f"actions must be an object of at most {MAX_ACTIONS} action names to descriptions")
-    actions: dict[str, str] = {}
-    for name, text in raw.items():
-        if not isinstance(name, str) or not ACTION.fullmatch(name) or not isinstance(text, str):
-            raise ProtocolError(f"actions: {str(name)[:64]!r} is not an action name (1-64 of [A-Za-z0-9_.-]) with a text")
-        actions[name] = text[:MAX_ACTION_TEXT].replace("\x00", "")
-    return actions
+    def to_json(self) -> dict[str, Any]:
+        return {"type": "command_result", "id": self.id, "ok": self.ok, "message": self.message[:MAX_RESULT_MESSAGE]}
 
-
-def listen_message(signals: frozenset[str] | set[str], actions: dict[str, str] | None = None) -> dict[str, Any]:
-    message: dict[str, Any] = {"type": "listen", "listen": sorted(signals)}
-    if actions is not None:
-        message["actions"] = actions
-    return message
-
-
-def parse_command_result(msg: dict[str, Any]) -> tuple[str, bool, str]:
-    """(command id, ok, message) of a `command_result`."""
-    command_id, ok, message = msg.get("id"), msg.get("ok"), msg.get("message", "")
-    if not isinstance(command_id, str) or not 0 < len(command_id) <= 64:
-        raise ProtocolError("command_result needs the command's id")
-    if not isinstance(ok, bool):
-        raise ProtocolError("command_result needs ok: true or false")
-    if not isinstance(message, str):
-        raise ProtocolError("command_result's message must be a string")
-    return command_id, ok, message[:MAX_RESULT_MESSAGE].replace("\x00", "")
-
-
-def command_result_message(command_id: str, ok: bool, message: str = "") -> dict[str, Any]:
-    return {"type": "command_result", "id": command_id, "ok": ok, "message": message[:MAX_RESULT_MESSAGE]}
+    @classmethod
+    def from_json(cls, raw: Any) -> CommandResult:
+        msg = message_of(raw, "command_result")
+        command_id, ok, message = msg.get("id"), msg.get("ok"), msg.get("message", "")
+        if not isinstance(command_id, str) or not 0 < len(command_id) <= 64:
+            raise ProtocolError("command_result needs the command's id")
+        if not isinstance(ok, bool):
+            raise ProtocolError("command_result needs ok: true or false")
+        if not isinstance(message, str):
+            raise ProtocolError("command_result's message must be a string")
+        return cls(command_id, ok, message[:MAX_RESULT_MESSAGE].replace("\x00", ""))
 
 
 # -- the alert, and the signal messages --------------------------------------------------

@@ -54,14 +54,14 @@ hold (tcp_rmem's maximum on the server's side, 32 MiB here: ~60 frames)."""
 FLOOD = """
 import json, os, sys
 from websockets.sync.client import ClientConnection, connect
-from wire import Row, RunInfo, encode_rows, hello_message, points_frame
+from wire import Row, RunInfo, encode_rows, Hello, points_frame
 
 rows = json.dumps(encode_rows([
     Row(step=s, time=None, values={f"flood/{k:02d}": s + k / 20 for k in range(20)})
     for s in range(2000)
 ]))
 with connect(os.environ["INGEST_URL"], max_size=None) as ws:
-    ws.send(json.dumps(hello_message(RunInfo(id=os.environ["RUN_ID"], name="flood"))))
+    ws.send(json.dumps(Hello(RunInfo(id=os.environ["RUN_ID"], name="flood")).to_json()))
     ws.recv(timeout=10)
     for seq in range(int(os.environ["FRAMES"])):
         ws.send(points_frame(seq, rows))  # never reads an ack: only TCP can stop it

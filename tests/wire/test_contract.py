@@ -17,13 +17,13 @@ from wire import (
     Ack,
     Bye,
     ErrorMessage,
+    Finish,
+    Hello,
+    Points,
     Reject,
     Row,
     RunInfo,
     Welcome,
-    finish_message,
-    hello_message,
-    points_message,
 )
 from wire.signals import (
     SIGNALS,
@@ -32,9 +32,9 @@ from wire.signals import (
     AlertsMessage,
     Command,
     CommandMessage,
+    CommandResult,
     HazardMessage,
-    command_result_message,
-    listen_message,
+    Listen,
 )
 
 DOC = re.sub(r"\s+", " ", (Path(__file__).parents[2] / "docs" / "protocol.md").read_text())
@@ -57,9 +57,9 @@ CASES: list[tuple[str, str, tuple[tuple[str, str], ...], dict[str, Any]]] = [
         '{"type": "hello", "protocol": 1, "run": {"id": "<uuid chosen by the client>", "name": "cispo-lag8-s0", '
         '"project": "default", "group": "cispo", "config": {...}, "tags": ["toy"]}, "writer": "<id>"}',
         (("{...}", '{"lr": 0.001}'),),
-        hello_message(
+        Hello(
             RunInfo("<uuid chosen by the client>", "cispo-lag8-s0", "default", "cispo", {"lr": 0.001}, ["toy"]), "<id>"
-        ),
+        ).to_json(),
     ),
     (
         "welcome",
@@ -72,7 +72,7 @@ CASES: list[tuple[str, str, tuple[tuple[str, str], ...], dict[str, Any]]] = [
         '{"type": "points", "seq": k, "rows": [{"step": 12, "time": 1764400000.25, "values": '
         '{"reward/mean": 0.5, "grad/norm": "inf"}}, ...]}',
         (('"seq": k', '"seq": 3'), (", ...]", "]")),
-        points_message(3, [Row(12, 1764400000.25, {"reward/mean": 0.5, "grad/norm": math.inf})]),
+        Points(3, [Row(12, 1764400000.25, {"reward/mean": 0.5, "grad/norm": math.inf})]).to_json(),
     ),
     ("ack", '{"type": "ack", "seq": k}', (('"seq": k', '"seq": 3'),), Ack(3).to_json()),
     (
@@ -85,7 +85,7 @@ CASES: list[tuple[str, str, tuple[tuple[str, str], ...], dict[str, Any]]] = [
         "finish",
         '{"type": "finish", "status": "finished" | "failed" | "killed"}',
         (('"finished" | "failed" | "killed"', '"failed"'),),
-        finish_message("failed"),
+        Finish("failed").to_json(),
     ),
     ("bye", '{"type": "bye"}', (), Bye().to_json()),
     (
@@ -98,13 +98,13 @@ CASES: list[tuple[str, str, tuple[tuple[str, str], ...], dict[str, Any]]] = [
         "listen",
         '{"type": "listen", "listen": [...]}',
         (("[...]", '["alerts", "hazard"]'),),
-        listen_message({"hazard", "alerts"}),
+        Listen(frozenset({"hazard", "alerts"})).to_json(),
     ),
     (
         "command_result",
         '{"type": "command_result", "id": ..., "ok": true | false, "message": "..."}',
         (("...", '"c1"'), ("true | false", "true"), ('"..."', '"saved"')),
-        command_result_message("c1", True, "saved"),
+        CommandResult("c1", True, "saved").to_json(),
     ),
     (
         "alerts",

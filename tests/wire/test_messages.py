@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from wire import (
     ACCEPTS,
+    Hello,
     Histogram,
     Limits,
     ProtocolError,
@@ -21,7 +22,6 @@ from wire import (
     Sequences,
     encode_rows,
     parse_config,
-    parse_hello,
     parse_rows,
 )
 
@@ -192,11 +192,11 @@ def test_a_hello_config_with_nul_is_refused_as_patch_refuses_it(config: dict[str
     """PostgreSQL cannot store NUL; PATCH /runs/{id} refused it, the hello did not."""
     hello = {"type": "hello", "protocol": 1, "run": {"id": "r1", "config": config}}
     with pytest.raises(ProtocolError, match=r"run.config must not contain NUL") as refused:
-        parse_hello(hello)
+        Hello.from_json(hello)
     assert refused.value.code == "malformed" and refused.value.close_code == 4400
     with pytest.raises(ProtocolError, match=r"^config must not contain NUL"):
         parse_config(config, "config")
-    assert parse_hello({**hello, "run": {"id": "r1", "config": {"note": "a\\x00b", "ok": ["\\u0000"]}}}).config
+    assert Hello.from_json({**hello, "run": {"id": "r1", "config": {"note": "a\\x00b", "ok": ["\\u0000"]}}}).run.config
 
 
 # -- fuzz --------------------------------------------------------------------------------

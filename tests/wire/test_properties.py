@@ -12,13 +12,13 @@ from hypothesis import strategies as st
 
 from wire import (
     MAX_STEP,
+    Hello,
     Limits,
     ProtocolError,
     Row,
     decode_value,
     encode_rows,
     encode_value,
-    parse_hello,
     parse_rows,
     parse_seq,
 )
@@ -71,9 +71,9 @@ def test_any_rows_json_is_parsed_or_refused_with_a_protocol_error(candidate: Any
 
 
 @settings(max_examples=300)
-@given(st.dictionaries(st.sampled_from(["type", "protocol", "run", "writer", "seq"]), json_values, max_size=5))
+@given(st.dictionaries(st.sampled_from(["type", "protocol", "run", "writer", "listen", "actions", "seq"]), json_values, max_size=7))
 def test_any_hello_or_seq_is_parsed_or_refused_with_a_protocol_error(message: dict[str, Any]) -> None:
-    for parse in (parse_hello, parse_seq):
+    for parse in (Hello.from_json, parse_seq):
         try:
             parse(message)
         except ProtocolError:

@@ -17,18 +17,15 @@ from wire import (
     Bye,
     ErrorMessage,
     Finish,
+    Hello,
+    Points,
     ProtocolError,
     Reject,
     Row,
     RunInfo,
     Welcome,
-    finish_message,
-    hello_message,
-    parse_finish,
-    parse_hello,
-    parse_points,
-    parse_writer,
-    points_message,
+    encode_rows,
+    points_frame,
     read_reply,
 )
 from wire.signals import (
@@ -38,12 +35,9 @@ from wire.signals import (
     AlertsMessage,
     Command,
     CommandMessage,
+    CommandResult,
     HazardMessage,
-    command_result_message,
-    listen_message,
-    parse_actions,
-    parse_command_result,
-    parse_listen,
+    Listen,
     read_signal,
 )
 
@@ -79,39 +73,42 @@ def _through_text(message: dict[str, Any]) -> Any:
 # -- the client's messages -------------------------------------------------------------
 
 
-def test_a_hello_round_trips_with_its_run_and_writer() -> None:
+def test_a_hello_round_trips_with_its_run_writer_signals_and_actions() -> None:
     run = RunInfo("run-1", "cispo-lag8-s0", "p", "cispo", {"lr": 1e-3, "nested": {"a": [1, 2]}}, ["toy", "x"])
-    received = _through_text(hello_message(run, "spool-1"))
-    assert parse_hello(received) == run and parse_writer(received) == "spool-1"
-    assert parse_writer(_through_text(hello_message(run))) == ""  # the unnamed writer
+    for hello in (
+        Hello(run, "spool-1"),
+        Hello(run),  # the unnamed writer
+        Hello(run, "w", frozenset(SIGNALS), {"stop": "saves a checkpoint and stops"}),
+        Hello(run, "w", frozenset({"commands"}), {}),
+    ):
+        assert Hello.from_json(_through_text(hello.to_json())) == hello
+    assert "listen" not in Hello(run).to_json() and "actions" not in Hello(run).to_json()
 
 
 def test_points_round_trip_with_every_kind_of_value() -> None:
     rows = [Row(0, 1.7e9, {"a": 0.5, "b": -2.0}), Row(1, None, {"a": math.inf, "b": -math.inf})]
-    seq, received = parse_points(_through_text(points_message(9, rows)))
-    assert seq == 9 and received == rows
-    nan_seq, (nan_row,) = parse_points(_through_text(points_message(10, [Row(2, None, {"a": math.nan})])))
-    assert nan_seq == 10 and math.isnan(nan_row.values["a"])
+    assert Points.from_json(_through_text(Points(9, rows).to_json())) == Points(9, rows)
+    nan = Points.from_json(_through_text(Points(10, [Row(2, None, {"a": math.nan})]).to_json()))
+    assert nan.seq == 10 and math.isnan(nan.rows[0].values["a"])
+    assert json.loads(points_frame(9, json.dumps(encode_rows(rows)))) == json.loads(json.dumps(Points(9, rows).to_json()))
 
 
 @pytest.mark.parametrize("status", FINISH_STATUSES)
 def test_a_finish_round_trips(status: str) -> None:
-    assert parse_finish(_through_text(finish_message(status))).status == status
-    assert parse_finish(_through_text(finish_message(status, last_seq=41))) == Finish(status, 41)
+    assert Finish.from_json(_through_text(Finish(status).to_json())) == Finish(status)
+    assert Finish.from_json(_through_text(Finish(status, last_seq=41).to_json())) == Finish(status, 41)
 
 
 @pytest.mark.parametrize("actions", [None, {}, {"stop": "saves a checkpoint and stops", "rollback": "back"}])
 def test_a_listen_round_trips_with_its_actions(actions: dict[str, str] | None) -> None:
-    received = _through_text(listen_message(frozenset(SIGNALS), actions))
-    assert parse_listen(received) == frozenset(SIGNALS) and parse_actions(received) == actions
-    assert parse_listen(_through_text(listen_message(set()))) == frozenset()
+    assert Listen.from_json(_through_text(Listen(frozenset(SIGNALS), actions).to_json())) == Listen(frozenset(SIGNALS), actions)
+    assert Listen.from_json(_through_text(Listen().to_json())) == Listen()
 
 
 @pytest.mark.parametrize("ok", [True, False])
 def test_a_command_result_round_trips(ok: bool) -> None:
-    assert parse_command_result(_through_text(command_result_message("c1", ok, "saved at step 3"))) == (
-        "c1", ok, "saved at step 3",
-    )
+    result = CommandResult("c1", ok, "saved at step 3")
+    assert CommandResult.from_json(_through_text(result.to_json())) == result
 
 
 # -- the server's replies and signals --------------------------------------------------
@@ -210,13 +207,17 @@ MALFORMED: list[tuple[Callable[[Any], Any], Any, str]] = [
     (Alert.from_json, {**ALERT.to_json(), "silenced": 0}, r"alert\.silenced must be true or false"),
     (Alert.from_json, {**ALERT.to_json(), "started_at": 1.7e9}, r"alert\.started_at must be a string or null"),
     (Command.from_json, {"id": "c", "action": "stop", "created_at": "now"}, r"command\.created_at must be a number"),
-    (parse_hello, {"type": "hello", "protocol": 1}, r"hello\.run must be a JSON object"),
-    (parse_points, {"type": "points", "seq": -1, "rows": []}, r"points\.seq must be an integer"),
-    (parse_finish, {"type": "finish", "status": "done"}, "finish.status must be one of finished, failed, killed"),
-    (parse_finish, {"type": "finish", "status": "finished", "last_seq": "7"}, "finish.last_seq must be an integer"),
-    (parse_listen, {"type": "listen", "listen": "alerts"}, "listen must be a list of signal names"),
-    (parse_actions, {"type": "listen", "actions": {"": "x"}}, "is not an action name"),
-    (parse_command_result, {"type": "command_result", "id": "c"}, "command_result needs ok: true or false"),
+    (Hello.from_json, {"type": "hello", "protocol": 1}, r"hello\.run must be a JSON object"),
+    (Hello.from_json, {"type": "hello", "protocol": 1, "run": {"id": "r"}, "writer": "a b"}, r"hello\.writer must be"),
+    (Hello.from_json, {"type": "hello", "protocol": 1, "run": {"id": "r"}, "listen": "alerts"}, "listen must be a list"),
+    (Points.from_json, {"type": "points", "seq": -1, "rows": []}, r"points\.seq must be an integer"),
+    (Points.from_json, {"type": "points", "seq": 1, "rows": {}}, "rows must be a list"),
+    (Finish.from_json, {"type": "finish", "status": "done"}, "finish.status must be one of finished, failed, killed"),
+    (Finish.from_json, {"type": "finish", "status": "finished", "last_seq": "7"}, "finish.last_seq must be an integer"),
+    (Listen.from_json, {"type": "listen", "listen": "alerts"}, "listen must be a list of signal names"),
+    (Listen.from_json, {"type": "listen", "actions": {"": "x"}}, "is not an action name"),
+    (Listen.from_json, {"type": "hello"}, "not a listen message"),
+    (CommandResult.from_json, {"type": "command_result", "id": "c"}, "command_result needs ok: true or false"),
 ]
 
 
