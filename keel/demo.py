@@ -27,6 +27,17 @@ DEMO_ARMS = ("importance_sampling", "cispo")
 LM_ARMS = ("ppo", "cispo")
 """The real-network A/B (`keel lm`, docs/lm.md): PPO collapses at these settings, CISPO does not."""
 LM_SETTINGS = ("--lag", "8", "--sampler-dtype", "bf16", "--lr", "2e-3", "--clip", "0", "--digits", "4", "--steps", "500")
+GUARD_PAIR = "lm-ppo-lag4-bf16"
+"""Run-name stem of the guarded PPO and its unguarded twin (same seed, GUARD_SETTINGS)."""
+GUARD_SETTINGS = (
+    "--lag", "4", "--sampler-dtype", "bf16", "--lr", "3.5e-3", "--clip", "0", "--digits", "2",
+    "--prompts", "32", "--samples", "4", "--steps", "500",
+)  # fmt: skip
+"""The guarded pair's settings: PPO learns the easy task within ~150 steps here and then, more
+often than not, falls (a hot learning rate, a stale bf16 sampler, no gradient clipping;
+docs/lm.md, "The guard"). The guarded run acts on the collapse hazard (GUARD_HAZARD), which
+rises as the reward starts to fall, and rolls back to the weights from before the rise."""
+GUARD_HAZARD = "0.5"
 
 
 def _add_demo(parser: argparse.ArgumentParser) -> None:
@@ -45,7 +56,7 @@ JOBS_PER_CORE = 3
 """A toy run at the demo's pace takes about a sixth of a core, a transformer twice that (its
 learner and sampler threads), each beside a Monitor worker, the server and the browser."""
 MIN_JOBS = 6
-"""Enough for the guarded transformer, its twin and the CISPO arm at once (3 × LM_WEIGHT)."""
+"""Enough for three transformers at once (3 × LM_WEIGHT)."""
 LM_WEIGHT = 2
 
 
@@ -55,12 +66,14 @@ def demo_jobs(cores: int | None) -> int:
 
 
 def demo_waves(runs: dict[str, list[str]]) -> list[list[str]]:
-    """The round's run names in launch groups that run side by side: the toy runs together,
-    each transformer seed's arms together (the guarded run with its twin)."""
+    """The round's run names in launch groups that run side by side, in the round's order: the
+    toy runs together, the guarded run with its twin, each transformer seed's arms together."""
     groups: dict[str, list[str]] = {}
     for name in runs:
-        if name.startswith("lm-"):  # lm-<loss>-lag8-bf16-s<seed>[-guard]: one group per seed
-            key = "lm-" + name.removesuffix("-guard").rsplit("-s", 1)[1]
+        if name.startswith(GUARD_PAIR):  # the guarded run and its twin
+            key = "guard"
+        elif name.startswith("lm-"):  # lm-<loss>-lag8-bf16-s<seed>: one group per seed
+            key = "lm-" + name.rsplit("-s", 1)[1]
         else:  # <loss>-lag8-severe-s<seed>
             key = "toy"
         groups.setdefault(key, []).append(name)
@@ -83,8 +96,8 @@ def _die_with_parent() -> None:
 
 
 def _demo_runs(base: str, round_index: int, step_delay: float) -> dict[str, list[str]]:
-    """The `keel` commands of one demo round, by run name: the toy A/B over three seeds and
-    the transformer A/B over two."""
+    """The `keel` commands of one demo round, by run name, in launch order: the toy A/B over
+    three seeds, the guarded PPO beside its unguarded twin, and the transformer A/B over two."""
     seeds = [3 * round_index + s for s in range(3)]
     runs: dict[str, list[str]] = {}
     for loss in DEMO_ARMS:
@@ -92,31 +105,30 @@ def _demo_runs(base: str, round_index: int, step_delay: float) -> dict[str, list
             name = f"{loss}-lag8-severe-s{seed}"
             runs[name] = ["sim", "--loss", loss, "--lag", "8", "--mismatch", "severe", "--seed", str(seed),
                           "--steps", "600", "--step-delay", str(step_delay), "--server", base, "--name", name]
-    for loss in LM_ARMS:
-        for seed in seeds[:2]:
+    # The guard beside its unguarded twin (same seed): a run that protects itself (docs/lm.md).
+    twin = f"{GUARD_PAIR}-s{seeds[0]}"
+    for name, guard in ((twin, ()), (f"{twin}-guard", ("--guard", "--guard-hazard", GUARD_HAZARD))):
+        runs[name] = ["lm", "--loss", "ppo", *GUARD_SETTINGS, "--seed", str(seeds[0]), "--step-delay", str(step_delay),
+                      "--group", "lm-ppo-guarded" if guard else "lm-ppo-unguarded", *guard, "--server", base, "--name", name]  # fmt: skip
+    for seed in seeds[:2]:
+        for loss in LM_ARMS:
             name = f"lm-{loss}-lag8-bf16-s{seed}"
             runs[name] = ["lm", "--loss", loss, *LM_SETTINGS, "--seed", str(seed), "--step-delay", str(step_delay),
                           "--group", f"lm-{loss}", "--server", base, "--name", name]
-    # The guard beside its unguarded twin (same seed): a run that protects itself (docs/lm.md).
-    name = f"lm-ppo-lag8-bf16-s{seeds[0]}-guard"
-    runs[name] = ["lm", "--loss", "ppo", *LM_SETTINGS, "--seed", str(seeds[0]), "--step-delay", str(step_delay),
-                  "--group", "lm-ppo-guard", "--guard", "--server", base, "--name", name]
     return runs
 
 
 def _demo_comparisons(runs: dict[str, list[str]]) -> list[tuple[str, set[str]]]:
-    """The compare pages of one demo round, as (label, run names): the toy A/B, the
-    transformer A/B (the guarded PPO beside them) and the guarded PPO beside its twin."""
+    """The compare pages of one demo round, as (label, run names): the toy A/B, the guarded
+    PPO beside its unguarded twin, and the transformer A/B."""
     toy = {name for name in runs if not name.startswith("lm-")}
-    transformer = set(runs) - toy
-    guarded = {name for name in transformer if name.endswith("-guard")}
-    twins = {name.removesuffix("-guard") for name in guarded} & transformer
+    pair = {name for name in runs if name.startswith(GUARD_PAIR)}
+    transformer = set(runs) - toy - pair
     pages = [
         (f"toy {' vs '.join(DEMO_ARMS)}", toy),
-        (f"transformer {' vs '.join(LM_ARMS)} (and the guarded ppo)", transformer),
+        ("guarded ppo beside its unguarded twin", pair),
+        (f"transformer {' vs '.join(LM_ARMS)}", transformer),
     ]
-    if guarded and twins:
-        pages.append(("guarded ppo beside its unguarded twin", guarded | twins))
     return [(label, names) for label, names in pages if names]
 
 
@@ -179,8 +191,9 @@ def _demo(args: argparse.Namespace) -> int:
         while not stop.is_set():
             runs = _demo_runs(base, round_index, args.step_delay)
             print(
-                f"keel demo: round {round_index + 1}: toy {' vs '.join(DEMO_ARMS)} (lag 8, severe mismatch) and "
-                f"transformer {' vs '.join(LM_ARMS)} and a guarded ppo (lag 8, bf16 sampler), {len(runs)} runs, "
+                f"keel demo: round {round_index + 1}: toy {' vs '.join(DEMO_ARMS)} (lag 8, severe mismatch), "
+                f"a guarded ppo beside its unguarded twin (lag 4, bf16 sampler, hot learning rate), then "
+                f"transformer {' vs '.join(LM_ARMS)} (lag 8, bf16 sampler); {len(runs)} runs, "
                 f"at most {jobs} toy runs' worth at once",
                 flush=True,
             )

@@ -21,8 +21,8 @@ from tests.support.monitor import python_process
 
 pytestmark = pytest.mark.browser
 
-GUARDED = "lm-ppo-lag8-bf16-s0-guard"
-TWIN = "lm-ppo-lag8-bf16-s0"
+GUARDED = "lm-ppo-lag4-bf16-s0-guard"
+TWIN = "lm-ppo-lag4-bf16-s0"
 
 
 def _free_port() -> int:

@@ -49,24 +49,28 @@ def test_the_demo_help_says_what_a_round_streams(capsys: pytest.CaptureFixture[s
     assert "a guarded ppo beside its twin" in text
     runs = _demo_runs("http://127.0.0.1:8750", 0, 0.0)
     assert {command[2] for command in runs.values()} == set(DEMO_ARMS) | set(LM_ARMS)  # --loss
-    assert [name for name in runs if "--guard" in runs[name]] == ["lm-ppo-lag8-bf16-s0-guard"]
+    assert [name for name in runs if "--guard" in runs[name]] == ["lm-ppo-lag4-bf16-s0-guard"]
+    twin, guarded = runs["lm-ppo-lag4-bf16-s0"], runs["lm-ppo-lag4-bf16-s0-guard"]
+    assert [arg for arg in guarded if arg not in twin] == ["lm-ppo-guarded", "--guard", "--guard-hazard", "0.5", "lm-ppo-lag4-bf16-s0-guard"]
 
 
 def test_the_demo_paces_its_trainers_to_the_cores_and_keeps_an_ab_together() -> None:
     """A round's runs start in waves within a budget set from the cores: the toy runs
-    together, each transformer seed's arms together (the guarded run with its twin)."""
+    together, the guarded run with its twin, each transformer seed's arms together."""
     from keel.demo import LM_WEIGHT, MIN_JOBS, _weight, demo_jobs, demo_waves
 
     assert demo_jobs(2) == MIN_JOBS and demo_jobs(None) == MIN_JOBS and demo_jobs(16) == 48
     runs = _demo_runs("http://h:1", 0, 0.1)
     waves = demo_waves(runs)
     assert sorted(name for wave in waves for name in wave) == sorted(runs)
-    toy, first, second = waves
+    toy, pair, first, second = waves
     assert all(not name.startswith("lm-") for name in toy) and len(toy) == 6
-    assert set(first) == {"lm-ppo-lag8-bf16-s0", "lm-cispo-lag8-bf16-s0", "lm-ppo-lag8-bf16-s0-guard"}
+    assert set(pair) == {"lm-ppo-lag4-bf16-s0", "lm-ppo-lag4-bf16-s0-guard"}
+    assert set(first) == {"lm-ppo-lag8-bf16-s0", "lm-cispo-lag8-bf16-s0"}
     assert set(second) == {"lm-ppo-lag8-bf16-s1", "lm-cispo-lag8-bf16-s1"}
     # On two cores the waves run one after the other; a transformer wave fits alone.
-    assert sum(map(_weight, first)) == 3 * LM_WEIGHT <= demo_jobs(2) < sum(map(_weight, toy)) + sum(map(_weight, first))
+    for wave in (pair, first, second):
+        assert sum(map(_weight, wave)) == 2 * LM_WEIGHT <= demo_jobs(2) < sum(map(_weight, toy)) + sum(map(_weight, wave))
 
 
 @pytest.mark.parametrize("command", ["demo", "serve"])
