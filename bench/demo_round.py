@@ -24,7 +24,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from keel.local import free_port
+from bench.support import free_port
 
 EXPECTED_LAST_STEP = {"toy": 599, "lm": 499}
 """The last step of a demo run (keel/demo.py: toy runs of 600 steps, transformers of 500)."""

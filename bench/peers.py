@@ -50,8 +50,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.support import ROOT, fresh_database, keel_server, percentile, postgres_database
-from keel.local import free_port
+from bench.support import (
+    ROOT,
+    free_port,
+    fresh_database,
+    keel_server,
+    percentile,
+    postgres_database,
+)
 
 PINS: dict[str, list[str]] = {
     # mlflow 3.18.0 is on PyPI but its mlflow-skinny==3.18.0 was not yet installable here.

@@ -1,6 +1,6 @@
 """What the benchmarks share: a `keel serve` process, fresh databases, one percentile.
 
-Only the standard library (and `keel.local`, which is too) at import time:
+Only the standard library at import time:
 bench/peers_worker.py imports `percentile` from here inside each peer's own venv, which
 has no psycopg.
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -17,8 +18,6 @@ from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-
-from keel.local import free_port
 
 __all__ = [
     "PG_ADMIN",
@@ -36,6 +35,13 @@ PG_ADMIN = os.environ.get("KEEL_TEST_PG", "postgresql://postgres@127.0.0.1:5432/
 """The PostgreSQL server the benchmarks create their databases on (the tests' variable)."""
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def percentile(samples: Sequence[float], q: float) -> float:
@@ -98,7 +104,7 @@ def keel_server(
     """`keel serve` of this checkout on a free loopback port, on `database_url`; yielded
     once `/readyz` answers 200, terminated after.
 
-    Always its own process, never `keel.local.LocalServer` in this one: the benchmark's
+    Always its own process, never a server in this one: the benchmark's
     clients (or its learner loop) would share the server's interpreter lock, and part of
     the latency or overhead measured would be the benchmark's own. A process also lets
     bench/load.py read the server's CPU by its pid, and --pin give it other CPUs.

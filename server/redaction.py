@@ -8,7 +8,7 @@ query parameter named like a credential (`token`, `auth`, `authorization`, `pass
 the password of a URL's userinfo (`postgresql://user:pass@host`), a `Bearer` token
 (`Bearer%20...` in a URL too), anything shaped like a Keel API token or a webhook secret,
 and the server's own secrets whatever their shape (the bootstrap token, the database
-password) become `***`. It sits on the handlers that `keel serve` (and keel.local) log
+password) become `***`. It sits on the handlers that `keel serve` (and the tests' in-process server) log
 through, so every logger that reaches them is covered.
 """
 
@@ -80,7 +80,7 @@ def logging_config(*, keel_loggers: bool, secrets: Iterable[str | None] = ()) ->
 
     `keel_loggers`: also send Keel's own loggers ("keel.*") to the same, filtered, stderr
     handler. For a process that Keel owns (`keel serve`); a process that embeds a server
-    (tests, keel.local) keeps its own logging of them. `secrets`: the server's own secrets
+    (the tests' in-process server) keeps its own logging of them. `secrets`: the server's own secrets
     by value (None for one not set), masked wherever they appear.
     """
     config = copy.deepcopy(LOGGING_CONFIG)

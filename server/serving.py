@@ -1,5 +1,5 @@
 """How the app is served: one uvicorn Config from Settings, used by `keel serve` and by
-keel.local, and the two deadlines uvicorn does not have (docs/security.md).
+the tests' in-process server, and the two deadlines uvicorn does not have (docs/security.md).
 
 uvicorn bounds an idle kept-alive connection (`timeout_keep_alive`) and a websocket peer
 that stops answering pings, but not a client that sends its request head slowly

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from keel.local import LocalServer
+from tests.support.local_server import LocalServer
 
 HTTP_TIMEOUT_S = 60.0
 """What a test's HTTP call waits for an answer unless it passes its own timeout. httpx's

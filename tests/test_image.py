@@ -20,7 +20,6 @@ import httpx
 import pytest
 import yaml
 
-from keel.local import free_port
 from tests.support.installs import (
     ROOT,
     Dockerfile,
@@ -31,6 +30,7 @@ from tests.support.installs import (
     product_env,
     read_dockerfile,
 )
+from tests.support.local_server import free_port
 from tests.support.server import ServerProcess
 
 COMPOSE_PORT = "8750"

@@ -36,8 +36,7 @@ from bench.page.browser import browser, busy, cold_load, open_page, probe
 from bench.page.results import Results
 from bench.page.streams import BenchRun
 from bench.page_data import HEADLINE_KEYS, metric_keys
-from bench.support import ROOT
-from keel.local import free_port
+from bench.support import ROOT, free_port
 
 __all__ = ["part_peers"]
 

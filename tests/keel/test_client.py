@@ -132,7 +132,7 @@ def test_a_token_is_sent_and_a_refusal_is_a_clear_error(server_factory, sqlite_u
 
 
 def test_an_unreachable_server_is_a_client_error() -> None:
-    from keel.local import free_port
+    from tests.support.local_server import free_port
 
     with pytest.raises(ClientError, match="cannot reach"):
         Client(f"http://127.0.0.1:{free_port()}", timeout=2).runs()

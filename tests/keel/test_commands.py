@@ -80,7 +80,7 @@ def test_ctrl_c_ends_the_demo_and_the_server_with_one_line(command: str, tmp_pat
     import signal
     import time
 
-    from keel.local import free_port
+    from tests.support.local_server import free_port
 
     port = str(free_port())
     args = ["--dir", str(tmp_path / "demo")] if command == "demo" else ["--database-url", f"sqlite:///{tmp_path / 's.db'}"]

@@ -248,7 +248,7 @@ def test_a_real_trl_grpo_run_streams_what_trl_logged(server: ServerProcess, tmp_
 
 
 def test_a_server_away_never_holds_the_command_up_and_keel_sync_uploads_later(server: ServerProcess, tmp_path: Path) -> None:
-    from keel.local import free_port
+    from tests.support.local_server import free_port
 
     child = script(tmp_path, "fast.py", """
         import time

@@ -62,7 +62,7 @@ def test_keel_serve_refuses_a_short_bootstrap_token_at_start(sqlite_url: str) ->
     import subprocess
     import sys
 
-    from keel.local import free_port
+    from tests.support.local_server import free_port
 
     env = {**os.environ, "KEEL_AUTH": "true", "KEEL_BOOTSTRAP_TOKEN": "admin-pw-12"}
     argv = [sys.executable, "-m", "keel", "serve", "--port", str(free_port()), "--database-url", sqlite_url]

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 from sqlalchemy.engine import make_url
 
-from keel.local import LocalServer
+from tests.support.local_server import LocalServer
 from tests.support.server import keel_serve
 
 ADMIN = "keel_test_admin_token_0123456789abcdef"

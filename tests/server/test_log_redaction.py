@@ -14,8 +14,8 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 from websockets.typing import Origin
 
-from keel.local import free_port
 from server.redaction import RedactSecrets, redact
+from tests.support.local_server import free_port
 from tests.support.server import keel_serve
 
 QUERY_TOKEN = "qtok-6f1c2a9e0b7d"

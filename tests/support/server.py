@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from keel.local import free_port
+from tests.support.local_server import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 90.0

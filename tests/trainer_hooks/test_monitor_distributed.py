@@ -9,7 +9,7 @@ from textwrap import dedent
 
 import pytest
 
-from keel.local import free_port
+from tests.support.local_server import free_port
 from tests.support.monitor import python_process, servers
 
 make_server = pytest.fixture(name="make_server")(servers)

@@ -1,4 +1,5 @@
-"""A Keel server in this process, on a free loopback port (eval-alerts, tests, benchmarks)."""
+"""A Keel server in the test's own process, on a free loopback port, with real sockets (the
+fixtures of tests/conftest.py; tests that need a process of their own use tests/support/server.py)."""
 
 from __future__ import annotations
 
