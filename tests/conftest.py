@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
@@ -35,22 +37,63 @@ def _postgres_or_skip() -> None:
         pytest.skip(f"PostgreSQL unreachable at {PG_ADMIN_DSN}")
 
 
-@pytest.fixture
-def postgres_url() -> Iterator[str]:
-    """A fresh, empty PostgreSQL database, dropped afterwards."""
+def _create_database(template: str | None = None) -> str:
+    """A new PostgreSQL database (a copy of `template` if given); its URL."""
     import psycopg
     from sqlalchemy.engine import make_url
 
-    _postgres_or_skip()
     name = f"keel_test_{uuid.uuid4().hex[:12]}"
+    copy = f' TEMPLATE "{template}"' if template else ""
     with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = make_url(PG_ADMIN_DSN).set(database=name).render_as_string(hide_password=False)
+        conn.execute(f'CREATE DATABASE "{name}"{copy}')
+    return make_url(PG_ADMIN_DSN).set(database=name).render_as_string(hide_password=False)
+
+
+def _drop_database(url: str) -> None:
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{make_url(url).database}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def _postgres_template() -> Iterator[str]:
+    """A PostgreSQL database migrated to head once per session (per xdist worker): each
+    test's database is a copy of it (CREATE DATABASE ... TEMPLATE), not a migration of its own."""
+    from sqlalchemy.engine import make_url
+
+    from server.db import upgrade
+
+    _postgres_or_skip()
+    url = _create_database()
+    try:
+        upgrade(url)  # its engine is disposed: no session left on the template to block a copy
+        yield str(make_url(url).database)
+    finally:
+        _drop_database(url)
+
+
+@pytest.fixture
+def empty_postgres_url() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database, dropped afterwards (for the tests of migrations)."""
+    _postgres_or_skip()
+    url = _create_database()
     try:
         yield url
     finally:
-        with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        _drop_database(url)
+
+
+@pytest.fixture
+def postgres_url(_postgres_template: str) -> Iterator[str]:
+    """A fresh PostgreSQL database already at the migrations' head (a copy of the session's
+    template), dropped afterwards. The server's migration on start finds it at head."""
+    url = _create_database(template=_postgres_template)
+    try:
+        yield url
+    finally:
+        _drop_database(url)
 
 
 @pytest.fixture
@@ -75,9 +118,34 @@ def drop_connections() -> Callable[[str], int]:
     return drop
 
 
+@pytest.fixture(scope="session")
+def _sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite database migrated to head once per session (per xdist worker)."""
+    from server.db import upgrade
+
+    path = tmp_path_factory.mktemp("sqlite-template") / "keel.db"
+    upgrade(f"sqlite:///{path}")
+    return path
+
+
 @pytest.fixture
-def sqlite_url(tmp_path) -> str:  # type: ignore[no-untyped-def]
+def empty_sqlite_url(tmp_path: Path) -> str:
+    """A SQLite database that does not exist yet (for the tests of migrations)."""
     return f"sqlite:///{tmp_path / 'keel.db'}"
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path, _sqlite_template: Path) -> str:
+    """A fresh SQLite database already at the migrations' head (a copy of the session's template)."""
+    path = tmp_path / "keel.db"
+    shutil.copyfile(_sqlite_template, path)
+    return f"sqlite:///{path}"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def empty_database_url(request: pytest.FixtureRequest) -> str:
+    """Both databases, empty: the tests of migrations start from nothing."""
+    return str(request.getfixturevalue(f"empty_{request.param}_url"))
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

@@ -108,7 +108,7 @@ def _documented_keel_commands(compose_text: str) -> list[list[str]]:
 
 @pytest.mark.postgres
 def test_the_compose_stack_runs_on_the_image(
-    image: Image, compose: dict[str, Any], postgres_url: str, tmp_path: Path
+    image: Image, compose: dict[str, Any], empty_postgres_url: str, tmp_path: Path
 ) -> None:
     services = compose["services"]
     port = free_port()
@@ -116,11 +116,11 @@ def test_the_compose_stack_runs_on_the_image(
     variables = {"KEEL_ADMIN_TOKEN": admin_token}
     assert f"127.0.0.1:{COMPOSE_PORT}:{COMPOSE_PORT}" in services["server"]["ports"]
 
-    migrate = image.run(services["migrate"]["command"], _service_env(services["migrate"], variables, postgres_url, port))
+    migrate = image.run(services["migrate"]["command"], _service_env(services["migrate"], variables, empty_postgres_url, port))
     assert migrate.returncode == 0, migrate.stdout + migrate.stderr
     assert "database at head" in migrate.stdout
 
-    server_env = _service_env(services["server"], variables, postgres_url, port)
+    server_env = _service_env(services["server"], variables, empty_postgres_url, port)
     assert server_env["KEEL_MIGRATE_ON_START"] == "false" and server_env["KEEL_BOOTSTRAP_TOKEN"] == admin_token
     assert server_env["KEEL_PUBLIC_URL"] == f"http://127.0.0.1:{port}"
     log = tmp_path / "server.log"

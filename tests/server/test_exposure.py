@@ -37,9 +37,9 @@ def _url_with_password(postgres_url: str) -> str:
     return make_url(postgres_url).set(password=PASSWORD).render_as_string(hide_password=False)
 
 
-def test_db_upgrade_prints_the_url_without_its_password(postgres_url: str) -> None:
+def test_db_upgrade_prints_the_url_without_its_password(empty_postgres_url: str) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "keel", "db", "upgrade", "--database-url", _url_with_password(postgres_url)],
+        [sys.executable, "-m", "keel", "db", "upgrade", "--database-url", _url_with_password(empty_postgres_url)],
         capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 0, result.stderr

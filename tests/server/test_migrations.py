@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
@@ -12,6 +13,17 @@ from sqlalchemy import create_engine, inspect
 
 from server.db import alembic_config, async_url, upgrade
 from server.models import Base
+
+
+# Migrations start from nothing here: not the conftest's databases, which are copies of one at head.
+@pytest.fixture
+def sqlite_url(empty_sqlite_url: str) -> str:
+    return empty_sqlite_url
+
+
+@pytest.fixture
+def postgres_url(empty_postgres_url: str) -> str:
+    return empty_postgres_url
 
 
 def _sync_url(database_url: str) -> str:
