@@ -33,26 +33,83 @@ def chromium_options(width: int = 1280, height: int = 800):  # type: ignore[no-u
     return options
 
 
-@pytest.fixture
-def browser() -> Iterator[object]:
-    """A fresh headless Chromium at 1280×800. Fails (not skips) in CI when Chromium is missing."""
-    missing = [path for path in (CHROMIUM, CHROMEDRIVER) if not os.path.exists(path)]
-    if missing:
-        message = f"Chromium not installed ({', '.join(missing)}): apt-get install -y chromium chromium-driver"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+def _start_chromium():  # type: ignore[no-untyped-def]
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=chromium_options())
     driver.set_page_load_timeout(30)
     instrument(driver)
-    set_viewport(driver, 1280, 800)
+    return driver
+
+
+def _leave_page(driver) -> None:  # type: ignore[no-untyped-def]
+    """What a test leaves behind goes: the page's storage (its origin's), every cookie, the
+    page itself (its sockets to a server about to stop), the console's messages."""
+    if driver.current_url.startswith("http"):
+        driver.execute_script("window.localStorage.clear(); window.sessionStorage.clear();")
+    driver.get("about:blank")
+    driver.execute_cdp_cmd("Network.clearBrowserCookies", {})
+    driver.get_log("browser")
+
+
+class _Chromium:
+    """One headless Chromium for a test module, restarted after a test that leaves it unusable."""
+
+    def __init__(self) -> None:
+        self.driver = None
+
+    def fresh(self):  # type: ignore[no-untyped-def]
+        if self.driver is None:
+            self.driver = _start_chromium()
+        set_viewport(self.driver, 1280, 800)
+        self.driver.get_log("browser")  # no message from before this test
+        return self.driver
+
+    def release(self) -> None:
+        if self.driver is None:
+            return
+        try:
+            if len(self.driver.window_handles) != 1:
+                raise RuntimeError("a test left windows open")
+            _leave_page(self.driver)
+        except Exception:
+            self.quit()
+
+    def quit(self) -> None:
+        if self.driver is not None:
+            driver, self.driver = self.driver, None
+            driver.quit()
+
+
+def _chromium_or_skip() -> None:
+    missing = [path for path in (CHROMIUM, CHROMEDRIVER) if not os.path.exists(path)]
+    if missing:
+        message = f"Chromium not installed ({', '.join(missing)}): apt-get install -y chromium chromium-driver"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+@pytest.fixture(scope="module")
+def _chromium() -> Iterator[_Chromium]:
+    chromium = _Chromium()
     try:
-        yield driver
+        yield chromium
     finally:
-        driver.quit()
+        chromium.quit()
+
+
+@pytest.fixture
+def browser(_chromium: _Chromium) -> Iterator[object]:
+    """A headless Chromium at 1280×800 with nothing from an earlier test: no page, cookie,
+    storage or console message (one Chromium serves a module's tests: starting one per test
+    cost seconds each). Fails (not skips) in CI when Chromium is missing."""
+    _chromium_or_skip()
+    try:
+        yield _chromium.fresh()
+    finally:
+        _chromium.release()
 
 
 @pytest.fixture

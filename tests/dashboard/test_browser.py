@@ -261,10 +261,15 @@ def test_group_aggregation_toggle(server, browser, artifacts) -> None:
         means = [t for t in chart["traces"] if t["role"] == "mean"]
         assert sorted(t["name"] for t in means) == ["cispo (n=2)", "is (n=1)"]
         assert len([t for t in chart["traces"] if t["role"] == "band"]) == 2
-    summary = browser.execute_script(
-        "return Array.from(document.querySelectorAll('#compare-summary .ag-row')).map(r => r.textContent)"
-    )
-    assert any("cispo (mean of 2)" in row for row in summary)
+
+    def summary() -> list[str]:
+        return list(browser.execute_script(
+            "return Array.from(document.querySelectorAll('#compare-summary .ag-row')).map(r => r.textContent)"
+        ))
+
+    # The summary grid is redrawn after the charts (on a loaded box, seconds after): wait for it.
+    rows = wait_until(lambda: (lambda found: found if any("cispo (mean of" in row for row in found) else None)(summary()), message="the group rows")
+    assert any("cispo (mean of 2)" in row for row in rows)
     # A group's peak hazard is the highest of its runs' (and has no step of its own).
     cells = wait_until(
         lambda: (lambda found: found if len(found) == 5 else None)(_grid_cells(browser, "compare-summary", "name")),
