@@ -262,13 +262,14 @@ def test_group_aggregation_toggle(server, browser, artifacts) -> None:
         assert sorted(t["name"] for t in means) == ["cispo (n=2)", "is (n=1)"]
         assert len([t for t in chart["traces"] if t["role"] == "band"]) == 2
 
-    def summary() -> list[str]:
-        return list(browser.execute_script(
+    def group_rows() -> list[str] | None:
+        found = browser.execute_script(
             "return Array.from(document.querySelectorAll('#compare-summary .ag-row')).map(r => r.textContent)"
-        ))
+        )
+        return found if any("cispo (mean of" in row for row in found) else None
 
     # The summary grid is redrawn after the charts (on a loaded box, seconds after): wait for it.
-    rows = wait_until(lambda: (lambda found: found if any("cispo (mean of" in row for row in found) else None)(summary()), message="the group rows")
+    rows = wait_until(group_rows, message="the group rows")
     assert any("cispo (mean of 2)" in row for row in rows)
     # A group's peak hazard is the highest of its runs' (and has no step of its own).
     cells = wait_until(
