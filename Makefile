@@ -22,8 +22,11 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/keel demo
 
+# Three workers on two cores: a third of the suite's time is spent waiting (servers starting,
+# sockets, browsers), so a third worker fills it. Each test file runs on one worker, so a
+# module's shared browser or server stays one.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=20
+	$(BIN)/python -m pytest -q -n 3 --dist loadfile --durations=20
 
 lint: $(STAMP)
 	$(BIN)/ruff check server trainer_hooks wire dashboard learners keel tests bench

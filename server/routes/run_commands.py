@@ -64,8 +64,10 @@ class CommandIn(BaseModel):
         return payload
 
 
-@router.post("/runs/{run_id}/commands", status_code=202, dependencies=[ADMIN], responses=errors(400, 404, 409, 429))
-async def send_command(run_id: RunId, body: CommandIn, request: Request, store: StoreDep, hub: HubDep, settings: SettingsDep) -> CommandOut:
+@router.post(
+    "/runs/{run_id}/commands", status_code=202, response_model=CommandOut, dependencies=[ADMIN], responses=errors(400, 404, 409, 429)
+)
+async def send_command(run_id: RunId, body: CommandIn, request: Request, store: StoreDep, hub: HubDep, settings: SettingsDep) -> dict[str, Any]:
     """Ask the run's trainer to do something: `pending` until a writer of the run that listens
     to commands receives it (`delivered`), then `acked` or `failed` as its handler answers.
     A command still pending with the same action is replaced by this one (it becomes `failed`,
@@ -80,13 +82,13 @@ async def send_command(run_id: RunId, body: CommandIn, request: Request, store: 
         raise HTTPException(429, str(exc)) from None
     except NotTaken as exc:
         raise HTTPException(409, str(exc)) from None
-    return CommandOut.model_validate(run_commands.command_json(command))
+    return run_commands.command_json(command)  # validated once, as the response model
 
 
-@router.get("/runs/{run_id}/commands", dependencies=[READ], responses=errors(404))
-async def list_commands(run_id: RunId, store: StoreDep) -> list[CommandOut]:
+@router.get("/runs/{run_id}/commands", response_model=list[CommandOut], dependencies=[READ], responses=errors(404))
+async def list_commands(run_id: RunId, store: StoreDep) -> list[dict[str, Any]]:
     """The run's commands, newest first (the last 200), with their state and who asked."""
-    return [CommandOut.model_validate(run_commands.command_json(c)) for c in await run_commands.list_commands(store, run_id)]
+    return [run_commands.command_json(c) for c in await run_commands.list_commands(store, run_id)]
 
 
 @router.get("/whoami")
