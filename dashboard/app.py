@@ -22,7 +22,7 @@ __all__ = ["mount", "build_dash", "route", "PAGE_PATHS", "LIVE_PARTS"]
 
 ASSETS = Path(__file__).parent / "assets"
 
-LIVE_PARTS = ("math", "charts", "overlay", "scheduler", "socket", "start")
+LIVE_PARTS = ("math", "charts", "overlay", "scheduler", "tally", "socket", "start")
 """The live updater's scripts (assets/live/<part>.js) in the order the page loads them:
 each part uses the ones before it. Dash loads the rest of assets/ by itself, sorted by name."""
 

@@ -7,12 +7,13 @@ import asyncio
 from typing import Any
 
 import dash_ag_grid as dag
-from dash import Dash, Input, Output, State, dcc, html, no_update
+from dash import Dash, Input, Output, State, ctx, dcc, html, no_update
 
 from dashboard.data import KeelApi
 from dashboard.figures import RunLine, run_styles
 from dashboard.layout import (
     chart_controls,
+    data_attributes,
     empty_state,
     hazard_graph,
     live_target,
@@ -21,7 +22,7 @@ from dashboard.layout import (
     whole_name,
 )
 from dashboard.series import Series
-from dashboard.summary import SUMMARY_KEYS, summarise_group, summarise_run
+from dashboard.summary import SUMMARY_KEYS, Headline, summarise_group, summarise_run
 from dashboard.theme import (
     CRITICAL_HAZARD,
     HAZARD_TOOLTIP,
@@ -142,6 +143,10 @@ def layout(run_ids: list[str]) -> html.Div:
                 [
                     html.H2("Summary"),
                     html.P(SUMMARY_WAITS, id="compare-summary-status", className="sub"),
+                    # The runs' headlines as read when the page opened (views/compare.py summary);
+                    # the keys the browser tallies of the points the socket pushes (assets/live/tally.js).
+                    dcc.Store(id="compare-summary-read"),
+                    html.Div(id="compare-summary-keys", hidden=True, **data_attributes(summary_keys=",".join(SUMMARY_KEYS))),
                     dag.AgGrid(
                         id="compare-summary",
                         columnDefs=SUMMARY_COLUMNS,
@@ -235,29 +240,45 @@ def register(dash_app: Dash, api: KeelApi) -> None:
     @dash_app.callback(
         Output("compare-summary", "rowData"),
         Output("compare-summary-status", "children"),
+        Output("compare-summary-read", "data"),
         Input("page-state", "data"),
         Input("opt-aggregate", "value"),
         Input("live-data-tick", "data"),
+        State("compare-summary-read", "data"),
         prevent_initial_call=True,  # first on the "drawn" tick: after the charts (assets/live/6_start.js)
     )
     async def summary(
-        state: dict[str, Any] | None, aggregate: str | None, _tick: Any
-    ) -> tuple[list[dict[str, Any]], str]:
+        state: dict[str, Any] | None, aggregate: str | None, tick: dict[str, Any] | None, read: dict[str, Any] | None
+    ) -> tuple[list[dict[str, Any]], str, Any]:
+        """The runs' points are read once, when the page opens (and after a reconnect, which
+        may have missed some): on a live tick the summary merges the browser's tally of the
+        points the socket pushed since (Headline.merged) and reads none of them again."""
         if not state or state.get("page") != "compare":
-            return [], ""
+            return [], "", None
         run_ids = state["runs"]
         infos = await api.runs_by_id(run_ids)
         known = [r for r in run_ids if infos.get(r)]
-        by_key = await asyncio.gather(*(api.series_of_runs(known, key, max_points=HISTORY_POINTS) for key in SUMMARY_KEYS))
+        reasons = set((tick or {}).get("reasons") or [(tick or {}).get("reason")])
+        kept = ctx.triggered_id == "live-data-tick" and "reconnect" not in reasons and isinstance(read, dict) and read.get("runs") == known
+        if kept:
+            assert isinstance(read, dict)
+            headlines = {run_id: Headline.from_json(read["headlines"].get(run_id) or {}) for run_id in known}
+            stored: Any = no_update
+        else:
+            by_key = await asyncio.gather(*(api.series_of_runs(known, key, max_points=HISTORY_POINTS) for key in SUMMARY_KEYS))
+            headlines = {run_id: Headline.of({key: of_runs[run_id] for key, of_runs in zip(SUMMARY_KEYS, by_key, strict=True)}) for run_id in known}
+            stored = {"runs": known, "headlines": {run_id: h.to_json() for run_id, h in headlines.items()}}
+        tally = (tick or {}).get("tally")
+        if isinstance(tally, dict):
+            headlines = {run_id: h.merged(tally.get(run_id) or {}) for run_id, h in headlines.items()}
         alerts = await api.alerts(known) or []
         hazard, reads, _ = await hazards(api, known)  # what the hazard chart draws: its peak is the run's
         summaries = []
         for run_id in known:
             info = infos[run_id] or {}
-            series = {key: of_runs[run_id] for key, of_runs in zip(SUMMARY_KEYS, by_key, strict=True)}
             run_alerts = [a for a in alerts if a.run_id == run_id]
             summaries.append(
-                summarise_run(info.get("name", run_id), info.get("group"), series, run_alerts, hazard[run_id], reads[run_id].fall)
+                summarise_run(info.get("name", run_id), info.get("group"), headlines[run_id], run_alerts, hazard[run_id], reads[run_id].fall)
             )
         rows = [s.row() for s in summaries]
         if aggregate in ("std", "stderr"):
@@ -267,7 +288,7 @@ def register(dash_app: Dash, api: KeelApi) -> None:
             rows = [
                 summarise_group(g, members).row() for g, members in sorted(groups.items())
             ] + rows
-        return rows, ""
+        return rows, "", stored
 
 
 def _identity(run_id: str, info: dict[str, Any]) -> RunLine:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 
 import pytest
@@ -10,7 +11,9 @@ from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.keys import Keys
 
 from bench.support import percentile
+from dashboard.data import KeelApi
 from dashboard.series import ema
+from dashboard.summary import SUMMARY_KEYS
 from server.alerts.hazard import HORIZON, WARMUP, hazard_series
 from tests.support.browser import (
     chart_order,
@@ -153,6 +156,55 @@ def test_compare_page_renders_and_appends_live_points(server, browser, artifacts
         browser, artifacts / f"compare-{request.node.callspec.id}-1280x800.png", full_page=False
     )
     screenshot(browser, artifacts / f"compare-{request.node.callspec.id}.png")
+    for run in runs:
+        run.close()
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_the_summary_follows_live_points_without_reading_them_again(server, browser, monkeypatch) -> None:
+    """The summary reads the runs' points once, when the page opens; then it takes what the
+    pushed points add from the browser (assets/live/tally.js): a new peak, a later final
+    reward, a +Inf ratio and a NaN show, and it reads no series again to show them."""
+    runs = open_runs(server, ARMS[:2], steps=100)
+    summary_reads: list[str] = []
+    read = KeelApi.series_of_runs
+
+    def counted(self, run_ids, key, **options):  # type: ignore[no-untyped-def]
+        caller = sys._getframe(1)
+        if caller.f_code.co_name == "<genexpr>":
+            caller = caller.f_back  # type: ignore[assignment]
+        if caller is not None and caller.f_code.co_name == "summary":
+            summary_reads.append(key)
+        return read(self, run_ids, key, **options)
+
+    monkeypatch.setattr(KeelApi, "series_of_runs", counted)
+    browser.get(_compare_url(server, runs))
+    top = max(toy_values(s, 0)["reward/mean"] for s in range(100))
+    rows = wait_until(
+        lambda: (lambda found: found if len(found) == 2 else None)(_grid_cells(browser, "compare-summary", "final_reward")),
+        message="the summary's numbers",
+    )
+    names = {cells["name"]["text"]: row_id for row_id, cells in rows.items()}
+    first = rows[names[runs[0].run["name"]]]
+    assert first["peak_reward"]["text"] == f"{float(f'{top:.4g}')}" and first["nonfinite"]["text"] == "0"
+    wait_until(lambda: live_state(browser) == "live", message="live websocket")
+    assert set(summary_reads) == set(SUMMARY_KEYS)  # read once, when the page opened
+    summary_reads.clear()
+
+    runs[0].send([{"step": 100, "values": {"reward/mean": 0.987, "mismatch/ratio_max": "inf", "grad/norm": "nan"}}])
+    runs[0].send([{"step": 101, "values": {"reward/mean": 0.5}}])
+
+    def updated() -> dict[str, dict[str, str]] | None:
+        cells = _grid_cells(browser, "compare-summary", "final_reward").get(names[runs[0].run["name"]])
+        return cells if cells and cells["final_reward"]["text"] == "0.5" else None
+
+    cells = wait_until(updated, timeout=30, message="the summary took the pushed points")
+    assert (cells["peak_reward"]["text"], cells["peak_step"]["text"]) == ("0.987", "100")
+    assert cells["max_ratio"]["text"] == "+Inf" and cells["nonfinite"]["text"] == "2"
+    assert summary_reads == []  # from the tally, not from the server's points
+    # The other run's row did not move.
+    assert _grid_cells(browser, "compare-summary", "final_reward")[names[runs[1].run["name"]]]["nonfinite"]["text"] == "0"
+    assert console_errors(browser) == []
     for run in runs:
         run.close()
 
@@ -341,7 +393,12 @@ def test_run_page_shows_every_metric_its_config_and_alerts(server, browser, arti
         lambda: [c["key"] for c in charts(browser) if c["render"]][:5] == list(HEADLINE), message="the headline charts"
     )
     # The other metrics' charts are far below the fold at 1280x800: their figures are asked
-    # for only once they come near the view.
+    # for only once they come near the view. (Their cards come with the page's list of charts;
+    # on a loaded box, after the headline charts.)
+    wait_until(
+        lambda: browser.execute_script("return !!document.querySelector('.chart-card[data-key=\"perf/step_s\"]')"),
+        message="the card of the last chart",
+    )
     time.sleep(2)
     assert "perf/step_s" not in [c["key"] for c in charts(browser)]
     assert chart_order(browser)[-1] is None  # still "Loading…"

@@ -22,7 +22,7 @@ def test_pages_are_served_with_the_live_script(server) -> None:
         assert response.headers["content-type"].startswith("text/html")
         assert DASH_ENTRY in response.text and "<title>Keel</title>" in response.text
         parts = re.findall(r'src="/assets/live/(\w+)\.js\?m=[\d.]+"', response.text)
-        assert parts == ["math", "charts", "overlay", "scheduler", "socket", "start"], path  # in this order
+        assert parts == ["math", "charts", "overlay", "scheduler", "tally", "socket", "start"], path  # in this order
         # ... after React (they are plain scripts) and before Dash's renderer, which draws the page
         scripts = re.findall(r'<script[^>]*src="([^"?]+)', response.text)
         renderer = next(i for i, src in enumerate(scripts) if "dash_renderer" in src)

@@ -7,7 +7,14 @@ import math
 import pytest
 
 from dashboard.series import Alert, Series
-from dashboard.summary import last_finite, peak, series_max, summarise_group, summarise_run
+from dashboard.summary import (
+    Headline,
+    last_finite,
+    peak,
+    series_max,
+    summarise_group,
+    summarise_run,
+)
 from dashboard.views.charts import UNCHANGED, zoom_range
 from dashboard.views.compare import parse_runs
 from dashboard.views.run import order_keys
@@ -26,6 +33,34 @@ def test_summary_statistics_keep_spikes_and_infinities() -> None:
     assert peak(reward) == (0.95, 10)  # the bucket max, not the bucket's last value
     assert series_max(Series([0, 1], [1.0, INF])) == INF
     assert series_max(Series([0], [NAN])) is None and series_max(Series.empty()) is None
+
+
+def test_a_headline_takes_the_tally_of_pushed_points_once() -> None:
+    read = Headline.of(
+        {
+            "reward/mean": Series([0, 1, 2], [0.2, 0.8, 0.6]),
+            "mismatch/kl": Series([0, 1, 2], [0.01, 0.3, 0.2]),
+            "grad/norm": Series([0, 1, 2], [1.0, NAN, 2.0]),
+        }
+    )
+    assert read == Headline(final=(2, 0.6), peak=(1, 0.8), max_kl=0.3, max_ratio=None, nonfinite=1, through=2)
+    tally = {
+        "reward/mean": {"last": [4, 0.5], "top": [3, 0.9], "inf": False, "bad": [], "to": 4},
+        "mismatch/kl": {"last": [4, 0.1], "top": [3, 0.2], "inf": False, "bad": [], "to": 4},
+        "mismatch/ratio_max": {"last": None, "top": None, "inf": True, "bad": [4], "to": 4},
+        # A NaN the read counted already (step 1) and one it did not.
+        "grad/norm": {"last": [4, 3.0], "top": [4, 3.0], "inf": False, "bad": [1, 3], "to": 4},
+        "not/summarised": {"last": [9, 1e9], "top": [9, 1e9], "inf": True, "bad": [9], "to": 9},
+    }
+    merged = read.merged(tally)
+    assert merged == Headline(final=(4, 0.5), peak=(3, 0.9), max_kl=0.3, max_ratio=math.inf, nonfinite=3, through=4)
+    assert merged.merged(tally) == merged  # what it took already counts once
+    # An older final or a lower top does not replace what was read; a tally sent again changes nothing.
+    assert read.merged({"reward/mean": {"last": [1, 0.1], "top": [0, 0.3], "bad": [], "to": 1}}) == read
+    assert Headline.from_json(merged.to_json()) == merged  # through the page's store (+Inf as text)
+    assert Headline().merged(tally).final == (4, 0.5)  # a run that had no points when read
+    row = summarise_run("a", None, merged, []).row()
+    assert (row["final_reward"], row["peak_reward"], row["peak_step"], row["max_ratio"], row["nonfinite"]) == (0.5, 0.9, 3, "+Inf", 3)
 
 
 def test_summarise_run_and_group() -> None:

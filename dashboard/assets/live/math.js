@@ -10,6 +10,7 @@
  *   charts.js     what a chart is waiting to draw, and drawing it into the figure
  *   overlay.js       the points not drawn into the figure yet, painted over it at once
  *   scheduler.js  when each chart draws: a share of the main thread, visible charts only
+ *   tally.js      what the pushed points add to the compare page's summary
  *   socket.js     the websocket, and the server redraws it asks for
  *   start.js      wiring: which runs, which charts, page visibility, instrumentation
  * Every part adds its functions to window.keelLive; none keeps state on DOM nodes.

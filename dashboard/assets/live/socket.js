@@ -55,7 +55,11 @@
       live.note("refreshes", 1);
       live.note("ticks." + store, 1);
       if (window.dash_clientside && window.dash_clientside.set_props) {
-        window.dash_clientside.set_props(store, { data: { reason: sent[0], reasons: sent, t: Date.now() } });
+        var data = { reason: sent[0], reasons: sent, t: Date.now() };
+        // The compare page's summary merges what the pushed points added (tally.js).
+        var tally = store === "live-data-tick" ? live.tally.all() : null;
+        if (tally) data.tally = tally;
+        window.dash_clientside.set_props(store, { data: data });
       }
     }, delay);
   }
@@ -97,6 +101,7 @@
     if (message.type === "points") {
       var rows = message.rows || [];
       scheduler.remember(message.run_id, rows);
+      live.tally.take(message.run_id, rows);
       scheduler.push(message.run_id, rows, Date.now());
       refresh("live-data-tick", "points", target === "*" ? REFRESH_MS : DATA_REFRESH_MS);
     } else if (message.type === "status") {
@@ -115,7 +120,10 @@
       socket.close();
       socket = null;
     }
-    if (runs !== target) scheduler.forget();
+    if (runs !== target) {
+      scheduler.forget();
+      live.tally.forget();
+    }
     target = runs;
     retry = attempt || 0;
     if (!runs) {
