@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import math
+import re
+from pathlib import Path
 
 import pytest
 
-from keel.eval_alerts import CorpusRun, collapse_step, evaluate, score
+from keel.eval_alerts import CorpusRun, collapse_step, evaluate, load_real_runs, score
 from server.alerts.hazard import FEATURES, HORIZON, MODEL, HazardModel
 
 BUILT_IN = HazardModel(MODEL)
@@ -140,3 +143,29 @@ def test_the_hazard_is_scored_under_the_model_given() -> None:
         scores[name] = {s["detector"]: s for s in result["scores"]}["hazard > 0.5"]
     assert scores["always"]["early_false_alarms"] == 1 and scores["always"]["false_alarms_bounded"] == 1
     assert scores["never"]["hits"] == 0 and scores["never"]["early_false_alarms"] == 0 and scores["never"]["false_alarms_bounded"] == 0
+
+
+def test_every_real_run_is_sourced_split_and_read_with_its_label() -> None:
+    """corpora/real: each run names its repository, commit and path, a split, an outcome; its
+    file has a `_step` column and its reward column, read as Keel's reward/mean; a collapsed
+    run's label is the manifest's step (a row of the run), a healthy run has none."""
+    folder = Path(__file__).resolve().parents[2] / "corpora" / "real"
+    manifest = json.loads((folder / "runs.json").read_text(encoding="utf-8"))
+    runs = {run.name: run for run in load_real_runs(str(folder))}
+    assert len(runs) == len(manifest) >= 19
+    for entry in manifest:
+        assert re.fullmatch(r"[0-9a-f]{40}", entry["commit"]) and entry["repo"].count("/") == 1 and entry["path"], entry["file"]
+        assert entry["split"] in ("tune", "score"), entry["file"]
+        header = (folder / entry["file"]).read_text(encoding="utf-8").splitlines()[0].split(",")
+        assert "_step" in header and entry["reward_metric"] in header, entry["file"]
+        run = runs[entry["file"]]
+        rewards = run.series["reward/mean"]
+        assert sum(1 for value in rewards if value is not None) >= 10, entry["file"]
+        if entry["collapse_step"] is None:
+            assert run.collapse_step is None, entry["file"]
+        else:
+            assert run.collapse_step is not None and 0 <= run.collapse_step < run.steps, entry["file"]
+    # Both splits hold collapses and healthy runs: there is something to tune on and to score.
+    for split in ("tune", "score"):
+        outcomes = {entry["outcome"] for entry in manifest if entry["split"] == split}
+        assert "healthy" in outcomes and any(o.startswith("collapsed") or o == "degraded" for o in outcomes), split
