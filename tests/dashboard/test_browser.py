@@ -112,7 +112,9 @@ def test_compare_page_renders_and_appends_live_points(server, browser, artifacts
     # redraw may replay what it missed).
     expected = before["appended"] + LIVE_POINTS * 3 * 6 * 2
     during = wait_until(
-        lambda: (lambda s: s if s["appended"] >= expected else None)(live_stats(browser))
+        lambda: (lambda s: s if s["appended"] >= expected else None)(live_stats(browser)),
+        timeout=30,  # each chart draws in its turn of the drawing budget: on a loaded box, later
+        message="every live point appended to every chart",
     )
     # Points are appended, never redrawn: a figure is redrawn only when an alert changed (the
     # engine's default rules do fire on these curves), at most once per chart per such tick.
