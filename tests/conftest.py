@@ -13,7 +13,6 @@ import httpx
 import pytest
 
 from tests.support.local_server import LocalServer
-from tests.support.schedule import slow_files_first
 
 HTTP_TIMEOUT_S = 60.0
 """What a test's HTTP call waits for an answer unless it passes its own timeout. httpx's
@@ -23,10 +22,6 @@ _CALLS = (httpx.request, httpx.get, httpx.options, httpx.head, httpx.post, httpx
 for _call in (*_CALLS, httpx.Client.__init__, httpx.AsyncClient.__init__):
     assert _call.__kwdefaults__ is not None and "timeout" in _call.__kwdefaults__, _call
     _call.__kwdefaults__["timeout"] = httpx.Timeout(HTTP_TIMEOUT_S)
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    slow_files_first(items)
-
 
 PG_ADMIN_DSN = os.environ.get("KEEL_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 

@@ -120,10 +120,3 @@ def test_the_checks_find_what_they_forbid(tmp_path: Path) -> None:
         ("tests.server.alerts.test_engine", "tests.server.conftest"),
         ("tests.support.client", "tests.server.alerts.test_engine"),
     ]
-
-
-def test_the_files_run_first_exist() -> None:
-    """tests/support/schedule.py SLOW_FILES: a file renamed or removed would quietly drop out."""
-    from tests.support.schedule import SLOW_FILES
-
-    assert [path for path in SLOW_FILES if not (ROOT / path).is_file()] == []
