@@ -24,9 +24,10 @@ demo: $(STAMP)
 
 # Three workers on two cores: a third of the suite's time is spent waiting (servers starting,
 # sockets, browsers), so a third worker fills it. Each test file runs on one worker, so a
-# module's shared browser or server stays one.
+# module's shared browser or server stays one. A test that failed under the workers' load runs
+# once more, alone (--lf): make test fails when it fails again (docs/architecture.md).
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 3 --dist loadfile --durations=20
+	$(BIN)/python -m pytest -q -n 3 --dist loadfile --durations=20 || $(BIN)/python -m pytest -q --lf --lfnf=none
 
 lint: $(STAMP)
 	$(BIN)/ruff check server trainer_hooks wire dashboard learners keel tests bench
