@@ -622,9 +622,10 @@ def test_the_collapse_hazard_is_charted_after_the_headline_charts_and_follows_li
     assert by_run[collapsing.id]["colour"] != by_run[stable.id]["colour"]
     assert max(by_run[stable.id]["y"]) < 0.05
 
-    # The summary: each run's peak hazard (the highest of its series) and its step.
+    # The summary: each run's peak hazard (the highest of its series) and its step (its rows
+    # come with the runs' names first, their numbers after: wait for the numbers).
     summary = wait_until(
-        lambda: (lambda rows: rows if len(rows) == 2 else None)(_grid_cells(browser, "compare-summary", "name")),
+        lambda: (lambda rows: rows if len(rows) == 2 else None)(_grid_cells(browser, "compare-summary", "peak_hazard")),
         message="compare summary rows",
     )
     names = {cells["name"]["text"]: row_id for row_id, cells in summary.items()}

@@ -144,8 +144,9 @@ def test_one_replica_reports_a_silent_run(postgres_url, server_factory) -> None:
     replicas = [server_factory(postgres_url, silent_run_check_s=0.2) for _ in range(2)]
     run = new_run("quiet", project="replicas")
     _stream(replicas[0], run, [{"reward/mean": 0.5}])
-    rules = httpx.get(f"{replicas[0].url}/api/v1/rules", params={"project": "replicas"}).json()
-    (rule,) = [r for r in rules if r["detector"] == "silent"]
+    # The project's default rules come with its first run: wait for them, not a moment.
+    silent = _settled(lambda: [r for r in httpx.get(f"{replicas[0].url}/api/v1/rules", params={"project": "replicas"}).json() if r["detector"] == "silent"])
+    (rule,) = silent
     # Edited on one replica; the other picks the edit up within seconds.
     assert httpx.patch(f"{replicas[0].url}/api/v1/rules/{rule['id']}", json={"params": {"after_s": 1.0}}).status_code == 200
     firing = _settled(lambda: _all_alerts(replicas[1], run["id"]))
