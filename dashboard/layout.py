@@ -31,6 +31,7 @@ __all__ = [
     "live_target",
     "changed_only",
     "data_attributes",
+    "tick_reasons",
     "radio",
     "digest",
     "whole_name",
@@ -72,6 +73,12 @@ def display_status(status: str) -> str:
 def data_attributes(**attributes: str) -> dict[str, Any]:
     """data-* attributes for a Dash html component (read by the live updater (assets/live/) and CSS)."""
     return {f"data-{name.replace('_', '-')}": value for name, value in attributes.items()}
+
+
+def tick_reasons(tick: dict[str, Any] | None) -> set[str]:
+    """Why the browser bumped a live-tick or live-data-tick store (assets/live/socket.js):
+    every reason asked for while its refresh waited."""
+    return set((tick or {}).get("reasons") or [(tick or {}).get("reason")])
 
 
 def shell() -> html.Div:

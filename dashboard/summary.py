@@ -74,10 +74,11 @@ def wire(value: float | None) -> float | str | None:
     return "+Inf" if value > 0 else "−Inf"
 
 
-def last_finite(series: Series) -> float | None:
-    for value in reversed(series.values):
+def last_finite(series: Series) -> tuple[int, float] | None:
+    """The last finite value and its step."""
+    for step, value in zip(reversed(series.steps), reversed(series.values), strict=True):
         if math.isfinite(value):
-            return value
+            return step, value
     return None
 
 
@@ -96,17 +97,6 @@ def series_max(series: Series) -> float | None:
     candidates = list(series.values) + list(series.maxs or [])
     present = [v for v in candidates if not math.isnan(v)]
     return max(present) if present else None
-
-
-MAX_TALLIED_NONFINITE = 200
-"""Steps of non-finite values a tally keeps per key (its newest): assets/live/tally.js."""
-
-
-def _last_finite_point(series: Series) -> tuple[int, float] | None:
-    for step, value in zip(reversed(series.steps), reversed(series.values), strict=True):
-        if math.isfinite(value):
-            return step, value
-    return None
 
 
 def _higher(a: float | None, b: float | None) -> float | None:
@@ -138,7 +128,7 @@ class Headline:
         top = peak(reward)
         lasts = [s.last_step for s in series.values() if s.last_step is not None]
         return cls(
-            final=_last_finite_point(reward),
+            final=last_finite(reward),
             peak=(top[1], top[0]) if top else None,
             max_kl=series_max(series.get(KL, Series.empty())),
             max_ratio=series_max(series.get(RATIO, Series.empty())),
@@ -202,16 +192,15 @@ def _unwire(value: Any) -> float | None:
 def summarise_run(
     name: str,
     group: str | None,
-    series: Mapping[str, Series] | Headline,
+    headline: Headline,
     alerts: Sequence[Alert],
     hazard: Series | None = None,
     fell: str | None = None,
 ) -> RunSummary:
-    """`series`: the run's SUMMARY_KEYS as read, or their Headline. `hazard`: the run's collapse
+    """`headline`: what the run's SUMMARY_KEYS hold (Headline.of the series read). `hazard`: the run's collapse
     hazard as GET /runs/{id}/hazard answers it (buckets keep their highest hazard and its
     step, so its peak is the run's), up to where its reward fell (`fell`, said as
     HazardRead.fall says it)."""
-    headline = series if isinstance(series, Headline) else Headline.of(series)
     worst = peak(hazard) if hazard is not None else None
     critical = [
         a.started_step for a in alerts if a.severity == "critical" and a.started_step is not None

@@ -25,7 +25,7 @@ from dash.exceptions import PreventUpdate
 
 from dashboard.data import KeelApi
 from dashboard.figures import ChartOptions, RunLine, hazard_figure, metric_figure
-from dashboard.layout import GRAPH_TYPE, HAZARD_GRAPH, SEEN_TYPE, ZOOM_TYPE
+from dashboard.layout import GRAPH_TYPE, HAZARD_GRAPH, SEEN_TYPE, ZOOM_TYPE, tick_reasons
 from dashboard.learned_level import ENTROPY_KEY, LEVEL_KEYS, learned_level
 from dashboard.series import Alert, Series, all_zero, magnitude
 from dashboard.theme import KL_BANDS, KL_KEY, loss_name, metric_info
@@ -123,7 +123,7 @@ def register(dash_app: Dash, api: KeelApi) -> None:
             raise PreventUpdate
         zoom = zoom_range(relayout)  # the store only ever holds x-axis relayouts (X_AXIS_ONLY)
         if triggers == {"live-tick.data"}:
-            reasons = set((tick or {}).get("reasons") or [(tick or {}).get("reason")])
+            reasons = tick_reasons(tick)
             wanted = bool(reasons & STRUCTURAL_TICKS) or ("aggregate" in reasons and aggregate != "runs")
             if not wanted:
                 raise PreventUpdate

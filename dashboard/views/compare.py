@@ -19,6 +19,7 @@ from dashboard.layout import (
     live_target,
     metric_graph,
     page_state,
+    tick_reasons,
     whole_name,
 )
 from dashboard.series import Series
@@ -258,7 +259,7 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         run_ids = state["runs"]
         infos = await api.runs_by_id(run_ids)
         known = [r for r in run_ids if infos.get(r)]
-        reasons = set((tick or {}).get("reasons") or [(tick or {}).get("reason")])
+        reasons = tick_reasons(tick)
         kept = ctx.triggered_id == "live-data-tick" and "reconnect" not in reasons and isinstance(read, dict) and read.get("runs") == known
         if kept:
             assert isinstance(read, dict)

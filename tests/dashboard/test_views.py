@@ -29,7 +29,7 @@ def _alert(severity: str, step: int | None, state: str = "firing", run_id: str =
 
 def test_summary_statistics_keep_spikes_and_infinities() -> None:
     reward = Series([0, 10, 20], [0.1, 0.9, NAN], mins=[0.0, 0.2, 0.3], maxs=[0.5, 0.95, NAN])
-    assert last_finite(reward) == 0.9
+    assert last_finite(reward) == (10, 0.9)
     assert peak(reward) == (0.95, 10)  # the bucket max, not the bucket's last value
     assert series_max(Series([0, 1], [1.0, INF])) == INF
     assert series_max(Series([0], [NAN])) is None and series_max(Series.empty()) is None
@@ -67,24 +67,26 @@ def test_summarise_run_and_group() -> None:
     a = summarise_run(
         "a",
         "cispo",
-        {
-            "reward/mean": Series([0, 1], [0.2, 0.8]),
-            "mismatch/kl": Series([0, 1], [0.01, 0.3]),
-            "grad/norm": Series([0, 1], [1.0, INF]),
-        },
+        Headline.of(
+            {
+                "reward/mean": Series([0, 1], [0.2, 0.8]),
+                "mismatch/kl": Series([0, 1], [0.01, 0.3]),
+                "grad/norm": Series([0, 1], [1.0, INF]),
+            }
+        ),
         [_alert("warning", 3), _alert("critical", 9), _alert("critical", 5)],
     )
     assert (a.final_reward, a.peak_reward, a.peak_step) == (0.8, 0.8, 1)
     assert (
         a.first_critical_step == 5 and a.max_kl == 0.3 and a.max_ratio is None and a.nonfinite == 1
     )
-    row = summarise_run("b", "cispo", {"mismatch/ratio_max": Series([0], [INF])}, []).row()
+    row = summarise_run("b", "cispo", Headline.of({"mismatch/ratio_max": Series([0], [INF])}), []).row()
     assert (
         row["max_ratio"] == "+Inf"
         and row["final_reward"] is None
         and row["first_critical_step"] is None
     )
-    b = summarise_run("b", "cispo", {"reward/mean": Series([0], [0.4])}, [])
+    b = summarise_run("b", "cispo", Headline.of({"reward/mean": Series([0], [0.4])}), [])
     group = summarise_group("cispo", [a, b])
     assert (
         group.runs == 2
@@ -96,12 +98,12 @@ def test_summarise_run_and_group() -> None:
 def test_the_summary_peak_hazard_is_the_highest_of_the_run_and_of_the_group() -> None:
     """A run's peak hazard is the highest of its hazard series, with its step (the first, on a
     tie); a group's is the highest of its runs'; a run still warming up has none."""
-    a = summarise_run("a", "cispo", {}, [], Series([30, 31, 32, 33], [0.1, 0.7, 0.4, 0.7]))
+    a = summarise_run("a", "cispo", Headline(), [], Series([30, 31, 32, 33], [0.1, 0.7, 0.4, 0.7]))
     assert (a.peak_hazard, a.peak_hazard_step) == (0.7, 31)
-    b = summarise_run("b", "cispo", {}, [], Series([30, 40], [0.2, 0.9]))
-    warming = summarise_run("c", "cispo", {}, [], Series.empty())
+    b = summarise_run("b", "cispo", Headline(), [], Series([30, 40], [0.2, 0.9]))
+    warming = summarise_run("c", "cispo", Headline(), [], Series.empty())
     assert warming.peak_hazard is None and warming.peak_hazard_step is None
-    assert summarise_run("d", None, {}, []).row()["peak_hazard"] is None  # no hazard read
+    assert summarise_run("d", None, Headline(), []).row()["peak_hazard"] is None  # no hazard read
     assert (a.row()["peak_hazard"], a.row()["peak_hazard_step"]) == (0.7, 31)
     group = summarise_group("cispo", [a, warming, b])
     assert group.peak_hazard == 0.9 and group.peak_hazard_step is None

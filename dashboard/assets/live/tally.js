@@ -15,7 +15,7 @@
   "use strict";
 
   var math = live.math;
-  var MAX_BAD = 200; // dashboard/summary.py MAX_TALLIED_NONFINITE
+  var MAX_BAD = 200; // non-finite steps kept per key: a run that logs NaN at every step is counted to this many past the read
   var runs = {}; // run id -> key -> tally
 
   function keys() {
