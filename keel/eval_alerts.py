@@ -324,16 +324,21 @@ def rlwatch_firings(corpus: Sequence[CorpusRun]) -> list[list[int]] | None:
     for run in corpus:
         suite = DetectorSuite(RLWatchConfig())
         s = run.series
+
+        def at(key: str, step: int, s=s) -> float | None:
+            # a run logs what it logs: rlwatch's detectors skip a metric given as None
+            return s[key][step] if key in s else None
+
         fired = []
         for step in range(run.steps):
             alerts = suite.check_step(
                 step,
-                entropy=s["policy/entropy"][step] if "policy/entropy" in s else None,
-                kl_divergence=s["mismatch/kl"][step],
-                reward_mean=s["reward/mean"][step],
-                reward_std=s["reward/std"][step],
-                loss=s["loss/total"][step] if "loss/total" in s else None,
-                grad_norm=s["grad/norm"][step],
+                entropy=at("policy/entropy", step),
+                kl_divergence=at("mismatch/kl", step),
+                reward_mean=at("reward/mean", step),
+                reward_std=at("reward/std", step),
+                loss=at("loss/total", step),
+                grad_norm=at("grad/norm", step),
             )
             if any(alert.severity == "critical" for alert in alerts):
                 fired.append(step)
