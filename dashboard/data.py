@@ -55,12 +55,23 @@ class KeelApi:
         async with self._limit:
             return await self.client.get(f"/api/v1{path}", params=query)
 
-    async def runs(self, *, latest: Iterable[str] = (), hazard: bool = False, limit: int | None = None) -> list[dict[str, Any]]:
-        """Every run (the `limit` newest), newest first; with `latest` keys, each run's last
-        point of each under "latest" (`{key: {"step", "value"}}`); with `hazard`, each running
-        run's current collapse hazard under "hazard" (None while it warms up; absent on other runs)."""
+    async def runs(
+        self,
+        *,
+        latest: Iterable[str] = (),
+        hazard: bool = False,
+        limit: int | None = None,
+        project: str | None = None,
+        group: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """Every run (the `limit` newest; of `project` and `group` where given), newest first;
+        with `latest` keys, each run's last point of each under "latest" (`{key: {"step",
+        "value"}}`); with `hazard`, each running run's current collapse hazard under "hazard"
+        (None while it warms up; absent on other runs)."""
         keys = ",".join(latest)
-        response = await self._get("/runs", latest=keys or None, hazard="true" if hazard else None, limit=limit)
+        response = await self._get(
+            "/runs", latest=keys or None, hazard="true" if hazard else None, limit=limit, project=project, group=group
+        )
         response.raise_for_status()
         runs: list[dict[str, Any]] = as_read(ApiRun, response.json(), many=True)
         return runs

@@ -392,13 +392,8 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         alerts = await api.alerts(run_id)
         siblings = [run_id]
         if run.get("group"):
-            siblings += [
-                r["id"]
-                for r in await api.runs()
-                if r.get("group") == run["group"]
-                and r.get("project") == run.get("project")
-                and r["id"] != run_id
-            ]
+            # the group's runs alone: this is read on every data tick
+            siblings += [r["id"] for r in await api.runs(project=run.get("project"), group=run["group"]) if r["id"] != run_id]
         status = display_status(run["status"])
         header = [
             html.H1(run["name"]),

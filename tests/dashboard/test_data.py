@@ -49,6 +49,27 @@ def test_reads_runs_series_and_last_values(server) -> None:
     asyncio.run(read())
 
 
+def test_reads_the_runs_of_one_group_of_one_project(server) -> None:
+    # The run page's header reads its group on every data tick: the group alone, not every run.
+    runs = [
+        LiveRun(server, "a0", "arm-a", project="p"),
+        LiveRun(server, "a1", "arm-a", project="p"),
+        LiveRun(server, "b0", "arm-b", project="p"),
+        LiveRun(server, "a-elsewhere", "arm-a", project="q"),
+    ]
+    for run in runs:
+        run.close()
+
+    async def read() -> None:
+        api = _api(server)
+        group = await api.runs(project="p", group="arm-a")
+        assert sorted(r["name"] for r in group) == ["a0", "a1"]
+        assert sorted(r["name"] for r in await api.runs(group="arm-a")) == ["a-elsewhere", "a0", "a1"]
+        assert len(await api.runs()) >= 4
+
+    asyncio.run(read())
+
+
 def test_missing_alerts_api_reads_as_none() -> None:
     def handler(request: httpx.Request) -> httpx.Response:
         if request.url.path == "/api/v1/alerts":
