@@ -35,10 +35,12 @@ from dashboard.traces import (
     EDGE_LABEL,
     EDGE_SYMBOL,
     EDGE_Y,
+    ChartedRuns,
     HazardRead,
     RunLine,
     Style,
     alert_overlays,
+    charted_runs,
     companion_trace,
     group_of,
     group_traces,
@@ -54,6 +56,7 @@ __all__ = [
     "Style",
     "run_styles",
     "metric_figure",
+    "alert_marks",
     "hazard_figure",
     "HAZARD_TITLE",
     "message_figure",
@@ -246,6 +249,16 @@ def _drawn_name(key: str, lines: Sequence[RunLine]) -> str:
     return ", ".join(f"|{k}|" if info.of == "magnitude" else k for k in drawn)
 
 
+def alert_marks(key: str, runs: ChartedRuns, alerts: Sequence[Alert]) -> Figure:
+    """The live alerts' marks on the chart of `key` as `metric_figure` draws them (its shapes
+    named `firing:<run>` or `resolved`, its trace with meta.role "alerts"; no backtest's):
+    what the browser puts in place of a drawn chart's own when the alerts changed and its
+    series did not (assets/live/charts.js, `markAlerts`), so that an alert does not make
+    every chart read its series again."""
+    shapes, traces = alert_overlays(metric_info(key).drawn_from, runs, alerts)
+    return {"key": key, "shapes": shapes, "trace": traces[0] if traces else None}
+
+
 def metric_figure(
     key: str,
     lines: Sequence[RunLine],
@@ -301,7 +314,7 @@ def metric_figure(
         for line in lines:
             traces.extend(run_traces(line, styles[line.run_id], options.smoothing, log_y))
     traces.extend(companion_trace(line, styles[line.run_id], log_y) for line in companions if line.run_id in styles)
-    shapes, alert_traces = alert_overlays(info.drawn_from, lines, alerts, backtest)
+    shapes, alert_traces = alert_overlays(info.drawn_from, charted_runs(lines), alerts, backtest)
     shapes += rollback_shapes(lines, rollbacks or {}, styles)
     layout["shapes"] = shapes if options.band is None else [_band_shape(options.band), *shapes]
     traces.extend(alert_traces)

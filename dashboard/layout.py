@@ -16,6 +16,7 @@ from dashboard.theme import HAZARD_HEALTHY, HEALTHY, KL_BANDS
 __all__ = [
     "GRAPH_TYPE",
     "ZOOM_TYPE",
+    "ALERT_MARKS",
     "SEEN_TYPE",
     "INITIAL_SMOOTHING",
     "ALERT_TOKENS_TYPE",
@@ -49,6 +50,10 @@ SEEN_TYPE = "metric-seen"
 fold cost neither the server nor the page anything until scrolled to. The live updater sets
 it again ({"reason", "t"}) to have that one chart drawn again (assets/live/socket.js,
 `redrawChart`)."""
+ALERT_MARKS = "alert-marks"
+"""The store of the live alerts' marks of every chart on the page ({"read": server time,
+"charts": {key: figures.alert_marks}}), written on an alert tick: the charts take them in
+without reading their series again."""
 ALERT_TOKENS_TYPE = "alert-tokens"
 """The "tokens" button of an alert in the run page's alerts table:
 {"type": ALERT_TOKENS_TYPE, "alert": <id>, "step": <its first step>} (views/token_view.py)."""
@@ -88,6 +93,10 @@ def shell() -> html.Div:
             dcc.Location(id="url", refresh="callback-nav"),
             dcc.Store(id="live-tick"),
             dcc.Store(id="live-data-tick"),
+            # The live alerts' marks of every chart drawn, read on an alert tick
+            # (views/charts.py); the browser puts them on the charts (assets/charts.js).
+            dcc.Store(id=ALERT_MARKS),
+            dcc.Store(id="alert-marks-drawn"),  # written by nothing: keel_charts.alert_marks's output
             dcc.Store(id="backtest-firings"),  # {"run_id", "firings"}: the run page's last backtest
             html.Header(
                 [

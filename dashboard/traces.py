@@ -25,6 +25,8 @@ __all__ = [
     "drawable",
     "group_traces",
     "alert_overlays",
+    "charted_runs",
+    "ChartedRuns",
     "rollback_shapes",
     "companion_trace",
     "level_shape",
@@ -430,18 +432,29 @@ def rollback_shapes(lines: Sequence[RunLine], rollbacks: Mapping[str, Sequence[i
     ]
 
 
+ChartedRuns = Mapping[str, tuple[str, int | None]]
+"""The runs a chart draws: each run's name and the last step drawn, by run id."""
+
+
+def charted_runs(lines: Sequence[RunLine]) -> ChartedRuns:
+    """The runs of a chart's lines, as `alert_overlays` reads them."""
+    return {line.run_id: (line.name, line.series.last_step) for line in lines}
+
+
 def alert_overlays(
-    key: str | Sequence[str], lines: Sequence[RunLine], alerts: Sequence[Alert], backtest: Sequence[Alert] = ()
+    key: str | Sequence[str], runs: ChartedRuns, alerts: Sequence[Alert], backtest: Sequence[Alert] = ()
 ) -> tuple[list[Figure], list[Figure]]:
     """Each alert's range as a shaded band and its start as a diamond on the chart's top edge;
     `backtest` firings (where a rule would have fired) as open diamonds and outlined bands,
     in a trace of their own. `key`: the metric the chart draws, or the metrics (an alert on
-    any of them belongs on it)."""
+    any of them belongs on it). The live alerts' shapes are named `firing:<run id>` or
+    `resolved`, their trace's meta.role is "alerts": what the browser replaces when the
+    alerts change and the series do not (`alert_marks`)."""
     keys = [key] if isinstance(key, str) else list(key)
     shapes: list[Figure] = []
     traces: list[Figure] = []
     for group, replayed in ((alerts, False), (backtest, True)):
-        group_shapes, trace = _alert_marks(keys, lines, group, backtest=replayed)
+        group_shapes, trace = _alert_marks(keys, runs, group, backtest=replayed)
         shapes += group_shapes
         if trace is not None:
             traces.append(trace)
@@ -449,10 +462,10 @@ def alert_overlays(
 
 
 def _alert_marks(
-    keys: Sequence[str], lines: Sequence[RunLine], alerts: Sequence[Alert], *, backtest: bool
+    keys: Sequence[str], runs: ChartedRuns, alerts: Sequence[Alert], *, backtest: bool
 ) -> tuple[list[Figure], Figure | None]:
-    names = {line.run_id: line.name for line in lines}
-    last = {line.run_id: line.series.last_step for line in lines}
+    names = {run_id: name for run_id, (name, _) in runs.items()}
+    last = {run_id: step for run_id, (_, step) in runs.items()}
     shapes: list[Figure] = []
     xs: list[int] = []
     texts: list[str] = []

@@ -12,4 +12,11 @@ window.dash_clientside.keel_charts = {
     }
     return window.dash_clientside.no_update;
   },
+  /* An alert fired or resolved: each drawn chart takes its new alert marks in place of its
+     own (views/charts.mark_alerts), its series untouched. */
+  alert_marks: function (marks) {
+    var live = window.keelLive;
+    if (marks && marks.charts && live && live.charts) live.charts.markAll(marks, live.scheduler.plots());
+    return window.dash_clientside.no_update;
+  },
 };

@@ -16,16 +16,24 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from dash import MATCH, ClientsideFunction, Dash, Input, Output, State, ctx
+from dash import ALL, MATCH, ClientsideFunction, Dash, Input, Output, State, ctx
 from dash.exceptions import PreventUpdate
 
 from dashboard.data import KeelApi
-from dashboard.figures import ChartOptions, RunLine, hazard_figure, metric_figure
-from dashboard.layout import GRAPH_TYPE, HAZARD_GRAPH, SEEN_TYPE, ZOOM_TYPE, tick_reasons
+from dashboard.figures import ChartOptions, RunLine, alert_marks, hazard_figure, metric_figure
+from dashboard.layout import (
+    ALERT_MARKS,
+    GRAPH_TYPE,
+    HAZARD_GRAPH,
+    SEEN_TYPE,
+    ZOOM_TYPE,
+    tick_reasons,
+)
 from dashboard.learned_level import ENTROPY_KEY, LEVEL_KEYS, learned_level
 from dashboard.series import Alert, Series, all_zero, magnitude
 from dashboard.theme import KL_BANDS, KL_KEY, loss_name, metric_info
@@ -66,7 +74,9 @@ def zoom_range(relayout: dict[str, Any] | None) -> tuple[float, float] | str | N
 # COMPACT_AFTER), so it is drawn again from buckets: a page open all day stays cheap.
 # "unused": a run whose chart said the metric is not used by its loss (0 at every step) logged
 # another value, so its line must be drawn after all.
-STRUCTURAL_TICKS = {"alert", "reconnect", "log-axis", "compact", "unused"}
+# An "alert" tick (an alert fired or resolved) redraws no chart: its marks alone are read
+# (`mark_alerts`) and put in place of the drawn ones by the browser.
+STRUCTURAL_TICKS = {"reconnect", "log-axis", "compact", "unused"}
 
 
 # In the browser (assets/charts.js): only relayouts that touch the x axis reach the server;
@@ -143,6 +153,36 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         return await chart_figure(api, graph_id["key"], state.get("runs", []), options, replayed)
 
     @dash_app.callback(
+        Output(ALERT_MARKS, "data"),
+        Input("live-tick", "data"),
+        State("page-state", "data"),
+        State({"type": SEEN_TYPE, "key": ALL}, "data"),
+        State({"type": SEEN_TYPE, "key": ALL}, "id"),
+        prevent_initial_call=True,
+    )
+    async def mark_alerts(
+        tick: dict[str, Any] | None, state: dict[str, Any] | None, seen: list[Any], ids: list[dict[str, str]]
+    ) -> dict[str, Any]:
+        """On an alert tick, the alert marks of every chart drawn: one read of the runs and
+        their alerts, no series (a chart drawn afresh by the same tick has them already)."""
+        reasons = tick_reasons(tick)
+        keys = [item["key"] for item, shown in zip(ids, seen, strict=True) if shown]
+        if not state or "alert" not in reasons or reasons & STRUCTURAL_TICKS or not keys:
+            raise PreventUpdate
+        read = time.time()
+        infos = await api.runs_by_id(state.get("runs", []))
+        known = {run_id: info for run_id, info in infos.items() if info}
+        alerts = await api.alerts(list(known))
+        if alerts is None:
+            raise PreventUpdate
+        runs = {run_id: (str(info.get("name", run_id)), info.get("last_step")) for run_id, info in known.items()}
+        return {"read": read, "charts": {key: alert_marks(key, runs, alerts) for key in keys}}
+
+    dash_app.clientside_callback(
+        ClientsideFunction("keel_charts", "alert_marks"), Output("alert-marks-drawn", "data"), Input(ALERT_MARKS, "data")
+    )
+
+    @dash_app.callback(
         Output(HAZARD_GRAPH, "figure"),
         Input("page-state", "data"),
         Input("live-data-tick", "data"),
@@ -161,14 +201,18 @@ async def chart_figure(
     """The chart of `key` over `run_ids` as `options` draw it (its zoomed range read at full
     resolution), with its companion lines and, on the entropy chart, each run's learned
     level. Also what a card sent with its figure holds (views/run.py)."""
+    read = time.time()
     infos = await api.runs_by_id(run_ids)
     lines, alerts, companions = await load_lines(api, infos, key, options.x_range)
     levels = await learned_levels(api, [line.run_id for line in lines]) if metric_info(key).learned_level else None
     unused = await unused_by_loss(api, key, lines) if options.x_range is None else {}
-    return metric_figure(
+    figure = metric_figure(
         key, lines, alerts, options, render_id=uuid.uuid4().hex, backtest=backtest, companions=companions, levels=levels,
         growing=growing(infos), unused=unused, rollbacks=await rollbacks(api, [line.run_id for line in lines]),
     )
+    # When its alerts were read: alert marks read later replace its own (assets/live/charts.js).
+    figure["layout"]["meta"]["alerts_read"] = read
+    return figure
 
 
 ROLLBACK_KEY = "guard/rollback"

@@ -458,6 +458,61 @@ def test_a_firing_alert_range_grows_with_live_points(server, browser) -> None:
     run.close()
 
 
+def test_an_alert_that_fires_and_resolves_marks_the_charts_without_drawing_them_again(server, browser, monkeypatch) -> None:
+    """An alert's change reaches the charts as their alert marks alone (views/charts.mark_alerts):
+    no chart is drawn again, and no chart's series is read again, to show it fire or resolve."""
+    import dashboard.views.charts as chart_views
+
+    drawn_figures: list[str] = []
+    draw = chart_views.chart_figure
+
+    async def counted(api, key, run_ids, options, backtest=()):  # type: ignore[no-untyped-def]
+        drawn_figures.append(key)
+        return await draw(api, key, run_ids, options, backtest)
+
+    monkeypatch.setattr(chart_views, "chart_figure", counted)
+    run = LiveRun(server, "marked", "cispo")
+    flat = {"reward/mean": 0.5, "mismatch/kl": 1e-3, "mismatch/ratio_max": 1.5, "grad/norm": 1.0}
+    run.send([{"step": s, "values": flat} for s in range(60)])
+    set_viewport(browser, 1280, 2400)
+    browser.get(f"{server.url}/compare?runs={run.id}")
+
+    def grad_chart() -> dict:
+        return next(c for c in charts(browser) if c["key"] == "grad/norm")
+
+    def marks(chart: dict) -> tuple[list[tuple[str, int, int]], list[list[int]]]:
+        shapes = [(s["name"], s["x0"], s["x1"]) for s in chart["shapes"] if s["name"].startswith("firing:") or s["name"] == "resolved"]
+        return shapes, [t["x"] for t in chart["traces"] if t["role"] == "alerts"]
+
+    drawn = drawn_charts(browser, 5)
+    assert marks(next(c for c in drawn if c["key"] == "grad/norm")) == ([], [])
+    wait_until(lambda: live_state(browser) == "live", message="live websocket")
+    renders = {c["key"]: c["render"] for c in charts(browser)}
+    drawn_figures.clear()
+
+    run.send([{"step": 60, "values": {**flat, "grad/norm": "nan"}}])  # non-finite: critical at once
+    fired = wait_until(lambda: (lambda c: c if marks(c)[0] else None)(grad_chart()), timeout=30, message="the alert's marks")
+    assert marks(fired) == ([(f"firing:{run.id}", 60, 60)], [[60]])
+    # The reward chart shows no mark of an alert on the gradient norm.
+    assert marks(next(c for c in charts(browser) if c["key"] == "reward/mean")) == ([], [])
+    for step in range(61, 90):
+        run.send([{"step": step, "values": flat}])  # finite again: resolved 20 steps on
+
+    def resolved() -> dict | None:
+        chart = grad_chart()
+        shapes, _ = marks(chart)
+        return chart if shapes and shapes[0][0] == "resolved" else None
+
+    chart = wait_until(resolved, timeout=30, message="the alert resolved on the chart")
+    shapes, trace = marks(chart)
+    assert [name for name, _, _ in shapes] == ["resolved"] and shapes[0][1] == 60 and trace == [[60]]
+    assert {c["key"]: c["render"] for c in charts(browser)} == renders  # no chart drawn again
+    assert drawn_figures == []  # and no chart's series read again
+    assert live_stats(browser)["alertMarks"] >= 2
+    assert console_errors(browser) == []
+    run.close()
+
+
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_empty_states(server, browser) -> None:
     browser.get(f"{server.url}/compare")

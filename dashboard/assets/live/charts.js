@@ -321,8 +321,58 @@
 
   /* A figure the server drew for a growing run: its step axis end counts for the page's, and
      it follows the page's if that is farther. */
+  /*
+   * Alert marks (figures.alert_marks): a chart's live alert shapes (named "firing:<run>" or
+   * "resolved") and its trace whose meta.role is "alerts", read by the server when an alert
+   * fired or resolved. `marks` keeps the newest per chart key with the server time of its
+   * read: a figure drawn from alerts read before them (layout.meta.alerts_read) takes them
+   * in when it arrives.
+   */
+  var marks = { read: -Infinity, charts: {} };
+
+  function isAlertShape(shape) {
+    var name = (shape && shape.name) || "";
+    return name.indexOf("firing:") === 0 || name === "resolved";
+  }
+
+  /* Put `mark` in place of the chart's alert shapes and trace. The trace keeps its index
+     (restyled, or added last), so the appends pending on the chart keep theirs. */
+  function markAlerts(gd, mark) {
+    if (!gd.layout || !gd.layout.meta || !gd.data) return false;
+    var shapes = (gd.layout.shapes || []).filter(function (shape) { return !isAlertShape(shape); });
+    shapes = shapes.concat(mark.shapes || []);
+    var at = -1;
+    for (var i = 0; i < gd.data.length; i++) {
+      if (gd.data[i].meta && gd.data[i].meta.role === "alerts") at = i;
+    }
+    var trace = mark.trace;
+    if (at >= 0) {
+      var now = trace || { x: [], y: [], text: [], marker: gd.data[at].marker };
+      window.Plotly.update(gd, { x: [now.x], y: [now.y], text: [now.text], marker: [now.marker] }, { shapes: shapes }, [at]);
+    } else {
+      window.Plotly.relayout(gd, { shapes: shapes });
+      if (trace) window.Plotly.addTraces(gd, trace);
+    }
+    gd.layout.meta.alerts_read = marks.read;
+    live.note("alertMarks", 1);
+    return true;
+  }
+
+  /* New alert marks for the charts `plots`: each drawn from alerts read before them takes them in. */
+  function markAll(read, plots) {
+    if (!(read.read > marks.read)) return;
+    marks = read;
+    plots.forEach(function (gd) {
+      var meta = gd.layout && gd.layout.meta;
+      var mark = meta && marks.charts[meta.key];
+      if (mark && !(meta.alerts_read >= marks.read)) markAlerts(gd, mark);
+    });
+  }
+
   function serverDrawn(gd) {
     var meta = gd.layout && gd.layout.meta;
+    var mark = meta && marks.charts[meta.key];
+    if (mark && meta.alerts_read !== undefined && meta.alerts_read < marks.read) markAlerts(gd, mark);
     if (!meta || meta.x_end === undefined) return;
     var end = sharedEnd(meta.x_end);
     if (autoranged(gd) && axisEnd(gd) < end && !following) {
@@ -373,5 +423,5 @@
     };
   }
 
-  live.charts = { state: state, take: take, draw: draw, serverDrawn: serverDrawn };
+  live.charts = { state: state, take: take, draw: draw, serverDrawn: serverDrawn, markAll: markAll };
 })(window.keelLive = window.keelLive || {});
