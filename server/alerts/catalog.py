@@ -20,10 +20,11 @@ DETECTORS: dict[str, type[Detector]] = {
 }
 
 HEADLINE_AND_LOSS = "reward/mean,mismatch/kl,gate/frac,mismatch/ratio_max,grad/norm,loss/*"
-MISMATCH_KEYS = "mismatch/kl|mismatch/log_ratio_abs_mean|mismatch/log_ratio_abs_seq_mean"
+MISMATCH_KEYS = "mismatch/kl|mismatch/log_ratio_abs_mean|mismatch/log_ratio_abs_seq_mean|mismatch/kl_k1"
 """The sampler–learner mismatch a run logs: Keel's KL, else a framework's own mean |Δ log p|
-(per token, or per sequence then over sequences), which the climbs compare with the run's own
-learned level, never with another engine's."""
+(per token, or per sequence then over sequences), else a framework's k1 estimate of the KL
+(verl's `rollout_corr/kl`), which the climbs compare with the run's own learned level, never
+with another engine's (migrations 0010, 0014)."""
 LOSS_KEYS = "loss/total|loss/pg"
 """The whole loss, or the policy-gradient loss where a run logs no whole one."""
 POLICY_RATIO_KEYS = "policy/ppo_kl|policy/ratio_max|policy/clip_frac"

@@ -123,8 +123,8 @@ def test_projects_from_before_the_signature_rules_get_each_once(database_url: st
                 conn.exec_driver_sql(
                     f"INSERT INTO rules ({rule_columns}) VALUES ('mismatch climbing', '{project}', '{metric}', 'climb', '{{}}', 'warning', 3, 30, true, true, 0)"
                 )
-        upgrade(database_url)
-        upgrade(database_url)
+        upgrade(database_url, "0010")
+        upgrade(database_url, "0010")
 
         def mismatch_metrics() -> list[tuple]:
             with engine.connect() as conn:
@@ -152,5 +152,50 @@ def test_projects_from_before_the_signature_rules_get_each_once(database_url: st
         command.downgrade(alembic_config(database_url), "0009")
         assert signature_rules() == [("custom", "loss growing", "threshold", "warning", False)]
         assert mismatch_metrics() == [("custom", "mismatch/kl_k1"), ("old", "mismatch/kl")]
+    finally:
+        engine.dispose()
+
+
+def test_the_builtin_mismatch_rules_read_a_k1_estimate_from_0014(database_url: str) -> None:
+    """0014 widens the built-in mismatch rules still on their 0010 metric to the catalog's
+    (a framework's k1 estimate last); a rule its user edited is kept; a downgrade narrows them."""
+    from alembic import command
+
+    from server.alerts.catalog import DEFAULT_RULES, MISMATCH_KEYS
+
+    upgrade(database_url, "0013")
+    engine = create_engine(_sync_url(database_url))
+    rule_columns = "name, project, metric, detector, params, severity, for_steps, keep_firing_for, enabled, builtin, created_at"
+    before = "mismatch/kl|mismatch/log_ratio_abs_mean|mismatch/log_ratio_abs_seq_mean"
+    try:
+        with engine.begin() as conn:
+            for project in ("old", "custom"):
+                conn.exec_driver_sql(f"INSERT INTO projects (name, created_at) VALUES ('{project}', 0)")
+            for project, metric in (("old", before), ("custom", "mismatch/kl")):  # custom: edited by its user
+                conn.exec_driver_sql(
+                    f"INSERT INTO rules ({rule_columns}) VALUES ('mismatch climbing', '{project}', '{metric}', 'climb', '{{}}', 'warning', 3, 30, true, true, 0)"
+                )
+            conn.exec_driver_sql(
+                f"INSERT INTO rules ({rule_columns}) VALUES ('mismatch drift', 'old', '{before},mismatch/ratio_max', 'co_climb', '{{}}', 'critical', 1, 50, true, true, 0)"
+            )
+
+        def metrics() -> list[tuple]:
+            with engine.connect() as conn:
+                return [tuple(row) for row in conn.exec_driver_sql("SELECT name, project, metric FROM rules ORDER BY name, project")]
+
+        upgrade(database_url)
+        catalog = {rule.name: rule.metric for rule in DEFAULT_RULES}
+        assert MISMATCH_KEYS.endswith("|mismatch/kl_k1")
+        assert metrics() == [
+            ("mismatch climbing", "custom", "mismatch/kl"),
+            ("mismatch climbing", "old", catalog["mismatch climbing"]),
+            ("mismatch drift", "old", catalog["mismatch drift"]),
+        ]
+        command.downgrade(alembic_config(database_url), "0013")
+        assert metrics() == [
+            ("mismatch climbing", "custom", "mismatch/kl"),
+            ("mismatch climbing", "old", before),
+            ("mismatch drift", "old", f"{before},mismatch/ratio_max"),
+        ]
     finally:
         engine.dispose()
