@@ -22,9 +22,15 @@ reward of 0.5 and then fall, and draws its runs around it:
   Anchors do not move the centre. Within a cell the loss (of its family), the batch shape
   the advantages (group, group_std) and, with a bf16/fp16 sampler, the lag (4, 8, 12) cycle
   with the run's index.
+- **Turns** (`plan`): every cell gets EXPLORE runs in turn (fewest runs first, then CELLS'
+  order); after that the runs go where runs fall: each turn goes to the cell with the highest
+  draw from Beta(1 + its lasting collapses, 1 + its other runs) (Thompson sampling), except
+  one turn in IN_TURN, which goes to the cell with the fewest runs. Most
+  cells never fall for good on this learner (held at one lr, stuck at the next); the ones
+  that do get most of the runs, and a cell that has not fallen yet still gets one now and then.
 - **Resumable and deterministic**: nothing but the run files is read. A run's centre is
   recovered from its own lr (lr / its jitter), so the next config of every cell is a function
-  of the directory's runs; cells take turns (fewest runs first, then CELLS' order). A cell
+  of the directory's runs, and the turn's draws are seeded by the number of runs made. A cell
   with no run yet starts at the mean centre of its siblings (same family, clipping and
   mismatch) that have MIN_SIBLING runs, or at DEFAULT_LR.
 
@@ -50,7 +56,7 @@ from learners.lm.runfiles import SUFFIX, read_run
 from wire.labels import REACH, falls, smoothed
 
 __all__ = [
-    "ANCHOR_BELOW", "ANCHOR_EVERY", "CELLS", "DIRECTION", "EDGE_CLIPS", "EDGE_DIGITS", "EDGE_DTYPES",
+    "ANCHOR_BELOW", "ANCHOR_EVERY", "CELLS", "DIRECTION", "EXPLORE", "EDGE_CLIPS", "EDGE_DIGITS", "EDGE_DTYPES",
     "FAMILY_LOSSES", "JITTER", "MISMATCH_LAGS", "SEED_BASE", "Cell", "EdgeRun", "cell_of", "centre",
     "draw", "format_report", "outcome", "plan", "read_edge_runs", "tally",
 ]  # fmt: skip
@@ -89,6 +95,10 @@ ANCHOR_BELOW = math.log(4.0)
 LR_RANGE = (1e-4, 2e-2)
 """The centre stays within it."""
 MIN_SIBLING = 1
+EXPLORE = 4
+"""Runs every cell gets in turn before the turns go to the cells whose runs fall (`plan`)."""
+IN_TURN = 3
+"""One turn in IN_TURN still goes to the cell with the fewest runs: every cell's search goes on."""
 
 COLLAPSED, DIPPED, HELD, SLOW, STUCK = "collapsed", "dipped", "held", "slow", "stuck"
 OUTCOMES = (COLLAPSED, DIPPED, HELD, SLOW, STUCK)
@@ -248,14 +258,27 @@ def _config(base: LMConfig, cell: Cell, index: int, x: float) -> LMConfig:
     )  # fmt: skip
 
 
+def _turn(i: int, mine: Sequence[EdgeRun], made: int) -> tuple[int, float, int]:
+    """Where cell `i` stands in the next turn (lowest first): the cells with fewer than
+    EXPLORE runs, fewest first, and on one turn in IN_TURN every cell so; otherwise by a draw
+    from the Beta posterior of its share of lasting collapses, highest first, seeded by the
+    runs made so far and the cell."""
+    if len(mine) < EXPLORE or made % IN_TURN == 0:
+        return (0, float(len(mine)), i)
+    fell = sum(run.outcome == COLLAPSED for run in mine)
+    rng = random.Random(f"keel-lm-edge/turn/{made}/{CELLS[i].name}")
+    return (1, -rng.betavariate(1 + fell, 1 + len(mine) - fell), i)
+
+
 def plan(runs: Iterable[EdgeRun], count: int = 1, base: LMConfig | None = None) -> list[LMConfig]:
-    """The next `count` configs (at most one per cell), given the runs already made: the
-    cells with the fewest runs first (ties in CELLS' order), each at its search's next lr."""
+    """The next `count` configs (at most one per cell), given the runs already made, each at
+    its cell's search's next lr; the cells in `_turn`'s order."""
     base = base or LMConfig(steps=REGIME_STEPS)
     by_cell: dict[Cell, list[EdgeRun]] = {}
     for run in runs:
         by_cell.setdefault(run.cell, []).append(run)
-    order = sorted(range(len(CELLS)), key=lambda i: (len(by_cell.get(CELLS[i], ())), i))
+    made = sum(len(mine) for mine in by_cell.values())
+    order = sorted(range(len(CELLS)), key=lambda i: _turn(i, by_cell.get(CELLS[i], ()), made))
     configs = []
     for i in order[: max(0, min(count, len(CELLS)))]:
         cell = CELLS[i]
