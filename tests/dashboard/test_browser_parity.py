@@ -86,33 +86,40 @@ def _shows(found: dict[str, Any], expected: ParityReport) -> None:
     assert {row[0]: row[1:] for row in found["rows"]} == {row[0]: list(row) for row in expected.rows()}
 
 
-def _watch_progress(browser: Any) -> None:
-    """Record, from now on, every state of the parity panel: the picks, the progress line, the
-    result's text and the charts' messages (a MutationObserver, so no state is missed). A
-    pick shows as its option's label in the dropdown ("run base", "group engine-old")."""
-    # Dash draws the panel's parts in turns: wait for all four (on a loaded box the progress
-    # line has been there before the result's element).
-    wait_until(
-        lambda: browser.execute_script(
-            "return ['parity-a', 'parity-b', 'parity-progress', 'parity-result'].every(function (id) {"
-            " return !!document.getElementById(id); });"
-        ),
-        20,
-        message="parity panel",
-    )
-    browser.execute_script(
-        """window.parityStates = [];
-        var panel = document.getElementById('parity');
-        function record() {
-          var text = function (id) { var el = document.getElementById(id); return el ? el.innerText : ''; };
-          var value = function (id) { var shown = text(id); return /^(run|group) /m.test(shown) ? shown : ''; };
-          var messages = Array.from(panel.querySelectorAll('.annotation-text')).map(function (a) { return a.textContent; });
-          window.parityStates.push({a: value('parity-a'), b: value('parity-b'),
-            progress: text('parity-progress'), result: text('parity-result'), messages: messages});
-        }
-        record();
-        new MutationObserver(record).observe(panel, {subtree: true, childList: true, characterData: true});"""
-    )
+RECORD_PARITY_STATES = """
+window.parityStates = [];
+function recordParity() {
+  var panel = document.getElementById('parity');
+  if (!panel) return;
+  var text = function (id) { var el = document.getElementById(id); return el ? el.innerText : ''; };
+  var value = function (id) { var shown = text(id); return /^(run|group) /m.test(shown) ? shown : ''; };
+  var messages = Array.from(panel.querySelectorAll('.annotation-text')).map(function (a) { return a.textContent; });
+  window.parityStates.push({a: value('parity-a'), b: value('parity-b'),
+    progress: text('parity-progress'), result: text('parity-result'), messages: messages});
+}
+var watch = {subtree: true, childList: true, characterData: true};
+var waiting = new MutationObserver(function () {
+  var panel = document.getElementById('parity');
+  if (!panel) return;
+  waiting.disconnect();  // from now on the panel alone: the charts' redraws are not its states
+  recordParity();
+  new MutationObserver(recordParity).observe(panel, watch);
+});
+waiting.observe(document, watch);
+"""
+
+
+def _open_recording_parity(browser: Any, url: str) -> None:
+    """Open `url`, recording from its first script on every state of the parity panel: the
+    picks, the progress line, the result's text and the charts' messages (a MutationObserver
+    on the document, installed before the page's own scripts, so no state is missed however
+    soon the comparison starts). A pick shows as its option's label in the dropdown ("run
+    base", "group engine-old")."""
+    script = browser.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": RECORD_PARITY_STATES})
+    try:
+        browser.get(url)
+    finally:
+        browser.execute_cdp_cmd("Page.removeScriptToEvaluateOnNewDocument", {"identifier": script["identifier"]})
 
 
 def _figure_meta(browser: Any, graph_id: str) -> dict[str, Any] | None:
@@ -134,8 +141,7 @@ def test_the_parity_view_gives_keel_parity_s_verdict_on_runs_and_groups(server, 
 
     # Two runs alike: the first two runs are A and B at first (the page shows one group each
     # for two runs only when they are in two groups: these share one).
-    browser.get(f"{server.url}/compare?runs={base.id},{twin.id}")
-    _watch_progress(browser)
+    _open_recording_parity(browser, f"{server.url}/compare?runs={base.id},{twin.id}")
     same = _verdict(browser, "same")
     expected = compare(_values(base_rows), _values(twin_rows))
     assert expected.verdict == "same"

@@ -85,3 +85,36 @@ def test_the_level_is_read_from_every_point_in_pieces(server, monkeypatch) -> No
     assert levels[flat.id] is None and levels[plain.id] is None
     for run in (learning, flat, plain):
         run.close()
+
+
+def test_the_steps_read_stay_read_and_a_set_level_is_not_read_again(server, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A run read before is read from the first step some key has not passed; once its level
+    is set, not at all. The level is the one of every point read at once."""
+    reads: list[tuple[str, int | None]] = []
+    series_of_runs = KeelApi.series_of_runs
+
+    async def counted(self, run_ids, key, **options):  # type: ignore[no-untyped-def]
+        reads.append((key, options.get("start")))
+        return await series_of_runs(self, run_ids, key, **options)
+
+    monkeypatch.setattr(KeelApi, "series_of_runs", counted)
+    rows = learning_rows()
+    run = LiveRun(server, "growing", "g")
+    # Steps 0-79 of every key, and the entropy of steps 80-89 alone: 80-89 are not complete.
+    run.send(rows[:80] + [{"step": r["step"], "values": {"policy/entropy": r["values"]["policy/entropy"]}} for r in rows[80:90]])
+
+    def level() -> float | None:
+        return asyncio.run(chart_views.learned_levels(KeelApi(httpx.AsyncClient(base_url=server.url)), [run.id]))[run.id]
+
+    assert level() is None  # the reward has not risen yet
+    assert {start for _, start in reads} == {0}
+    reads.clear()
+    assert level() is None and {start for _, start in reads} == {80}  # steps 0-79 are not read again
+    reads.clear()
+    run.send([{"step": r["step"], "values": {k: v for k, v in r["values"].items() if k != "policy/entropy"}} for r in rows[80:90]])
+    run.send(rows[90:])
+    assert level() == pytest.approx(learned_level({}, _pairs(rows)), rel=1e-12) == pytest.approx(1.5, rel=1e-12)
+    assert {start for _, start in reads} == {80}
+    reads.clear()
+    assert level() == pytest.approx(1.5, rel=1e-12) and reads == []  # set: never read again
+    run.close()
