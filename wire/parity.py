@@ -97,9 +97,11 @@ SCALAR_KEYS = (
     "mismatch/log_ratio_abs_likely",
     "mismatch/log_ratio_abs_mean",
     "mismatch/log_ratio_abs_seq_mean",
+    "mismatch/kl_k1",
 )
-"""Keel's own, and the mean |ℓ| frameworks log themselves (SkyRL's and TRL's per token,
-slime's per sequence: docs/metrics.md): a run imported from a framework whose only mismatch
+"""Keel's own, the mean |ℓ| frameworks log themselves (SkyRL's and TRL's per token, slime's
+per sequence: docs/metrics.md) and a framework's k1 estimate of the KL (verl's
+`rollout_corr/kl`, the token mean of −ℓ): a run imported from a framework whose only mismatch
 metric is its own is compared on it, against a run that logs the same one."""
 HISTOGRAM_KEY = "mismatch/log_ratio"
 DEFAULT_TAUS = (0.001, 0.01, 0.1)

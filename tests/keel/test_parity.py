@@ -200,3 +200,25 @@ def test_keel_parity_prints_a_run_name_as_text_never_as_a_line_of_its_own(server
         assert not {"\x1b", "\r", "\u202e"} & set(shown.stdout), shown.stdout
         report = json.loads(keel("parity", base, forged, "--server", server.url, "--json").stdout)
         assert report["runs"]["b"]["name"] == name and report["verdict"] == "different"
+
+
+def test_keel_parity_calls_a_real_verl_mismatch_ab_different_on_its_own_k1_kl(server_factory, sqlite_url, capsys) -> None:
+    """The arms of a public verl A/B (corpora/real, batch-logprob-gap), imported as a user
+    would (`keel import wandb --framework auto`): verl's `rollout_corr/kl` is their only
+    mismatch metric (Keel's `mismatch/kl_k1`). Sampling at top_p 0.8 without the author's fix,
+    it is ~135x the fixed arm's: different; the fixed arm and the top_p 1.0 arm: the same."""
+    server = server_factory(sqlite_url)
+    arms = {
+        "fixed": "verl-grpo-qwen25-15b-gsm8k-topp08-georS-replayfix-healthy.csv",
+        "mismatch": "verl-grpo-qwen25-15b-gsm8k-topp08-nocorr-mismatch-healthy.csv",
+        "topp10": "verl-grpo-qwen25-15b-gsm8k-topp10-georS-healthy.csv",
+    }
+    for name, file in arms.items():
+        assert main(["import", "wandb", f"corpora/real/{file}", "--framework", "auto", "--name", name, "--server", server.url]) == 0
+    code, out, _ = _parity(capsys, "fixed", "mismatch", "--server", server.url, "--json")
+    report = json.loads(out)
+    assert code == EXIT_DIFFERENT and report["verdict"] == "different"
+    (kl,) = [row for row in report["metrics"] if row["key"] == "mismatch/kl_k1"]
+    assert 100 < kl["ratio"] < 170
+    code, out, _ = _parity(capsys, "fixed", "topp10", "--server", server.url, "--json")
+    assert code == EXIT_SAME and json.loads(out)["verdict"] == "same"
