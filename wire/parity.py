@@ -101,7 +101,7 @@ SCALAR_KEYS = (
 )
 """Keel's own, the mean |ℓ| frameworks log themselves (SkyRL's and TRL's per token, slime's
 per sequence: docs/metrics.md) and a framework's k1 estimate of the KL (verl's
-`rollout_corr/kl`, the token mean of −ℓ): a run imported from a framework whose only mismatch
+`rollout_corr/kl`, OpenRLHF's `vllm_kl`: the token mean of −ℓ): a run imported from a framework whose only mismatch
 metric is its own is compared on it, against a run that logs the same one."""
 HISTOGRAM_KEY = "mismatch/log_ratio"
 DEFAULT_TAUS = (0.001, 0.01, 0.1)

@@ -23,7 +23,7 @@ HEADLINE_AND_LOSS = "reward/mean,mismatch/kl,gate/frac,mismatch/ratio_max,grad/n
 MISMATCH_KEYS = "mismatch/kl|mismatch/log_ratio_abs_mean|mismatch/log_ratio_abs_seq_mean|mismatch/kl_k1"
 """The sampler–learner mismatch a run logs: Keel's KL, else a framework's own mean |Δ log p|
 (per token, or per sequence then over sequences), else a framework's k1 estimate of the KL
-(verl's `rollout_corr/kl`), which the climbs compare with the run's own learned level, never
+(verl's `rollout_corr/kl`, OpenRLHF's `vllm_kl`), which the climbs compare with the run's own learned level, never
 with another engine's (migrations 0010, 0014)."""
 LOSS_KEYS = "loss/total|loss/pg"
 """The whole loss, or the policy-gradient loss where a run logs no whole one."""
