@@ -335,16 +335,29 @@
     return name.indexOf("firing:") === 0 || name === "resolved";
   }
 
-  /* Put `mark` in place of the chart's alert shapes and trace. The trace keeps its index
+  /* What a chart's alert marks say: each range's name, start and colour (a firing range's
+     end follows the appended points) and the markers' steps and texts. */
+  function markSummary(shapes, trace) {
+    return JSON.stringify([
+      shapes.map(function (shape) { return [shape.name, shape.x0, shape.fillcolor]; }),
+      trace ? [trace.x, trace.text] : [[], []],
+    ]);
+  }
+
+  /* Put `mark` in place of the chart's alert shapes and trace, unless they say the same
+     already (most charts, when one alert changed: no redraw). The trace keeps its index
      (restyled, or added last), so the appends pending on the chart keep theirs. */
   function markAlerts(gd, mark) {
     if (!gd.layout || !gd.layout.meta || !gd.data) return false;
     var shapes = (gd.layout.shapes || []).filter(function (shape) { return !isAlertShape(shape); });
-    shapes = shapes.concat(mark.shapes || []);
     var at = -1;
     for (var i = 0; i < gd.data.length; i++) {
       if (gd.data[i].meta && gd.data[i].meta.role === "alerts") at = i;
     }
+    gd.layout.meta.alerts_read = marks.read;
+    var drawn = markSummary((gd.layout.shapes || []).filter(isAlertShape), at >= 0 && gd.data[at].x && gd.data[at].x.length ? gd.data[at] : null);
+    if (drawn === markSummary(mark.shapes || [], mark.trace)) return false;
+    shapes = shapes.concat(mark.shapes || []);
     var trace = mark.trace;
     if (at >= 0) {
       var now = trace || { x: [], y: [], text: [], marker: gd.data[at].marker };
@@ -353,7 +366,6 @@
       window.Plotly.relayout(gd, { shapes: shapes });
       if (trace) window.Plotly.addTraces(gd, trace);
     }
-    gd.layout.meta.alerts_read = marks.read;
     live.note("alertMarks", 1);
     return true;
   }
