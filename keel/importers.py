@@ -18,7 +18,8 @@ it land the same run (`run_id_for`), the same points, under the same names.
   writes, a LevelDB-style record log of `wandb_internal_pb2.Record` protobufs, decoded with
   wandb's own protobuf classes (wandb >= 0.20 has no Python reader of it).
 - wandb history exports (`run.history()` / `scan_history()` written as CSV, a JSON
-  array of row objects, or JSON lines): `_step` is the step, `_timestamp` the time.
+  array of row objects, or JSON lines): `_step` is the step, `_timestamp` the time; a
+  Hugging Face Trainer's `trainer_state.json` (its `log_history`, `step` the step).
 
 Run ids are uuid5 of the source's identity (`run_id_for`), so importing the same source
 again writes to the same run, where the server keeps each (run, key, step) once.
@@ -442,6 +443,8 @@ def _read_history_file(path: Path) -> list[dict[str, Any]]:
         ]
     try:
         loaded = json.loads(text)
+        if isinstance(loaded, dict) and isinstance(loaded.get("log_history"), list):
+            return _trainer_state_rows(loaded["log_history"])
         rows = loaded if isinstance(loaded, list) else [loaded]
     except json.JSONDecodeError:  # JSON lines, one row object per line
         try:
@@ -450,6 +453,17 @@ def _read_history_file(path: Path) -> list[dict[str, Any]]:
             raise ImportSourceError(f"{path} is neither a JSON array nor JSON lines: {exc}") from None
     if not all(isinstance(row, dict) for row in rows):
         raise ImportSourceError(f"{path}: expected row objects like {{\"_step\": 0, \"loss\": 1.5}}")
+    return rows
+
+
+def _trainer_state_rows(history: list[Any]) -> list[dict[str, Any]]:
+    """A Hugging Face Trainer's `trainer_state.json` (TRL's too): each `log_history` entry
+    with its `step` as `_step`, its names as the Trainer logged them (a framework's name map
+    reads them without transformers' `train/`: trainer_hooks/integrations/names.py)."""
+    rows = []
+    for entry in history:
+        if isinstance(entry, dict) and isinstance(entry.get("step"), int):
+            rows.append({_WANDB_STEP: entry["step"], **{k: v for k, v in entry.items() if k != "step"}})
     return rows
 
 

@@ -225,6 +225,7 @@ _TRL_SCRIPT = """
     trainer.train()
     with open(sys.argv[1] + "/log_history.json", "w") as f:
         json.dump(trainer.state.log_history, f)
+    trainer.state.save_to_json(sys.argv[1] + "/trainer_state.json")  # as the Trainer writes it in a checkpoint
 """
 
 
@@ -245,6 +246,17 @@ def test_a_real_trl_grpo_run_streams_what_trl_logged(server: ServerProcess, tmp_
         # The Trainer prints each float as f"{v:.4g}" (transformers' ProgressCallback.on_log): Keel stores what it printed.
         expected = {entry["step"]: float(f"{entry[trl_key]:.4g}") for entry in logged}
         assert stored(server.url, run["id"], keel_key) == expected, trl_key
+    # The same run's trainer_state.json, imported as a user would: TRL's names as the Trainer
+    # logged them (no `train/`), mapped to Keel's, every value as logged.
+    done = subprocess.run([sys.executable, "-m", "keel", "import", "wandb", str(tmp_path / "trainer_state.json"), "--name", "grpo-state",
+                           "--server", server.url], cwd=REPO_ROOT, capture_output=True, timeout=120)  # fmt: skip
+    said = (done.stdout + done.stderr).decode()
+    assert done.returncode == 0 and "framework trl" in said, said
+    state = run_named(server.url, "grpo-state")
+    for trl_key, keel_key in (("reward", "reward/mean"), ("kl", "ref/kl"), ("entropy", "policy/entropy"), ("grad_norm", "grad/norm"),
+                              ("loss", "loss/total"), ("frac_reward_zero_std", "reward/zero_std_frac"),
+                              ("completions/mean_length", "response/length_mean"), ("completions/clipped_ratio", "response/truncated_frac")):  # fmt: skip
+        assert stored(server.url, state["id"], keel_key) == {entry["step"]: entry[trl_key] for entry in logged}, trl_key
 
 
 def test_a_server_away_never_holds_the_command_up_and_keel_sync_uploads_later(server: ServerProcess, tmp_path: Path) -> None:

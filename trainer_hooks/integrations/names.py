@@ -25,7 +25,10 @@ release, use the entries only (`to_keel(native=True)`).
 Names are as the framework hands them to its loggers, which is what wandb and TensorBoard
 store: TRL's go through transformers' `rewrite_logs` (`train/` + the name, `eval_x` as
 `eval/x`), so its map lists them with `train/` (`log_prefix`); the native TRL callback, which
-sees them before the rewrite, looks them up without it.
+sees them before the rewrite, looks them up without it, and so does a run whose names were
+taken before it (a Trainer's `trainer_state.json` `log_history`, the dicts it prints): a
+name that is not an entry is looked up again with `log_prefix` before it, and a signature
+name matches without it too.
 """
 
 from __future__ import annotations
@@ -79,8 +82,17 @@ class NameMap:
     """{old name: Alias}: what older releases logged under another name, mapped as the entry
     `Alias.current` (module docstring)."""
 
+    def logged(self, name: str) -> str:
+        """`name` as the map lists it: with `log_prefix` before it where only that is listed
+        (TRL's `entropy`, logged before transformers' rewrite, is its `train/entropy`)."""
+        if not self.log_prefix or name.startswith(self.log_prefix) or name in self.entries or name in self.aliases:
+            return name
+        prefixed = self.log_prefix + name
+        return prefixed if prefixed in self.entries or prefixed in self.aliases else name
+
     def entry(self, name: str) -> Mapped | None:
         """The entry a logged `name` is, directly or through an alias."""
+        name = self.logged(name)
         alias = self.aliases.get(name)
         return self.entries.get(alias.current if alias is not None else name)
 
@@ -101,8 +113,8 @@ class NameMap:
     def keel_name(self, name: str, beside: Container[str] = ()) -> str:
         """The Keel name a logged `name` is stored under; `beside`: the names logged with it
         (an alias logged beside its current name keeps the framework's prefix)."""
-        alias = self.aliases.get(name)
-        entry = None if alias is not None and alias.current in beside else self.entry(name)
+        alias = self.aliases.get(self.logged(name))
+        entry = None if alias is not None and (alias.current in beside or alias.current.removeprefix(self.log_prefix) in beside) else self.entry(name)
         if entry is not None:
             return entry.keel
         if name.startswith("eval/"):
@@ -605,10 +617,7 @@ def detect_framework(names: Iterable[str], config: Mapping[str, object] | None =
     logged = set(names)
     scores: dict[str, int] = {}
     for framework, name_map in MAPS.items():
-        hits = sum(
-            any(name.startswith(mark) for name in logged) if mark.endswith("/") else mark in logged
-            for mark in name_map.signature
-        )
+        hits = sum(_signed(mark, logged) or _signed(mark.removeprefix(name_map.log_prefix), logged) for mark in name_map.signature)
         if hits:
             scores[framework] = hits * 10
     keys = set(config or {})
@@ -622,8 +631,18 @@ def detect_framework(names: Iterable[str], config: Mapping[str, object] | None =
     if len(winners) > 1:
         return None, f"names of several frameworks ({', '.join(winners)})"
     framework = winners[0]
-    marks = [m for m in MAPS[framework].signature if m in logged or (m.endswith("/") and any(n.startswith(m) for n in logged))]
+    prefix = MAPS[framework].log_prefix
+    marks = [
+        m if _signed(m, logged) else m.removeprefix(prefix)
+        for m in MAPS[framework].signature
+        if _signed(m, logged) or _signed(m.removeprefix(prefix), logged)
+    ]
     return framework, f"it logs {', '.join(marks[:3])}"
+
+
+def _signed(mark: str, logged: set[str]) -> bool:
+    """Does a run that logs `logged` log the signature name `mark` (ending in `/`: a prefix)?"""
+    return any(name.startswith(mark) for name in logged) if mark.endswith("/") else mark in logged
 
 
 def _check() -> None:
