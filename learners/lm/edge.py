@@ -24,7 +24,8 @@ reward of 0.5 and then fall, and draws its runs around it:
   with the run's index.
 - **Turns** (`plan`): every cell gets EXPLORE runs in turn (fewest runs first, then CELLS'
   order); after that the runs go where runs fall: each turn goes to the cell with the highest
-  draw from Beta(1 + its lasting collapses, 1 + its other runs) (Thompson sampling), except
+  draw from the Beta posterior of its share of lasting collapses, the corpus's share as the
+  prior (Thompson sampling), except
   one turn in IN_TURN, which goes to the cell with the fewest runs. Most
   cells never fall for good on this learner (held at one lr, stuck at the next); the ones
   that do get most of the runs, and a cell that has not fallen yet still gets one now and then.
@@ -99,6 +100,8 @@ EXPLORE = 4
 """Runs every cell gets in turn before the turns go to the cells whose runs fall (`plan`)."""
 IN_TURN = 3
 """One turn in IN_TURN still goes to the cell with the fewest runs: every cell's search goes on."""
+PRIOR_RUNS = 5
+"""The weight, in runs, of the corpus's share of lasting collapses in each cell's prior."""
 
 COLLAPSED, DIPPED, HELD, SLOW, STUCK = "collapsed", "dipped", "held", "slow", "stuck"
 OUTCOMES = (COLLAPSED, DIPPED, HELD, SLOW, STUCK)
@@ -258,16 +261,19 @@ def _config(base: LMConfig, cell: Cell, index: int, x: float) -> LMConfig:
     )  # fmt: skip
 
 
-def _turn(i: int, mine: Sequence[EdgeRun], made: int) -> tuple[int, float, int]:
+def _turn(i: int, mine: Sequence[EdgeRun], made: int, share: float) -> tuple[int, float, int]:
     """Where cell `i` stands in the next turn (lowest first): the cells with fewer than
     EXPLORE runs, fewest first, and on one turn in IN_TURN every cell so; otherwise by a draw
     from the Beta posterior of its share of lasting collapses, highest first, seeded by the
-    runs made so far and the cell."""
+    runs made so far and the cell. The prior is the corpus's share (`share`) as PRIOR_RUNS runs
+    would show it: with tens of cells that have not fallen yet, a flat prior lets one of them
+    draw highest nearly every turn."""
     if len(mine) < EXPLORE or made % IN_TURN == 0:
         return (0, float(len(mine)), i)
     fell = sum(run.outcome == COLLAPSED for run in mine)
     rng = random.Random(f"keel-lm-edge/turn/{made}/{CELLS[i].name}")
-    return (1, -rng.betavariate(1 + fell, 1 + len(mine) - fell), i)
+    a, b = PRIOR_RUNS * share + fell, PRIOR_RUNS * (1 - share) + len(mine) - fell
+    return (1, -rng.betavariate(a, b), i)
 
 
 def plan(runs: Iterable[EdgeRun], count: int = 1, base: LMConfig | None = None) -> list[LMConfig]:
@@ -278,7 +284,8 @@ def plan(runs: Iterable[EdgeRun], count: int = 1, base: LMConfig | None = None) 
     for run in runs:
         by_cell.setdefault(run.cell, []).append(run)
     made = sum(len(mine) for mine in by_cell.values())
-    order = sorted(range(len(CELLS)), key=lambda i: _turn(i, by_cell.get(CELLS[i], ()), made))
+    share = (sum(run.outcome == COLLAPSED for mine in by_cell.values() for run in mine) + 1) / (made + 2)
+    order = sorted(range(len(CELLS)), key=lambda i: _turn(i, by_cell.get(CELLS[i], ()), made, share))
     configs = []
     for i in order[: max(0, min(count, len(CELLS)))]:
         cell = CELLS[i]
