@@ -314,7 +314,8 @@ def _add_edge(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dir", required=True, metavar="PATH",
                         help="one file per run; the search reads the runs already there and goes on from them")  # fmt: skip
     parser.add_argument("--runs", type=int, default=None, metavar="N",
-                        help="run N more runs, then stop (default: until the folder holds 300 edge runs)")  # fmt: skip
+                        help="run N more runs, then stop (default: until every target is met: 300 runs, 80 "
+                             "lasting collapses, 20 of them without mismatch; a killed command resumes)")  # fmt: skip
     parser.add_argument("--report", action="store_true",
                         help="print the tally (runs by cell and outcome, lasting collapses) and run nothing")  # fmt: skip
     parser.add_argument("--steps", type=int, default=None, help="learner steps (default 1000)")
@@ -325,7 +326,7 @@ def _add_edge(parser: argparse.ArgumentParser) -> None:
 
 def _edge(args: argparse.Namespace) -> int:
     from learners.lm.corpus import REGIME_STEPS
-    from learners.lm.edge import TARGETS, EdgeRun, format_report, plan, read_edge_runs
+    from learners.lm.edge import EdgeRun, format_report, plan, read_edge_runs, shortfall
     from learners.lm.grid import run_grid
     from learners.lm.learner import LMConfig
     from learners.lm.runfiles import write_run
@@ -338,18 +339,22 @@ def _edge(args: argparse.Namespace) -> int:
     if not _check_device("lm-edge", args.device):
         return 2
     base = LMConfig(device=args.device, steps=args.steps or REGIME_STEPS)
-    left = args.runs if args.runs is not None else TARGETS["runs"] - len(runs)
-    print(f"keel lm-edge: {len(runs)} edge runs in {args.dir}, running {max(0, left)}", file=sys.stderr, flush=True)
+    # Without --runs: until every target is met (runs, lasting collapses, those without mismatch).
+    left = args.runs if args.runs is not None else None
+    short = ", ".join(f"{n} {key}" for key, n in shortfall(runs).items() if n)
+    doing = f"running {max(0, left)}" if left is not None else f"running until the targets are met ({short or 'met'})"
+    print(f"keel lm-edge: {len(runs)} edge runs in {args.dir}, {doing}", file=sys.stderr, flush=True)
 
     def done_one(run: dict[str, Any]) -> None:
         write_run(args.dir, run)
         print(f"{run['name']:<52} final reward {run['final_reward']:.3f} ({run['wall_s']:.0f} s)",
               file=sys.stderr, flush=True)  # fmt: skip
 
-    while left > 0:
-        configs = plan(runs, min(max(1, args.jobs), left), base)
+    while (left > 0) if left is not None else any(shortfall(runs).values()):
+        configs = plan(runs, min(max(1, args.jobs), left if left is not None else args.jobs), base)
         run_grid(configs, jobs=len(configs), on_done=done_one)
-        left -= len(configs)
+        if left is not None:
+            left -= len(configs)
         runs = read_edge_runs(args.dir, cache)
     print(format_report(runs), end="")
     return 0

@@ -59,7 +59,7 @@ from wire.labels import REACH, falls, smoothed
 __all__ = [
     "ANCHOR_BELOW", "ANCHOR_EVERY", "CELLS", "DIRECTION", "EXPLORE", "EDGE_CLIPS", "EDGE_DIGITS", "EDGE_DTYPES",
     "FAMILY_LOSSES", "JITTER", "MISMATCH_LAGS", "SEED_BASE", "Cell", "EdgeRun", "cell_of", "centre",
-    "draw", "format_report", "outcome", "plan", "read_edge_runs", "tally",
+    "draw", "format_report", "outcome", "plan", "read_edge_runs", "shortfall", "tally",
 ]  # fmt: skip
 
 FAMILY_LOSSES: dict[str, tuple[str, ...]] = {
@@ -334,6 +334,12 @@ def tally(runs: Sequence[EdgeRun]) -> dict[str, int]:
     }
 
 
+def shortfall(runs: Sequence[EdgeRun]) -> dict[str, int]:
+    """What the corpus still lacks of each of TARGETS (0: met)."""
+    totals = tally(runs)
+    return {key: max(0, target - totals[key]) for key, target in TARGETS.items()}
+
+
 def format_report(runs: Sequence[EdgeRun]) -> str:
     """Per cell: its runs by outcome and its search's centre; then the totals and targets."""
     by_cell: dict[Cell, list[EdgeRun]] = {}
@@ -358,7 +364,7 @@ def format_report(runs: Sequence[EdgeRun]) -> str:
         f"{totals['runs']} runs, {totals['collapsed']} lasting collapses ({share:.0%}): "
         f"{totals['collapsed with mismatch']} with mismatch, {totals['collapsed without mismatch']} without (fp32, lag 0); "
         f"all outcomes {dict(Counter(run.outcome for run in runs))}",
-        "left to the targets: " + ", ".join(f"{max(0, target - totals[key])} {key}" for key, target in TARGETS.items()),
+        "left to the targets: " + ", ".join(f"{short} {key}" for key, short in shortfall(runs).items()),
     ]
     if walls:
         lines.append(f"wall time: {statistics.median(walls):.0f} s a run (median), {sum(walls) / 3600:.1f} h in all")

@@ -25,6 +25,7 @@ from learners.lm.edge import (
     SLOW,
     STEP,
     STUCK,
+    TARGETS,
     Cell,
     EdgeRun,
     cell_of,
@@ -34,6 +35,7 @@ from learners.lm.edge import (
     outcome,
     plan,
     read_edge_runs,
+    shortfall,
     tally,
 )
 from learners.lm.learner import LMConfig
@@ -264,3 +266,14 @@ def test_the_report_counts_lasting_collapses_with_and_without_mismatch(tmp_path:
     args = argparse.Namespace(dir=str(tmp_path), report=True, runs=None, steps=None, device="cpu", jobs=1)
     assert _edge(args) == 0
     assert "1 runs, 1 lasting collapses (100%): 0 with mismatch, 1 without" in capsys.readouterr().out
+
+
+def test_the_shortfall_is_what_each_target_still_lacks() -> None:
+    collapsed = [_run(next(c for c in CELLS if c.mismatch), i, math.log(2e-3), COLLAPSED) for i in range(3)]
+    without = [EdgeRun(f"fp32-{i}", next(c for c in CELLS if not c.mismatch), i, 2e-3, COLLAPSED, 0) for i in range(2)]
+    held = [_run(CELLS[1], i, math.log(2e-3), HELD) for i in range(5)]
+    assert shortfall(collapsed + without + held) == {
+        "runs": TARGETS["runs"] - 10, "collapsed": TARGETS["collapsed"] - 5,
+        "collapsed without mismatch": TARGETS["collapsed without mismatch"] - 2,
+    }  # fmt: skip
+    assert shortfall([]) == TARGETS
