@@ -19,7 +19,7 @@ from sqlalchemy.orm import aliased
 
 from server.errors import UnknownRun
 from server.models import Point, PointRollup, Run, Series
-from server.storage.rollups import ROLLUP_LEVELS, Dialect, buckets_sql, count_sql, read_level
+from server.storage.rollups import ROLLUP_LEVELS, Dialect, bucket_width, buckets_sql, count_sql, read_level
 from wire import Row
 
 __all__ = [
@@ -183,7 +183,7 @@ async def series(
             steps.append(step)
             values.append(loaded(value))
         return SeriesData(key=key, downsampled=False, steps=steps, values=values)
-    width = -(-(hi - lo + 1) // max_points)
+    width = bucket_width(hi - lo + 1, max_points)
     result = await session.execute(
         buckets_sql(read_level(width), dialect),
         {"sid": series_id, "lo": lo, "hi": hi, "width": width, "last_bucket": (hi - lo) // width},

@@ -19,6 +19,7 @@ from sqlalchemy import select, text
 from server import db
 from server.models import PointRollup, Series
 from server.storage import ROLLUP_BITS, ROLLUP_LEVELS, SeriesData, Store
+from server.storage.rollups import bucket_width
 from wire import Row, RunInfo
 
 SPECIALS = [math.nan, math.inf, -math.inf]
@@ -30,7 +31,7 @@ def expected_series(stored: dict[int, float], *, max_points: int, start: int | N
     if len(steps) <= max_points:
         return SeriesData(key="x", downsampled=False, steps=steps, values=[stored[s] for s in steps])
     lo, hi = steps[0], steps[-1]
-    width = -(-(hi - lo + 1) // max_points)
+    width = bucket_width(hi - lo + 1, max_points)  # the width rule; the buckets' contents are checked here
     buckets: dict[int, list[int]] = {}
     for step in steps:
         buckets.setdefault((step - lo) // width, []).append(step)
