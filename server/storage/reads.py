@@ -19,7 +19,14 @@ from sqlalchemy.orm import aliased
 
 from server.errors import UnknownRun
 from server.models import Point, PointRollup, Run, Series
-from server.storage.rollups import ROLLUP_LEVELS, Dialect, bucket_width, buckets_sql, count_sql, read_level
+from server.storage.rollups import (
+    ROLLUP_LEVELS,
+    Dialect,
+    bucket_width,
+    buckets_sql,
+    count_sql,
+    read_level,
+)
 from wire import Row
 
 __all__ = [
