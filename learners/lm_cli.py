@@ -340,7 +340,7 @@ def _edge(args: argparse.Namespace) -> int:
         return 2
     base = LMConfig(device=args.device, steps=args.steps or REGIME_STEPS)
     # Without --runs: until every target is met (runs, lasting collapses, those without mismatch).
-    left = args.runs if args.runs is not None else None
+    left: int | None = args.runs
     short = ", ".join(f"{n} {key}" for key, n in shortfall(runs).items() if n)
     doing = f"running {max(0, left)}" if left is not None else f"running until the targets are met ({short or 'met'})"
     print(f"keel lm-edge: {len(runs)} edge runs in {args.dir}, {doing}", file=sys.stderr, flush=True)
@@ -350,11 +350,11 @@ def _edge(args: argparse.Namespace) -> int:
         print(f"{run['name']:<52} final reward {run['final_reward']:.3f} ({run['wall_s']:.0f} s)",
               file=sys.stderr, flush=True)  # fmt: skip
 
+    jobs = max(1, args.jobs)
     while (left > 0) if left is not None else any(shortfall(runs).values()):
-        configs = plan(runs, min(max(1, args.jobs), left if left is not None else args.jobs), base)
+        configs = plan(runs, jobs if left is None else min(jobs, left), base)
         run_grid(configs, jobs=len(configs), on_done=done_one)
-        if left is not None:
-            left -= len(configs)
+        left = None if left is None else left - len(configs)
         runs = read_edge_runs(args.dir, cache)
     print(format_report(runs), end="")
     return 0

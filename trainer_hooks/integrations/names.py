@@ -617,7 +617,7 @@ def detect_framework(names: Iterable[str], config: Mapping[str, object] | None =
     logged = set(names)
     scores: dict[str, int] = {}
     for framework, name_map in MAPS.items():
-        hits = sum(_signed(mark, logged) or _signed(mark.removeprefix(name_map.log_prefix), logged) for mark in name_map.signature)
+        hits = len(_signature_logged(name_map, logged))
         if hits:
             scores[framework] = hits * 10
     keys = set(config or {})
@@ -631,18 +631,19 @@ def detect_framework(names: Iterable[str], config: Mapping[str, object] | None =
     if len(winners) > 1:
         return None, f"names of several frameworks ({', '.join(winners)})"
     framework = winners[0]
-    prefix = MAPS[framework].log_prefix
-    marks = [
-        m if _signed(m, logged) else m.removeprefix(prefix)
-        for m in MAPS[framework].signature
-        if _signed(m, logged) or _signed(m.removeprefix(prefix), logged)
-    ]
-    return framework, f"it logs {', '.join(marks[:3])}"
+    return framework, f"it logs {', '.join(_signature_logged(MAPS[framework], logged)[:3])}"
 
 
-def _signed(mark: str, logged: set[str]) -> bool:
-    """Does a run that logs `logged` log the signature name `mark` (ending in `/`: a prefix)?"""
-    return any(name.startswith(mark) for name in logged) if mark.endswith("/") else mark in logged
+def _signature_logged(name_map: NameMap, logged: set[str]) -> list[str]:
+    """The signature names of `name_map` a run that logs `logged` logs, as it logs them (with
+    the map's `log_prefix` or without it); a signature name ending in `/` is a prefix."""
+    found = []
+    for mark in name_map.signature:
+        for form in dict.fromkeys((mark, mark.removeprefix(name_map.log_prefix))):
+            if any(name.startswith(form) for name in logged) if form.endswith("/") else form in logged:
+                found.append(form)
+                break
+    return found
 
 
 def _check() -> None:

@@ -319,8 +319,6 @@
     if (end > hi) widen(gd, end);
   }
 
-  /* A figure the server drew for a growing run: its step axis end counts for the page's, and
-     it follows the page's if that is farther. */
   /*
    * Alert marks (figures.alert_marks): a chart's live alert shapes (named "firing:<run>" or
    * "resolved") and its trace whose meta.role is "alerts", read by the server when an alert
@@ -349,7 +347,6 @@
      (restyled, or added last), so the appends pending on the chart keep theirs. */
   function markAlerts(gd, mark) {
     if (!gd.layout || !gd.layout.meta || !gd.data) return false;
-    var shapes = (gd.layout.shapes || []).filter(function (shape) { return !isAlertShape(shape); });
     var at = -1;
     for (var i = 0; i < gd.data.length; i++) {
       if (gd.data[i].meta && gd.data[i].meta.role === "alerts") at = i;
@@ -357,7 +354,7 @@
     gd.layout.meta.alerts_read = marks.read;
     var drawn = markSummary((gd.layout.shapes || []).filter(isAlertShape), at >= 0 && gd.data[at].x && gd.data[at].x.length ? gd.data[at] : null);
     if (drawn === markSummary(mark.shapes || [], mark.trace)) return false;
-    shapes = shapes.concat(mark.shapes || []);
+    var shapes = (gd.layout.shapes || []).filter(function (shape) { return !isAlertShape(shape); }).concat(mark.shapes || []);
     var trace = mark.trace;
     if (at >= 0) {
       var now = trace || { x: [], y: [], text: [], marker: gd.data[at].marker };
@@ -381,6 +378,8 @@
     });
   }
 
+  /* A figure the server drew: alert marks newer than its own go on it; for a growing run,
+     its step axis end counts for the page's, and it follows the page's if that is farther. */
   function serverDrawn(gd) {
     var meta = gd.layout && gd.layout.meta;
     var mark = meta && marks.charts[meta.key];
