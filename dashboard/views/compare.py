@@ -46,7 +46,7 @@ SUMMARY_WAITS = (
     "Final and peak reward, first critical alert, largest KL and ratio, peak hazard: read once "
     "the charts above are drawn, then every few seconds while the runs stream."
 )
-"""What the summary says until its numbers come (the runs' names come at once)."""
+"""What the summary says until its numbers come (its rows hold the runs' names until then)."""
 
 
 def parse_runs(search: str | None) -> list[str]:
@@ -140,36 +140,44 @@ def layout(run_ids: list[str]) -> html.Div:
             ),
             html.Div(id="compare-logged", className="charts", style={"marginTop": "12px"}),
             html.Div(id="compare-extra", className="charts", style={"marginTop": "12px"}),
-            html.Div(
-                [
-                    html.H2("Summary"),
-                    html.P(SUMMARY_WAITS, id="compare-summary-status", className="sub"),
-                    # The runs' headlines as read when the page opened (views/compare.py summary);
-                    # the keys the browser tallies of the points the socket pushes (assets/live/tally.js).
-                    dcc.Store(id="compare-summary-read"),
-                    html.Div(id="compare-summary-keys", hidden=True, **data_attributes(summary_keys=",".join(SUMMARY_KEYS))),
-                    dag.AgGrid(
-                        id="compare-summary",
-                        columnDefs=SUMMARY_COLUMNS,
-                        rowData=[],
-                        defaultColDef={
-                            "sortable": True,
-                            "resizable": True,
-                            "wrapHeaderText": True,
-                            "autoHeaderHeight": True,
-                        },
-                        dashGridOptions={
-                            "domLayout": "autoHeight",
-                            "localeText": {"noRowsToShow": "Reading the runs…"},
-                            "enableBrowserTooltips": True,
-                        },
-                        style={"height": None},
-                    ),
-                ],
-                className="panel section",
-            ),
-            parity.panel(),
+            # The keys the browser tallies of the points the socket pushes (assets/live/tally.js).
+            html.Div(id="compare-summary-keys", hidden=True, **data_attributes(summary_keys=",".join(SUMMARY_KEYS))),
+            # The summary and the parity view, once the charts are drawn (`below`).
+            html.Div(id="compare-below"),
         ]
+    )
+
+
+def summary_section(names: list[dict[str, str]]) -> html.Div:
+    """The summary table, with the runs' names (`names`: its first rows) until `summary`
+    fills in their numbers."""
+    return html.Div(
+        [
+            html.H2("Summary"),
+            html.P(SUMMARY_WAITS, id="compare-summary-status", className="sub"),
+            # Set once, with the section: the summary's first read follows from it.
+            dcc.Store(id="compare-summary-ready", data=True),
+            # The runs' headlines as read when the section came (`summary`).
+            dcc.Store(id="compare-summary-read"),
+            dag.AgGrid(
+                id="compare-summary",
+                columnDefs=SUMMARY_COLUMNS,
+                rowData=names,
+                defaultColDef={
+                    "sortable": True,
+                    "resizable": True,
+                    "wrapHeaderText": True,
+                    "autoHeaderHeight": True,
+                },
+                dashGridOptions={
+                    "domLayout": "autoHeight",
+                    "localeText": {"noRowsToShow": "Reading the runs…"},
+                    "enableBrowserTooltips": True,
+                },
+                style={"height": None},
+            ),
+        ],
+        className="panel section",
     )
 
 
@@ -181,15 +189,12 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         Output("compare-notice", "children"),
         Output("opt-metrics", "options"),
         Output("compare-logged", "children"),
-        Output("compare-summary", "rowData", allow_duplicate=True),
         Input("page-state", "data"),
-        prevent_initial_call="initial_duplicate",
     )
-    async def header(state: dict[str, Any] | None) -> tuple[Any, Any, list[dict[str, str]], list[Any], Any]:
-        """The run chips, the charts of what the runs log, and the summary's rows with the runs'
-        names alone: the numbers follow once the charts are drawn (`summary`)."""
+    async def header(state: dict[str, Any] | None) -> tuple[Any, Any, list[dict[str, str]], list[Any]]:
+        """The run chips and the charts of what the runs log."""
         if not state or state.get("page") != "compare":
-            return [], None, [], [], no_update
+            return [], None, [], []
         run_ids = state["runs"]
         infos = await api.runs_by_id(run_ids)
         known = [r for r in run_ids if infos.get(r)]
@@ -225,8 +230,26 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         shown = logged_charts(WHEN_LOGGED_KEYS, logged)
         extra = sorted(logged - set(HEADLINE_KEYS) - drawn_keys(shown))
         charts = [metric_graph(key, CHART_HEIGHT) for key in shown]
+        return chips, notice, [{"label": k, "value": k} for k in extra], charts
+
+    @dash_app.callback(
+        Output("compare-below", "children"),
+        Input("live-data-tick", "data"),
+        State("page-state", "data"),
+        State("compare-below", "children"),
+        prevent_initial_call=True,
+    )
+    async def below(tick: dict[str, Any] | None, state: dict[str, Any] | None, shown: Any) -> Any:
+        """The summary (the runs' names first) and the parity view, once the page's charts
+        are drawn (the "drawn" tick, assets/live/start.js): a grid and three more charts
+        built beside the headline charts would hold back their first draw. Each fills
+        itself from there (`summary`, views/parity.py)."""
+        if shown or not state or state.get("page") != "compare" or "drawn" not in tick_reasons(tick):
+            return no_update
+        infos = await api.runs_by_id(state["runs"])
+        lines = [_identity(r, info) for r, info in infos.items() if info]
         names = [{"name": line.name, "group": line.group or "—"} for line in lines]
-        return chips, notice, [{"label": k, "value": k} for k in extra], charts, names
+        return [summary_section(names), parity.panel()]
 
     @dash_app.callback(
         Output("compare-extra", "children"),
@@ -245,13 +268,13 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         Input("page-state", "data"),
         Input("opt-aggregate", "value"),
         Input("live-data-tick", "data"),
+        Input("compare-summary-ready", "data"),  # first when the section comes (`below`)
         State("compare-summary-read", "data"),
-        prevent_initial_call=True,  # first on the "drawn" tick: after the charts (assets/live/6_start.js)
     )
     async def summary(
-        state: dict[str, Any] | None, aggregate: str | None, tick: dict[str, Any] | None, read: dict[str, Any] | None
+        state: dict[str, Any] | None, aggregate: str | None, tick: dict[str, Any] | None, _ready: Any, read: dict[str, Any] | None
     ) -> tuple[list[dict[str, Any]], str, Any]:
-        """The runs' points are read once, when the page opens (and after a reconnect, which
+        """The runs' points are read once, when the section comes (and after a reconnect, which
         may have missed some): on a live tick the summary merges the browser's tally of the
         points the socket pushed since (Headline.merged) and reads none of them again."""
         if not state or state.get("page") != "compare":

@@ -104,6 +104,7 @@ def panel() -> html.Div:
                 ],
                 className="toolbar",
             ),
+            dcc.Store(id="parity-ready", data=True),  # the first choices follow from it
             html.Div(id="parity-progress", className="sub"),
             html.Div(id="parity-result"),
             dcc.Store(id="parity-drawn-at"),
@@ -300,20 +301,20 @@ def verdict_view(parity: Parity) -> html.Div:
 
 
 def register(dash_app: Dash, api: KeelApi) -> None:
-    # The choices (and so the first verdict) wait for a data tick: the first comes once the
-    # headline charts are drawn (assets/live/start.js), so the parity reads never compete with
-    # them; later ticks change nothing unless the page's runs did.
+    # The choices (and so the first verdict) come with the panel, which the compare page adds
+    # once its headline charts are drawn (views/compare.py `below`), so the parity reads never
+    # compete with them; later data ticks change nothing unless the page's runs did.
     @dash_app.callback(
         Output("parity-a", "options"),
         Output("parity-a", "value"),
         Output("parity-b", "options"),
         Output("parity-b", "value"),
         Input("live-data-tick", "data"),
+        Input("parity-ready", "data"),
         State("page-state", "data"),
         State("parity-a", "options"),
-        prevent_initial_call=True,
     )
-    async def choices(_tick: Any, state: dict[str, Any] | None, shown: list[dict[str, str]] | None) -> tuple[Any, Any, Any, Any]:
+    async def choices(_tick: Any, _ready: Any, state: dict[str, Any] | None, shown: list[dict[str, str]] | None) -> tuple[Any, Any, Any, Any]:
         if not state or state.get("page") != "compare":
             return [], None, [], None
         run_ids = state["runs"]

@@ -6,6 +6,7 @@ in words, and an alerts panel that wraps whole words."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from typing import Any
@@ -36,6 +37,22 @@ NAME_CELLS_JS = """
 return Array.from(document.querySelectorAll('#' + arguments[0] + ' .ag-cell.cell-name')).map(function (cell) {
   return {text: cell.innerText.trim(), title: cell.getAttribute('title'), wraps: cell.scrollWidth <= cell.clientWidth + 1};
 });
+"""
+
+BELOW_CAME_JS = """
+// Whether every headline chart had its figure when the summary and the parity view came.
+window.keelBelowCame = {};
+new MutationObserver(function () {
+  ['compare-summary', 'parity'].forEach(function (id) {
+    if (id in window.keelBelowCame || !document.getElementById(id)) return;
+    var plots = Array.from(document.querySelectorAll('.chart-card[data-key] .js-plotly-plot')).filter(function (gd) {
+      return HEADLINE.indexOf(gd.closest('.chart-card').getAttribute('data-key')) >= 0;
+    });
+    window.keelBelowCame[id] = {charts: plots.length, drawn: plots.filter(function (gd) {
+      return gd.layout && gd.layout.meta && gd.layout.meta.render_id;
+    }).length};
+  });
+}).observe(document, {childList: true, subtree: true});
 """
 
 X_RANGES_JS = """
@@ -120,13 +137,23 @@ def test_a_newcomer_reads_whole_names_a_summary_that_fills_and_charts_that_keep_
     browser.get(f"{server.url}/")
     _assert_whole_names(_name_cells(browser, "runs-grid", 3), SEEDS)
 
-    # The compare page: the summary names its runs and says what it waits for at once. (Every
-    # chart in view: a chart scrolled out of view draws nothing until seen.)
+    # The compare page: the summary names its runs and says what it waits for, once the
+    # headline charts are drawn: the grid and the parity view come after them, never holding
+    # back their first draw. (Every chart in view: a chart scrolled out of view draws nothing
+    # until seen.)
     set_viewport(browser, 1280, 2400)
-    browser.get(f"{server.url}/compare?runs={','.join(run.id for run in runs)}")
-    opened = time.monotonic()
-    _assert_whole_names(_name_cells(browser, "compare-summary", 3), SEEDS)
+    source = f"var HEADLINE = {json.dumps(list(HEADLINE_KEYS))};{BELOW_CAME_JS}"
+    script = browser.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": source})
+    try:
+        browser.get(f"{server.url}/compare?runs={','.join(run.id for run in runs)}")
+        opened = time.monotonic()
+        _assert_whole_names(_name_cells(browser, "compare-summary", 3), SEEDS)
+    finally:
+        browser.execute_cdp_cmd("Page.removeScriptToEvaluateOnNewDocument", {"identifier": script["identifier"]})
     assert time.monotonic() - opened < 15
+    came = wait_until(lambda: (lambda c: c if len(c) == 2 else None)(browser.execute_script("return window.keelBelowCame")),
+                      message="the summary and the parity view")  # fmt: skip
+    assert came == {"compare-summary": {"charts": 5, "drawn": 5}, "parity": {"charts": 5, "drawn": 5}}, came
     chips = browser.execute_script("return Array.from(document.querySelectorAll('#compare-chips .chip')).map(c => c.title)")
     assert sorted(chips) == sorted(SEEDS)
 
