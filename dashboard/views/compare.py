@@ -149,8 +149,8 @@ def layout(run_ids: list[str]) -> html.Div:
 
 
 def summary_section(names: list[dict[str, str]]) -> html.Div:
-    """The summary table, with the runs' names (`names`: its first rows) until `summary`
-    fills in their numbers."""
+    """The summary table, with the runs' names (`names`: its first rows, each with its run's
+    id as "id") until `summary` fills in their numbers."""
     return html.Div(
         [
             html.H2("Summary"),
@@ -163,6 +163,9 @@ def summary_section(names: list[dict[str, str]]) -> html.Div:
                 id="compare-summary",
                 columnDefs=SUMMARY_COLUMNS,
                 rowData=names,
+                # Rows keep their identity across updates: a data tick changes the cells that
+                # changed instead of building every row again.
+                getRowId="params.data.id",
                 defaultColDef={
                     "sortable": True,
                     "resizable": True,
@@ -248,7 +251,7 @@ def register(dash_app: Dash, api: KeelApi) -> None:
             return no_update
         infos = await api.runs_by_id(state["runs"])
         lines = [_identity(r, info) for r, info in infos.items() if info]
-        names = [{"name": line.name, "group": line.group or "—"} for line in lines]
+        names = [{"id": line.run_id, "name": line.name, "group": line.group or "—"} for line in lines]
         return [summary_section(names), parity.panel()]
 
     @dash_app.callback(
@@ -304,13 +307,13 @@ def register(dash_app: Dash, api: KeelApi) -> None:
             summaries.append(
                 summarise_run(info.get("name", run_id), info.get("group"), headlines[run_id], run_alerts, hazard[run_id], reads[run_id].fall)
             )
-        rows = [s.row() for s in summaries]
+        rows = [{**s.row(), "id": run_id} for run_id, s in zip(known, summaries, strict=True)]
         if aggregate in ("std", "stderr"):
             groups: dict[str, list[Any]] = {}
             for s in summaries:
                 groups.setdefault(s.group or s.name, []).append(s)
             rows = [
-                summarise_group(g, members).row() for g, members in sorted(groups.items())
+                {**summarise_group(g, members).row(), "id": f"group:{g}"} for g, members in sorted(groups.items())
             ] + rows
         return rows, "", stored
 

@@ -742,19 +742,27 @@ def _percent(probability: float) -> str:
 
 def _grid_cells(browser, grid_id: str, needed: str) -> dict[str, dict[str, dict[str, str]]]:  # type: ignore[no-untyped-def]
     """The grid's rendered rows: {row id: {column id: {"text", "class"}}} (pinned and centre
-    parts of a row merged), only rows whose `needed` cell has text."""
-    found = browser.execute_script(
+    parts of a row merged), only rows whose `needed` cell has text and that have a cell in
+    every column the header shows (the grid renders a row's cells over several frames)."""
+    found, columns = browser.execute_script(
         """
-        var rows = {};
-        document.querySelectorAll('#' + arguments[0] + ' .ag-row').forEach(function (row) {
+        var rows = {}, grid = '#' + arguments[0];
+        document.querySelectorAll(grid + ' .ag-row').forEach(function (row) {
             var id = row.getAttribute('row-id');
             rows[id] = rows[id] || {};
             row.querySelectorAll('.ag-cell[col-id]').forEach(function (cell) {
                 rows[id][cell.getAttribute('col-id')] = {text: cell.textContent.trim(), class: cell.className};
             });
         });
-        return rows;
+        var columns = Array.from(document.querySelectorAll(grid + ' .ag-header-cell[col-id]')).map(function (h) {
+            return h.getAttribute('col-id');
+        });
+        return [rows, columns];
         """,
         grid_id,
     )
-    return {row_id: cells for row_id, cells in found.items() if cells.get(needed, {}).get("text")}
+    return {
+        row_id: cells
+        for row_id, cells in found.items()
+        if cells.get(needed, {}).get("text") and set(columns) <= set(cells)
+    }

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from tests.support.browser import (
     drawn_charts,
     line_styles,
     live_state,
+    live_stats,
     screenshot,
     set_viewport,
     text_of,
@@ -246,7 +248,15 @@ def test_the_learned_level_appears_once_the_run_learns_while_it_streams(server, 
     assert level_lines(entropy) == {} and entropy["meta"]["pending"] == [run.id]
     assert "learned level: not yet" in entropy["notes"]
     wait_until(lambda: live_state(browser) == "live", message="live websocket")
-    send(run, range(80, 140))  # learns at LEARNED_AT: the chart is drawn again, with its level
+    # Points before it learns: appended in the browser; the chart asks the server once whether
+    # a level came, and with none it is not drawn again.
+    send(run, range(80, 95))
+    wait_until(lambda: (lambda found: found and trace(found, "raw", run.id)["x"][-1] == 94)(chart(browser, "policy/entropy")),
+               timeout=30, message="points appended")  # fmt: skip
+    wait_until(lambda: live_stats(browser)["chartAsks"] >= 1, timeout=30, message="the level asked for")
+    time.sleep(2)  # the server's answer: no change
+    assert chart(browser, "policy/entropy")["render"] == entropy["render"]
+    send(run, range(95, 140))  # learns at LEARNED_AT: the chart is drawn again, with its level
 
     def with_level() -> dict[str, Any] | None:
         found = chart(browser, "policy/entropy")

@@ -90,9 +90,11 @@
       var card = gd.closest(".chart-card[data-key]");
       if (!card || !document.body.contains(card)) return;
       if (!(window.dash_clientside && window.dash_clientside.set_props)) return;
-      live.note("refreshes", 1);
+      live.note("chartAsks", 1);
       window.dash_clientside.set_props(
-        { type: "metric-seen", key: card.getAttribute("data-key") }, { data: { reason: reason, t: Date.now() } });
+        { type: "metric-seen", key: card.getAttribute("data-key") },
+        // The runs still without a level: the server draws again only once one of them has it.
+        { data: { reason: reason, t: Date.now(), pending: (gd.layout && gd.layout.meta && gd.layout.meta.pending) || [] } });
     }, DATA_REFRESH_MS);
   }
 

@@ -18,9 +18,18 @@
   var MAX_BAD = 200; // non-finite steps kept per key: a run that logs NaN at every step is counted to this many past the read
   var runs = {}; // run id -> key -> tally
 
+  var named = null; // the page's [data-summary-keys] element, while it is in the document
+  var wanted = null; // its keys
+
+  /* The keys the page's summary names; null on a page without one. Looked up again only
+   * once the element left the document (another page): a query per pushed message costs
+   * a walk of the whole page, charts and grid included. */
   function keys() {
-    var el = document.querySelector("[data-summary-keys]");
-    return el ? el.getAttribute("data-summary-keys").split(",") : null;
+    if (named === null || !named.isConnected) {
+      named = document.querySelector("[data-summary-keys]");
+      wanted = named ? named.getAttribute("data-summary-keys").split(",") : null;
+    }
+    return wanted;
   }
 
   /* Rows the socket pushed for `runId`. */
