@@ -2,8 +2,8 @@
  * Keel live updates: when each chart paints its overlay and draws.
  *
  * Pushed rows are taken into each chart's pending appends at once (cheap), and painted
- * over the chart as its live overlay (overlay.js) within OVERLAY_INTERVAL_MS: that is when a point
- * shows. Drawing the appends into the figure is a Plotly redraw of the whole chart (every
+ * over the chart as its live overlay (overlay.js) within OVERLAY_INTERVAL_MS, every chart's in the
+ * same frame: that is when a point shows. Drawing the appends into the figure is a Plotly redraw of the whole chart (every
  * trace, every point: tens of ms on a laptop, however few points are appended), so it
  * comes out of a budget: the page earns BUSY_SHARE ms of drawing per ms of wall time (up to
  * BURST_MS saved), and each paint or draw spends what its script took and the frame's
@@ -81,8 +81,56 @@
     timer = setTimeout(function () {
       timer = null;
       timerDue = Infinity;
-      if (frame === null) frame = requestAnimationFrame(tick);
+      if (frame !== null || document.hidden) return;
+      // Rows are taken in here; a frame is asked for only when a chart paints or draws in it:
+      // every animation frame costs the browser a commit of the page's layers (~2 ms here),
+      // whether or not anything on it changed.
+      var next = earliest(take());
+      if (next <= performance.now()) frame = requestAnimationFrame(tick);
+      else if (next < Infinity) wakeAt(next);
     }, Math.max(0, due - performance.now()));
+  }
+
+  /* The rows that arrived, taken into every chart's pending appends; the charts in view
+   * with appends waiting. */
+  function take() {
+    var batch = incoming;
+    incoming = [];
+    var waiting = [];
+    plots().forEach(function (gd) {
+      for (var b = 0; b < batch.length; b++) {
+        var steps = charts.take(gd, batch[b][0], batch[b][1], live.socket.askRedraw);
+        if (steps.length) charts.state(gd).received.push([batch[b][0], steps, batch[b][2]]);
+      }
+      if (charts.state(gd).pending && seen(gd)) waiting.push(gd);
+    });
+    return waiting;
+  }
+
+  /* When a chart of `waiting` may draw (DRAW_INTERVAL_MS, URGENT_INTERVAL_MS, the budget)... */
+  function drawDue(s, now) {
+    var at = s.lastDraw + (s.urgent ? URGENT_INTERVAL_MS : DRAW_INTERVAL_MS);
+    var floor = s.urgent ? -BURST_MS : 0; // an urgent draw may borrow a burst's worth
+    return credit <= floor ? Math.max(at, now + (floor - credit) / BUSY_SHARE) : at;
+  }
+
+  /* ...or paint its overlay: paints fall on one clock of OVERLAY_INTERVAL_MS slots, so the
+   * charts that paint do so in the same frame (the page is rendered once per slot, not once
+   * per chart). Infinity: nothing new to paint. */
+  function paintDue(s) {
+    return s.fresh ? (Math.floor(s.lastPaint / OVERLAY_INTERVAL_MS) + 1) * OVERLAY_INTERVAL_MS : Infinity;
+  }
+
+  /* The earliest a chart of `waiting` paints or draws. */
+  function earliest(waiting) {
+    var now = performance.now();
+    earn(now);
+    var next = Infinity;
+    for (var i = 0; i < waiting.length; i++) {
+      var s = charts.state(waiting[i]);
+      next = Math.min(next, drawDue(s, now), paintDue(s));
+    }
+    return next;
   }
 
   /* Rows arrived (or a chart came into view): take them in and draw what is due. */
@@ -100,16 +148,7 @@
     if (document.hidden) return; // shown again: start() wakes the scheduler
     live.note("frames", 1);
     var started = performance.now();
-    var batch = incoming;
-    incoming = [];
-    var waiting = [];
-    plots().forEach(function (gd) {
-      for (var b = 0; b < batch.length; b++) {
-        var steps = charts.take(gd, batch[b][0], batch[b][1], live.socket.askRedraw);
-        if (steps.length) charts.state(gd).received.push([batch[b][0], steps, batch[b][2]]);
-      }
-      if (charts.state(gd).pending && seen(gd)) waiting.push(gd);
-    });
+    var waiting = take();
     var next = Infinity;
     var spentAt = null;
     // Urgent charts first, then the one that drew longest ago, while the budget lasts.
@@ -123,11 +162,9 @@
       var s = charts.state(gd);
       var now = performance.now();
       earn(now);
-      var due = s.lastDraw + (s.urgent ? URGENT_INTERVAL_MS : DRAW_INTERVAL_MS);
-      var floor = s.urgent ? -BURST_MS : 0; // an urgent draw may borrow a burst's worth
-      if (credit <= floor) due = Math.max(due, now + (floor - credit) / BUSY_SHARE);
-      if (due > now || now - started > FRAME_BUDGET_MS) {
-        next = Math.min(next, Math.max(due, now));
+      var drawAt = drawDue(s, now);
+      if (drawAt > now || now - started > FRAME_BUDGET_MS) {
+        next = Math.min(next, Math.max(drawAt, now));
         overlaid.push(gd);
         continue;
       }
@@ -145,10 +182,10 @@
     for (var t = 0; t < overlaid.length; t++) {
       var chartState = charts.state(overlaid[t]);
       if (!chartState.fresh) continue;
-      var paintDue = chartState.lastPaint + OVERLAY_INTERVAL_MS;
+      var paintAt = paintDue(chartState);
       var at = performance.now();
-      if (paintDue > at) {
-        next = Math.min(next, paintDue);
+      if (paintAt > at) {
+        next = Math.min(next, paintAt);
         continue;
       }
       var shown = live.overlay.paint(overlaid[t]);
