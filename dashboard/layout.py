@@ -33,10 +33,15 @@ __all__ = [
     "changed_only",
     "data_attributes",
     "tick_reasons",
+    "GRID_COLUMN_DEFAULTS",
     "radio",
     "digest",
     "whole_name",
 ]
+
+GRID_COLUMN_DEFAULTS = {"sortable": True, "resizable": True, "wrapHeaderText": True, "autoHeaderHeight": True}
+"""Every column of the dashboard's tables (the runs table, the compare summary): sortable,
+resizable, its header wrapped over lines rather than cut."""
 
 GRAPH_TYPE = "metric-graph"
 """Pattern-matching id type of every metric chart: {"type": GRAPH_TYPE, "key": <metric key>}."""

@@ -134,11 +134,11 @@ def register(dash_app: Dash, api: KeelApi) -> None:
             replayed = [Alert.from_store(firing) for firing in backtest.get("firings", [])]
         elif triggers == {"backtest-firings.data"}:
             raise PreventUpdate
-        level_asked = isinstance(seen, dict) and seen.get("reason") == "level"
-        if len(triggers) == 1 and getattr(ctx.triggered_id, "type", None) == SEEN_TYPE and level_asked:
+        asked = seen if isinstance(seen, dict) else {}
+        if len(triggers) == 1 and getattr(ctx.triggered_id, "type", None) == SEEN_TYPE and asked.get("reason") == "level":
             # Asked for because points came for runs without a learned level: nothing to draw
             # again until one of them has one (the points themselves are appended in the browser).
-            waiting = [run_id for run_id in seen.get("pending") or [] if run_id in state.get("runs", [])]
+            waiting = [run_id for run_id in asked.get("pending") or [] if run_id in state.get("runs", [])]
             if not any(level is not None for level in (await learned_levels(api, waiting)).values()):
                 raise PreventUpdate
         zoom = zoom_range(relayout)  # the store only ever holds x-axis relayouts (X_AXIS_ONLY)

@@ -12,6 +12,7 @@ from dash import Dash, Input, Output, State, ctx, dcc, html, no_update
 from dashboard.data import KeelApi
 from dashboard.figures import RunLine, run_styles
 from dashboard.layout import (
+    GRID_COLUMN_DEFAULTS,
     chart_controls,
     data_attributes,
     empty_state,
@@ -166,12 +167,7 @@ def summary_section(names: list[dict[str, str]]) -> html.Div:
                 # Rows keep their identity across updates: a data tick changes the cells that
                 # changed instead of building every row again.
                 getRowId="params.data.id",
-                defaultColDef={
-                    "sortable": True,
-                    "resizable": True,
-                    "wrapHeaderText": True,
-                    "autoHeaderHeight": True,
-                },
+                defaultColDef=GRID_COLUMN_DEFAULTS,
                 dashGridOptions={
                     "domLayout": "autoHeight",
                     "localeText": {"noRowsToShow": "Reading the runs…"},

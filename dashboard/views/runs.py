@@ -12,7 +12,7 @@ import httpx
 from dash import ClientsideFunction, Dash, Input, Output, dcc, html, no_update
 
 from dashboard.data import KeelApi
-from dashboard.layout import display_status, live_target, whole_name
+from dashboard.layout import GRID_COLUMN_DEFAULTS, display_status, live_target, whole_name
 from dashboard.series import Alert, Series
 from dashboard.summary import wire
 from dashboard.text import markdown_text
@@ -200,12 +200,7 @@ def layout() -> html.Div:
                 columnDefs=_columns(),
                 rowData=None,  # the grid's loading overlay until the first read: not "No runs yet"
                 getRowId="params.data.id",
-                defaultColDef={
-                    "sortable": True,
-                    "resizable": True,
-                    "wrapHeaderText": True,
-                    "autoHeaderHeight": True,
-                },
+                defaultColDef=GRID_COLUMN_DEFAULTS,
                 dashGridOptions={
                     "rowSelection": {
                         "mode": "multiRow",
