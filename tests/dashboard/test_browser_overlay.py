@@ -13,7 +13,14 @@ from typing import Any
 
 import pytest
 
-from tests.support.browser import console_errors, drawn_charts, live_state, screenshot, wait_until
+from tests.support.browser import (
+    console_errors,
+    drawn_charts,
+    live_state,
+    live_stats,
+    screenshot,
+    wait_until,
+)
 from tests.support.toy_runs import LiveRun
 
 pytestmark = [
@@ -168,5 +175,31 @@ def test_a_live_point_is_painted_at_once_where_the_figure_draws_it_later(
     assert time.monotonic() - sent < 1.5
     assert max(spiked["y"]) >= top * 10
     screenshot(browser, artifacts / "overlay.png", full_page=False)
+    assert console_errors(browser) == []
+    run.close()
+
+
+def test_points_arriving_faster_than_the_paint_clock_ask_only_for_frames_that_paint(server, browser) -> None:
+    """Every animation frame costs the browser a commit of the page's layers, changed or not:
+    rows are taken in off-frame, and a frame is asked for only to paint or draw (the overlays
+    of all charts on one 200 ms clock), not once per pushed message."""
+    run = LiveRun(server, "frames", "cispo")
+    run.send([_row(s, 0.5 + 0.1 * (s % 7) / 7) for s in range(200)])
+    browser.get(f"{server.url}/compare?runs={run.id}")
+    drawn_charts(browser, 5)
+    wait_until(lambda: live_state(browser) == "live", message="live websocket")
+    run.send([_row(200, 0.55)])  # past the axis' end: drawn at once, room left on the right
+    wait_until(lambda: 200 in _figure(browser)["steps"], timeout=15, message="step 200 in the figure")
+    before = live_stats(browser)
+    for step in range(201, 241):  # 20 messages a second, inside the axes: painted, drawn later
+        run.send([_row(step, 0.55)])
+        time.sleep(0.05)
+    wait_until(lambda: live_stats(browser)["messages"] - before["messages"] >= 40, timeout=15, message="40 messages")
+    wait_until(lambda: 240 in _figure(browser)["steps"], timeout=15, message="step 240 in the figure")
+    after = live_stats(browser)
+    frames = after["frames"] - before["frames"]
+    assert after["idleFrames"] - before["idleFrames"] == 0, (before, after)  # every frame painted or drew
+    assert after["overlays"] > before["overlays"]  # the points were painted before they were drawn
+    assert frames <= 40 * 0.6, (before, after)  # ~1 frame per 200 ms of streaming, not one per message
     assert console_errors(browser) == []
     run.close()

@@ -198,6 +198,7 @@
       }
     }
     if (spentAt !== null) chargeRendering(spentAt);
+    else live.note("idleFrames", 1); // a frame asked for that painted and drew nothing
     if (next < Infinity) wakeAt(next);
   }
 

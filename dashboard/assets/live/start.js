@@ -26,7 +26,7 @@
   var seenCards = new WeakSet(); // chart cards whose figure was asked for
   var everDrawn = false;
 
-  live.stats = instrument ? { messages: 0, appended: 0, renders: 0, refreshes: 0, chartAsks: 0, frames: 0, overlays: 0, draws: 0, drawMs: 0, seen: 0, alertMarks: 0, ticks: {} } : null;
+  live.stats = instrument ? { messages: 0, appended: 0, renders: 0, refreshes: 0, chartAsks: 0, frames: 0, idleFrames: 0, overlays: 0, draws: 0, drawMs: 0, seen: 0, alertMarks: 0, ticks: {} } : null;
   live.drawn = instrument ? [] : null;
 
   /* Count an event (instrumentation only): "ticks.<store>" counts per store. */
