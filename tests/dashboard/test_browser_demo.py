@@ -50,7 +50,9 @@ def _buttons(browser: Any) -> list[str]:
 def test_a_newcomer_walks_the_demo_from_the_runs_table_to_a_rollback_and_stops_it(browser, tmp_path: Path, artifacts: Path) -> None:  # type: ignore[no-untyped-def]
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
-    argv = ["demo", "--port", str(port), "--dir", str(tmp_path / "demo"), "--step-delay", "0.2", "--jobs", "16"]
+    # Room for the toy runs (6) and the guarded pair (2 transformers, 4) at once, what the walk
+    # reads; the transformer A/B waits its turn, as on a small machine, and takes no CPU from it.
+    argv = ["demo", "--port", str(port), "--dir", str(tmp_path / "demo"), "--step-delay", "0.2", "--jobs", "10"]
     code = f"import sys, runpy; sys.argv = ['keel', *{argv!r}]; runpy.run_module('keel', run_name='__main__')"
     with python_process(code) as demo:
         # The guarded run and its twin stream (the guarded one has said which command it takes).
