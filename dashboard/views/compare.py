@@ -145,6 +145,7 @@ def layout(run_ids: list[str]) -> html.Div:
             html.Div(id="compare-summary-keys", hidden=True, **data_attributes(summary_keys=",".join(SUMMARY_KEYS))),
             # The summary and the parity view, once the charts are drawn (`below`).
             html.Div(id="compare-below"),
+            dcc.Store(id="compare-below-shown", data=False),
         ]
     )
 
@@ -233,22 +234,24 @@ def register(dash_app: Dash, api: KeelApi) -> None:
 
     @dash_app.callback(
         Output("compare-below", "children"),
+        Output("compare-below-shown", "data"),
         Input("live-data-tick", "data"),
         State("page-state", "data"),
-        State("compare-below", "children"),
+        State("compare-below-shown", "data"),
         prevent_initial_call=True,
     )
-    async def below(tick: dict[str, Any] | None, state: dict[str, Any] | None, shown: Any) -> Any:
+    async def below(tick: dict[str, Any] | None, state: dict[str, Any] | None, shown: bool | None) -> Any:
         """The summary (the runs' names first) and the parity view, once the page's charts
         are drawn (the "drawn" tick, assets/live/start.js): a grid and three more charts
         built beside the headline charts would hold back their first draw. Each fills
-        itself from there (`summary`, views/parity.py)."""
+        itself from there (`summary`, views/parity.py). Once per page: a flag, not the
+        section itself, says it is there (the grid's rows would travel on every tick)."""
         if shown or not state or state.get("page") != "compare" or "drawn" not in tick_reasons(tick):
-            return no_update
+            return no_update, no_update
         infos = await api.runs_by_id(state["runs"])
         lines = [_identity(r, info) for r, info in infos.items() if info]
         names = [{"id": line.run_id, "name": line.name, "group": line.group or "—"} for line in lines]
-        return [summary_section(names), parity.panel()]
+        return [summary_section(names), parity.panel()], True
 
     @dash_app.callback(
         Output("compare-extra", "children"),

@@ -215,6 +215,18 @@ def test_a_newcomer_reads_whole_names_a_summary_that_fills_and_charts_that_keep_
     assert gate["notes"] == [f"not used by {LOSS} ({', '.join(SEEDS)}): 0 at every step (it gated nothing)"]
     assert console_errors(browser) == []
     screenshot(browser, artifacts / "compare-first-ten-minutes.png")
+
+    # To the runs table and back through the browser's history (no reload): the compare page
+    # is built again, and its summary and parity view come again once its charts are drawn.
+    browser.execute_script("window.keelSamePage = true")
+    browser.find_element("css selector", ".keel-nav a[href='/']").click()
+    _name_cells(browser, "runs-grid", 3)
+    assert browser.execute_script("return !document.getElementById('compare-summary')")
+    browser.back()
+    _assert_whole_names(_name_cells(browser, "compare-summary", 3), SEEDS)
+    assert browser.execute_script("return window.keelSamePage") is True  # no reload
+    wait_until(lambda: browser.execute_script("return !!document.getElementById('parity')"),
+               message="the parity view, again")  # fmt: skip
     for run in runs:
         run.close()
 

@@ -64,16 +64,18 @@
   };
 
   var hazardRender = null; // the hazard chart's figure last seen (layout.meta.render_id)
-  var drawnFor = null; // the page (path and query) whose charts all got their first figure
+  var drawnFirst = null; // the first chart of the page whose charts all got their first figure
 
   /*
    * Once every chart of a page has its first figure, what the page shows beside them (the
    * summary table, the collapse hazard) is asked for: drawn first, it would queue before
-   * the charts on the server and in the browser.
+   * the charts on the server and in the browser. Once per page as Dash built it: a page
+   * built again (back to it through the history, with no reload) asks again, whatever the
+   * pages between held; the URL alone would not tell (it changes before Dash replaces the
+   * page it leaves, and is the same when it comes back).
    */
   function allDrawn(plots) {
-    var page = window.location.pathname + window.location.search;
-    if (drawnFor === page) return;
+    if (plots.length && plots[0] === drawnFirst) return;
     var wanted = 0;
     for (var i = 0; i < plots.length; i++) {
       var card = plots[i].closest(".chart-card");
@@ -83,7 +85,7 @@
       wanted += 1;
     }
     if (!wanted) return;
-    drawnFor = page;
+    drawnFirst = plots[0];
     live.socket.refresh("live-data-tick", "drawn", 0);
   }
 
