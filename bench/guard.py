@@ -5,9 +5,10 @@
 Takes the settings of runs of a regime corpus (`keel lm-regimes`): those whose reward fell
 for good (a lasting collapse, wire/labels.py) and as many that learned and never fell, and trains each
 again twice, side by side in one process each (`--jobs` at once): without the guard and with
-it. The guard reads the collapse hazard of the built-in model, computed beside the loop from
-the same metrics the server would compute it from (what `Monitor.hazard` says, without the
-server's delay). Resumable: every finished run is one line of `--out`, and a line already
+it. The guard acts as `keel lm --guard` does, on the default critical rules (`--on rules`, the
+default), or on the built-in collapse hazard passing 0.5 (`--on hazard`: `--guard-hazard 0.5`),
+either computed beside the loop from the same metrics the server would compute it from (what
+`Monitor.alerts` and `Monitor.hazard` say, without the server's delay). Resumable: every finished run is one line of `--out`, and a line already
 there is not run again.
 
 Prints, for the would-be collapses (those that collapsed in the corpus) and the stable ones:
@@ -68,32 +69,47 @@ def _drawn(count: int, seed: int = 0) -> list[tuple[str, dict[str, Any]]]:
     return drawn
 
 
-def run_arm(kind: str, spec: dict[str, Any], guard: bool, confirm_drop: float = 0.0) -> dict[str, Any]:
-    """One run (in a worker process): its outcome."""
+def run_arm(kind: str, spec: dict[str, Any], guard: bool, confirm_drop: float = 0.0, on: str = "rules") -> dict[str, Any]:
+    """One run (in a worker process): its outcome. The guarded arm acts on the default critical
+    rules (`on` "rules": what `keel lm --guard` does) or on the built-in hazard passing 0.5
+    ("hazard": `--guard-hazard 0.5`), either computed beside the loop from the step's metrics."""
     import torch
 
     from learners.lm.guard import GuardConfig
     from learners.lm.learner import LMConfig, Recorder, train
+    from server.alerts.backtest import Replay
+    from server.alerts.catalog import DEFAULT_RULES
     from server.alerts.hazard import MODEL, HazardModel, hazard_at, reads
+    from wire import Row
     from wire.labels import falls, smoothed
 
     torch.set_num_threads(1)
     model = HazardModel(MODEL)  # the built-in one (a server with no KEEL_HAZARD_MODEL)
     state: dict[str, Any] = {}
     latest: dict[str, float | None] = {"hazard": None}
+    critical = [Replay(rule, hazard_model=model) for rule in DEFAULT_RULES if rule.severity == "critical"] if on == "rules" else []
 
-    class HazardRecorder(Recorder):
-        """Keeps the series and the hazard after each step, as the server computes it."""
+    class WatchingRecorder(Recorder):
+        """Keeps the series, the hazard and the critical rules' episodes after each step, as
+        the server computes them."""
 
         def log(self, step: int, metrics: Any) -> None:
             super().log(step, metrics)
             values = {key: column[step] for key, column in self.series.items() if len(column) > step}
-            if reads(values):
+            if on == "hazard" and reads(values):
                 latest["hazard"] = hazard_at(state, values, model)
+            for replay in critical:
+                replay.feed(Row(step=step, time=None, values=values))
 
-    recorder = HazardRecorder()
+    def alarm() -> int | None:
+        """The step the earliest critical alert firing now started at (`keel lm`'s alarm)."""
+        started = [replay.firing.started_step for replay in critical if replay.firing is not None]
+        return min(started) if started else None
+
+    recorder = WatchingRecorder()
     config = LMConfig(**spec)
-    train(config, recorder, guard=GuardConfig(hazard=0.5, confirm_drop=confirm_drop) if guard else None, hazard=lambda: latest["hazard"])
+    guarding = GuardConfig(hazard=0.5 if on == "hazard" else None, confirm_drop=confirm_drop) if guard else None
+    train(config, recorder, guard=guarding, hazard=lambda: latest["hazard"], alarm=alarm)
     rewards = recorder.series["reward/mean"]
     label = falls(smoothed(rewards))
     rollbacks = recorder.series.get("guard/rollback", [])
@@ -102,6 +118,7 @@ def run_arm(kind: str, spec: dict[str, Any], guard: bool, confirm_drop: float = 
         "name": config.name,
         "kind": kind,
         "guard": guard,
+        "on": on if guard else None,
         "confirm_drop": confirm_drop if guard else None,
         "collapse": label.collapse,
         "peak": max(smoothed(rewards), default=0.0),
@@ -179,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--confirm-drop", type=float, default=0.0, metavar="R",
                         help="the guarded arm's GuardConfig.confirm_drop (0: roll back on the hazard alone); "
                              "one --out per value")  # fmt: skip
+    parser.add_argument("--on", choices=("rules", "hazard"), default="rules",
+                        help="what the guarded arm acts on: the default critical rules (keel lm --guard) or the "
+                             "built-in hazard passing 0.5 (--guard-hazard 0.5); one --out per value")  # fmt: skip
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--report", action="store_true", help="only print what --out holds")
     args = parser.parse_args(argv)
@@ -192,10 +212,13 @@ def main(argv: list[str] | None = None) -> int:
         other = {r.get("confirm_drop", 0.0) for (_, guard), r in done.items() if guard} - {args.confirm_drop}
         if other:
             parser.error(f"{out} holds guarded runs with confirm_drop {sorted(other)}: one --out per --confirm-drop")
+        acted_on = {r.get("on") or "hazard" for (_, guard), r in done.items() if guard} - {args.on}
+        if acted_on:
+            parser.error(f"{out} holds runs guarded on {sorted(acted_on)}: one --out per --on")
         todo = [t for t in todo if (LMConfig(**t[1]).name, t[2]) not in done]
         print(f"bench.guard: {len(todo)} run(s) to go, {len(done)} done", file=sys.stderr, flush=True)
         with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-            arms = [(*t, args.confirm_drop) for t in todo]
+            arms = [(*t, args.confirm_drop, args.on) for t in todo]
             for result in pool.map(run_arm, *zip(*arms, strict=True)) if arms else ():
                 with out.open("a") as file:
                     file.write(json.dumps(result) + "\n")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from server.alerts.catalog import DEFAULT_RULES, SEVERITIES, RuleSpec, build_detector
@@ -31,6 +31,7 @@ from wire import Row
 
 __all__ = [
     "Episode",
+    "Replay",
     "RuleBacktest",
     "RunBacktest",
     "backtest",
@@ -91,38 +92,58 @@ class RuleBacktest:
         }
 
 
+class Replay:
+    """One rule on one run, a row at a time: what `backtest_rule` does over a whole run, for a
+    loop that asks after each step whether the rule fires (a guard beside a training loop,
+    bench/guard.py). `episodes` holds the closed ones; `firing` the one open now, if any."""
+
+    def __init__(self, rule: RuleSpec, *, hazard_model: HazardModel | None = None) -> None:
+        self.result = RuleBacktest(rule)
+        self.detector = None
+        if rule.detector in CLOCK_DETECTORS:
+            self.result.skipped = f"detector {rule.detector!r} runs on the server's clock, not on logged points"
+        else:
+            self.detector = build_detector(rule.detector, rule.metric, rule.params, hazard_model=hazard_model)
+            self.state = self.detector.initial_state()
+        self.lifecycle = Lifecycle()
+        self.last_step: int | None = None
+        self.firing: Episode | None = None
+
+    def feed(self, row: Row) -> None:
+        """The next row (a repeated or older step is skipped, as the engine does)."""
+        if self.detector is None or (self.last_step is not None and row.step <= self.last_step):
+            return
+        self.last_step = row.step
+        signal = self.detector.update(self.state, row.step, row.values)
+        if signal is None:
+            return
+        rule = self.result.rule
+        self.result.evaluated_steps += 1
+        for transition in self.lifecycle.step(signal.active, row.step, for_steps=rule.for_steps, keep_firing_for=rule.keep_firing_for):
+            if transition is Transition.FIRING:
+                started = self.lifecycle.started_step if self.lifecycle.started_step is not None else row.step
+                self.firing = Episode(started, row.step, None, signal.value, signal.message)
+            elif transition is Transition.RESOLVED and self.firing is not None:
+                self.result.episodes.append(replace(self.firing, resolved_step=row.step))
+                self.firing = None
+            elif transition is Transition.CANCELLED:
+                self.result.cancelled += 1
+
+    def finish(self) -> RuleBacktest:
+        """The backtest so far, an episode still firing closed as unresolved."""
+        if self.firing is not None:
+            self.result.episodes.append(self.firing)
+            self.firing = None
+        return self.result
+
+
 def backtest_rule(rule: RuleSpec, rows: Iterable[Row], *, hazard_model: HazardModel | None = None) -> RuleBacktest:
     """Replay `rows` (ascending steps; a repeated or older step is skipped, as the engine does).
     A `hazard` rule computes with `hazard_model` (None: only for rules of other detectors)."""
-    result = RuleBacktest(rule)
-    if rule.detector in CLOCK_DETECTORS:
-        result.skipped = f"detector {rule.detector!r} runs on the server's clock, not on logged points"
-        return result
-    detector = build_detector(rule.detector, rule.metric, rule.params, hazard_model=hazard_model)
-    state = detector.initial_state()
-    lifecycle = Lifecycle()
-    last_step: int | None = None
-    open_episode: dict[str, Any] | None = None
+    replay = Replay(rule, hazard_model=hazard_model)
     for row in rows:
-        if last_step is not None and row.step <= last_step:
-            continue
-        last_step = row.step
-        signal = detector.update(state, row.step, row.values)
-        if signal is None:
-            continue
-        result.evaluated_steps += 1
-        for transition in lifecycle.step(signal.active, row.step, for_steps=rule.for_steps, keep_firing_for=rule.keep_firing_for):
-            if transition is Transition.FIRING:
-                started = lifecycle.started_step if lifecycle.started_step is not None else row.step
-                open_episode = {"started_step": started, "fired_step": row.step, "value": signal.value, "message": signal.message}
-            elif transition is Transition.RESOLVED and open_episode is not None:
-                result.episodes.append(Episode(**open_episode, resolved_step=row.step))
-                open_episode = None
-            elif transition is Transition.CANCELLED:
-                result.cancelled += 1
-    if open_episode is not None:
-        result.episodes.append(Episode(**open_episode, resolved_step=None))
-    return result
+        replay.feed(row)
+    return replay.finish()
 
 
 def backtest(rules: Sequence[RuleSpec], rows: Sequence[Row], *, hazard_model: HazardModel | None = None) -> list[RuleBacktest]:

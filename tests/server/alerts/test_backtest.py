@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from server.alerts.backtest import (
+    Replay,
     backtest,
     backtest_runs,
     parse_rules,
@@ -40,6 +41,21 @@ def test_episodes_follow_the_engine_lifecycle() -> None:
     assert [(e.started_step, e.fired_step, e.resolved_step) for e in result.episodes] == [(8, 10, 14), (16, 18, None)]
     assert result.fired_steps == [10, 18] and result.evaluated_steps == len(kl)
     assert result.episodes[0].message.startswith("mismatch/kl = 2 >") and result.episodes[0].value == 2.0
+
+
+def test_a_replay_fed_a_row_at_a_time_says_what_fires_now() -> None:
+    """What a loop beside training asks after each step (bench/guard.py): the episode firing
+    now, from the step it started at; at the end, the same episodes as the whole backtest."""
+    kl = [0.1] * 5 + [2.0] * 2 + [0.1] + [2.0] * 4 + [0.8, 0.4, 0.4, 0.1] + [2.0] * 3
+    replay = Replay(THRESHOLD)
+    open_at = {}
+    for row in _rows([{"mismatch/kl": v} for v in kl]):
+        replay.feed(row)
+        open_at[row.step] = None if replay.firing is None else replay.firing.started_step
+    assert [step for step, started in open_at.items() if started is not None] == [10, 11, 12, 13, 18]
+    assert {open_at[10], open_at[18]} == {8, 16}
+    (whole,) = backtest([THRESHOLD], _rows([{"mismatch/kl": v} for v in kl]))
+    assert replay.finish().episodes == whole.episodes and replay.firing is None
 
 
 def test_repeated_steps_and_other_metrics_are_skipped_and_silent_rules_are_not_replayed() -> None:
