@@ -160,6 +160,24 @@ def _pairs(results: list[dict[str, Any]]) -> dict[str, list[dict[bool, dict[str,
 
 def report(results: list[dict[str, Any]]) -> str:
     lines = []
+    pairs = {}
+    for r in results:
+        pairs.setdefault(r["name"], {})[r["guard"]] = r
+    both_arms = [p for p in pairs.values() if True in p and False in p]
+    if both_arms:
+        # Unconditioned: what the guard changes over every setting. A setting's outcome is
+        # partly chance (an asynchronous run), so the groups below, picked by what the
+        # unguarded twin did, regress towards the mean even with a guard that does nothing.
+        fell = {g: sum(p[g]["collapse"] is not None for p in both_arms) for g in (False, True)}
+        means = {g: statistics.fmean(p[g]["final_reward"] for p in both_arms) for g in (False, True)}
+        n = len(both_arms)
+        diffs = [p[True]["final_reward"] - p[False]["final_reward"] for p in both_arms]
+        spread = 1.96 * statistics.stdev(diffs) / n**0.5 if n > 1 else float("nan")
+        lines.append(
+            f"every setting ({n}): collapsed without the guard {fell[False]}/{n} ({fell[False] / n:.0%}), "
+            f"with it {fell[True]}/{n} ({fell[True] / n:.0%}); mean final reward {means[False]:.3f} -> {means[True]:.3f} "
+            f"(paired change {statistics.fmean(diffs):+.3f} ± {spread:.3f}, 95 %)"
+        )
     for kind, both in _pairs(results).items():
         if not both:
             continue
@@ -170,14 +188,24 @@ def report(results: list[dict[str, Any]]) -> str:
             return f"{healthy}/{len(pairs)} ({healthy / len(pairs):.0%})"
 
         finals = {g: statistics.median(p[g]["final_reward"] for p in both) for g in (False, True)}
+        means = {g: statistics.fmean(p[g]["final_reward"] for p in both) for g in (False, True)}
         diffs = [p[True]["final_reward"] - p[False]["final_reward"] for p in both]
         rollbacks = [p[True]["rollbacks"] for p in both]
+        change = f"{means[True] / means[False] - 1:+.1%}" if means[False] else "n/a"
         lines.append(
             f"{kind} ({n} settings): end healthy without the guard {share(False)}, with it {share(True)}; "
-            f"median final reward {finals[False]:.3f} -> {finals[True]:.3f} (median change {statistics.median(diffs):+.3f}); "
+            f"mean final reward {means[False]:.3f} -> {means[True]:.3f} ({change}), "
+            f"median {finals[False]:.3f} -> {finals[True]:.3f} (median change {statistics.median(diffs):+.3f}); "
             f"runs rolled back {sum(r > 0 for r in rollbacks)}/{n}, rollbacks {sum(rollbacks)}, "
             f"steps lost {sum(p[True]['steps_lost'] for p in both)}"
         )
+        # A guarded run the guard never acted on is a rerun of its twin: how often the two
+        # differ there is the run-to-run noise of an asynchronous run, not the guard's doing.
+        acted = [p for p in both if p[True]["rollbacks"]]
+        idle = [p for p in both if not p[True]["rollbacks"]]
+        for what, pairs in (("rolled back", acted), ("never rolled back (a rerun)", idle)):
+            if pairs:
+                lines.append(f"  {what} ({len(pairs)}): end healthy without the guard {share(False, pairs)}, with it {share(True, pairs)}")
         if kind == "collapsed":
             again = [p for p in both if p[False]["collapse"] is not None]
             if again:
