@@ -29,6 +29,9 @@ reward of 0.5 and then fall, and draws its runs around it:
   one turn in IN_TURN, which goes to the cell with the fewest runs. Most
   cells never fall for good on this learner (held at one lr, stuck at the next); the ones
   that do get most of the runs, and a cell that has not fallen yet still gets one now and then.
+- **Targets** (TARGETS): once the lasting collapses still missing are no more than those
+  without mismatch still missing, only the fp32 cells take turns: a fall with mismatch would
+  count towards nothing the corpus lacks.
 - **Resumable and deterministic**: nothing but the run files is read. A run's centre is
   recovered from its own lr (lr / its jitter), so the next config of every cell is a function
   of the directory's runs, and the turn's draws are seeded by the number of runs made. A cell
@@ -286,6 +289,11 @@ def plan(runs: Iterable[EdgeRun], count: int = 1, base: LMConfig | None = None) 
     made = sum(len(mine) for mine in by_cell.values())
     share = (sum(run.outcome == COLLAPSED for mine in by_cell.values() for run in mine) + 1) / (made + 2)
     order = sorted(range(len(CELLS)), key=lambda i: _turn(i, by_cell.get(CELLS[i], ()), made, share))
+    short = shortfall([run for mine in by_cell.values() for run in mine])
+    if short["collapsed without mismatch"] and short["collapsed"] <= short["collapsed without mismatch"]:
+        # Only a fall without mismatch still counts towards every target: the turns go to the
+        # cells where one can happen (a fall with mismatch would add nothing the corpus lacks).
+        order = [i for i in order if not CELLS[i].mismatch]
     configs = []
     for i in order[: max(0, min(count, len(CELLS)))]:
         cell = CELLS[i]

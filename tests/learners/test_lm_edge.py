@@ -185,6 +185,26 @@ def test_after_their_turns_the_runs_go_to_the_cells_that_fall() -> None:
     assert plan(runs, 4) == plan(list(reversed(runs)), 4)
 
 
+def test_once_only_falls_without_mismatch_are_missing_only_fp32_cells_take_turns() -> None:
+    """60 lasting collapses with mismatch and 10 without: 10 more of either kind are missing,
+    and a fall without mismatch counts for both; 70 with mismatch: only those without count."""
+    with_mismatch = [cell for cell in CELLS if cell.mismatch]
+    without = [cell for cell in CELLS if not cell.mismatch]
+
+    def corpus(fell_with: int, fell_without: int) -> list[EdgeRun]:
+        runs = [EdgeRun(f"m{i}", with_mismatch[i % len(with_mismatch)], i // len(with_mismatch), 2e-3, COLLAPSED, 4) for i in range(fell_with)]
+        runs += [EdgeRun(f"f{i}", without[i % len(without)], 100 + i // len(without), 2e-3, COLLAPSED, 0) for i in range(fell_without)]
+        runs += [EdgeRun(f"h{i}", cell, 200 + k, 1e-3, HELD, 0 if not cell.mismatch else 4) for k in range(EXPLORE) for i, cell in enumerate(CELLS)]  # fmt: skip
+        return runs
+
+    assert shortfall(corpus(60, 10))["collapsed"] == 10 == shortfall(corpus(60, 10))["collapsed without mismatch"]
+    for fell_with in (60, 70):
+        picked = [cell_of(asdict(config)) for config in plan(corpus(fell_with, 10), len(CELLS))]
+        assert picked and all(cell is not None and not cell.mismatch for cell in picked), fell_with
+    # 20 of either kind missing, 10 of them without mismatch: every cell still takes turns.
+    assert any(cell_of(asdict(config)).mismatch for config in plan(corpus(50, 10), len(CELLS)))  # type: ignore[union-attr]
+
+
 def test_cells_take_turns_fewest_runs_first_then_in_order() -> None:
     first = plan([], len(CELLS))
     assert [cell_of(asdict(config)) for config in first] == list(CELLS)
