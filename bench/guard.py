@@ -8,8 +8,8 @@ again twice, side by side in one process each (`--jobs` at once): without the gu
 it. The guard acts as `keel lm --guard` does, on the default critical rules (`--on rules`, the
 default), or on the built-in collapse hazard passing 0.5 (`--on hazard`: `--guard-hazard 0.5`),
 either computed beside the loop from the same metrics the server would compute it from (what
-`Monitor.alerts` and `Monitor.hazard` say, without the server's delay). Resumable: every finished run is one line of `--out`, and a line already
-there is not run again.
+`Monitor.alerts` and `Monitor.hazard` say, without the server's delay). Resumable: every
+finished run is one line of `--out`, and a line already there is not run again.
 
 Prints, for the would-be collapses (those that collapsed in the corpus) and the stable ones:
 the share that end without a lasting collapse, with and without the guard; the median final
@@ -135,17 +135,20 @@ def _done(out: Path) -> dict[tuple[str, bool], dict[str, Any]]:
     return {(r["name"], r["guard"]): r for r in results}
 
 
+def _both_arms(results: list[dict[str, Any]]) -> list[tuple[str, dict[bool, dict[str, Any]]]]:
+    """Each setting that has both arms, with its kind: (kind, {False: unguarded, True: guarded})."""
+    pairs: dict[tuple[str, str], dict[bool, dict[str, Any]]] = {}
+    for r in results:
+        pairs.setdefault((r["kind"], r["name"]), {})[r["guard"]] = r
+    return [(kind, pair) for (kind, _), pair in pairs.items() if True in pair and False in pair]
+
+
 def _pairs(results: list[dict[str, Any]]) -> dict[str, list[dict[bool, dict[str, Any]]]]:
     """Both arms of each setting, by what it is: "collapsed" and "stable" as the corpus ran them;
     a drawn setting by what its unguarded twin did ("drawn, collapsed unguarded", "drawn,
     learned and stayed"; one that never learned says nothing of the guard)."""
-    pairs: dict[tuple[str, str], dict[bool, dict[str, Any]]] = {}
-    for r in results:
-        pairs.setdefault((r["kind"], r["name"]), {})[r["guard"]] = r
     grouped: dict[str, list[dict[bool, dict[str, Any]]]] = {}
-    for (kind, _), pair in pairs.items():
-        if True not in pair or False not in pair:
-            continue
+    for kind, pair in _both_arms(results):
         if kind == "drawn":
             unguarded = pair[False]
             if unguarded["collapse"] is not None:
@@ -160,10 +163,7 @@ def _pairs(results: list[dict[str, Any]]) -> dict[str, list[dict[bool, dict[str,
 
 def report(results: list[dict[str, Any]]) -> str:
     lines = []
-    pairs = {}
-    for r in results:
-        pairs.setdefault(r["name"], {})[r["guard"]] = r
-    both_arms = [p for p in pairs.values() if True in p and False in p]
+    both_arms = [pair for _, pair in _both_arms(results)]
     if both_arms:
         # Unconditioned: what the guard changes over every setting. A setting's outcome is
         # partly chance (an asynchronous run), so the groups below, picked by what the
@@ -203,9 +203,9 @@ def report(results: list[dict[str, Any]]) -> str:
         # differ there is the run-to-run noise of an asynchronous run, not the guard's doing.
         acted = [p for p in both if p[True]["rollbacks"]]
         idle = [p for p in both if not p[True]["rollbacks"]]
-        for what, pairs in (("rolled back", acted), ("never rolled back (a rerun)", idle)):
-            if pairs:
-                lines.append(f"  {what} ({len(pairs)}): end healthy without the guard {share(False, pairs)}, with it {share(True, pairs)}")
+        for what, some in (("rolled back", acted), ("never rolled back (a rerun)", idle)):
+            if some:
+                lines.append(f"  {what} ({len(some)}): end healthy without the guard {share(False, some)}, with it {share(True, some)}")
         if kind == "collapsed":
             again = [p for p in both if p[False]["collapse"] is not None]
             if again:

@@ -283,13 +283,14 @@ def plan(runs: Iterable[EdgeRun], count: int = 1, base: LMConfig | None = None) 
     """The next `count` configs (at most one per cell), given the runs already made, each at
     its cell's search's next lr; the cells in `_turn`'s order."""
     base = base or LMConfig(steps=REGIME_STEPS)
+    runs = list(runs)
     by_cell: dict[Cell, list[EdgeRun]] = {}
     for run in runs:
         by_cell.setdefault(run.cell, []).append(run)
-    made = sum(len(mine) for mine in by_cell.values())
-    share = (sum(run.outcome == COLLAPSED for mine in by_cell.values() for run in mine) + 1) / (made + 2)
+    made = len(runs)
+    share = (sum(run.outcome == COLLAPSED for run in runs) + 1) / (made + 2)
     order = sorted(range(len(CELLS)), key=lambda i: _turn(i, by_cell.get(CELLS[i], ()), made, share))
-    short = shortfall([run for mine in by_cell.values() for run in mine])
+    short = shortfall(runs)
     if short["collapsed without mismatch"] and short["collapsed"] <= short["collapsed without mismatch"]:
         # Only a fall without mismatch still counts towards every target: the turns go to the
         # cells where one can happen (a fall with mismatch would add nothing the corpus lacks).

@@ -95,7 +95,7 @@ class RuleBacktest:
 class Replay:
     """One rule on one run, a row at a time: what `backtest_rule` does over a whole run, for a
     loop that asks after each step whether the rule fires (a guard beside a training loop,
-    bench/guard.py). `episodes` holds the closed ones; `firing` the one open now, if any."""
+    bench/guard.py). `result.episodes` holds the closed ones; `firing` the one open now, if any."""
 
     def __init__(self, rule: RuleSpec, *, hazard_model: HazardModel | None = None) -> None:
         self.result = RuleBacktest(rule)

@@ -5,10 +5,11 @@
  * over the chart as its live overlay (overlay.js) within OVERLAY_INTERVAL_MS, every chart's
  * in the same frame: that is when a point shows. Drawing the appends into the figure is a
  * Plotly redraw of the whole chart (every trace, every point: tens of ms on a laptop,
- * however few points are appended), so it comes out of a budget: the page earns BUSY_SHARE ms of drawing per ms of wall time (up to
- * BURST_MS saved), and each paint or draw spends what its script took and the frame's
- * rendering after it. So live drawing keeps to about BUSY_SHARE of the main thread
- * (script, then style, layout and paint), whatever streams.
+ * however few points are appended), so it comes out of a budget: the page earns
+ * BUSY_SHARE ms of drawing per ms of wall time (up to BURST_MS saved), and each paint or
+ * draw spends what its script took and the frame's rendering after it. So live drawing
+ * keeps to about BUSY_SHARE of the main thread (script, then style, layout and paint),
+ * whatever streams.
  *
  * A chart draws when its overlay cannot show a point (past the axes' range, a non-finite
  * marker): soon (URGENT_INTERVAL_MS), first, and on credit if need be. Otherwise at most
