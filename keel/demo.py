@@ -291,7 +291,7 @@ def _add_eval_alerts(parser: argparse.ArgumentParser) -> None:
                         "(needs scikit-learn)")  # fmt: skip
     parser.add_argument("--regimes", action="store_true",
                         help="leave one regime out: per axis value of the corpora's runs (learning rate, "
-                        "difficulty, model size, batch shape, loss family, sampler dtype), fit the hazard "
+                        "difficulty, model size, batch shape, loss family, sampler dtype, lag, clipping), fit the hazard "
                         "on the other runs and score the rules on that value's runs; the worst cell counts")  # fmt: skip
     parser.add_argument("--curve", type=_csv(float), default=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9],
                         metavar="P,P,...", help="with --regimes: the hazard thresholds of the operating curve")  # fmt: skip

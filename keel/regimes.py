@@ -2,7 +2,8 @@
 regime it was never fitted on?
 
 The runs of the corpora given are split along each axis of the regime corpus (learning
-rate, task difficulty, model size, batch shape, loss family, sampler dtype; a run whose
+rate in bins, task difficulty, model size, batch shape, loss family, sampler dtype, lag in
+bins, clipping on or off; a run whose
 config lacks one of them, a toy run, is never held out and always fitted on). For every value of every axis the
 collapse hazard is fitted on every other run and the rules are scored on the runs with
 that value only: a *held-out cell*. The worst cell, per figure, is the figure that counts.
@@ -26,7 +27,7 @@ from server.alerts.hazard import HazardModel
 from server.alerts.lifecycle import Lifecycle, Transition
 
 __all__ = [
-    "AXES", "Cell", "CellResult", "cells", "format_cells", "format_curve", "hazard_steps", "leave_one_out",
+    "AXES", "SPLIT_BY", "Cell", "CellResult", "cells", "format_cells", "format_curve", "hazard_steps", "leave_one_out",
     "operating_curve", "threshold_firings", "worst",
 ]  # fmt: skip
 
@@ -48,14 +49,41 @@ def _batch(config: dict[str, Any]) -> str | None:
     return f"{config['prompts']}x{config['group']}"
 
 
+def _binned(edges: Sequence[float], names: Sequence[str]) -> Callable[[Any], str | None]:
+    """A number's bin: names[i] for edges[i - 1] <= x < edges[i] (one more name than edges).
+    Corpora drawn at the edge of each cell (`keel lm-edge`) draw learning rates and lags
+    around a cell's edge, so few runs share a value; their bins are the regimes."""
+
+    def of(value: Any) -> str | None:
+        if value is None:
+            return None
+        return names[sum(float(value) >= edge for edge in edges)]
+
+    return of
+
+
+_LR_BIN = _binned((1e-3, 2e-3, 4e-3), ("< 1e-3", "1e-3 to 2e-3", "2e-3 to 4e-3", ">= 4e-3"))
+_LAG_BIN = _binned((1, 5, 9), ("0", "1-4", "5-8", "9+"))
+
+
+def _clipping(config: dict[str, Any]) -> str | None:
+    if "clip" not in config:
+        return None
+    return "on" if config["clip"] else "off"
+
+
 AXES: dict[str, Callable[[dict[str, Any]], Any]] = {
-    "learning rate": lambda config: config.get("lr"),
+    "learning rate": lambda config: _LR_BIN(config.get("lr")),
     "difficulty": lambda config: config.get("digits"),
     "model size": lambda config: config.get("size"),
     "batch shape": _batch,
     "loss family": _family,
     "sampler dtype": lambda config: config.get("sampler_dtype"),
+    "lag": lambda config: _LAG_BIN(config.get("lag")),
+    "clipping": _clipping,
 }
+SPLIT_BY = ("learning rate", "difficulty", "model size", "batch shape", "loss family", "sampler dtype")
+"""A run is split (held out cell by cell) when its config gives these: a regime run."""
 """What a run's config says of each axis (None: the run has no such axis)."""
 
 
@@ -68,18 +96,21 @@ class Cell:
 
 
 def cells(corpus: Sequence[CorpusRun], min_runs: int = 10) -> list[Cell]:
-    """Every (axis, value) with at least `min_runs` runs, when the axis has two values or more.
-    Only runs whose config gives every axis are split (the others, toy runs, are always fitted on)."""
-    split = [index for index, run in enumerate(corpus) if all(of(run.config) is not None for of in AXES.values())]
+    """Every (axis, value) with at least `min_runs` runs whose axis keeps at least `min_runs`
+    runs of other values to fit on (a value that is nearly the whole corpus is no held-out
+    regime). Only runs whose config gives every axis are split (the others, toy runs, are
+    always fitted on)."""
+    split = [index for index, run in enumerate(corpus) if all(AXES[axis](run.config) is not None for axis in SPLIT_BY)]
     out = []
     for axis, of in AXES.items():
         groups: dict[Any, list[int]] = {}
         for index in split:
-            groups.setdefault(of(corpus[index].config), []).append(index)
-        if len(groups) < 2:
-            continue
+            value = of(corpus[index].config)
+            if value is not None:  # a run that does not say (no clipping given) is not split on it
+                groups.setdefault(value, []).append(index)
+        given = sum(len(group) for group in groups.values())
         for value in sorted(groups, key=str):
-            if len(groups[value]) >= min_runs:
+            if len(groups[value]) >= min_runs and given - len(groups[value]) >= min_runs:
                 out.append(Cell(axis, value, tuple(groups[value])))
     return out
 

@@ -60,7 +60,7 @@ class RuleSpec:
 SIGNATURE_RULES = (
     RuleSpec(
         "entropy running away", "policy/entropy", "climb", "critical", for_steps=1, keep_firing_for=50,
-        params={"min_scale": 0.35, "k": 2.0, "h": 10.0, "adapt": 0.02, "floor": 0.1},
+        params={"min_scale": 0.35, "k": 2.0, "h": 10.0, "adapt": 0.02, "floor": 0.2},
     ),
     RuleSpec(
         "loss growing", LOSS_KEYS, "climb", "critical", for_steps=1, keep_firing_for=50,

@@ -11,7 +11,11 @@ logs (constant work and a small JSON state per step, as every detector):
 - the ratio tail: the level of log `mismatch/ratio_max` and its persistence (the share of
   recent steps with a ratio above e^2);
 - the share of tokens whose coefficient the loss does not bound (`mismatch/unbounded_frac`);
-- staleness (`staleness/lag_mean`), the gradient's trend and the ESS.
+- staleness (`staleness/lag_mean`), the gradient's trend and the ESS;
+- the signatures every RL run logs, mismatch or not: the policy's entropy and the loss's
+  magnitude, each against the level it had once the run learned (the climbs of the rules
+  "entropy running away" and "loss growing", their parameters), and the share of groups
+  whose reward has no spread (`reward/zero_std_frac`).
 
 A feature whose metric a run has never logged is taken at its mean on the corpus the model
 was fitted on, so it neither raises nor lowers the hazard; one not logged at a step keeps
@@ -57,6 +61,7 @@ READS = ("reward/mean", "mismatch/kl", "mismatch/ratio_max", "grad/norm")
 INPUTS = (
     *READS, "reward/std", "mismatch/unbounded_frac", "staleness/lag_mean", "mismatch/ess_frac",
     "mismatch/tail_frac", "mismatch/low_tail_frac", "mismatch/log_ratio_abs_unlikely",
+    "policy/entropy", "loss/total", "loss/pg", "reward/zero_std_frac",
 )  # fmt: skip
 """Every metric the features read: the hazard of a run depends on these points only."""
 GAIN_CAP = 4.0
@@ -69,6 +74,7 @@ FEATURES = (
     "gain", "drawdown", "reward_trend", "log_kl", "kl_trend", "kl_climb", "tail_climb",
     "log_ratio_max", "tail_persistence", "unbounded_frac", "staleness", "grad_trend", "ess_loss",
     "kl_rise", "tail_rise", "tail_mass", "low_tail", "unlikely_mismatch",
+    "entropy_rise", "entropy_climb", "loss_rise", "loss_climb", "zero_spread",
 )  # fmt: skip
 TAIL_FLOOR = 1e-4
 """Tail shares below this count as this (log10 of the share is the feature)."""
@@ -77,6 +83,9 @@ _FAST, _SLOW = 0.3, 0.03
 _CLIMB = {"warmup": 50, "k": 1.0, "h": 1e9, "z_cap": 8.0, "min_scale": 0.05, "floor": 1e-12, "after_gain": 2.5}
 _KL_CLIMB = Climb("mismatch/kl", _CLIMB)
 _TAIL_CLIMB = Climb("mismatch/ratio_max", _CLIMB)
+# The signature rules' climbs (server/alerts/catalog.py), never firing: their CUSUM and level.
+_ENTROPY_CLIMB = Climb("policy/entropy", {**_CLIMB, "k": 2.0, "min_scale": 0.35, "adapt": 0.02, "floor": 0.2})
+_LOSS_CLIMB = Climb("loss/total|loss/pg", {**_CLIMB, "k": 2.0, "of": "magnitude", "floor": 0.01, "min_scale": 0.5})
 
 
 def _finite(values: Mapping[str, float], key: str) -> float | None:
@@ -146,6 +155,24 @@ def features(state: dict[str, Any], values: Mapping[str, float]) -> list[float |
     unlikely = _finite(values, "mismatch/log_ratio_abs_unlikely")
     if unlikely is not None:
         out["unlikely_mismatch"] = _clip(math.log10(max(_ewma(f, "unlikely", unlikely, _FAST), 1e-6)), -6, 2)
+    # Entropy and |loss| above the level they had once the run learned (the climbs' medians,
+    # natural logs of the floored values): in decades, from their fast EWMAs.
+    for name, climb in (("entropy", _ENTROPY_CLIMB), ("loss", _LOSS_CLIMB)):
+        track = state.setdefault(f"{name}_climb", {})
+        if climb.observe(track, state, values) is None:
+            continue
+        watched = track.get("key")
+        value = None if watched is None else values.get(watched)
+        if value is None or math.isnan(value) or value == 0.0:  # a zero loss carries no level (the climb skips it)
+            continue
+        log_value = min(math.log(max(abs(value), climb.params["floor"])), 700.0) if math.isfinite(value) else 700.0
+        now = _ewma(f, name, log_value, _FAST)
+        out[f"{name}_climb"] = _clip(track.get("cusum", 0.0) / 20, 0, 10)
+        if "median" in track:
+            out[f"{name}_rise"] = _clip((now - track["median"]) / math.log(10), -5, 10)
+    zero = _finite(values, "reward/zero_std_frac")
+    if zero is not None:
+        out["zero_spread"] = _clip(_ewma(f, "zero_spread", zero, _FAST), 0, 1)
     last = state.setdefault("last", {})
     for name in FEATURES:  # a metric not logged at this step keeps its last value
         if out[name] is None:
@@ -169,18 +196,21 @@ class HazardModel:
     """
 
     def __init__(self, model: Mapping[str, Any]):
-        if list(model["features"]) != list(FEATURES):
+        fitted = list(model["features"])
+        if fitted != list(FEATURES[: len(fitted)]):
             raise ValueError(
-                f"the hazard model's features {model['features']} are not {list(FEATURES)}: "
+                f"the hazard model's features {fitted} are not {list(FEATURES)}: "
                 "refit it with keel eval-alerts --fit-hazard"
             )
+        # A model fitted before features were added still reads: the new ones weigh nothing.
+        added = len(FEATURES) - len(fitted)
         self.kind = str(model.get("kind", "logistic"))
         self.horizon = int(model["horizon"])
         self.intercept = float(model["intercept"])
         if self.kind == "logistic":
-            self.weights = [float(w) for w in model["weights"]]
-            self.means = [float(m) for m in model["means"]]
-            self.scales = [float(s) if s > 0 else 1.0 for s in model["scales"]]
+            self.weights = [float(w) for w in model["weights"]] + [0.0] * added
+            self.means = [float(m) for m in model["means"]] + [0.0] * added
+            self.scales = [float(s) if s > 0 else 1.0 for s in model["scales"]] + [1.0] * added
             self.trees: list[list[tuple[int, float, bool, int, int, float]]] = []
         elif self.kind == "trees":
             self.weights, self.means, self.scales = [], [], []
@@ -223,9 +253,9 @@ MODEL: dict[str, Any] = {
     "fitted_on": "keel lm-corpus --seeds 100-111 (120 real-learner runs, 17 collapses) and the toy grid of "
     "keel eval-alerts --seeds 0,1,2 (288 runs, 27 collapses)",
     "intercept": -7.480397,
-    "weights": [3.803116, 0.50348, 0.026274, 2.248362, 0.014895, 0.098523, -0.572592, 0.805608, -0.674102, -1.348335, 0.089101, 0.34493, -0.026586, 0.0, 0.0, 0.0, 0.0, 0.0],
-    "means": [3.364657, 0.090588, 0.391829, -1.9673, 0.02688, 0.057879, 1.421796, 0.165429, 0.357065, 4.454846, 1.809249, -0.119968, 0.147275, 0.0, 0.0, 0.0, 0.0, 0.0],
-    "scales": [1.199669, 0.201324, 0.734219, 1.469624, 0.528372, 0.484908, 3.313506, 0.107649, 0.315281, 2.262918, 0.303666, 0.470008, 0.185666, 1.0, 1.0, 1.0, 1.0, 1.0],
+    "weights": [3.803116, 0.50348, 0.026274, 2.248362, 0.014895, 0.098523, -0.572592, 0.805608, -0.674102, -1.348335, 0.089101, 0.34493, -0.026586, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+    "means": [3.364657, 0.090588, 0.391829, -1.9673, 0.02688, 0.057879, 1.421796, 0.165429, 0.357065, 4.454846, 1.809249, -0.119968, 0.147275, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+    "scales": [1.199669, 0.201324, 0.734219, 1.469624, 0.528372, 0.484908, 3.313506, 0.107649, 0.315281, 2.262918, 0.303666, 0.470008, 0.185666, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0],
 }
 """Written by `keel eval-alerts --fit-hazard` (docs/alerts.md, "Collapse hazard")."""
 

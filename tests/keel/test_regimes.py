@@ -43,7 +43,10 @@ def _run(index: int, lr: float, loss: str, collapse: bool) -> CorpusRun:
 def corpus() -> list[CorpusRun]:
     runs = []
     for index in range(36):
-        runs.append(_run(index, (1e-3, 2e-3, 3e-3)[index % 3], ("ppo", "cispo")[index // 3 % 2], index % 4 == 0))
+        runs.append(_run(index, (5e-4, 1.5e-3, 3e-3)[index % 3], ("ppo", "cispo")[index // 3 % 2], index % 4 == 0))
+    runs[1].config["size"] = "small"  # one small model: the 35 tiny ones are no held-out regime
+    for run in runs[:12]:
+        run.config["clip"] = 2.0 if int(run.name[1:]) < 6 else 0.0  # runs that do not say are not split on it
     toy = _run(99, 1e-3, "ppo", True)  # a run without the axes: fitted on, never held out
     return [*runs, CorpusRun.labelled("toy", {"loss": "ppo", "lag": 4}, toy.series)]
 
@@ -63,8 +66,8 @@ def test_every_axis_value_is_held_out_once_and_fitted_without_it() -> None:
     assert sum(run.collapse_step is not None for run in runs) == 10 and runs[0].collapse_step == 300
     found = cells(runs, min_runs=5)
     assert [(c.axis, c.value, len(c.runs)) for c in found] == [
-        ("learning rate", 0.001, 12), ("learning rate", 0.002, 12), ("learning rate", 0.003, 12),
-        ("loss family", "bounded", 18), ("loss family", "unbounded", 18),
+        ("learning rate", "1e-3 to 2e-3", 12), ("learning rate", "2e-3 to 4e-3", 12), ("learning rate", "< 1e-3", 12),
+        ("loss family", "bounded", 18), ("loss family", "unbounded", 18), ("clipping", "off", 6), ("clipping", "on", 6),
     ]  # fmt: skip
     assert all(len(runs) - 1 not in cell.runs for cell in found)  # the toy run is never held out
     fitted: list[int] = []
@@ -76,7 +79,7 @@ def test_every_axis_value_is_held_out_once_and_fitted_without_it() -> None:
         return fit(data)
 
     results = leave_one_out(runs, DEFAULT_RULES, 0.5, min_runs=5, fit_model=fit_model)
-    assert len(results) == 5
+    assert len(results) == 7
     # Each fit saw the rows of the other runs only: two thirds of the corpus, then half.
     total = sum(1 for steps in hazard_steps(runs) for _ in steps)
     assert all(rows < total for rows in fitted) and fitted[0] > fitted[3]

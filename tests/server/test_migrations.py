@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -106,9 +107,12 @@ def test_projects_from_before_the_signature_rules_get_each_once(database_url: st
     from server.alerts.catalog import SIGNATURE_RULES
 
     frozen = importlib.import_module("migrations.versions.0010_signature_rules").RULES
-    assert [(r["name"], r["metric"], r["detector"], r["params"], r["severity"], r["for_steps"], r["keep_firing_for"]) for r in frozen] == [
+    floor = importlib.import_module("migrations.versions.0015_entropy_floor")
+    since = {floor.NAME: floor.AFTER}  # parameters later migrations moved the built-in rules to
+    assert [(r["name"], r["metric"], r["detector"], since.get(r["name"], r["params"]), r["severity"], r["for_steps"], r["keep_firing_for"]) for r in frozen] == [
         (s.name, s.metric, s.detector, s.params, s.severity, s.for_steps, s.keep_firing_for) for s in SIGNATURE_RULES
     ]
+    assert next(r["params"] for r in frozen if r["name"] == floor.NAME) == floor.BEFORE
     upgrade(database_url, "0009")
     engine = create_engine(_sync_url(database_url))
     rule_columns = "name, project, metric, detector, params, severity, for_steps, keep_firing_for, enabled, builtin, created_at"
@@ -197,5 +201,68 @@ def test_the_builtin_mismatch_rules_read_a_k1_estimate_from_0014(database_url: s
             ("mismatch climbing", "old", before),
             ("mismatch drift", "old", f"{before},mismatch/ratio_max"),
         ]
+    finally:
+        engine.dispose()
+
+
+def test_the_builtin_entropy_rule_takes_the_floor_of_0015_and_its_runs_keep_their_level(database_url: str) -> None:
+    """0015 moves the built-in "entropy running away" rules still on their 0010 parameters to the
+    catalog's floor (0.2 nats); each run's detector state is read under the new floor and marked
+    as computed for the new parameters (the engine keeps it: the run keeps its learned level);
+    a rule its user edited, and its state, are left alone; a downgrade puts the old floor back."""
+    import json
+    import math
+    from types import SimpleNamespace
+
+    from alembic import command
+
+    from server.alerts.catalog import SIGNATURE_RULES
+    from server.alerts.state import definition
+
+    spec = next(rule for rule in SIGNATURE_RULES if rule.name == "entropy running away")
+    before = {**spec.params, "floor": 0.1}
+    edited = {**before, "k": 3.0}
+    upgrade(database_url, "0014")
+    engine = create_engine(_sync_url(database_url))
+    rule_columns = "id, name, project, metric, detector, params, severity, for_steps, keep_firing_for, enabled, builtin, created_at"
+
+    def rule(params: dict) -> Any:  # what `definition` reads of a rule
+        return SimpleNamespace(detector=spec.detector, metric=spec.metric, params=params)
+
+    def stored(params: dict, median: float) -> str:
+        detector = {"median": median, "scale": 0.35, "cusum": 0.0, "key": "policy/entropy"}
+        return json.dumps({"detector": detector, "definition": definition(rule(params)), "lifecycle": {}, "alert_id": None})
+
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql("INSERT INTO projects (name, created_at) VALUES ('p', 0)")
+            conn.exec_driver_sql(
+                "INSERT INTO runs (id, name, project, config, tags, status, acked_seq, started_at, last_seen_at) "
+                "VALUES ('r1', 'r1', 'p', '{}', '[]', 'running', -1, 0, 0)"
+            )
+            for rule_id, project, params in ((1, "p", before), (2, "p", edited)):
+                conn.exec_driver_sql(
+                    f"INSERT INTO rules ({rule_columns}) VALUES ({rule_id}, '{spec.name}', '{project}', '{spec.metric}', 'climb', "
+                    f"'{json.dumps(params)}', 'critical', 1, 50, true, true, 0)"
+                )
+                state = stored(params, math.log(0.1)).replace("'", "''")
+                conn.exec_driver_sql(f"INSERT INTO rule_states (rule_id, run_id, state, last_step) VALUES ({rule_id}, 'r1', '{state}', 10)")
+
+        def read() -> dict[int, tuple[dict, dict]]:
+            with engine.connect() as conn:
+                rows = conn.exec_driver_sql("SELECT r.id, r.params, s.state FROM rules r JOIN rule_states s ON s.rule_id = r.id").all()
+            return {row[0]: tuple(json.loads(v) if isinstance(v, str) else v for v in row[1:]) for row in rows}
+
+        upgrade(database_url)
+        moved, kept = read()[1], read()[2]
+        assert moved[0] == spec.params and spec.params["floor"] == 0.2
+        assert moved[1]["definition"] == definition(rule(spec.params))  # the engine keeps this state
+        assert moved[1]["detector"]["median"] == math.log(0.2) and moved[1]["detector"]["scale"] == 0.35
+        assert kept[0] == edited and kept[1]["detector"]["median"] == math.log(0.1)
+        assert kept[1]["definition"] == definition(rule(edited))
+        command.downgrade(alembic_config(database_url), "0014")
+        back = read()[1]
+        assert back[0] == before and back[1]["definition"] == definition(rule(before))
+        assert back[1]["detector"]["median"] == math.log(0.2)  # a floored level is not lowered again
     finally:
         engine.dispose()

@@ -92,6 +92,35 @@ def test_the_rise_above_the_learned_level_the_tails_and_the_unlikely_tokens_mism
     assert y["kl_rise"] == pytest.approx(0.0, abs=1e-6)  # every run that logs the KL has it
 
 
+def test_entropy_and_loss_running_away_from_their_learned_level_and_groups_without_spread() -> None:
+    """entropy_rise, loss_rise: decades above the level the run had once it learned (the
+    signature rules' climbs: entropy under 0.2 nats counts as 0.2, |loss| under 0.01 as 0.01, a
+    loss of exactly 0 is skipped); entropy_climb, loss_climb: their CUSUMs; zero_spread: the
+    share of groups without reward spread (EWMA). A run that logs none of them: None."""
+    state: dict[str, object] = {}
+    for step in range(200):  # learns with its entropy at 0.5 nats and |loss| around 0.2, some steps 0
+        extra = {"policy/entropy": 0.5, "loss/pg": 0.0 if step % 7 == 0 else (-0.2 if step % 2 else 0.2), "reward/zero_std_frac": 0.25}
+        x = dict(zip(FEATURES, features(state, _step(step, **extra)), strict=True))
+    assert x["entropy_rise"] == pytest.approx(0.0, abs=1e-6) and x["entropy_climb"] == 0.0
+    assert x["loss_rise"] == pytest.approx(0.0, abs=1e-6) and x["loss_climb"] == 0.0
+    assert x["zero_spread"] == pytest.approx(0.25)
+    for step in range(200, 240):  # the entropy to 5 nats (ten times), |loss| to 20 (a hundred times)
+        extra = {"policy/entropy": 5.0, "loss/pg": -20.0, "reward/zero_std_frac": 0.25}
+        x = dict(zip(FEATURES, features(state, _step(step, **extra)), strict=True))
+    assert x["entropy_rise"] == pytest.approx(1.0, abs=1e-3) and x["loss_rise"] == pytest.approx(2.0, abs=1e-3)
+    assert x["entropy_climb"] > 1.0 and x["loss_climb"] > 1.0
+    sharp: dict[str, object] = {}
+    for step in range(300):  # an entropy that sharpens to 0.001 nats: under its learned level (the
+        # level follows it down, 2 % of the way a step), never a rise
+        y = dict(zip(FEATURES, features(sharp, _step(step, **{"policy/entropy": max(0.001, 1.0 - step / 100)})), strict=True))
+        assert y["entropy_rise"] is None or y["entropy_rise"] <= 0.0
+    assert y["entropy_climb"] == 0.0 and y["loss_rise"] is None and y["zero_spread"] is None
+    bare: dict[str, object] = {}
+    for step in range(200):
+        z = dict(zip(FEATURES, features(bare, _step(step)), strict=True))
+    assert all(z[name] is None for name in ("entropy_rise", "entropy_climb", "loss_rise", "loss_climb", "zero_spread"))
+
+
 def test_a_tree_model_walks_each_tree_and_sends_a_missing_feature_where_the_fit_did() -> None:
     gain, kl = FEATURES.index("gain"), FEATURES.index("log_kl")
     leaf = lambda value: [-1, 0.0, 0, 0, 0, value]  # noqa: E731
@@ -120,7 +149,7 @@ def test_the_model_is_a_logistic_on_standardised_features() -> None:
     x[FEATURES.index("gain")] = 2.0
     assert model.probability(x) == pytest.approx(1 / (1 + math.exp(-(-4.0 + 2.0 * (2.0 - 1.0) / 0.5))))
     with pytest.raises(ValueError, match="features"):
-        HazardModel({**_model(), "features": ["gain"]})
+        HazardModel({**_model(), "features": ["gain", "log_kl"]})
 
 
 def _drifting() -> list[dict[str, float]]:
@@ -191,9 +220,22 @@ def test_a_model_is_loaded_from_its_file_or_is_the_built_in_one(tmp_path: Path) 
     assert loaded.weights == KL_MODEL.weights and loaded.intercept == -4.0
     assert load_model(str(path)).weights == KL_MODEL.weights
     assert load_model(None).weights == HazardModel(MODEL).weights == MODEL["weights"]
-    path.write_text(json.dumps({**_model(), "features": ["gain"]}), encoding="utf-8")
+    path.write_text(json.dumps({**_model(), "features": ["drawdown", "gain"]}), encoding="utf-8")
     with pytest.raises(ValueError, match="refit"):
         load_model(path)
+
+
+def test_a_model_fitted_before_features_were_added_reads_them_as_saying_nothing() -> None:
+    """A model file of the first features (fitted before the others existed) still loads; the
+    features added since weigh nothing, so its hazard is what it was."""
+    old = 13
+    full = _model(gain=1.0, ess_loss=2.0)
+    before = {**full, "features": FEATURES[:old], **{key: full[key][:old] for key in ("weights", "means", "scales")}}  # type: ignore[index]
+    model = HazardModel(before)
+    assert model.weights == full["weights"] and model.scales == full["scales"]
+    x = [0.5] * len(FEATURES)
+    assert model.probability(x) == pytest.approx(HazardModel(full).probability(x))
+    assert HazardModel(full).probability([*x[:old], *[9.0] * (len(FEATURES) - old)]) == pytest.approx(model.probability(x))
 
 
 def test_backtest_replays_a_hazard_rule_as_the_engine_would() -> None:
