@@ -205,6 +205,10 @@ class HazardModel:
         # A model fitted before features were added still reads: the new ones weigh nothing.
         added = len(FEATURES) - len(fitted)
         self.kind = str(model.get("kind", "logistic"))
+        needs = {"logistic": ("horizon", "intercept", "weights", "means", "scales"), "trees": ("horizon", "intercept", "trees")}
+        lacking = [key for key in needs.get(self.kind, ()) if key not in model]
+        if lacking:
+            raise ValueError(f"the hazard model has no {', '.join(lacking)}: refit it with keel eval-alerts --fit-hazard")
         self.horizon = int(model["horizon"])
         self.intercept = float(model["intercept"])
         if self.kind == "logistic":

@@ -150,6 +150,8 @@ def test_the_model_is_a_logistic_on_standardised_features() -> None:
     assert model.probability(x) == pytest.approx(1 / (1 + math.exp(-(-4.0 + 2.0 * (2.0 - 1.0) / 0.5))))
     with pytest.raises(ValueError, match="features"):
         HazardModel({**_model(), "features": ["gain", "log_kl"]})
+    with pytest.raises(ValueError, match="no intercept, scales: refit"):  # a file cut short, not a KeyError
+        HazardModel({key: value for key, value in _model().items() if key not in ("intercept", "scales")})
 
 
 def _drifting() -> list[dict[str, float]]:
