@@ -349,3 +349,15 @@ def test_the_hazard_says_which_of_its_main_metrics_a_run_never_logged() -> None:
     cache = hazard.HazardCache(KL_MODEL, runs=1)
     course = cache.extend("run", 1.0, [Row(step=s, time=None, values={"reward/mean": 0.1, "grad/norm": 1.0}) for s in range(3)])
     assert course.missing() == ["mismatch/kl", "mismatch/ratio_max"]
+
+
+def test_the_entropy_and_loss_features_measure_as_the_signature_rules_do() -> None:
+    """The hazard's entropy and loss climbs are the rules' (metric and every parameter but `h`:
+    theirs never fire), so a change of a rule's floor or scale cannot leave the hazard behind."""
+    from server.alerts.catalog import SIGNATURE_RULES
+
+    rules = {rule.name: rule for rule in SIGNATURE_RULES}
+    for name, climb in (("entropy running away", hazard._ENTROPY_CLIMB), ("loss growing", hazard._LOSS_CLIMB)):
+        rule = rules[name]
+        assert climb.metric == rule.metric and rule.detector == "climb"
+        assert {key: climb.params[key] for key in rule.params if key != "h"} == {k: v for k, v in rule.params.items() if k != "h"}
