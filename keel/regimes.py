@@ -82,9 +82,9 @@ AXES: dict[str, Callable[[dict[str, Any]], Any]] = {
     "lag": lambda config: _LAG_BIN(config.get("lag")),
     "clipping": _clipping,
 }
+"""What a run's config says of each axis (None: the run has no such axis)."""
 SPLIT_BY = ("learning rate", "difficulty", "model size", "batch shape", "loss family", "sampler dtype")
 """A run is split (held out cell by cell) when its config gives these: a regime run."""
-"""What a run's config says of each axis (None: the run has no such axis)."""
 
 
 @dataclass(frozen=True)
@@ -98,15 +98,15 @@ class Cell:
 def cells(corpus: Sequence[CorpusRun], min_runs: int = 10) -> list[Cell]:
     """Every (axis, value) with at least `min_runs` runs whose axis keeps at least `min_runs`
     runs of other values to fit on (a value that is nearly the whole corpus is no held-out
-    regime). Only runs whose config gives every axis are split (the others, toy runs, are
-    always fitted on)."""
+    regime). Only runs whose config gives every axis of SPLIT_BY are split (the others, toy
+    runs, are always fitted on); a run is not split on an axis its config does not give."""
     split = [index for index, run in enumerate(corpus) if all(AXES[axis](run.config) is not None for axis in SPLIT_BY)]
     out = []
     for axis, of in AXES.items():
         groups: dict[Any, list[int]] = {}
         for index in split:
             value = of(corpus[index].config)
-            if value is not None:  # a run that does not say (no clipping given) is not split on it
+            if value is not None:
                 groups.setdefault(value, []).append(index)
         given = sum(len(group) for group in groups.values())
         for value in sorted(groups, key=str):

@@ -163,8 +163,8 @@ def features(state: dict[str, Any], values: Mapping[str, float]) -> list[float |
             continue
         watched = track.get("key")
         value = None if watched is None else values.get(watched)
-        if value is None or math.isnan(value) or value == 0.0:  # a zero loss carries no level (the climb skips it)
-            continue
+        if value is None or math.isnan(value) or (value == 0.0 and climb.params["of"] == "magnitude"):
+            continue  # as the climb: no value, or a loss of exactly 0 (no advantage), carries no level
         log_value = min(math.log(max(abs(value), climb.params["floor"])), 700.0) if math.isfinite(value) else 700.0
         now = _ewma(f, name, log_value, _FAST)
         out[f"{name}_climb"] = _clip(track.get("cusum", 0.0) / 20, 0, 10)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from pathlib import Path
@@ -104,6 +105,9 @@ def test_entropy_and_loss_running_away_from_their_learned_level_and_groups_witho
     assert x["entropy_rise"] == pytest.approx(0.0, abs=1e-6) and x["entropy_climb"] == 0.0
     assert x["loss_rise"] == pytest.approx(0.0, abs=1e-6) and x["loss_climb"] == 0.0
     assert x["zero_spread"] == pytest.approx(0.25)
+    after = features(copy.deepcopy(state), _step(200, **{"policy/entropy": 0.0, "loss/pg": 0.0}))
+    assert after[FEATURES.index("entropy_rise")] < 0.0  # an entropy of 0 is a level (under the floor)...
+    assert after[FEATURES.index("loss_rise")] == x["loss_rise"]  # ...a loss of exactly 0 is not
     for step in range(200, 240):  # the entropy to 5 nats (ten times), |loss| to 20 (a hundred times)
         extra = {"policy/entropy": 5.0, "loss/pg": -20.0, "reward/zero_std_frac": 0.25}
         x = dict(zip(FEATURES, features(state, _step(step, **extra)), strict=True))
