@@ -27,7 +27,7 @@ demo: $(STAMP)
 # module's shared browser or server stays one. A test that failed under the workers' load runs
 # once more, alone (--lf): make test fails when it fails again (docs/architecture.md).
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 3 --dist loadfile --durations=20 || $(BIN)/python -m pytest -q --lf --lfnf=none
+	$(BIN)/python -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder --durations=20 || $(BIN)/python -m pytest -q --lf --lfnf=none
 
 lint: $(STAMP)
 	$(BIN)/ruff check server trainer_hooks wire dashboard learners keel tests bench

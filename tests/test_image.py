@@ -106,6 +106,7 @@ def _documented_keel_commands(compose_text: str) -> list[list[str]]:
     return [shlex.split(command) for command in re.findall(r"`(?:docker compose exec \S+ )?(keel [^`]+)`", compose_text)]
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 def test_the_compose_stack_runs_on_the_image(
     image: Image, compose: dict[str, Any], empty_postgres_url: str, tmp_path: Path

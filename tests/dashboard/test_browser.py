@@ -53,6 +53,7 @@ def _raw(chart: dict, run_id: str) -> dict:
     return next(t for t in chart["traces"] if t["role"] == "raw" and t["run"] == run_id)
 
 
+@pytest.mark.slow
 def test_compare_page_renders_and_appends_live_points(server, browser, artifacts, request) -> None:
     runs = open_runs(server, ARMS, steps=300)
     browser.get(_compare_url(server, runs))
@@ -168,6 +169,7 @@ def test_the_summary_follows_live_points_without_reading_them_again(server, brow
     pushed points add from the browser (assets/live/tally.js): a new peak, a later final
     reward, a +Inf ratio and a NaN show, and it reads no series again to show them."""
     runs = open_runs(server, ARMS[:2], steps=100)
+    cells_read = ("final_reward", "peak_reward", "peak_step", "max_ratio", "nonfinite")  # the cells read here
     summary_reads: list[str] = []
     read = KeelApi.series_of_runs
 
@@ -183,7 +185,7 @@ def test_the_summary_follows_live_points_without_reading_them_again(server, brow
     browser.get(_compare_url(server, runs))
     top = max(toy_values(s, 0)["reward/mean"] for s in range(100))
     rows = wait_until(
-        lambda: (lambda found: found if len(found) == 2 else None)(_grid_cells(browser, "compare-summary", "final_reward")),
+        lambda: (lambda found: found if len(found) == 2 else None)(_grid_cells(browser, "compare-summary", *cells_read)),
         message="the summary's numbers",
     )
     names = {cells["name"]["text"]: row_id for row_id, cells in rows.items()}
@@ -197,7 +199,7 @@ def test_the_summary_follows_live_points_without_reading_them_again(server, brow
     runs[0].send([{"step": 101, "values": {"reward/mean": 0.5}}])
 
     def updated() -> dict[str, dict[str, str]] | None:
-        cells = _grid_cells(browser, "compare-summary", "final_reward").get(names[runs[0].run["name"]])
+        cells = _grid_cells(browser, "compare-summary", *cells_read).get(names[runs[0].run["name"]])
         return cells if cells and cells["final_reward"]["text"] == "0.5" else None
 
     cells = wait_until(updated, timeout=30, message="the summary took the pushed points")
@@ -205,7 +207,7 @@ def test_the_summary_follows_live_points_without_reading_them_again(server, brow
     assert cells["max_ratio"]["text"] == "+Inf" and cells["nonfinite"]["text"] == "2"
     assert summary_reads == []  # from the tally, not from the server's points
     # The other run's row did not move.
-    assert _grid_cells(browser, "compare-summary", "final_reward")[names[runs[1].run["name"]]]["nonfinite"]["text"] == "0"
+    assert _grid_cells(browser, "compare-summary", *cells_read)[names[runs[1].run["name"]]]["nonfinite"]["text"] == "0"
     assert console_errors(browser) == []
     for run in runs:
         run.close()
@@ -617,6 +619,7 @@ def test_a_backtest_shows_where_a_rule_would_have_fired_on_the_run_page(server, 
     run.close()
 
 
+@pytest.mark.slow
 def test_the_collapse_hazard_is_charted_after_the_headline_charts_and_follows_live_points(
     server_factory, sqlite_url, tmp_path, browser, artifacts
 ) -> None:
@@ -740,10 +743,11 @@ def _percent(probability: float) -> str:
     return f"{100 * probability:.1f}%"
 
 
-def _grid_cells(browser, grid_id: str, needed: str) -> dict[str, dict[str, dict[str, str]]]:  # type: ignore[no-untyped-def]
+def _grid_cells(browser, grid_id: str, *needed: str) -> dict[str, dict[str, dict[str, str]]]:  # type: ignore[no-untyped-def]
     """The grid's rendered rows: {row id: {column id: {"text", "class"}}} (pinned and centre
-    parts of a row merged), only rows whose `needed` cell has text and that have a cell in
-    every column the header shows (the grid renders a row's cells over several frames)."""
+    parts of a row merged), only rows whose `needed` cells all have text and that have a cell
+    in every column the header shows (the grid renders a row's cells, and its header, over
+    several frames: a header still short of a column is no proof that a row is whole)."""
     found, columns = browser.execute_script(
         """
         var rows = {}, grid = '#' + arguments[0];
@@ -764,5 +768,5 @@ def _grid_cells(browser, grid_id: str, needed: str) -> dict[str, dict[str, dict[
     return {
         row_id: cells
         for row_id, cells in found.items()
-        if cells.get(needed, {}).get("text") and set(columns) <= set(cells)
+        if all(cells.get(column, {}).get("text") for column in needed) and set(columns) <= set(cells)
     }

@@ -47,6 +47,7 @@ def _buttons(browser: Any) -> list[str]:
     return [b.text for b in browser.find_elements("css selector", "#command-actions button")]
 
 
+@pytest.mark.slow
 def test_a_newcomer_walks_the_demo_from_the_runs_table_to_a_rollback_and_stops_it(browser, tmp_path: Path, artifacts: Path) -> None:  # type: ignore[no-untyped-def]
     port = _free_port()
     base = f"http://127.0.0.1:{port}"

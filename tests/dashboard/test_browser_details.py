@@ -144,6 +144,7 @@ def _click_until(browser: Any, selector: str, x: float, caption: str) -> None:
     raise AssertionError(f"three clicks at {x} on {selector} did not open the token view at {caption}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_a_step_in_the_url_or_a_click_on_a_chart_opens_the_token_view_there(server, browser) -> None:
     run, _ = _detailed_run(server, "clicks")

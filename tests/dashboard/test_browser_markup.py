@@ -140,6 +140,7 @@ class _Run:
         self._stack.close()
 
 
+@pytest.mark.slow
 def test_markup_a_trainer_sends_is_text_on_every_page(server, browser, artifacts) -> None:
     first = _Run(server, NAME, GROUP, 0, token=TOKEN)
     second = _Run(server, OTHER, GROUP, 1)

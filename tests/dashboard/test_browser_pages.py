@@ -139,6 +139,7 @@ def _assert_whole_names(cells: list[dict[str, Any]], names: list[str]) -> None:
     assert all(c["wraps"] for c in cells), cells  # nothing hidden past the cell's edge
 
 
+@pytest.mark.slow
 def test_a_newcomer_reads_whole_names_a_summary_that_fills_and_charts_that_keep_up(server, browser, artifacts) -> None:
     runs = [LiveRun(server, name, LOSS, seed=seed, config={"loss": LOSS}) for seed, name in enumerate(SEEDS)]
     for run in runs:

@@ -238,6 +238,7 @@ def test_the_compare_page_draws_each_runs_learned_level_in_its_colour(server, br
         run.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_the_learned_level_appears_once_the_run_learns_while_it_streams(server, browser) -> None:
     run = LiveRun(server, "learning-live", "grpo")

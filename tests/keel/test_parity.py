@@ -152,6 +152,7 @@ def test_keel_parity_cannot_compare_unknown_ambiguous_or_metricless_runs(server_
 # -- end to end: `keel lm` runs -----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_keel_parity_of_keel_lm_runs_same_setting_and_changed_sampler_precision(server_factory, sqlite_url, tmp_path) -> None:
     """Two seeds of an fp16 sampler are the same (one run a side, against the seed margin);
     an fp32 sampler's mismatch is orders of magnitude smaller (only the learner's own numerics

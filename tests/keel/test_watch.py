@@ -65,6 +65,7 @@ def _welcome_acked_seq(ws_base: str, run: dict[str, Any], writer: str) -> int:
         return int(json.loads(ws.recv(timeout=10))["acked_seq"])
 
 
+@pytest.mark.slow
 def test_a_live_wandb_run_streams_exactly_through_a_killed_watcher_and_a_restarted_server(tmp_path: Path) -> None:
     """Steps arrive while the trainer runs; SIGKILL of the watcher and of the server between
     phases loses and repeats nothing; the exit record finishes the run; verl's names map."""
@@ -147,6 +148,7 @@ run.finish()
 """
 
 
+@pytest.mark.slow
 def test_config_the_trainer_sets_after_its_first_steps_reaches_the_run_through_a_killed_watcher_and_server(tmp_path: Path) -> None:
     """wandb config records written after steps were logged: new keys added and changed ones
     updated on the Keel run; one read while the server is down survives a SIGKILL of the

@@ -82,6 +82,7 @@ def test_run_files_round_trip_float32_nan_and_inf(tmp_path) -> None:
         list(read_dir(tmp_path))
 
 
+@pytest.mark.slow
 def test_lm_regimes_resumes_where_it_stopped(tmp_path) -> None:
     """Two runs, then the rest of the seed: the first two are not run again."""
     folder = tmp_path / "regimes"

@@ -234,6 +234,7 @@ def _max_grad(runs: list[dict], loss: str) -> float:
     return max(run["max_grad_norm"] for run in runs if run["loss"] == loss)
 
 
+@pytest.mark.slow
 def test_findings_only_unbounded_losses_collapse(findings_runs: list[dict]) -> None:
     below = {run["loss"] for run in findings_runs if run["final_reward"] < 0.9}
     assert below == {"importance_sampling", "ppo"}

@@ -154,6 +154,7 @@ def assert_every_metric_once(server: ServerProcess, run_id: str, steps: int) -> 
         assert values == [metrics(step)[key] for step in range(steps)], key
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 def test_a_locked_points_table_slows_acks_bounds_memory_and_loses_nothing(
     make_server, postgres_url, tmp_path

@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import quote_from_bytes
 
 import httpx
+import pytest
 
 from keel.importers import ImportedRun, PointTable
 from keel.transfer import upload_run
@@ -139,6 +140,7 @@ def _requests(schema: dict[str, Any], ids: dict[str, str]) -> list[tuple[str, st
     return requests
 
 
+@pytest.mark.slow
 def test_no_parameter_of_any_route_gets_a_5xx(server_factory, database_url) -> None:
     server = server_factory(database_url, host="127.0.0.1", auth=True, bootstrap_token=ADMIN)
     ids = {}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
@@ -47,6 +48,7 @@ def _fuzz(operation: Any, mode: GenerationMode, base_url: str, failures: list[st
         assert mode is GenerationMode.NEGATIVE, operation.label  # nothing to get wrong (no parameters)
 
 
+@pytest.mark.slow
 def test_no_5xx_and_every_response_is_documented(server_factory, database_url) -> None:
     server = server_factory(database_url, host="127.0.0.1", auth=True, bootstrap_token=ADMIN)
     schema = schemathesis.openapi.from_url(f"{server.url}/openapi.json")

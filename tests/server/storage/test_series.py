@@ -7,6 +7,7 @@ import math
 import time
 
 import httpx
+import pytest
 
 from server import db
 from server.storage import Store
@@ -29,6 +30,7 @@ async def _bulk_load(database_url: str, run_id: str, values: dict[int, float], n
         await store.close()
 
 
+@pytest.mark.slow
 def test_one_spike_in_a_million_steps_survives_a_100_point_read(server) -> None:
     run_id = new_run()["id"]
     spike_step, dip_step, nan_step = 654_321, 123_457, 900_001
