@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
+from fastapi import APIRouter, Depends, FastAPI, HTTPException
 from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from starlette.requests import HTTPConnection
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dashboard import mount_dashboard
 from server import compression
@@ -36,6 +37,24 @@ WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 def is_open_path(path: str) -> bool:
     return path in OPEN_PATHS or path.startswith("/api/")
+
+
+class LoginRequired:
+    """ASGI middleware: with auth on, a page request without a read credential (the login
+    cookie, a bearer token) is sent to the login form (303); open paths pass, and API routes
+    answer 401 themselves. Plain ASGI rather than Starlette's `@app.middleware("http")`,
+    which runs the rest of every request in a task of its own and copies its response."""
+
+    def __init__(self, app: ASGIApp, *, auth_enabled: bool):
+        self.app = app
+        self.auth_enabled = auth_enabled
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.auth_enabled and scope["type"] == "http" and not is_open_path(scope["path"]):
+            if not await allowed(HTTPConnection(scope), "read"):
+                await RedirectResponse("/login", status_code=303)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 async def limit_writes(conn: HTTPConnection) -> None:
@@ -95,12 +114,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # answered here, as the response the login middleware passes on.
     app.add_middleware(BodyDeadline, timeout_s=settings.http_body_timeout_s)
 
-    @app.middleware("http")
-    async def dashboard_login(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        # API routes answer 401 themselves; pages send the browser to the login form.
-        if settings.auth_enabled and not is_open_path(request.url.path) and not await allowed(request, "read"):
-            return RedirectResponse("/login", status_code=303)
-        return await call_next(request)
+    # API routes answer 401 themselves; pages send the browser to the login form.
+    app.add_middleware(LoginRequired, auth_enabled=settings.auth_enabled)
 
     mount_dashboard(app, internal_token=internal_token)
     # gzip for browsers and API clients that accept it; Dash's immutable files compressed once.
