@@ -15,7 +15,7 @@ from fastapi import APIRouter, HTTPException, Query, Request, Response
 from server.alerts.hazard import WARMUP
 from server.auth import ADMIN, INGEST, READ, presented_token, speaker_of
 from server.deps import CommittedDep, ComponentsDep, SettingsDep, StoreDep
-from server.errors import Conflict, Forbidden, TooLarge, UnknownRun
+from server.errors import Conflict, Forbidden, TooLarge
 from server.fairlock import WRITE_OWNER
 from server.ratelimit import client_key
 from server.retention import delete_run
@@ -115,13 +115,8 @@ async def series_of_runs(
 ) -> SeriesOfRuns:
     """One metric of several runs in one read, each as `GET /runs/{id}/series` answers it;
     unknown runs are left out (a chart of many runs asks once, not once per run)."""
-    found: dict[str, SeriesOut] = {}
-    for one in dict.fromkeys(run_id):
-        try:
-            found[one] = SeriesOut.from_data(await store.series(one, key, max_points=max_points, start=start, end=end))
-        except UnknownRun:
-            continue
-    return SeriesOfRuns(key=key, runs=found)
+    found = await store.series_of_runs(run_id, key, max_points=max_points, start=start, end=end)
+    return SeriesOfRuns(key=key, runs={one: SeriesOut.from_data(data) for one, data in found.items()})
 
 
 @router.get("/runs/{run_id}", response_model=RunDetail, dependencies=[READ], responses=errors(404))

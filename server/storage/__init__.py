@@ -199,6 +199,15 @@ class Store:
                 session, self._writes.dialect, run_id, key, max_points=max_points, start=start, end=end
             )
 
+    async def series_of_runs(
+        self, run_ids: Sequence[str], key: str, *, max_points: int, start: int | None = None, end: int | None = None
+    ) -> dict[str, SeriesData]:
+        """`series` of one key for each of these runs (unknown runs left out), in one session."""
+        async with self.sessions() as session:
+            return await reads.series_of_runs(
+                session, self._writes.dialect, run_ids, key, max_points=max_points, start=start, end=end
+            )
+
     # -- step details -------------------------------------------------------------------
 
     async def distributions(

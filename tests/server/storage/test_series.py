@@ -77,6 +77,26 @@ def test_range_reads_and_unknown_series(server) -> None:
     assert httpx.get(f"{server.url}/api/v1/runs/{run_id}/series", params={"key": "x", "max_points": 0}).status_code == 422
 
 
+def test_one_read_of_many_runs_answers_each_run_as_its_own_read_does(server) -> None:
+    """GET /series (one key, many runs, read in one session): each run exactly as
+    GET /runs/{id}/series answers it, in the order asked, a repeated run once, a run that
+    does not log the key empty, an unknown run left out."""
+    long_run, short_run, other = new_run()["id"], new_run()["id"], new_run()["id"]
+    asyncio.run(_bulk_load(server.database_url, long_run, {7: math.inf, 8: math.nan}, 300))
+    asyncio.run(_bulk_load(server.database_url, short_run, {}, 20))
+    asyncio.run(_bulk_load(server.database_url, other, {}, 0))
+    asked = [short_run, "no-such-run", long_run, other, short_run]
+    for params in ({"max_points": 50}, {"max_points": 1000}, {"max_points": 10, "start": 5, "end": 200}):
+        response = httpx.get(f"{server.url}/api/v1/series", params={"key": "x", "run_id": asked, **params})
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert body["key"] == "x" and list(body["runs"]) == [short_run, long_run, other]
+        for run_id in (short_run, long_run):
+            alone = series(server, run_id, "x", **params)
+            assert body["runs"][run_id] == alone, (run_id, params)
+        assert body["runs"][other]["steps"] == []
+    assert body["runs"][long_run]["downsampled"] is True and body["runs"][long_run]["max"][0] == "nan"
+
 def test_finishing_an_unknown_run_is_refused(database_url) -> None:
     import pytest
 
