@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from tests.support.local_server import LocalServer
+from tests.support.order import slow_files_first
 
 HTTP_TIMEOUT_S = 60.0
 """What a test's HTTP call waits for an answer unless it passes its own timeout. httpx's
@@ -26,22 +27,9 @@ for _call in (*_CALLS, httpx.Client.__init__, httpx.AsyncClient.__init__):
 PG_ADMIN_DSN = os.environ.get("KEEL_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Test files in the order `make test`'s workers should take them: files holding a
-    `slow` test first (most such tests first), then the rest by number of tests, most first.
+    slow_files_first(items)
 
-    `make test` hands each file whole to one of its xdist workers in collection order
-    (`--dist loadfile --no-loadscope-reorder`). xdist's own order (most tests first) started
-    the few long tests last, and the run ended with one worker busy on them while the others
-    waited. Each file's tests keep their order (a stable sort on a per-file key)."""
-    slow: dict[str, int] = {}
-    count: dict[str, int] = {}
-    for item in items:
-        path = item.nodeid.split("::")[0]
-        count[path] = count.get(path, 0) + 1
-        slow[path] = slow.get(path, 0) + (item.get_closest_marker("slow") is not None)
-    items.sort(key=lambda item: (-slow[path := item.nodeid.split("::")[0]], -count[path]))
 
 def _postgres_or_skip() -> None:
     import psycopg

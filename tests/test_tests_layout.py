@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from tests.support.imports import imported_modules
+from tests.support.order import slow_files_first
 
 ROOT = Path(__file__).resolve().parents[1]
 SUPPORT = "tests.support"
@@ -120,3 +121,25 @@ def test_the_checks_find_what_they_forbid(tmp_path: Path) -> None:
         ("tests.server.alerts.test_engine", "tests.server.conftest"),
         ("tests.support.client", "tests.server.alerts.test_engine"),
     ]
+
+
+pytest_plugins = ["pytester"]
+
+
+def test_files_holding_a_slow_test_are_handed_out_first_and_keep_their_tests_order(pytester) -> None:  # type: ignore[no-untyped-def]
+    """`make test`'s workers take files in collection order (tests/conftest.py orders them):
+    a file with slow tests before any without, more slow tests first, then more tests first."""
+    pytester.makepyfile(
+        test_a_many="def test_1(): pass\ndef test_2(): pass\ndef test_3(): pass\n",
+        test_b_one="def test_1(): pass\n",
+        test_c_slow="import pytest\ndef test_quick(): pass\n@pytest.mark.slow\ndef test_long(): pass\n",
+        test_d_slower="import pytest\n@pytest.mark.slow\ndef test_1(): pass\n@pytest.mark.slow\ndef test_2(): pass\n",
+    )
+    items, _ = pytester.inline_genitems()
+    slow_files_first(items)
+    assert [item.nodeid for item in items] == [
+        "test_d_slower.py::test_1", "test_d_slower.py::test_2",
+        "test_c_slow.py::test_quick", "test_c_slow.py::test_long",
+        "test_a_many.py::test_1", "test_a_many.py::test_2", "test_a_many.py::test_3",
+        "test_b_one.py::test_1",
+    ]  # fmt: skip
