@@ -10,6 +10,8 @@ from pathlib import Path
 from tests.support.imports import imported_modules
 from tests.support.order import slow_files_first
 
+pytest_plugins = ["pytester"]  # the ordering test collects a small tree of its own
+
 ROOT = Path(__file__).resolve().parents[1]
 SUPPORT = "tests.support"
 TEST_MODULE_NAMES = ("__init__.py", "conftest.py")
@@ -122,8 +124,6 @@ def test_the_checks_find_what_they_forbid(tmp_path: Path) -> None:
         ("tests.support.client", "tests.server.alerts.test_engine"),
     ]
 
-
-pytest_plugins = ["pytester"]
 
 
 def test_files_holding_a_slow_test_are_handed_out_first_and_keep_their_tests_order(pytester) -> None:  # type: ignore[no-untyped-def]
