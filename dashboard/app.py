@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, cast
+from urllib.parse import urlsplit
 
-from dash import Dash, Input, Output
+from dash import Dash, Input, Output, State, no_update
 
 # The FastAPI backend's request context: Dash's index() reads the request through it.
-from dash.backends._fastapi import reset_current_request, set_current_request
+from dash.backends._fastapi import get_current_request, reset_current_request, set_current_request
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.routing import Match, Route
@@ -41,6 +42,23 @@ def route(pathname: str | None, search: str | None) -> Any:
     return empty_state("Page not found", f"Nothing at {pathname}.")
 
 
+def first_layout() -> Any:
+    """The layout Dash sends a page when it starts (`/_dash-layout`, once per page load): the
+    shell with the page of the URL that asked already built, so its charts ask for their data
+    at once instead of after a round trip to the router. The URL is the request's Referer (the
+    page that fetched its layout); without one from this server (a stricter referrer policy, a
+    proxy that drops it), the shell alone, and the router builds the page as on navigation."""
+    try:
+        request = get_current_request()
+    except RuntimeError:  # Dash checking its layout at start, outside any request
+        return shell()
+    referer = urlsplit(request.headers.get("referer", ""))
+    if not referer.path or referer.netloc != request.url.netloc:
+        return shell()
+    search = f"?{referer.query}" if referer.query else ""
+    return shell(route(referer.path, search), referer.path + search)
+
+
 def live_scripts() -> list[dict[str, str]]:
     """The live updater's <script> sources, in LIVE_PARTS' order, each with its file's
     modification time as the query (as Dash marks its own assets, so an edit is refetched)."""
@@ -65,11 +83,19 @@ def build_dash(server: FastAPI, api: KeelApi) -> Dash:
         compress=False,
         meta_tags=[{"name": "viewport", "content": "width=device-width, initial-scale=1"}],
     )
-    dash_app.layout = shell()
+    dash_app.layout = first_layout
 
-    @dash_app.callback(Output("page", "children"), Input("url", "pathname"), Input("url", "search"))
-    def page(pathname: str | None, search: str | None) -> Any:
-        return route(pathname, search)
+    @dash_app.callback(
+        Output("page", "children"),
+        Output("page-built-for", "data"),
+        Input("url", "pathname"),
+        Input("url", "search"),
+        State("page-built-for", "data"),
+    )
+    def page(pathname: str | None, search: str | None, built_for: str | None) -> Any:
+        if built_for is not None and f"{pathname or ''}{search or ''}" == built_for:
+            return no_update, None  # the first layout holds this URL's page already
+        return route(pathname, search), None
 
     charts.register(dash_app, api)
     compare.register(dash_app, api)

@@ -91,11 +91,13 @@ def tick_reasons(tick: dict[str, Any] | None) -> set[str]:
     return set((tick or {}).get("reasons") or [(tick or {}).get("reason")])
 
 
-def shell() -> html.Div:
-    """The page frame: header with navigation and live indicator, routed content below."""
+def shell(page: Any = None, built_for: str | None = None) -> html.Div:
+    """The page frame: header with navigation and live indicator, routed content below:
+    `page`, already built for the URL `built_for` (path and query), or filled by the router."""
     return html.Div(
         [
             dcc.Location(id="url", refresh="callback-nav"),
+            dcc.Store(id="page-built-for", data=built_for),
             dcc.Store(id="live-tick"),
             dcc.Store(id="live-data-tick"),
             # The live alerts' marks of every chart drawn, read on an alert tick
@@ -120,7 +122,7 @@ def shell() -> html.Div:
                 ],
                 className="keel-header",
             ),
-            html.Main(id="page", className="keel-page"),
+            html.Main(page, id="page", className="keel-page"),
         ]
     )
 
