@@ -93,7 +93,7 @@ def build_dash(server: FastAPI, api: KeelApi) -> Dash:
         State("page-built-for", "data"),
     )
     def page(pathname: str | None, search: str | None, built_for: str | None) -> Any:
-        if built_for is not None and f"{pathname or ''}{search or ''}" == built_for:
+        if f"{pathname or ''}{search or ''}" == built_for:
             return no_update, None  # the first layout holds this URL's page already
         return route(pathname, search), None
 

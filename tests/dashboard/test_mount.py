@@ -61,6 +61,7 @@ def test_a_page_gets_its_layout_with_its_page_already_built(server) -> None:
         assert shell["page-built-for"]["data"] is None and shell["page"]["children"] is None, headers
         assert "page-state" not in shell, headers
 
+
 def test_every_live_script_is_in_the_declared_order_once() -> None:
     """A part added to assets/live/ must be listed in LIVE_PARTS (Dash no longer loads the
     folder by itself), and a listed part must exist."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 __all__ = ["slow_files_first"]
@@ -20,9 +22,6 @@ def slow_files_first(items: list[pytest.Item]) -> None:
     def file_of(item: pytest.Item) -> str:
         return item.nodeid.split("::")[0]
 
-    slow: dict[str, int] = {}
-    count: dict[str, int] = {}
-    for item in items:
-        count[file_of(item)] = count.get(file_of(item), 0) + 1
-        slow[file_of(item)] = slow.get(file_of(item), 0) + (item.get_closest_marker("slow") is not None)
-    items.sort(key=lambda item: (-slow[file_of(item)], -count[file_of(item)]))
+    tests = Counter(file_of(item) for item in items)
+    slow = Counter(file_of(item) for item in items if item.get_closest_marker("slow") is not None)
+    items.sort(key=lambda item: (-slow[file_of(item)], -tests[file_of(item)]))

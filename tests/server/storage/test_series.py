@@ -97,9 +97,8 @@ def test_one_read_of_many_runs_answers_each_run_as_its_own_read_does(server) -> 
         assert body["runs"][other]["steps"] == []
     assert body["runs"][long_run]["downsampled"] is True and body["runs"][long_run]["max"][0] == "nan"
 
-def test_finishing_an_unknown_run_is_refused(database_url) -> None:
-    import pytest
 
+def test_finishing_an_unknown_run_is_refused(database_url) -> None:
     from server.errors import UnknownRun
 
     db.upgrade(database_url)
