@@ -101,6 +101,16 @@ class KeelApi:
         response.raise_for_status()
         return [str(item["key"]) for item in response.json()]
 
+    async def keys_of_runs(self, run_ids: Iterable[str]) -> dict[str, list[str]]:
+        """The metric keys of each of these runs in one read ([] for an unknown run)."""
+        ids = list(dict.fromkeys(run_ids))
+        if not ids:
+            return {}
+        response = await self._get("/keys", run_id=ids)
+        response.raise_for_status()
+        found = response.json()["runs"]
+        return {run_id: [str(item["key"]) for item in found.get(run_id, [])] for run_id in ids}
+
     async def last_steps(self, run_id: str) -> dict[str, int | None]:
         """Each metric key the run logs, with its last step ({} for an unknown run)."""
         response = await self._get(f"/runs/{run_id}/keys")

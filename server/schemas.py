@@ -191,6 +191,13 @@ class KeyOut(BaseModel):
         return cls(key=info.key, count=info.count, last_step=info.last_step)
 
 
+class KeysOfRuns(BaseModel):
+    """The metric keys of several runs (GET /keys): each known run's, as GET /runs/{id}/keys
+    answers."""
+
+    runs: dict[str, list[KeyOut]]
+
+
 WireValue = float | str
 
 

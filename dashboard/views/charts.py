@@ -338,10 +338,10 @@ async def _drawn_series(
         chosen: dict[str, str | None] = dict.fromkeys(run_ids)
         series = {run_id: found[run_id] for run_id in run_ids}
     else:
-        logged = await asyncio.gather(*(api.last_steps(run_id) for run_id in run_ids))
+        logged = await api.keys_of_runs(run_ids)
         chosen = {
-            run_id: next((source for source in info.sources if source in keys), info.sources[0])
-            for run_id, keys in zip(run_ids, logged, strict=True)
+            run_id: next((source for source in info.sources if source in logged[run_id]), info.sources[0])
+            for run_id in run_ids
         }
         reads = await asyncio.gather(
             *(api.series_of_runs([r for r in run_ids if chosen[r] == source], source, **read) for source in info.sources)

@@ -198,7 +198,7 @@ def register(dash_app: Dash, api: KeelApi) -> None:
         run_ids = state["runs"]
         infos = await api.runs_by_id(run_ids)
         known = [r for r in run_ids if infos.get(r)]
-        keys = await asyncio.gather(*(api.keys(r) for r in known))
+        keys = (await api.keys_of_runs(known)).values()
         lines = [_identity(r, infos[r] or {}) for r in known]
         styles = run_styles(lines)
         chips = [

@@ -173,8 +173,7 @@ async def read_runs(
     api: KeelApi, run_ids: list[str], names: dict[str, str], start: int | None, end: int | None
 ) -> dict[str, RunRead]:
     """Each run's per-step parity values in start..end, its tails and its histograms."""
-    keys = await asyncio.gather(*(api.keys(run_id) for run_id in run_ids))
-    stored = {run_id: set(found) for run_id, found in zip(run_ids, keys, strict=True)}
+    stored = {run_id: set(found) for run_id, found in (await api.keys_of_runs(run_ids)).items()}
     scalars = await asyncio.gather(*(
         api.series_of_runs([r for r in run_ids if key in stored[r]], key, max_points=SERIES_POINTS, start=start, end=end)
         for key in SCALAR_KEYS

@@ -28,6 +28,7 @@ from server.schemas import (
     DistributionsOut,
     HazardOut,
     KeyOut,
+    KeysOfRuns,
     LatestPoint,
     ListedRun,
     PointsWritten,
@@ -117,6 +118,17 @@ async def series_of_runs(
     unknown runs are left out (a chart of many runs asks once, not once per run)."""
     found = await store.series_of_runs(run_id, key, max_points=max_points, start=start, end=end)
     return SeriesOfRuns(key=key, runs={one: SeriesOut.from_data(data) for one, data in found.items()})
+
+
+@router.get("/keys", response_model=KeysOfRuns, dependencies=[READ])
+async def keys_of_runs(
+    store: StoreDep,
+    run_id: Annotated[list[Text], Query(max_length=MAX_RUNS_PER_READ, description="the runs (repeat the parameter)")],
+) -> KeysOfRuns:
+    """The metric keys of several runs in one read, each as `GET /runs/{id}/keys` answers;
+    unknown runs are left out."""
+    found = await store.keys_of_runs(run_id)
+    return KeysOfRuns(runs={one: [KeyOut.from_info(info) for info in infos] for one, infos in found.items()})
 
 
 @router.get("/runs/{run_id}", response_model=RunDetail, dependencies=[READ], responses=errors(404))

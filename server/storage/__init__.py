@@ -162,6 +162,11 @@ class Store:
         async with self.sessions() as session:
             return await reads.keys(session, run_id)
 
+    async def keys_of_runs(self, run_ids: Sequence[str]) -> dict[str, list[KeyInfo]]:
+        """`keys` of each of these runs (unknown runs left out), in one session."""
+        async with self.sessions() as session:
+            return await reads.keys_of_runs(session, run_ids)
+
     async def rows(
         self,
         run_id: str,

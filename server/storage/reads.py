@@ -77,7 +77,8 @@ async def get_run(session: AsyncSession, run_id: str) -> Run:
     return run
 
 
-async def keys(session: AsyncSession, run_id: str) -> list[KeyInfo]:
+def _key_infos(*where: Any) -> Any:
+    """Series.run_id, key, point count and last step of the series matching `where`, by run and key."""
     # Each point lies in exactly one top-level rollup block: their counts add up to the series'.
     count = (
         select(func.coalesce(func.sum(PointRollup.point_count), 0))
@@ -86,10 +87,23 @@ async def keys(session: AsyncSession, run_id: str) -> list[KeyInfo]:
         .scalar_subquery()
     )
     last_step = select(func.max(Point.step)).where(Point.series_id == Series.id).correlate(Series).scalar_subquery()
-    query = select(Series.key, count, last_step).where(Series.run_id == run_id).order_by(Series.key)
+    return select(Series.run_id, Series.key, count, last_step).where(*where).order_by(Series.run_id, Series.key)
+
+
+async def keys(session: AsyncSession, run_id: str) -> list[KeyInfo]:
     await get_run(session, run_id)
-    result = await session.execute(query)
-    return [KeyInfo(key, int(count), last) for key, count, last in result]
+    result = await session.execute(_key_infos(Series.run_id == run_id))
+    return [KeyInfo(key, int(count), last) for _, key, count, last in result]
+
+
+async def keys_of_runs(session: AsyncSession, run_ids: Sequence[str]) -> dict[str, list[KeyInfo]]:
+    """`keys` of each of these runs in two queries; unknown runs are left out, the others
+    in the order asked."""
+    known = set(await session.scalars(select(Run.id).where(Run.id.in_(run_ids))))
+    found: dict[str, list[KeyInfo]] = {run_id: [] for run_id in dict.fromkeys(run_ids) if run_id in known}
+    for run_id, key, count, last in await session.execute(_key_infos(Series.run_id.in_(list(found)))):
+        found[run_id].append(KeyInfo(key, int(count), last))
+    return found
 
 
 async def rows(

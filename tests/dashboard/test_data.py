@@ -30,6 +30,8 @@ def test_reads_runs_series_and_last_values(server) -> None:
         found = await api.runs_by_id([run.id, "missing"])
         assert found[run.id]["name"] == "reader" and found["missing"] is None
         assert "reward/mean" in await api.keys(run.id) and await api.keys("missing") == []
+        of_keys = await api.keys_of_runs([run.id, "missing", run.id])
+        assert of_keys == {run.id: await api.keys(run.id), "missing": []} and "grad/norm" in of_keys[run.id]
         of_runs = await api.series_of_runs([run.id, "missing"], "reward/mean", max_points=10)
         series = of_runs[run.id]
         assert series.downsampled and len(series.steps) <= 10 and math.isnan(series.maxs[-1])

@@ -11,7 +11,7 @@ import pytest
 
 from server import db
 from server.storage import Store
-from tests.support.raw_client import new_run, series
+from tests.support.raw_client import hello, new_run, open_ingest, points, recv, series
 from wire import Row, RunInfo
 
 N = 1_000_000
@@ -131,3 +131,27 @@ def test_downsampling_a_run_whose_steps_reach_2_to_the_62(server) -> None:
     assert data["downsampled"] is True
     assert data["steps"] == [2**40, 2**61, 2**62 - 1]
     assert data["min"] == [0.0, 3.0, 4.0] and data["max"] == [2.0, 3.0, 5.0]
+
+
+def test_the_keys_of_many_runs_are_each_runs_own_keys(server) -> None:
+    """GET /keys (many runs, one session): each run's keys, counts and last steps exactly as
+    GET /runs/{id}/keys answers them, in the order asked, a repeated run once, a run with no
+    points with no keys, an unknown run left out."""
+    second_run = new_run("second")
+    first, second, empty = new_run()["id"], second_run["id"], new_run()["id"]
+    asyncio.run(_bulk_load(server.database_url, first, {3: math.nan}, 40))
+    asyncio.run(_bulk_load(server.database_url, empty, {}, 0))
+    with open_ingest(server) as ws:
+        assert hello(ws, second_run)["type"] == "welcome"
+        ws.send(points(0, [{"step": s, "values": {"b": 1.0, "a": float(s)} if s % 2 else {"a": 2.0}} for s in range(7)]))
+        assert recv(ws)["type"] == "ack"
+    response = httpx.get(f"{server.url}/api/v1/keys", params={"run_id": [second, "no-such-run", first, empty, second]})
+    assert response.status_code == 200, response.text
+    runs = response.json()["runs"]
+    assert list(runs) == [second, first, empty]
+    for run_id in (first, second):
+        assert runs[run_id] == httpx.get(f"{server.url}/api/v1/runs/{run_id}/keys").json()
+    assert runs[second] == [{"key": "a", "count": 7, "last_step": 6}, {"key": "b", "count": 3, "last_step": 5}]
+    assert runs[first] == [{"key": "x", "count": 40, "last_step": 39}]
+    assert runs[empty] == []
+    assert httpx.get(f"{server.url}/api/v1/keys").status_code == 422
