@@ -137,14 +137,16 @@ class KeelApi:
         found = response.json()["runs"]
         return {run_id: Series.from_json(found[run_id]) if run_id in found else Series.empty() for run_id in ids}
 
-    async def hazard(self, run_id: str, *, max_points: int = 2000) -> dict[str, Any] | None:
-        """The run's collapse hazard, `{"run_id", "horizon", "steps", "hazard"}`; None for an
-        unknown run (or a server without the hazard API)."""
-        response = await self._get(f"/runs/{run_id}/hazard", max_points=max_points)
-        if response.status_code == 404:
-            return None
+    async def hazards(self, run_ids: Iterable[str], *, max_points: int = 2000) -> dict[str, dict[str, Any] | None]:
+        """The collapse hazard of each of these runs in one read, as `hazard` gives it (None
+        for an unknown run)."""
+        ids = list(dict.fromkeys(run_ids))
+        if not ids:
+            return {}
+        response = await self._get("/hazard", run_id=ids, max_points=max_points)
         response.raise_for_status()
-        return dict(response.json())
+        found = response.json()["runs"]
+        return {run_id: found.get(run_id) for run_id in ids}
 
     async def _details(self, path: str, **params: Any) -> dict[str, Any] | None:
         """A read of a run's step details; None for an unknown run, or a server that does not

@@ -252,6 +252,13 @@ class HazardOut(BaseModel):
     )
 
 
+class HazardOfRuns(BaseModel):
+    """The collapse hazard of several runs (GET /hazard): each known run's, as GET
+    /runs/{id}/hazard answers it."""
+
+    runs: dict[str, HazardOut]
+
+
 class DistributionsOut(BaseModel):
     """A histogram key of a run per step (GET /runs/{id}/distributions, docs/protocol.md)."""
 

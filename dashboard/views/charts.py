@@ -279,9 +279,9 @@ async def hazards(api: KeelApi, run_ids: list[str]) -> tuple[dict[str, Series], 
     horizon the server speaks about (None when no run answered): the hazard chart's data, and
     the compare summary's peak hazard."""
     ids = list(dict.fromkeys(run_ids))
-    answers = await asyncio.gather(*(api.hazard(r, max_points=HAZARD_POINTS) for r in ids))
+    answers = await api.hazards(ids, max_points=HAZARD_POINTS)
     found, reads, horizon = {}, {}, None
-    for run_id, answer in zip(ids, answers, strict=True):
+    for run_id, answer in answers.items():
         series, read = Series.empty(), HazardRead()
         if answer is not None:
             horizon = int(answer["horizon"])

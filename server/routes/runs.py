@@ -14,6 +14,7 @@ from fastapi import APIRouter, HTTPException, Query, Request, Response
 
 from server.alerts.hazard import WARMUP
 from server.auth import ADMIN, INGEST, READ, presented_token, speaker_of
+from server.components import Components
 from server.deps import CommittedDep, ComponentsDep, SettingsDep, StoreDep
 from server.errors import Conflict, Forbidden, TooLarge
 from server.fairlock import WRITE_OWNER
@@ -26,6 +27,7 @@ from server.schemas import (
     ApiRoute,
     DetailsPage,
     DistributionsOut,
+    HazardOfRuns,
     HazardOut,
     KeyOut,
     KeysOfRuns,
@@ -185,22 +187,41 @@ def max_per_bucket(steps: Sequence[int], values: Sequence[float], max_points: in
     return kept_steps, kept_values
 
 
-@router.get("/runs/{run_id}/hazard", response_model=HazardOut, dependencies=[READ], responses=errors(404))
-async def run_hazard(
-    run_id: RunId,
-    components: ComponentsDep,
-    max_points: int = Query(HAZARD_POINTS, ge=1, le=100_000, description="buckets of a longer answer; each keeps its highest hazard"),
-) -> HazardOut:
-    """The run's collapse hazard from its stored points: at each step past the warm-up, the
-    estimated probability that the run collapses within the next `horizon` steps."""
-    run = await components.store.get_run(run_id)
-    course = await components.hazards.so_far(components.store, run_id, run.started_at)
+HazardPoints = Annotated[
+    int, Query(ge=1, le=100_000, description="buckets of a longer answer; each keeps its highest hazard")
+]
+
+
+async def _hazard_of(components: Components, run_id: str, started_at: float, max_points: int) -> HazardOut:
+    course = await components.hazards.so_far(components.store, run_id, started_at)
     steps, hazard = max_per_bucket(course.steps, course.hazard, max_points)
     fall = course.fall()
     return HazardOut(
         run_id=run_id, horizon=components.hazards.model.horizon, steps=steps, hazard=hazard, warmup=WARMUP,
         collapsed_at=fall.collapsed_at, falling_since=fall.falling_since, dips=list(fall.dips), missing=course.missing(),
     )  # fmt: skip
+
+
+@router.get("/runs/{run_id}/hazard", response_model=HazardOut, dependencies=[READ], responses=errors(404))
+async def run_hazard(run_id: RunId, components: ComponentsDep, max_points: HazardPoints = HAZARD_POINTS) -> HazardOut:
+    """The run's collapse hazard from its stored points: at each step past the warm-up, the
+    estimated probability that the run collapses within the next `horizon` steps."""
+    run = await components.store.get_run(run_id)
+    return await _hazard_of(components, run_id, run.started_at, max_points)
+
+
+@router.get("/hazard", response_model=HazardOfRuns, dependencies=[READ])
+async def hazard_of_runs(
+    components: ComponentsDep,
+    run_id: Annotated[list[Text], Query(max_length=MAX_RUNS_PER_READ, description="the runs (repeat the parameter)")],
+    max_points: HazardPoints = HAZARD_POINTS,
+) -> HazardOfRuns:
+    """The collapse hazard of several runs in one read, each as `GET /runs/{id}/hazard`
+    answers it; unknown runs are left out."""
+    found = {run.id: run for run in await components.store.list_runs(ids=list(dict.fromkeys(run_id)))}
+    return HazardOfRuns(runs={
+        one: await _hazard_of(components, one, found[one].started_at, max_points) for one in dict.fromkeys(run_id) if one in found
+    })  # fmt: skip
 
 
 # -- step details ----------------------------------------------------------------------------

@@ -38,15 +38,17 @@ def test_reads_runs_series_and_last_values(server) -> None:
         (listed,) = await api.runs(latest=["grad/norm"])
         assert listed["latest"]["grad/norm"] == {"step": 50, "value": "inf"} and "hazard" not in listed
         (with_hazard,) = await api.runs(hazard=True)  # a running run: its current hazard
-        current = await api.hazard(run.id)
+        current = (await api.hazards([run.id]))[run.id]
         assert current is not None and with_hazard["hazard"] == current["hazard"][-1]
         assert of_runs["missing"].steps == []
         assert await api.alerts(run.id) is not None  # the alerts API exists on this server
-        hazard = await api.hazard(run.id, max_points=5)
+        hazard = (await api.hazards([run.id], max_points=5))[run.id]
         assert hazard is not None and hazard["run_id"] == run.id and hazard["horizon"] == HORIZON
         assert len(hazard["steps"]) == 5 and hazard["steps"][0] >= WARMUP and hazard["steps"][-1] <= 50
         assert all(0 <= p <= 1 for p in hazard["hazard"])
-        assert await api.hazard("missing") is None
+        assert await api.hazards([run.id, "missing"], max_points=5) == {run.id: hazard, "missing": None}
+        alone = await api._get(f"/runs/{run.id}/hazard", max_points=5)
+        assert alone.json() == hazard  # each run of the read exactly as its own GET /runs/{id}/hazard
 
     asyncio.run(read())
 
