@@ -278,8 +278,7 @@ async def hazards(api: KeelApi, run_ids: list[str]) -> tuple[dict[str, Series], 
     while the run warms up, or for a run the server does not know), what reads it, and the
     horizon the server speaks about (None when no run answered): the hazard chart's data, and
     the compare summary's peak hazard."""
-    ids = list(dict.fromkeys(run_ids))
-    answers = await api.hazards(ids, max_points=HAZARD_POINTS)
+    answers = await api.hazards(run_ids, max_points=HAZARD_POINTS)  # each run once
     found, reads, horizon = {}, {}, None
     for run_id, answer in answers.items():
         series, read = Series.empty(), HazardRead()

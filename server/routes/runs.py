@@ -218,9 +218,10 @@ async def hazard_of_runs(
 ) -> HazardOfRuns:
     """The collapse hazard of several runs in one read, each as `GET /runs/{id}/hazard`
     answers it; unknown runs are left out."""
-    found = {run.id: run for run in await components.store.list_runs(ids=list(dict.fromkeys(run_id)))}
+    asked = list(dict.fromkeys(run_id))
+    found = {run.id: run for run in await components.store.list_runs(ids=asked)}
     return HazardOfRuns(runs={
-        one: await _hazard_of(components, one, found[one].started_at, max_points) for one in dict.fromkeys(run_id) if one in found
+        one: await _hazard_of(components, one, found[one].started_at, max_points) for one in asked if one in found
     })  # fmt: skip
 
 
