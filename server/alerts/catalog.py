@@ -60,11 +60,11 @@ class RuleSpec:
 SIGNATURE_RULES = (
     RuleSpec(
         "entropy running away", "policy/entropy", "climb", "critical", for_steps=1, keep_firing_for=50,
-        params={"min_scale": 0.35, "k": 2.0, "h": 10.0, "adapt": 0.02, "floor": 0.2},
+        params={"min_scale": 0.35, "k": 2.0, "h": 10.0, "adapt": 0.02, "floor": 0.2, "fallback": 100},
     ),
     RuleSpec(
         "loss growing", LOSS_KEYS, "climb", "critical", for_steps=1, keep_firing_for=50,
-        params={"of": "magnitude", "floor": 0.01, "min_scale": 0.5, "k": 2.0, "h": 10.0},
+        params={"of": "magnitude", "floor": 0.01, "min_scale": 0.5, "k": 2.0, "h": 10.0, "fallback": 100},
     ),
     RuleSpec("policy ratio jumping", POLICY_RATIO_KEYS, "jump", "warning", for_steps=1, keep_firing_for=30, params={"factor": 10.0}),
     RuleSpec(

@@ -154,6 +154,24 @@ class RobustBaseline:
         return float((x - state["median"]) / state["scale"])
 
 
+FALLBACK_RECENT = 10
+"""A climb in `fallback` compares the mean of the reward's last FALLBACK_RECENT values with its level."""
+
+
+def fallback_drop(state: dict[str, Any]) -> tuple[float, float, float] | None:
+    """(how many spreads the reward's recent mean is below its level, that mean, the level):
+    the level is the reward's mean over the steps the climb's fallback level was taken over, the
+    spread its per-sample spread there (`reward/std`), or on a run that logs none the spread of
+    those steps' rewards. None without them."""
+    level = state.get("reward_level")
+    recent = state.get("rewards") or []
+    if not level or len(recent) < FALLBACK_RECENT:
+        return None
+    mean, spread = level
+    now = statistics.fmean(recent)
+    return (mean - now) / max(spread, 1e-12), now, mean
+
+
 class RewardGain:
     """How much a run has learned: how far `reward/mean` (EWMA, at its peak so far) has risen
     above its start (the mean of its first START_STEPS values), in initial per-sample spreads
@@ -282,6 +300,14 @@ class Climb(Detector):
     a run that has just gained `after_gain` spreads is in its fastest learning, its policy
     moving most per step, and a stale sampler's mismatch rises with it for a few tens of
     steps; what climbs once that has settled is counted.
+
+    `fallback` (0: off) watches a run whose reward never rose: after that many values of
+    waiting the baseline is the last `warmup` values anyway, and the climb is active only while
+    the mean of the reward's last FALLBACK_RECENT values is also `fallback_drop` spreads below
+    its mean over those steps (`reward/std` there, else the spread of their rewards): a run
+    resumed from a trained checkpoint has nothing to gain, and a run that never learned has an
+    entropy that wanders but no reward to lose. A reward that rises later has the baseline
+    taken again, from the `warmup` values before it.
     """
 
     kind = "climb"
@@ -289,14 +315,14 @@ class Climb(Detector):
         "warmup": 50, "k": 1.0, "h": 12.0, "z_cap": 8.0, "min_scale": 0.05, "floor": 1e-12,
         "after_gain": 2.5, "reward_key": "reward/mean", "reward_std_key": "reward/std",
         "direction": "up", "of": "value", "adapt": 0.0, "surge": 0.0, "surge_fast": 10, "surge_slow": 50,
-        "settle": 0,
+        "settle": 0, "fallback": 0, "fallback_drop": 1.5,
     }
 
     def validate(self) -> None:
-        _positive(self.params, "warmup", "k", "h", "z_cap", "min_scale", "floor", "surge_fast", "surge_slow")
+        _positive(self.params, "warmup", "k", "h", "z_cap", "min_scale", "floor", "surge_fast", "surge_slow", "fallback_drop")
         if self.params["warmup"] > MAX_WARMUP:
             raise ValueError(f"parameter 'warmup' must be at most {MAX_WARMUP}")
-        for name in ("surge", "settle"):
+        for name in ("surge", "settle", "fallback"):
             value = self.params[name]
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"parameter {name!r} must be a number >= 0 (0: off)")
@@ -339,11 +365,42 @@ class Climb(Detector):
         if p["surge"] and math.isfinite(x):
             state["fast"] = x if "fast" not in state else state["fast"] + (x - state["fast"]) / p["surge_fast"]
             state["slow"] = x if "slow" not in state else state["slow"] + (x - state["slow"]) / p["surge_slow"]
-        if p["after_gain"] and "median" not in state and reward.get("reward_seen") and not RewardGain.reached(reward, p["after_gain"], noise_spread=True):
+        learned = not p["after_gain"] or not reward.get("reward_seen") or RewardGain.reached(reward, p["after_gain"], noise_spread=True)
+        if state.get("fallback"):
+            for name, item in (("recent", x), ("rewards", values.get(p["reward_key"]))):
+                if item is not None and math.isfinite(item):
+                    kept = state[name]
+                    kept.append(item)
+                    del kept[: -int(p["warmup"] if name == "recent" else FALLBACK_RECENT)]
+            if learned:  # it rose after all: the level is retaken, from the values before now
+                recent = state["recent"]
+                for name in ("median", "scale", "cusum", "fallback", "recent", "rewards", "reward_level", "settled"):
+                    state.pop(name, None)
+                state["warmup"] = recent[:-1]
+        elif "median" not in state and not learned:
             sample = state.setdefault("warmup", [])
             sample.append(x)
             del sample[: -int(p["warmup"])]
-            return Signal(False, value, "waiting for the reward to rise")
+            rewards, spreads = state.setdefault("rewards", []), state.setdefault("spreads", [])
+            for kept, item in ((rewards, values.get(p["reward_key"])), (spreads, values.get(p["reward_std_key"]))):
+                if item is not None and math.isfinite(item):
+                    kept.append(item)
+                    del kept[: -int(p["warmup"])]
+            state["waited"] = state.get("waited", 0) + 1
+            if not p["fallback"] or state["waited"] < max(p["fallback"], p["warmup"]):
+                return Signal(False, value, "waiting for the reward to rise")
+            # It never rose: the level is the last `warmup` values anyway, and the reward's
+            # level and step-to-step spread over the same steps are what a fall is measured from.
+            state["fallback"] = True
+            state["recent"] = list(sample)
+            spread = statistics.fmean(spreads) if spreads else statistics.pstdev(rewards) if len(rewards) >= 2 else 0.0
+            state["reward_level"] = [statistics.fmean(rewards), spread] if rewards and spread > 0 else None
+            del state["spreads"]
+            state["rewards"] = rewards[-FALLBACK_RECENT:]
+            sample.pop()  # RobustBaseline takes x from here
+        if learned:
+            state.pop("rewards", None)
+            state.pop("spreads", None)
         z = RobustBaseline.z(state, x, p["warmup"], p["min_scale"])
         if z is None:
             if p["settle"] and "median" in state:
@@ -368,6 +425,13 @@ class Climb(Detector):
             rise = math.exp((state["fast"] - state["slow"]) * (1 if up else -1))
             active = rise >= p["surge"]
             surging = f"; its {p['surge_fast']:g}-step average is {rise:.3g}× its {p['surge_slow']:g}-step one"
+        falling = ""
+        if active and state.get("fallback"):
+            drop = fallback_drop(state)
+            active = drop is not None and drop[0] >= p["fallback_drop"]
+            if drop is not None:
+                falling = (f"; the run never showed a learned reward, and its reward's last {FALLBACK_RECENT} values average "
+                           f"{drop[1]:.4g}, {drop[0]:.2g} spreads below its level then ({drop[2]:.4g})")
         if not active:
             return Signal(False, value, "at baseline")
         level = math.exp(state["median"])
@@ -376,7 +440,7 @@ class Climb(Detector):
         message = (
             f"{what} {'climbing' if up else 'falling'}: {size:.4g} is {times:.3g}× the level it had "
             f"once the run learned ({level:.4g}), {z:.1f} baseline sigmas {'above' if up else 'below'} it "
-            f"(CUSUM {cusum:.1f} > {p['h']:g}){surging}"
+            f"(CUSUM {cusum:.1f} > {p['h']:g}){surging}{falling}"
         )
         return Signal(True, value, message)
 

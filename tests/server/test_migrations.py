@@ -108,7 +108,9 @@ def test_projects_from_before_the_signature_rules_get_each_once(database_url: st
 
     frozen = importlib.import_module("migrations.versions.0010_signature_rules").RULES
     floor = importlib.import_module("migrations.versions.0015_entropy_floor")
-    since = {floor.NAME: floor.AFTER}  # parameters later migrations moved the built-in rules to
+    fallback = importlib.import_module("migrations.versions.0016_signature_fallback")
+    since = dict(fallback.AFTER)  # parameters later migrations moved the built-in rules to
+    assert fallback.BEFORE[floor.NAME] == floor.AFTER
     assert [(r["name"], r["metric"], r["detector"], since.get(r["name"], r["params"]), r["severity"], r["for_steps"], r["keep_firing_for"]) for r in frozen] == [
         (s.name, s.metric, s.detector, s.params, s.severity, s.for_steps, s.keep_firing_for) for s in SIGNATURE_RULES
     ]
@@ -210,6 +212,7 @@ def test_the_builtin_entropy_rule_takes_the_floor_of_0015_and_its_runs_keep_thei
     catalog's floor (0.2 nats); each run's detector state is read under the new floor and marked
     as computed for the new parameters (the engine keeps it: the run keeps its learned level);
     a rule its user edited, and its state, are left alone; a downgrade puts the old floor back."""
+    import importlib
     import json
     import math
     from types import SimpleNamespace
@@ -220,7 +223,7 @@ def test_the_builtin_entropy_rule_takes_the_floor_of_0015_and_its_runs_keep_thei
     from server.alerts.state import definition
 
     spec = next(rule for rule in SIGNATURE_RULES if rule.name == "entropy running away")
-    before = {**spec.params, "floor": 0.1}
+    before = importlib.import_module("migrations.versions.0015_entropy_floor").BEFORE
     edited = {**before, "k": 3.0}
     upgrade(database_url, "0014")
     engine = create_engine(_sync_url(database_url))
@@ -253,10 +256,11 @@ def test_the_builtin_entropy_rule_takes_the_floor_of_0015_and_its_runs_keep_thei
                 rows = conn.exec_driver_sql("SELECT r.id, r.params, s.state FROM rules r JOIN rule_states s ON s.rule_id = r.id").all()
             return {row[0]: tuple(json.loads(v) if isinstance(v, str) else v for v in row[1:]) for row in rows}
 
-        upgrade(database_url)
+        upgrade(database_url, "0015")
+        after = {**before, "floor": 0.2}
         moved, kept = read()[1], read()[2]
-        assert moved[0] == spec.params and spec.params["floor"] == 0.2
-        assert moved[1]["definition"] == definition(rule(spec.params))  # the engine keeps this state
+        assert moved[0] == after and spec.params["floor"] == 0.2
+        assert moved[1]["definition"] == definition(rule(after))  # the engine keeps this state
         assert moved[1]["detector"]["median"] == math.log(0.2) and moved[1]["detector"]["scale"] == 0.35
         assert kept[0] == edited and kept[1]["detector"]["median"] == math.log(0.1)
         assert kept[1]["definition"] == definition(rule(edited))
@@ -264,5 +268,66 @@ def test_the_builtin_entropy_rule_takes_the_floor_of_0015_and_its_runs_keep_thei
         back = read()[1]
         assert back[0] == before and back[1]["definition"] == definition(rule(before))
         assert back[1]["detector"]["median"] == math.log(0.2)  # a floored level is not lowered again
+    finally:
+        engine.dispose()
+
+
+def test_the_builtin_entropy_and_loss_rules_take_the_fallback_of_0016_and_keep_their_states(database_url: str) -> None:
+    """0016 gives the built-in "entropy running away" and "loss growing" rules still on their
+    earlier parameters the catalog's `fallback`; each run's state is kept and marked as computed
+    for the new parameters; an edited rule is left alone; a downgrade takes the parameter off."""
+    import importlib
+    import json
+    from types import SimpleNamespace
+
+    from alembic import command
+
+    from server.alerts.catalog import SIGNATURE_RULES
+    from server.alerts.state import definition
+
+    frozen = importlib.import_module("migrations.versions.0016_signature_fallback")
+    specs = {rule.name: rule for rule in SIGNATURE_RULES if rule.name in frozen.BEFORE}
+    assert sorted(specs) == sorted(frozen.BEFORE) and all(specs[name].params == frozen.AFTER[name] for name in specs)
+    upgrade(database_url, "0015")
+    engine = create_engine(_sync_url(database_url))
+    rule_columns = "id, name, project, metric, detector, params, severity, for_steps, keep_firing_for, enabled, builtin, created_at"
+
+    def rule(name: str, params: dict) -> Any:  # what `definition` reads of a rule
+        return SimpleNamespace(detector="climb", metric=specs[name].metric, params=params)
+
+    rows = [(1, "entropy running away", frozen.BEFORE["entropy running away"]), (2, "loss growing", frozen.BEFORE["loss growing"]),
+            (3, "loss growing", {**frozen.BEFORE["loss growing"], "h": 20.0})]
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql("INSERT INTO projects (name, created_at) VALUES ('p', 0)")
+            conn.exec_driver_sql(
+                "INSERT INTO runs (id, name, project, config, tags, status, acked_seq, started_at, last_seen_at) "
+                "VALUES ('r1', 'r1', 'p', '{}', '[]', 'running', -1, 0, 0)"
+            )
+            for rule_id, name, params in rows:
+                conn.exec_driver_sql(
+                    f"INSERT INTO rules ({rule_columns}) VALUES ({rule_id}, '{name}', 'p', '{specs[name].metric}', 'climb', "
+                    f"'{json.dumps(params)}', 'critical', 1, 50, true, true, 0)"
+                )
+                state = json.dumps({"detector": {"median": 0.5, "scale": 0.35, "cusum": 1.5}, "definition": definition(rule(name, params)),
+                                    "lifecycle": {}, "alert_id": None})
+                conn.exec_driver_sql(f"INSERT INTO rule_states (rule_id, run_id, state, last_step) VALUES ({rule_id}, 'r1', '{state}', 10)")
+
+        def read() -> dict[int, tuple[dict, dict]]:
+            with engine.connect() as conn:
+                got = conn.exec_driver_sql("SELECT r.id, r.params, s.state FROM rules r JOIN rule_states s ON s.rule_id = r.id").all()
+            return {row[0]: tuple(json.loads(v) if isinstance(v, str) else v for v in row[1:]) for row in got}
+
+        upgrade(database_url, "0016")
+        now = read()
+        for rule_id, name, _ in rows[:2]:
+            assert now[rule_id][0] == {**frozen.BEFORE[name], "fallback": 100}
+            assert now[rule_id][1]["definition"] == definition(rule(name, now[rule_id][0]))  # the engine keeps it
+            assert now[rule_id][1]["detector"] == {"median": 0.5, "scale": 0.35, "cusum": 1.5}
+        assert now[3][0] == rows[2][2] and now[3][1]["definition"] == definition(rule("loss growing", rows[2][2]))
+        command.downgrade(alembic_config(database_url), "0015")
+        back = read()
+        for rule_id, name, params in rows:
+            assert back[rule_id][0] == params and back[rule_id][1]["definition"] == definition(rule(name, params))
     finally:
         engine.dispose()

@@ -357,11 +357,14 @@ def test_the_hazard_says_which_of_its_main_metrics_a_run_never_logged() -> None:
 
 def test_the_entropy_and_loss_features_measure_as_the_signature_rules_do() -> None:
     """The hazard's entropy and loss climbs are the rules' (metric and every parameter but `h`:
-    theirs never fire), so a change of a rule's floor or scale cannot leave the hazard behind."""
+    theirs never fire; and `fallback`, a condition for paging on a run whose reward never rose:
+    the hazard's features are levels the run had once it learned), so a change of a rule's floor
+    or scale cannot leave the hazard behind."""
     from server.alerts.catalog import SIGNATURE_RULES
 
     rules = {rule.name: rule for rule in SIGNATURE_RULES}
     for name, climb in (("entropy running away", hazard._ENTROPY_CLIMB), ("loss growing", hazard._LOSS_CLIMB)):
         rule = rules[name]
         assert climb.metric == rule.metric and rule.detector == "climb"
-        assert {key: climb.params[key] for key in rule.params if key != "h"} == {k: v for k, v in rule.params.items() if k != "h"}
+        own = {k: v for k, v in rule.params.items() if k not in ("h", "fallback")}
+        assert {key: climb.params[key] for key in own} == own and climb.params["fallback"] == 0

@@ -86,6 +86,46 @@ def test_a_loss_growing_into_the_thousands_is_paged_and_a_loss_near_zero_is_not(
         assert _fired(_run(seed, {"loss/pg": lambda r, s: _loss(r, s, grows=False)}, falls=False)) == {}
 
 
+def _resumed(seed: int, *, runaway: bool, falls: bool) -> list[Row]:
+    """A run resumed from a trained checkpoint: its reward starts at 0.7 and never rises (no
+    learned level by the reward's gain), its entropy sits at 0.4 nats; a runaway climbs from step
+    150, and the reward of one that `falls` slides from 0.7 to 0.05 over steps 170-230."""
+    rng = random.Random(seed)
+    rows = []
+    for step in range(STEPS):
+        p = 0.7 if not falls or step < 170 else max(0.05, 0.7 - 0.65 * (step - 170) / 60)
+        level = 0.4 if not runaway or step < 150 else min(11.9, 0.4 * math.exp((step - 150) / 15))
+        values = {"reward/mean": sum(rng.random() < p for _ in range(64)) / 64, "policy/entropy": level * math.exp(rng.gauss(0, 0.1))}
+        rows.append(Row(step=step, time=None, values=values))
+    return rows
+
+
+def test_a_run_whose_reward_never_rose_is_paged_when_its_entropy_runs_away_as_its_reward_falls() -> None:
+    """No learned level: after `fallback` (100) values the level is the last 50 anyway, and the
+    entropy's runaway pages only while the reward is also 2 initial spreads below its peak."""
+    for seed in range(3):
+        fired = _fired(_resumed(seed, runaway=True, falls=True))
+        steps = fired.get("entropy running away")
+        assert steps and 170 < steps[0] < 200, fired  # once the reward has started to fall
+        assert _fired(_resumed(seed, runaway=True, falls=False)) == {}  # it holds its reward: no page
+        assert _fired(_resumed(seed, runaway=False, falls=True)) == {}  # nothing ran away
+    result = next(r for r in backtest(DEFAULT_RULES, _resumed(0, runaway=True, falls=True)) if r.rule.name == "entropy running away")
+    assert "spreads below its level then" in result.episodes[0].message, result.episodes[0].message
+
+
+def test_a_run_that_learns_after_the_fallback_has_its_level_retaken_when_it_does() -> None:
+    detector = build_detector("climb", "policy/entropy", {"fallback": 100, "warmup": 50})
+    state = detector.initial_state()
+    rng = random.Random(0)
+    for step in range(300):
+        reward = 0.1 + rng.gauss(0, 0.02) if step < 150 else 0.9  # rises at step 150
+        entropy = 2.0 if step < 115 else 0.5  # sharpens before it
+        detector.update(state, step, {"reward/mean": reward, "policy/entropy": entropy})
+        if step == 120:
+            assert state["fallback"] and math.exp(state["median"]) == pytest.approx(2.0)
+    assert "fallback" not in state and math.exp(state["median"]) == pytest.approx(0.5)  # the 50 values before step 150
+
+
 def test_the_loss_rule_reads_the_whole_loss_first_and_the_pg_loss_without_one() -> None:
     detector = build_detector("climb", "loss/total|loss/pg", {"of": "magnitude"})
     state = detector.initial_state()
@@ -225,6 +265,8 @@ def test_entropy_falling_is_watched_when_asked_and_says_by_how_much() -> None:
         ({"adapt": 2}, "adapt"),
         ({"surge": -1}, "surge"),
         ({"settle": -5}, "settle"),
+        ({"fallback": -1}, "fallback"),
+        ({"fallback_drop": 0}, "fallback_drop"),
         ({"surge_fast": 60, "surge_slow": 50}, "surge_fast"),
     ],
 )
