@@ -5,8 +5,10 @@ rule "entropy running away" of server/alerts/catalog.py, a `Climb` with its para
 median of log(entropy) over the last `warmup` values logged before `reward/mean` first rose
 `after_gain` initial spreads above its start (`RewardGain`), or over the first `warmup` values
 of a run that logs no reward. The line is that level as it was taken; the rule then lets it
-follow an entropy that goes on sharpening (`adapt`), never one that rises. Pure: the caller
-reads the points (views/charts.py).
+follow an entropy that goes on sharpening (`adapt`), never one that rises. A run whose reward
+never rose has no line: the level the rule takes anyway after `fallback` values is not a
+learned one, and it is taken again if the reward rises later. Pure: the caller reads the
+points (views/charts.py).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ __all__ = ["ENTROPY_KEY", "LEVEL_KEYS", "learned_level"]
 
 ENTROPY_KEY = "policy/entropy"
 _RULE = next(rule for rule in DEFAULT_RULES if rule.name == "entropy running away")
-_DETECTOR = build_detector(_RULE.detector, ENTROPY_KEY, _RULE.params)
+_DETECTOR = build_detector(_RULE.detector, ENTROPY_KEY, {**_RULE.params, "fallback": 0})
 LEVEL_KEYS = (ENTROPY_KEY, str(_DETECTOR.params["reward_key"]), str(_DETECTOR.params["reward_std_key"]))
 """What the level is computed from: the entropy, the reward and its per-sample spread."""
 
