@@ -207,6 +207,15 @@ def test_the_builtin_mismatch_rules_read_a_k1_estimate_from_0014(database_url: s
         engine.dispose()
 
 
+
+def _rules_and_states(engine: Any) -> dict[int, tuple[dict, dict]]:
+    """Each rule's parameters and its one run's stored state, by rule id (JSON read back)."""
+    import json
+
+    with engine.connect() as conn:
+        rows = conn.exec_driver_sql("SELECT r.id, r.params, s.state FROM rules r JOIN rule_states s ON s.rule_id = r.id").all()
+    return {row[0]: tuple(json.loads(v) if isinstance(v, str) else v for v in row[1:]) for row in rows}
+
 def test_the_builtin_entropy_rule_takes_the_floor_of_0015_and_its_runs_keep_their_level(database_url: str) -> None:
     """0015 moves the built-in "entropy running away" rules still on their 0010 parameters to the
     catalog's floor (0.2 nats); each run's detector state is read under the new floor and marked
@@ -251,21 +260,16 @@ def test_the_builtin_entropy_rule_takes_the_floor_of_0015_and_its_runs_keep_thei
                 state = stored(params, math.log(0.1)).replace("'", "''")
                 conn.exec_driver_sql(f"INSERT INTO rule_states (rule_id, run_id, state, last_step) VALUES ({rule_id}, 'r1', '{state}', 10)")
 
-        def read() -> dict[int, tuple[dict, dict]]:
-            with engine.connect() as conn:
-                rows = conn.exec_driver_sql("SELECT r.id, r.params, s.state FROM rules r JOIN rule_states s ON s.rule_id = r.id").all()
-            return {row[0]: tuple(json.loads(v) if isinstance(v, str) else v for v in row[1:]) for row in rows}
-
         upgrade(database_url, "0015")
         after = {**before, "floor": 0.2}
-        moved, kept = read()[1], read()[2]
+        moved, kept = _rules_and_states(engine)[1], _rules_and_states(engine)[2]
         assert moved[0] == after and spec.params["floor"] == 0.2
         assert moved[1]["definition"] == definition(rule(after))  # the engine keeps this state
         assert moved[1]["detector"]["median"] == math.log(0.2) and moved[1]["detector"]["scale"] == 0.35
         assert kept[0] == edited and kept[1]["detector"]["median"] == math.log(0.1)
         assert kept[1]["definition"] == definition(rule(edited))
         command.downgrade(alembic_config(database_url), "0014")
-        back = read()[1]
+        back = _rules_and_states(engine)[1]
         assert back[0] == before and back[1]["definition"] == definition(rule(before))
         assert back[1]["detector"]["median"] == math.log(0.2)  # a floored level is not lowered again
     finally:
@@ -313,20 +317,15 @@ def test_the_builtin_entropy_and_loss_rules_take_the_fallback_of_0016_and_keep_t
                                     "lifecycle": {}, "alert_id": None})
                 conn.exec_driver_sql(f"INSERT INTO rule_states (rule_id, run_id, state, last_step) VALUES ({rule_id}, 'r1', '{state}', 10)")
 
-        def read() -> dict[int, tuple[dict, dict]]:
-            with engine.connect() as conn:
-                got = conn.exec_driver_sql("SELECT r.id, r.params, s.state FROM rules r JOIN rule_states s ON s.rule_id = r.id").all()
-            return {row[0]: tuple(json.loads(v) if isinstance(v, str) else v for v in row[1:]) for row in got}
-
         upgrade(database_url, "0016")
-        now = read()
+        now = _rules_and_states(engine)
         for rule_id, name, _ in rows[:2]:
             assert now[rule_id][0] == {**frozen.BEFORE[name], "fallback": 100}
             assert now[rule_id][1]["definition"] == definition(rule(name, now[rule_id][0]))  # the engine keeps it
             assert now[rule_id][1]["detector"] == {"median": 0.5, "scale": 0.35, "cusum": 1.5}
         assert now[3][0] == rows[2][2] and now[3][1]["definition"] == definition(rule("loss growing", rows[2][2]))
         command.downgrade(alembic_config(database_url), "0015")
-        back = read()
+        back = _rules_and_states(engine)
         for rule_id, name, params in rows:
             assert back[rule_id][0] == params and back[rule_id][1]["definition"] == definition(rule(name, params))
     finally:
