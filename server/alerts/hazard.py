@@ -5,7 +5,8 @@ logs (constant work and a small JSON state per step, as every detector):
 
 - the reward: how much it has gained since the start, how far it is under its peak and
   its trend, in initial per-sample spreads (RewardGain);
-- the sampler–learner mismatch: the level of `mismatch/kl`, its trend, and how far it and
+- the sampler–learner mismatch: the level of `mismatch/kl` (else a framework's k1 estimate of
+  the same KL, `mismatch/kl_k1`: verl's `rollout_corr/kl`, OpenRLHF's `vllm_kl`), its trend, and how far it and
   the ratio tail have climbed above the level they had once the run learned (the CUSUMs of
   the `climb` detector);
 - the ratio tail: the level of log `mismatch/ratio_max` and its persistence (the share of
@@ -40,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, overload
 
-from server.alerts.detectors import REWARD_ALPHA, Climb, Detector, RewardGain, Signal
+from server.alerts.detectors import REWARD_ALPHA, Climb, Detector, RewardGain, Signal, watched
 from wire import Row
 from wire.labels import SMOOTH_WINDOW, Falls, Scan, falls, resume, smoothed
 
@@ -57,9 +58,16 @@ HORIZON = 50
 WARMUP = 30
 """Steps before a hazard is given (no baseline yet)."""
 READS = ("reward/mean", "mismatch/kl", "mismatch/ratio_max", "grad/norm")
-"""A step that logs none of these is skipped: it neither advances nor changes the hazard."""
+"""A step that logs none of these (nor an alternative of ALTERNATIVES) is skipped: it neither
+advances nor changes the hazard."""
+ALTERNATIVES = {"mismatch/kl": ("mismatch/kl_k1",)}
+"""What the hazard reads in place of one of READS that a run does not log: a k1 estimate of the
+sampler–learner KL is the same quantity in the same unit (nats), a noisier estimate of it. A
+framework's mean |Δ log p| is not a KL, and is not read."""
+KL_KEY = "|".join(("mismatch/kl", *ALTERNATIVES["mismatch/kl"]))
+"""The KL features' metric: the first of these a run logs (`watched`), kept for the run."""
 INPUTS = (
-    *READS, "reward/std", "mismatch/unbounded_frac", "staleness/lag_mean", "mismatch/ess_frac",
+    *READS, *ALTERNATIVES["mismatch/kl"], "reward/std", "mismatch/unbounded_frac", "staleness/lag_mean", "mismatch/ess_frac",
     "mismatch/tail_frac", "mismatch/low_tail_frac", "mismatch/log_ratio_abs_unlikely",
     "policy/entropy", "loss/total", "loss/pg", "reward/zero_std_frac",
 )  # fmt: skip
@@ -81,7 +89,7 @@ TAIL_FLOOR = 1e-4
 
 _FAST, _SLOW = 0.3, 0.03
 _CLIMB = {"warmup": 50, "k": 1.0, "h": 1e9, "z_cap": 8.0, "min_scale": 0.05, "floor": 1e-12, "after_gain": 2.5}
-_KL_CLIMB = Climb("mismatch/kl", _CLIMB)
+_KL_CLIMB = Climb(KL_KEY, _CLIMB)
 _TAIL_CLIMB = Climb("mismatch/ratio_max", _CLIMB)
 # The signature rules' climbs (server/alerts/catalog.py), never firing: their CUSUM and level.
 _ENTROPY_CLIMB = Climb("policy/entropy", {**_CLIMB, "k": 2.0, "min_scale": 0.35, "adapt": 0.02, "floor": 0.2})
@@ -116,7 +124,8 @@ def features(state: dict[str, Any], values: Mapping[str, float]) -> list[float |
         out["gain"] = _clip(gained[0] / spread, -5, GAIN_CAP)
         out["drawdown"] = _clip((state["reward_peak"] - state["reward_smooth"]) / spread, 0, 10)
         out["reward_trend"] = _clip((state["reward_smooth"] - slow) / spread, -5, 5)
-    kl = values.get("mismatch/kl")
+    kl_key = watched(state.setdefault("kl", {}), KL_KEY, values)
+    kl = None if kl_key is None else values.get(kl_key)
     if kl is not None and not math.isnan(kl):
         log_kl = math.log10(max(kl, 1e-6)) if math.isfinite(kl) else 3.0
         out["log_kl"] = _clip(_ewma(f, "kl_fast", log_kl, _FAST), -6, 3)
@@ -161,8 +170,8 @@ def features(state: dict[str, Any], values: Mapping[str, float]) -> list[float |
         track = state.setdefault(f"{name}_climb", {})
         if climb.observe(track, state, values) is None:
             continue
-        watched = track.get("key")
-        value = None if watched is None else values.get(watched)
+        key = track.get("key")
+        value = None if key is None else values.get(key)
         if value is None or math.isnan(value) or (value == 0.0 and climb.params["of"] == "magnitude"):
             continue  # as the climb: no value, or a loss of exactly 0 (no advantage), carries no level
         log_value = min(math.log(max(abs(value), climb.params["floor"])), 700.0) if math.isfinite(value) else 700.0
@@ -311,7 +320,7 @@ class Course:
     def missing(self) -> list[str]:
         """The metrics the hazard reads most (READS) that the run has never logged: their
         features sit at the fitted corpus' mean, neither raising nor lowering it."""
-        return [key for key in READS if key not in self.logged]
+        return [key for key in READS if key not in self.logged and not any(alt in self.logged for alt in ALTERNATIVES.get(key, ()))]
 
 
 def _span(low: float, high: float) -> tuple[float, float]:
@@ -508,7 +517,7 @@ def hazard_at(state: dict[str, Any], values: Mapping[str, float], model: HazardM
 
 def reads(values: Mapping[str, float]) -> bool:
     """Does this step log anything the hazard reads (the reward, the mismatch, the gradient)?"""
-    return any(key in values for key in READS)
+    return any(key in values for key in READS) or any(alt in values for alts in ALTERNATIVES.values() for alt in alts)
 
 
 class Hazard(Detector):

@@ -170,6 +170,16 @@ def test_the_series_starts_after_the_warm_up_and_rises_before_a_drift() -> None:
     assert series[-1] is not None and series[-1] > 0.99
 
 
+def test_a_run_that_logs_its_kl_only_as_a_k1_estimate_gets_the_same_hazard() -> None:
+    """verl's `rollout_corr/kl` (stored as `mismatch/kl_k1`) is the same KL in nats: the hazard
+    reads it where a run logs no `mismatch/kl`, and a run with both reads `mismatch/kl`."""
+    as_k1 = [{("mismatch/kl_k1" if key == "mismatch/kl" else key): value for key, value in row.items()} for row in _drifting()]
+    assert hazard_series(as_k1, KL_MODEL) == hazard_series(_drifting(), KL_MODEL)
+    both = [{**row, "mismatch/kl_k1": 5.0} for row in _drifting()]  # a wild k1 beside the KL: not read
+    assert hazard_series(both, KL_MODEL) == hazard_series(_drifting(), KL_MODEL)
+    assert hazard.reads({"mismatch/kl_k1": 0.1}) and not hazard.reads({"mismatch/log_ratio_abs_mean": 0.1})
+
+
 def test_the_detector_fires_above_p_says_why_and_resumes_from_its_json_state() -> None:
     detector = build_detector("hazard", "reward/mean", {"p": 0.5}, hazard_model=KL_MODEL)
     assert isinstance(detector, Hazard) and detector.model is KL_MODEL
@@ -353,6 +363,8 @@ def test_the_hazard_says_which_of_its_main_metrics_a_run_never_logged() -> None:
     cache = hazard.HazardCache(KL_MODEL, runs=1)
     course = cache.extend("run", 1.0, [Row(step=s, time=None, values={"reward/mean": 0.1, "grad/norm": 1.0}) for s in range(3)])
     assert course.missing() == ["mismatch/kl", "mismatch/ratio_max"]
+    k1 = hazard.HazardCache(KL_MODEL, runs=1).extend("run", 1.0, [Row(step=s, time=None, values={"reward/mean": 0.1, "mismatch/kl_k1": 0.01}) for s in range(3)])
+    assert k1.missing() == ["mismatch/ratio_max", "grad/norm"]  # the k1 estimate stands for the KL
 
 
 def test_the_entropy_and_loss_features_measure_as_the_signature_rules_do() -> None:
