@@ -350,6 +350,49 @@ class Climb(Detector):
         if self.params["after_gain"]:
             RewardGain.update(reward, values, self.params["reward_key"], self.params["reward_std_key"], REWARD_ALPHA)
 
+    def _wait(self, state: dict[str, Any], x: float, values: Mapping[str, float]) -> bool:
+        """One value of a run whose reward has not risen yet: True while it waits. With
+        `fallback`, False once it has waited that long: the level is then the last `warmup`
+        values anyway, and the reward's level and spread over the same steps (kept meanwhile)
+        are what a fall is measured from."""
+        p = self.params
+        sample = state.setdefault("warmup", [])
+        sample.append(x)
+        del sample[: -int(p["warmup"])]
+        if not p["fallback"]:
+            return True
+        rewards, spreads = state.setdefault("rewards", []), state.setdefault("spreads", [])
+        for kept, item in ((rewards, values.get(p["reward_key"])), (spreads, values.get(p["reward_std_key"]))):
+            if item is not None and math.isfinite(item):
+                kept.append(item)
+                del kept[: -int(p["warmup"])]
+        state["waited"] = state.get("waited", 0) + 1
+        if state["waited"] < max(p["fallback"], p["warmup"]):
+            return True
+        state["fallback"] = True
+        state["recent"] = list(sample)
+        spread = statistics.fmean(spreads) if spreads else statistics.pstdev(rewards) if len(rewards) >= 2 else 0.0
+        state["reward_level"] = [statistics.fmean(rewards), spread] if rewards and spread > 0 else None
+        del state["spreads"]
+        state["rewards"] = rewards[-FALLBACK_RECENT:]
+        sample.pop()  # RobustBaseline takes x from here
+        return False
+
+    def _follow(self, state: dict[str, Any], x: float, values: Mapping[str, float], learned: bool) -> None:
+        """One value of a run measured from its fallback level: the last `warmup` values and
+        FALLBACK_RECENT rewards kept; if the reward has now risen, the level is taken again from
+        the values before this one."""
+        for name, item, keep in (("recent", x, self.params["warmup"]), ("rewards", values.get(self.params["reward_key"]), FALLBACK_RECENT)):
+            if item is not None and math.isfinite(item):
+                kept = state[name]
+                kept.append(item)
+                del kept[: -int(keep)]
+        if learned:
+            recent = state["recent"]
+            for name in ("median", "scale", "cusum", "fallback", "recent", "rewards", "reward_level", "settled"):
+                state.pop(name, None)
+            state["warmup"] = recent[:-1]
+
     def observe(self, state: dict[str, Any], reward: dict[str, Any], values: Mapping[str, float]) -> Signal | None:
         """One step of the climb, given the reward's gain as tracked in `reward` (`track_reward`)."""
         p = self.params
@@ -365,42 +408,16 @@ class Climb(Detector):
         if p["surge"] and math.isfinite(x):
             state["fast"] = x if "fast" not in state else state["fast"] + (x - state["fast"]) / p["surge_fast"]
             state["slow"] = x if "slow" not in state else state["slow"] + (x - state["slow"]) / p["surge_slow"]
-        learned = not p["after_gain"] or not reward.get("reward_seen") or RewardGain.reached(reward, p["after_gain"], noise_spread=True)
-        if state.get("fallback"):
-            for name, item in (("recent", x), ("rewards", values.get(p["reward_key"]))):
-                if item is not None and math.isfinite(item):
-                    kept = state[name]
-                    kept.append(item)
-                    del kept[: -int(p["warmup"] if name == "recent" else FALLBACK_RECENT)]
-            if learned:  # it rose after all: the level is retaken, from the values before now
-                recent = state["recent"]
-                for name in ("median", "scale", "cusum", "fallback", "recent", "rewards", "reward_level", "settled"):
-                    state.pop(name, None)
-                state["warmup"] = recent[:-1]
-        elif "median" not in state and not learned:
-            sample = state.setdefault("warmup", [])
-            sample.append(x)
-            del sample[: -int(p["warmup"])]
-            rewards, spreads = state.setdefault("rewards", []), state.setdefault("spreads", [])
-            for kept, item in ((rewards, values.get(p["reward_key"])), (spreads, values.get(p["reward_std_key"]))):
-                if item is not None and math.isfinite(item):
-                    kept.append(item)
-                    del kept[: -int(p["warmup"])]
-            state["waited"] = state.get("waited", 0) + 1
-            if not p["fallback"] or state["waited"] < max(p["fallback"], p["warmup"]):
-                return Signal(False, value, "waiting for the reward to rise")
-            # It never rose: the level is the last `warmup` values anyway, and the reward's
-            # level and step-to-step spread over the same steps are what a fall is measured from.
-            state["fallback"] = True
-            state["recent"] = list(sample)
-            spread = statistics.fmean(spreads) if spreads else statistics.pstdev(rewards) if len(rewards) >= 2 else 0.0
-            state["reward_level"] = [statistics.fmean(rewards), spread] if rewards and spread > 0 else None
-            del state["spreads"]
-            state["rewards"] = rewards[-FALLBACK_RECENT:]
-            sample.pop()  # RobustBaseline takes x from here
-        if learned:
-            state.pop("rewards", None)
-            state.pop("spreads", None)
+        if state.get("fallback") or "median" not in state:
+            learned = not p["after_gain"] or not reward.get("reward_seen") or RewardGain.reached(reward, p["after_gain"], noise_spread=True)
+            if state.get("fallback"):
+                self._follow(state, x, values, learned)
+            elif not learned:
+                if self._wait(state, x, values):
+                    return Signal(False, value, "waiting for the reward to rise")
+            else:
+                state.pop("rewards", None)  # kept for a fallback that is not needed now
+                state.pop("spreads", None)
         z = RobustBaseline.z(state, x, p["warmup"], p["min_scale"])
         if z is None:
             if p["settle"] and "median" in state:

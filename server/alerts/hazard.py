@@ -66,6 +66,7 @@ sampler–learner KL is the same quantity in the same unit (nats), a noisier est
 framework's mean |Δ log p| is not a KL, and is not read."""
 KL_KEY = "|".join(("mismatch/kl", *ALTERNATIVES["mismatch/kl"]))
 """The KL features' metric: the first of these a run logs (`watched`), kept for the run."""
+_READ_KEYS = frozenset(READS).union(*ALTERNATIVES.values())
 INPUTS = (
     *READS, *ALTERNATIVES["mismatch/kl"], "reward/std", "mismatch/unbounded_frac", "staleness/lag_mean", "mismatch/ess_frac",
     "mismatch/tail_frac", "mismatch/low_tail_frac", "mismatch/log_ratio_abs_unlikely",
@@ -124,7 +125,7 @@ def features(state: dict[str, Any], values: Mapping[str, float]) -> list[float |
         out["gain"] = _clip(gained[0] / spread, -5, GAIN_CAP)
         out["drawdown"] = _clip((state["reward_peak"] - state["reward_smooth"]) / spread, 0, 10)
         out["reward_trend"] = _clip((state["reward_smooth"] - slow) / spread, -5, 5)
-    kl_key = watched(state.setdefault("kl", {}), KL_KEY, values)
+    kl_key = watched(state.setdefault("kl_climb", {}), KL_KEY, values)  # the KL climb's own choice, below
     kl = None if kl_key is None else values.get(kl_key)
     if kl is not None and not math.isnan(kl):
         log_kl = math.log10(max(kl, 1e-6)) if math.isfinite(kl) else 3.0
@@ -517,7 +518,7 @@ def hazard_at(state: dict[str, Any], values: Mapping[str, float], model: HazardM
 
 def reads(values: Mapping[str, float]) -> bool:
     """Does this step log anything the hazard reads (the reward, the mismatch, the gradient)?"""
-    return any(key in values for key in READS) or any(alt in values for alts in ALTERNATIVES.values() for alt in alts)
+    return any(key in values for key in _READ_KEYS)
 
 
 class Hazard(Detector):

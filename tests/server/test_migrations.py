@@ -208,6 +208,15 @@ def test_the_builtin_mismatch_rules_read_a_k1_estimate_from_0014(database_url: s
 
 
 
+def _project_with_one_run(conn: Any) -> None:
+    """Project 'p' with one running run 'r1', for rule states to belong to."""
+    conn.exec_driver_sql("INSERT INTO projects (name, created_at) VALUES ('p', 0)")
+    conn.exec_driver_sql(
+        "INSERT INTO runs (id, name, project, config, tags, status, acked_seq, started_at, last_seen_at) "
+        "VALUES ('r1', 'r1', 'p', '{}', '[]', 'running', -1, 0, 0)"
+    )
+
+
 def _rules_and_states(engine: Any) -> dict[int, tuple[dict, dict]]:
     """Each rule's parameters and its one run's stored state, by rule id (JSON read back)."""
     import json
@@ -247,11 +256,7 @@ def test_the_builtin_entropy_rule_takes_the_floor_of_0015_and_its_runs_keep_thei
 
     try:
         with engine.begin() as conn:
-            conn.exec_driver_sql("INSERT INTO projects (name, created_at) VALUES ('p', 0)")
-            conn.exec_driver_sql(
-                "INSERT INTO runs (id, name, project, config, tags, status, acked_seq, started_at, last_seen_at) "
-                "VALUES ('r1', 'r1', 'p', '{}', '[]', 'running', -1, 0, 0)"
-            )
+            _project_with_one_run(conn)
             for rule_id, project, params in ((1, "p", before), (2, "p", edited)):
                 conn.exec_driver_sql(
                     f"INSERT INTO rules ({rule_columns}) VALUES ({rule_id}, '{spec.name}', '{project}', '{spec.metric}', 'climb', "
@@ -303,11 +308,7 @@ def test_the_builtin_entropy_and_loss_rules_take_the_fallback_of_0016_and_keep_t
             (3, "loss growing", {**frozen.BEFORE["loss growing"], "h": 20.0})]
     try:
         with engine.begin() as conn:
-            conn.exec_driver_sql("INSERT INTO projects (name, created_at) VALUES ('p', 0)")
-            conn.exec_driver_sql(
-                "INSERT INTO runs (id, name, project, config, tags, status, acked_seq, started_at, last_seen_at) "
-                "VALUES ('r1', 'r1', 'p', '{}', '[]', 'running', -1, 0, 0)"
-            )
+            _project_with_one_run(conn)
             for rule_id, name, params in rows:
                 conn.exec_driver_sql(
                     f"INSERT INTO rules ({rule_columns}) VALUES ({rule_id}, '{name}', 'p', '{specs[name].metric}', 'climb', "
