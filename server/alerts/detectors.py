@@ -470,7 +470,12 @@ class CoClimb(Detector):
     collapses of docs/alerts.md begin. `surge` (3 by default) is asked of the first metric
     only: the mismatch's recent rise, which a run that learns and drifts slowly lacks.
     `settle` (30 by default) is every member's: nothing accumulates in the 30 values after the
-    baseline is taken, while the run is still in its fastest learning (docs/alerts.md)."""
+    baseline is taken, while the run is still in its fastest learning (docs/alerts.md).
+
+    The first metric is the one watched; a later member the run has not logged (yet) is left
+    out, as a rule on a metric a run does not log is: a framework that logs its mismatch but no
+    largest ratio gets the climb of its mismatch alone, with its surge (scored so in
+    docs/alerts.md). Once a member is logged it counts from then on."""
 
     kind = "co_climb"
     defaults: ClassVar[dict[str, Any]] = {**Climb.defaults, "surge": 3.0, "settle": 30}
@@ -485,14 +490,17 @@ class CoClimb(Detector):
         reward = state.setdefault("reward", {})  # one gain for all the climbs
         self.climbs[0].track_reward(reward, values)
         signals = [climb.observe(state.setdefault(climb.metric, {}), reward, values) for climb in self.climbs]
-        seen = [signal for signal in signals if signal is not None]
-        if not seen:
+        first = signals[0]
+        if first is None:
             return None
-        if len(seen) == len(signals) and all(signal.active for signal in seen):
-            keys = ",".join(state[climb.metric].get("key", climb.metric) for climb in self.climbs)
-            return Signal(True, seen[0].value, "; ".join(signal.message for signal in seen), metric=keys)
-        climbing = [climb.metric for climb, signal in zip(self.climbs, signals, strict=True) if signal is not None and signal.active]
-        return Signal(False, seen[0].value, f"only {', '.join(climbing)} climbing" if climbing else "at baseline")
+        logged = [(climb, signal) for climb, signal in zip(self.climbs, signals, strict=True) if "key" in state[climb.metric]]
+        if all(signal is not None and signal.active for _, signal in logged):
+            keys = ",".join(state[climb.metric]["key"] for climb, _ in logged)
+            missing = [climb.metric for climb in self.climbs if "key" not in state[climb.metric]]
+            alone = f" ({', '.join(missing)} not logged by this run: without {'it' if len(missing) == 1 else 'them'})" if missing else ""
+            return Signal(True, first.value, "; ".join(signal.message for _, signal in logged if signal is not None) + alone, metric=keys)
+        climbing = [climb.metric for climb, signal in logged if signal is not None and signal.active]
+        return Signal(False, first.value, f"only {', '.join(climbing)} climbing" if climbing else "at baseline")
 
 
 class Jump(Detector):

@@ -333,8 +333,9 @@ def _alerts(url: str, run_id: str) -> list[tuple[Any, ...]]:
 
 
 def test_default_rules_fire_on_a_watched_run_at_the_steps_they_fire_on_keel_names(server_factory, sqlite_url: str, tmp_path: Path) -> None:
-    """A NaN in verl's policy loss pages, its climbing k3 mismatch warns: at the same steps as
-    the same numbers streamed under Keel's own names."""
+    """A NaN in verl's policy loss pages, its climbing k3 mismatch warns and (verl logging no
+    largest ratio) pages as mismatch drift: at the same steps as the same numbers streamed
+    under Keel's own names."""
     server = server_factory(sqlite_url)
     rows = _verl_alert_rows()
     reference = new_run("reference")
@@ -345,9 +346,11 @@ def test_default_rules_fire_on_a_watched_run_at_the_steps_they_fire_on_keel_name
         for seq, start in enumerate(range(0, len(keel_rows), 10)):
             ws.send(points(seq, keel_rows[start : start + 10]))
             assert recv(ws)["type"] == "ack"
-    expected = _wait(lambda: (lambda a: a if len(a) == 2 else None)(_alerts(server.url, reference["id"])), 30, "reference alerts")
-    assert [(rule, severity) for rule, severity, *_ in expected] == [("mismatch climbing", "warning"), ("non-finite value", "critical")]
-    assert expected[1][2] == 40 and expected[0][2] > 80
+    expected = _wait(lambda: (lambda a: a if len(a) == 3 else None)(_alerts(server.url, reference["id"])), 30, "reference alerts")
+    assert [(rule, severity) for rule, severity, *_ in expected] == [
+        ("mismatch climbing", "warning"), ("mismatch drift", "critical"), ("non-finite value", "critical")
+    ]
+    assert expected[2][2] == 40 and expected[0][2] > 80 and expected[1][2] > 110  # drift: 30 steps' settle after its baseline
 
     script = textwrap.dedent(
         """
@@ -366,7 +369,7 @@ def test_default_rules_fire_on_a_watched_run_at_the_steps_they_fire_on_keel_name
                                env={**os.environ, **WANDB_ENV}, capture_output=True, text=True, timeout=120)  # fmt: skip
         assert child.returncode == 0, child.stderr
         run_id = run_id_for("wandb/rl/a1")
-        watched = _wait(lambda: (lambda a: a if len(a) == 2 else None)(_alerts(server.url, run_id)), 60, "watched alerts")
+        watched = _wait(lambda: (lambda a: a if len(a) == 3 else None)(_alerts(server.url, run_id)), 60, "watched alerts")
     finally:
         watch.stop()
     assert watched == expected

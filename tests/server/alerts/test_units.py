@@ -163,6 +163,28 @@ def test_co_climb_fires_only_while_every_metric_climbs() -> None:
             CoClimb(metric)
 
 
+def test_co_climb_leaves_out_a_member_the_run_never_logged() -> None:
+    """A framework that logs its mismatch and no largest ratio gets the mismatch's climb alone
+    (the first member's, at its steps, and says so); a run that logs neither gets nothing; a
+    member logged from some step on counts from then, and holds the co-climb back while it has
+    not climbed."""
+    rows = _learning_run(400, kl_after=4.0, seed=1)
+    det = CoClimb("mismatch/kl,mismatch/ratio_max", {"surge": 0})
+    alone = _fired(det, rows)
+    assert alone and alone == _fired(Climb("mismatch/kl", {"surge": 0, "settle": 30}), rows)
+    state = det.initial_state()
+    for i, row in enumerate(rows[: alone[0] + 1]):
+        signal = det.update(state, i, row)
+    assert signal.active and signal.metric == "mismatch/kl"
+    assert "mismatch/kl climbing" in signal.message and "mismatch/ratio_max not logged by this run" in signal.message
+    assert _fired(det, [{"reward/mean": row["reward/mean"], "reward/std": 0.1} for row in rows]) == []
+    # Only the second member logged: the first is the one watched, nothing fires.
+    assert _fired(det, [{**row, "mismatch/kl": math.nan, "mismatch/ratio_max": 5.0 * (4 if i >= 200 else 1)} for i, row in enumerate(rows)]) == []
+    # The ratio logged from step 150 on, flat: it joins and holds the co-climb back.
+    late_flat = [{**row, **({"mismatch/ratio_max": 20.0} if i >= 150 else {})} for i, row in enumerate(rows)]
+    assert _fired(det, late_flat) == []
+
+
 def test_default_rules_build_and_unknown_detector_is_refused() -> None:
     for spec in DEFAULT_RULES:
         build_detector(spec.detector, spec.metric, spec.params)
