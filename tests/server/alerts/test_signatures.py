@@ -211,6 +211,40 @@ def test_a_mismatch_that_creeps_up_over_hundreds_of_steps_is_no_drift_but_a_surg
     assert surged and 600 < surged[0] < 630, surged
 
 
+def test_a_framework_that_logs_its_mismatch_and_no_ratio_tail_gets_mismatch_drift_on_the_mismatch_alone() -> None:
+    """slime logs a per-sample mean of |Δ log p| and no largest ratio: its names go through
+    slime's map (as `keel import --framework slime` stores them), and mismatch drift watches
+    that mismatch alone, with its surge: a creep over hundreds of steps is not paged, the same
+    mismatch surging is, and the message says the ratio tail was not logged."""
+    from trainer_hooks.integrations.names import MAPS
+
+    slime = MAPS["slime"]
+
+    def rows(surge: bool) -> list[Row]:
+        rng = random.Random(10)
+        out = []
+        for step in range(800):
+            creep = math.exp(max(0, step - 150) / 260)
+            if surge and step >= 600:
+                creep = math.exp(450 / 260) * math.exp((step - 600) / 8)
+            logged = {
+                "rollout/raw_reward": 0.1 + 0.6 * min(1.0, step / 100) + rng.gauss(0, 0.03),
+                "train/train_rollout_logprob_abs_diff": 0.03 * creep * math.exp(rng.gauss(0, 0.2)),
+                "train/grad_norm": 0.5 * math.exp(rng.gauss(0, 0.2)),
+            }
+            out.append(Row(step=step, time=None, values={slime.keel_name(name): value for name, value in logged.items()}))
+        return out
+
+    assert set(rows(False)[0].values) == {"reward/mean", "mismatch/log_ratio_abs_seq_mean", "grad/norm"}
+    assert "mismatch drift" not in _fired(rows(surge=False))
+    results = {result.rule.name: result for result in backtest(DEFAULT_RULES, rows(surge=True))}
+    surged = results["mismatch drift"].fired_steps
+    assert surged and 600 < surged[0] < 630, surged
+    message = results["mismatch drift"].episodes[0].message
+    assert "mismatch/log_ratio_abs_seq_mean climbing" in message and "mismatch/ratio_max not logged by this run" in message
+    assert not results["ratio tail climbing"].fired_steps
+
+
 def test_a_mismatch_surge_while_the_run_still_learns_fast_is_no_drift_but_the_same_later_is() -> None:
     """Mismatch drift's baseline is taken when the reward first gained 2.5 spreads, in the
     middle of the run's fastest learning; a stale sampler's KL and ratio tail can surge then
