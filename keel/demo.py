@@ -279,6 +279,9 @@ def _add_eval_alerts(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--save-corpus", default=None, metavar="PATH", help="write the toy corpus built here to this file")
     parser.add_argument("--rules", default=None, metavar="FILE", help="a rule file to score instead of the default rules")
     parser.add_argument("--details", action="store_true", help="list every false alarm, early false alarm and miss")
+    parser.add_argument("--without", action="append", default=[], metavar="METRIC",
+                        help="score every run as if it did not log METRIC (a framework that logs no largest ratio: "
+                        "--without mismatch/ratio_max); repeat")  # fmt: skip
     parser.add_argument("--no-rlwatch", action="store_true", help="skip rlwatch's detectors")
     parser.add_argument("--json", default=None, help="also write the scores to this file")
     parser.add_argument("--hazard", type=float, default=None, metavar="P",
@@ -336,6 +339,10 @@ def _eval_alerts(args: argparse.Namespace) -> int:
         if args.save_corpus:
             save_corpus(corpus, args.save_corpus)
         corpora = [("toy grid", corpus)]
+    for _, corpus in corpora:
+        for run in corpus:
+            for metric in args.without:
+                run.series.pop(metric, None)
     if args.fit_hazard:
         from keel.hazard_eval import fit, fit_trees, rows
 

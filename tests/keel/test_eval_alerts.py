@@ -169,3 +169,32 @@ def test_every_real_run_is_sourced_split_and_read_with_its_label() -> None:
     for split in ("tune", "score"):
         outcomes = {entry["outcome"] for entry in manifest if entry["split"] == split}
         assert "healthy" in outcomes and any(o.startswith("collapsed") or o == "degraded" for o in outcomes), split
+
+
+def test_without_scores_every_run_as_if_it_did_not_log_the_metric(tmp_path: Path) -> None:
+    """`--without mismatch/ratio_max`: runs whose KL surges while their ratio tail stays flat
+    are no mismatch drift with the ratio logged (both must climb) and are caught without it
+    (a framework that logs no ratio tail gets the KL's climb alone); the file itself is read
+    unchanged."""
+    from keel.cli import main
+    from keel.eval_alerts import save_corpus
+
+    def surging(collapse: int | None) -> CorpusRun:
+        run = _corpus_run("surge" if collapse else "calm", "ppo", collapse, {})
+        if collapse:
+            run.series["mismatch/kl"] = [0.02 * (math.exp((i - 300) / 6) if i >= 300 else 1.0) * (1.1 if i % 2 else 0.9) for i in range(450)]
+            run.series["reward/mean"] = [0.1 if i >= collapse else value for i, value in enumerate(run.series["reward/mean"])]
+        else:
+            run.series["mismatch/kl"] = [0.02 * (1.1 if i % 2 else 0.9) for i in range(450)]
+        return run
+
+    path = tmp_path / "corpus.json"
+    save_corpus([surging(330), surging(330), surging(None)], str(path))
+    drift = {}
+    for without in ([], ["--without", "mismatch/ratio_max"]):
+        out = tmp_path / f"scores{len(without)}.json"
+        assert main(["eval-alerts", "--corpus", str(path), "--no-rlwatch", "--json", str(out), *without]) == 0
+        (result,) = json.loads(out.read_text())
+        drift[len(without)] = {s["detector"]: s for s in result["scores"]}["  mismatch drift"]
+    assert drift[0]["hits"] == 0 and drift[2]["hits"] == 2 and drift[2]["false_alarms_unbounded"] == 0
+    assert "mismatch/ratio_max" in json.loads(path.read_text())["runs"][0]["series"]
