@@ -381,17 +381,18 @@ class Climb(Detector):
     def _follow(self, state: dict[str, Any], x: float, values: Mapping[str, float], learned: bool) -> None:
         """One value of a run measured from its fallback level: the last `warmup` values and
         FALLBACK_RECENT rewards kept; if the reward has now risen, the level is taken again from
-        the values before this one."""
+        the `warmup` values before this one and this one, as on a run that waited for it."""
+        if learned:
+            recent = state["recent"]
+            for name in ("median", "scale", "cusum", "fallback", "recent", "rewards", "reward_level", "settled"):
+                state.pop(name, None)
+            state["warmup"] = recent  # RobustBaseline takes x from here
+            return
         for name, item, keep in (("recent", x, self.params["warmup"]), ("rewards", values.get(self.params["reward_key"]), FALLBACK_RECENT)):
             if item is not None and math.isfinite(item):
                 kept = state[name]
                 kept.append(item)
                 del kept[: -int(keep)]
-        if learned:
-            recent = state["recent"]
-            for name in ("median", "scale", "cusum", "fallback", "recent", "rewards", "reward_level", "settled"):
-                state.pop(name, None)
-            state["warmup"] = recent[:-1]
 
     def observe(self, state: dict[str, Any], reward: dict[str, Any], values: Mapping[str, float]) -> Signal | None:
         """One step of the climb, given the reward's gain as tracked in `reward` (`track_reward`)."""

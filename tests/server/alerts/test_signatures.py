@@ -126,6 +126,26 @@ def test_a_run_that_learns_after_the_fallback_has_its_level_retaken_when_it_does
     assert "fallback" not in state and math.exp(state["median"]) == pytest.approx(0.5)  # the 50 values before step 150
 
 
+def test_a_level_retaken_after_the_fallback_is_the_level_a_run_that_waited_took() -> None:
+    """Once the reward rises, a climb that fell back measures from the very level (the same
+    values) and fires at the very steps as the same climb without a fallback: the fallback
+    only adds what it pages while the run had no learned level."""
+    rng = random.Random(3)
+    rows = []
+    for step in range(400):
+        reward = 0.1 + rng.gauss(0, 0.02) if step < 180 else min(0.9, 0.1 + (step - 180) / 40)
+        entropy = 1.0 * math.exp(rng.gauss(0, 0.3)) * (math.exp((step - 300) / 10) if step >= 300 else 1.0)
+        rows.append({"reward/mean": reward, "policy/entropy": entropy})
+    fired, levels = {}, {}
+    for fallback in (0, 100):
+        detector = build_detector("climb", "policy/entropy", {"fallback": fallback, "k": 2.0, "h": 10.0})
+        state = detector.initial_state()
+        fired[fallback] = [step for step, row in enumerate(rows) if getattr(detector.update(state, step, row), "active", False)]
+        levels[fallback] = (state["median"], state["scale"])
+    assert fired[0] and fired[0][0] > 300 and fired[100] == fired[0]
+    assert levels[100] == levels[0]
+
+
 def test_the_loss_rule_reads_the_whole_loss_first_and_the_pg_loss_without_one() -> None:
     detector = build_detector("climb", "loss/total|loss/pg", {"of": "magnitude"})
     state = detector.initial_state()
