@@ -4,9 +4,9 @@
 rose 2.5 initial spreads. A run that starts from a trained checkpoint, or whose reward is too
 noisy to show that rise, never has that level, and the rules said nothing however far its
 entropy or loss ran (docs/alerts.md, "Every signal a run logs"). With `fallback` 100, after 100
-values of waiting the level is the last 50 anyway, and the rule pages only while the reward
-is also 2 initial spreads below its peak; a run whose reward rises later has its level
-retaken then. A built-in rule still on its earlier parameters gets `fallback`; its runs'
+values of waiting the level is the last 50 anyway, and the rule pages only while the mean of
+the reward's last 10 values is also 1.5 spreads below its mean over those 50 steps
+(`fallback_drop`); a run whose reward rises later has its level retaken then. A built-in rule still on its earlier parameters gets `fallback`; its runs'
 detector states are kept (the new parameter reads only what they hold) and marked as
 computed for the new parameters. A rule its user edited is left as it is.
 
