@@ -75,6 +75,10 @@ SIGNATURE_RULES = (
         "no learning signal", "reward/zero_std_frac", "threshold", "warning", for_steps=20, keep_firing_for=10,
         params={"op": ">", "threshold": 0.9, "resolve_at": 0.7},
     ),
+    RuleSpec(
+        "loss gated out", "gate/frac", "threshold", "warning", for_steps=20, keep_firing_for=10,
+        params={"op": ">", "threshold": 0.95, "resolve_at": 0.8},
+    ),
 )
 """The rules on the signatures every RL run logs, mismatch or not (docs/alerts.md): each reads
 only what a run logs, and stays silent on a run that does not log its metric."""

@@ -110,9 +110,10 @@ def test_projects_from_before_the_signature_rules_get_each_once(database_url: st
     floor = importlib.import_module("migrations.versions.0015_entropy_floor")
     fallback = importlib.import_module("migrations.versions.0016_signature_fallback")
     since = dict(fallback.AFTER)  # parameters later migrations moved the built-in rules to
+    later = importlib.import_module("migrations.versions.0017_loss_gated_out_rule").RULE["name"]  # added by 0017
     assert fallback.BEFORE[floor.NAME] == floor.AFTER
     assert [(r["name"], r["metric"], r["detector"], since.get(r["name"], r["params"]), r["severity"], r["for_steps"], r["keep_firing_for"]) for r in frozen] == [
-        (s.name, s.metric, s.detector, s.params, s.severity, s.for_steps, s.keep_firing_for) for s in SIGNATURE_RULES
+        (s.name, s.metric, s.detector, s.params, s.severity, s.for_steps, s.keep_firing_for) for s in SIGNATURE_RULES if s.name != later
     ]
     assert next(r["params"] for r in frozen if r["name"] == floor.NAME) == floor.BEFORE
     upgrade(database_url, "0009")
@@ -148,7 +149,7 @@ def test_projects_from_before_the_signature_rules_get_each_once(database_url: st
                     "SELECT project, name, detector, severity, builtin FROM rules WHERE name <> 'mismatch climbing' ORDER BY project, name"
                 )]
 
-        names = sorted(spec.name for spec in SIGNATURE_RULES)
+        names = sorted(spec.name for spec in SIGNATURE_RULES if spec.name != later)
         expected_old = [("old", name, spec.detector, spec.severity, True) for name in names for spec in SIGNATURE_RULES if spec.name == name]
         expected_custom = [
             ("custom", name, spec.detector, spec.severity, True) if name != "loss growing" else ("custom", name, "threshold", "warning", False)
@@ -189,7 +190,7 @@ def test_the_builtin_mismatch_rules_read_a_k1_estimate_from_0014(database_url: s
             with engine.connect() as conn:
                 return [tuple(row) for row in conn.exec_driver_sql("SELECT name, project, metric FROM rules ORDER BY name, project")]
 
-        upgrade(database_url)
+        upgrade(database_url, "0014")
         catalog = {rule.name: rule.metric for rule in DEFAULT_RULES}
         assert MISMATCH_KEYS.endswith("|mismatch/kl_k1")
         assert metrics() == [
@@ -329,5 +330,47 @@ def test_the_builtin_entropy_and_loss_rules_take_the_fallback_of_0016_and_keep_t
         back = _rules_and_states(engine)
         for rule_id, name, params in rows:
             assert back[rule_id][0] == params and back[rule_id][1]["definition"] == definition(rule(name, params))
+    finally:
+        engine.dispose()
+
+
+def test_projects_from_before_the_loss_gated_out_rule_get_it_once(database_url: str) -> None:
+    """0017 adds "loss gated out", as the catalog defines it, to every project that has no rule
+    of that name (a project's own rule of that name is kept, not doubled); a second upgrade adds
+    nothing; a downgrade removes only the built-in one."""
+    import importlib
+
+    from alembic import command
+
+    from server.alerts.catalog import SIGNATURE_RULES
+
+    frozen = importlib.import_module("migrations.versions.0017_loss_gated_out_rule").RULE
+    spec = next(rule for rule in SIGNATURE_RULES if rule.name == frozen["name"])
+    assert (frozen["metric"], frozen["detector"], frozen["params"], frozen["severity"], frozen["for_steps"], frozen["keep_firing_for"]) == (
+        spec.metric, spec.detector, spec.params, spec.severity, spec.for_steps, spec.keep_firing_for
+    )
+    upgrade(database_url, "0016")
+    engine = create_engine(_sync_url(database_url))
+    rule_columns = "name, project, metric, detector, params, severity, for_steps, keep_firing_for, enabled, builtin, created_at"
+
+    def gated() -> list[tuple]:
+        with engine.connect() as conn:
+            return [tuple(row) for row in conn.exec_driver_sql(
+                "SELECT project, metric, detector, severity, for_steps, builtin FROM rules WHERE name = 'loss gated out' ORDER BY project"
+            )]
+
+    try:
+        with engine.begin() as conn:
+            for project in ("old", "custom"):
+                conn.exec_driver_sql(f"INSERT INTO projects (name, created_at) VALUES ('{project}', 0)")
+            conn.exec_driver_sql(
+                f"INSERT INTO rules ({rule_columns}) VALUES ('loss gated out', 'custom', 'gate/frac', 'threshold', "
+                "'{\"threshold\": 0.5}', 'critical', 5, 30, true, false, 0)"
+            )
+        upgrade(database_url, "0017")
+        upgrade(database_url, "0017")
+        assert gated() == [("custom", "gate/frac", "threshold", "critical", 5, False), ("old", "gate/frac", "threshold", "warning", 20, True)]
+        command.downgrade(alembic_config(database_url), "0016")
+        assert gated() == [("custom", "gate/frac", "threshold", "critical", 5, False)]
     finally:
         engine.dispose()

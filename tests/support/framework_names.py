@@ -12,6 +12,7 @@ LOGGED: dict[str, list[tuple[str, str, str, str]]] = {
     "verl": [
         ("rollout_corr/k3_kl", "verl/trainer/ppo/rollout_corr_helper.py:966", 'metrics["k3_kl"] = verl_F.masked_mean(k3_kl_matrix, response_mask).detach().item()', 'prefixed "rollout_corr/" at :892'),
         ("rollout_corr/kl", "verl/trainer/ppo/rollout_corr_helper.py:959", 'metrics["kl"] = verl_F.masked_mean(rollout_log_prob - old_log_prob, response_mask).detach().item()', 'prefixed "rollout_corr/"'),
+        ("rollout_corr/rollout_rs_masked_fraction", "verl/trainer/ppo/rollout_corr_helper.py:407", 'metrics["rollout_rs_masked_fraction"] = verl_F.masked_mean(1 - final_mask, response_mask).item()', 'prefixed "rollout_corr/" at :892'),
         ("critic/score/mean", "verl/trainer/ppo/metric_utils.py:556", '"critic/score/mean": score_mean,', ""),
         ("actor/pg_loss", "verl/workers/utils/losses.py:119", 'metrics["actor/pg_loss"] = Metric(value=pg_loss, aggregation=metric_aggregation)', ""),
         ("actor/entropy", "verl/trainer/ppo/v1/trainer_base.py:1684", '"actor/entropy": entropy_agg.detach().item(),', ""),

@@ -137,6 +137,11 @@ VERL = NameMap(
             "mismatch/kl_k1", "verl/trainer/ppo/rollout_corr_helper.py compute_offpolicy_metrics",
             "token mean of log μ − log π over the batch",
         ),
+        "rollout_corr/rollout_rs_masked_fraction": Mapped(
+            "gate/frac", "verl/trainer/ppo/rollout_corr_helper.py compute_rollout_rejection_mask",
+            "token mean over the batch's response tokens of 1 − the rejection sampling's keep mask (a sequence or "
+            "geometric rejection masks every token of its sequence): the share of the tokens the loss is not trained on",
+        ),
         "critic/score/mean": Mapped(
             "reward/mean", "verl/trainer/ppo/metric_utils.py compute_data_metrics",
             "mean sequence score, aborted samples left out",

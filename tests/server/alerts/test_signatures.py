@@ -176,6 +176,16 @@ def test_every_group_without_reward_spread_for_twenty_steps_warns() -> None:
     assert _fired(rows) == {"no learning signal": [139]}
 
 
+def test_a_loss_that_gates_out_every_token_for_twenty_steps_warns() -> None:
+    """verl's rejection preset rejecting every sequence (its masked share at 1, a gradient of
+    exactly 0): "loss gated out" at the 20th such step, and nothing for a gate that throws away
+    half the tokens, or all of them for 15 steps only."""
+    stall = _run(7, {"gate/frac": lambda r, s: 1.0 if s >= 50 else 0.4 + 0.1 * r.random(), "grad/norm": lambda r, s: 0.0 if s >= 50 else 1.0}, falls=False)
+    assert _fired(stall) == {"loss gated out": [69]}
+    assert _fired(_run(7, {"gate/frac": lambda r, s: 0.4 + 0.2 * r.random()}, falls=False)) == {}
+    assert _fired(_run(7, {"gate/frac": lambda r, s: 0.99 if 50 <= s < 65 else 0.5}, falls=False)) == {}
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_a_small_grpo_batch_whose_every_other_step_has_no_spread_pages_nothing(seed: int) -> None:
     """Eight samples a step: a step whose samples all got the same reward has a zero advantage,
