@@ -492,8 +492,9 @@ class CoClimb(Detector):
         self.climbs[0].track_reward(reward, values)
         signals = [climb.observe(state.setdefault(climb.metric, {}), reward, values) for climb in self.climbs]
         first = signals[0]
-        if first is None:
-            return None
+        if first is None:  # the watched metric not logged this step: nothing climbs with it
+            other = next((signal for signal in signals if signal is not None), None)
+            return None if other is None else Signal(False, other.value, f"no {self.climbs[0].metric} this step")
         logged = [(climb, signal) for climb, signal in zip(self.climbs, signals, strict=True) if "key" in state[climb.metric]]
         if all(signal is not None and signal.active for _, signal in logged):
             keys = ",".join(state[climb.metric]["key"] for climb, _ in logged)

@@ -178,8 +178,13 @@ def test_co_climb_leaves_out_a_member_the_run_never_logged() -> None:
     assert signal.active and signal.metric == "mismatch/kl"
     assert "mismatch/kl climbing" in signal.message and "mismatch/ratio_max not logged by this run" in signal.message
     assert _fired(det, [{"reward/mean": row["reward/mean"], "reward/std": 0.1} for row in rows]) == []
-    # Only the second member logged: the first is the one watched, nothing fires.
-    assert _fired(det, [{**row, "mismatch/kl": math.nan, "mismatch/ratio_max": 5.0 * (4 if i >= 200 else 1)} for i, row in enumerate(rows)]) == []
+    # Only the second member logged: the first is the one watched, nothing fires (each step is
+    # evaluated, and inactive: an alert it had fired would resolve).
+    ratio_only = [{**row, "mismatch/kl": math.nan, "mismatch/ratio_max": 5.0 * (4 if i >= 200 else 1)} for i, row in enumerate(rows)]
+    assert _fired(det, ratio_only) == []
+    state = det.initial_state()
+    signal = det.update(state, 0, ratio_only[0])
+    assert signal is not None and not signal.active and signal.message == "no mismatch/kl this step"
     # The ratio logged from step 150 on, flat: it joins and holds the co-climb back.
     late_flat = [{**row, **({"mismatch/ratio_max": 20.0} if i >= 150 else {})} for i, row in enumerate(rows)]
     assert _fired(det, late_flat) == []
