@@ -127,13 +127,18 @@ HEAD_TIMEOUT_RESPONSE = _request_timeout_response("request head not received in 
 
 
 class HeadDeadlineProtocol(H11Protocol):
-    """uvicorn's h11 protocol with a deadline on each request head (see the module doc)."""
+    """uvicorn's h11 protocol with a deadline on each request head (see the module doc), and a
+    lingering close after the 400 it answers to a request it cannot read."""
 
     header_timeout_s: ClassVar[float] = 10.0
+    linger_s: ClassVar[float] = 2.0
+    """After a 400 for an unreadable request: how long what the client still sends is read and
+    dropped before the connection closes."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self._head_timer: asyncio.TimerHandle | None = None
+        self._lingering = False
         max_event = self.config.h11_max_incomplete_event_size
         self.conn = SecureHeadersConnection(h11.SERVER, DEFAULT_MAX_INCOMPLETE_EVENT_SIZE if max_event is None else max_event)
 
@@ -141,7 +146,28 @@ class HeadDeadlineProtocol(H11Protocol):
         super().connection_made(transport)
         self._arm()
 
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's 400 for a request h11 cannot read (a request line or head longer than
+        `h11_max_incomplete_event_size`, bytes that are no HTTP), closed lingering: a socket
+        closed with the rest of a request unread is reset by the kernel, and a client still
+        sending a long request line would get the reset and not the 400. So the 400 is sent,
+        the write side shut after it, and what the client still sends is dropped until it
+        closes or `linger_s` passes."""
+        for event in (
+            h11.Response(status_code=400, headers=[(b"content-type", b"text/plain; charset=utf-8"), (b"connection", b"close")], reason=b"Bad Request"),
+            h11.Data(data=msg.encode("ascii")),
+            h11.EndOfMessage(),
+        ):
+            self.transport.write(self.conn.send(event) or b"")
+        self._disarm()
+        self._lingering = True
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.loop.call_later(self.linger_s, self.transport.close)
+
     def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            return  # the rest of a request already answered with a 400
         if self._head_timer is None and self.conn.their_state is h11.IDLE:
             self._arm()  # the first bytes of the next request on a kept-alive connection
         super().data_received(data)
