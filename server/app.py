@@ -27,6 +27,7 @@ from server.routes import api_tokens as token_routes
 from server.routes import backtest as backtest_routes
 from server.routes import health, login, runs, streams
 from server.routes import run_commands as command_routes
+from server.schemas import errors
 from server.serving import BodyDeadline
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/login", "/logout", "/docs", "/docs/oauth2-redirect", "/openapi.json"})
@@ -98,7 +99,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         exception_handlers={NotFound: not_found},
     )
 
-    api = APIRouter(prefix="/api/v1", dependencies=[Depends(limit_writes)])
+    api = APIRouter(prefix="/api/v1", dependencies=[Depends(limit_writes)], responses=errors(400))  # 400: the server could not read the request
     api.include_router(runs.router)
     api.include_router(streams.router)
     api.include_router(alert_routes.router)

@@ -55,7 +55,7 @@ class ErrorOut(BaseModel):
 
 
 _ERROR_DESCRIPTIONS = {
-    400: "The body is not valid JSON",
+    400: "The request could not be read: a body that is not valid JSON, a request line or headers over 16 KiB, bytes that are not HTTP",
     401: "No token, or a token without the route's scope (when auth is on)",
     404: "No such run, rule, alert, silence or webhook",
     413: "The body exceeds the server's limits",

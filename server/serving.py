@@ -153,9 +153,10 @@ class HeadDeadlineProtocol(H11Protocol):
         sending a long request line would get the reset and not the 400. So the 400 is sent,
         the write side shut after it, and what the client still sends is dropped until it
         closes or `linger_s` passes."""
+        body = json.dumps({"detail": msg}).encode()  # the API's error body (server/schemas.py ErrorOut)
         for event in (
-            h11.Response(status_code=400, headers=[(b"content-type", b"text/plain; charset=utf-8"), (b"connection", b"close")], reason=b"Bad Request"),
-            h11.Data(data=msg.encode("ascii")),
+            h11.Response(status_code=400, headers=[(b"content-type", b"application/json"), (b"connection", b"close")], reason=b"Bad Request"),
+            h11.Data(data=body),
             h11.EndOfMessage(),
         ):
             self.transport.write(self.conn.send(event) or b"")
