@@ -496,13 +496,13 @@ class CoClimb(Detector):
             other = next((signal for signal in signals if signal is not None), None)
             return None if other is None else Signal(False, other.value, f"no {self.climbs[0].metric} this step")
         logged = [(climb, signal) for climb, signal in zip(self.climbs, signals, strict=True) if "key" in state[climb.metric]]
-        if all(signal is not None and signal.active for _, signal in logged):
-            keys = ",".join(state[climb.metric]["key"] for climb, _ in logged)
+        climbing = [(climb, signal) for climb, signal in logged if signal is not None and signal.active]
+        if len(climbing) == len(logged):
+            keys = ",".join(state[climb.metric]["key"] for climb, _ in climbing)
             missing = [climb.metric for climb in self.climbs if "key" not in state[climb.metric]]
             alone = f" ({', '.join(missing)} not logged by this run: without {'it' if len(missing) == 1 else 'them'})" if missing else ""
-            return Signal(True, first.value, "; ".join(signal.message for _, signal in logged if signal is not None) + alone, metric=keys)
-        climbing = [climb.metric for climb, signal in logged if signal is not None and signal.active]
-        return Signal(False, first.value, f"only {', '.join(climbing)} climbing" if climbing else "at baseline")
+            return Signal(True, first.value, "; ".join(signal.message for _, signal in climbing) + alone, metric=keys)
+        return Signal(False, first.value, f"only {', '.join(climb.metric for climb, _ in climbing)} climbing" if climbing else "at baseline")
 
 
 class Jump(Detector):

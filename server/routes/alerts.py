@@ -144,7 +144,7 @@ class AckIn(BaseModel):
     by: Name = "anonymous"
 
 
-@router.post("/alerts/{alert_id}/ack", response_model=AlertOut, dependencies=[ADMIN], responses=errors(400, 404, 429))
+@router.post("/alerts/{alert_id}/ack", response_model=AlertOut, dependencies=[ADMIN], responses=errors(404, 429))
 async def acknowledge(alert_id: RowId, store: StoreDep, body: AckIn | None = None) -> dict[str, Any]:
     return alert_json(await history.acknowledge(store, alert_id, (body or AckIn()).by))
 
@@ -190,7 +190,7 @@ async def list_rules(rules: RuleBookDep, project: Text | None = None) -> list[di
     return [rule_json(rule) for rule in await rules.list(project)]
 
 
-@router.post("/rules", status_code=201, response_model=RuleOut, dependencies=[ADMIN], responses=errors(400, 429))
+@router.post("/rules", status_code=201, response_model=RuleOut, dependencies=[ADMIN], responses=errors(429))
 async def create_rule(body: RuleIn, rules: RuleBookDep) -> dict[str, Any]:
     try:
         rule = await rules.create(body.model_dump())
@@ -199,7 +199,7 @@ async def create_rule(body: RuleIn, rules: RuleBookDep) -> dict[str, Any]:
     return rule_json(rule)
 
 
-@router.patch("/rules/{rule_id}", response_model=RuleOut, dependencies=[ADMIN], responses=errors(400, 404, 429))
+@router.patch("/rules/{rule_id}", response_model=RuleOut, dependencies=[ADMIN], responses=errors(404, 429))
 async def update_rule(rule_id: RowId, body: RulePatch, rules: RuleBookDep) -> dict[str, Any]:
     try:
         changes = body.model_dump(exclude_none=True)
@@ -247,7 +247,7 @@ async def list_silences(
     return [silences.silence_json(s, now) for s in listed]
 
 
-@router.post("/silences", status_code=201, response_model=SilenceOut, dependencies=[ADMIN], responses=errors(400, 429))
+@router.post("/silences", status_code=201, response_model=SilenceOut, dependencies=[ADMIN], responses=errors(429))
 async def create_silence(body: SilenceIn, store: StoreDep) -> dict[str, Any]:
     now = time.time()
     starts_at = body.starts_at if body.starts_at is not None else now
@@ -276,7 +276,7 @@ class WebhookIn(BaseModel):
     secret: Annotated[Text, Field(max_length=200)] | None = Field(None, description="whsec_<base64>; generated when omitted")
 
 
-@router.post("/webhooks", status_code=201, response_model=NewWebhookOut, dependencies=[ADMIN], responses=errors(400, 429))
+@router.post("/webhooks", status_code=201, response_model=NewWebhookOut, dependencies=[ADMIN], responses=errors(429))
 async def create_webhook(body: WebhookIn, store: StoreDep, settings: SettingsDep) -> dict[str, Any]:
     """The only response that carries the webhook's signing secret."""
     try:

@@ -27,7 +27,7 @@ async def tokens(store: StoreDep) -> list[dict[str, Any]]:
     return [token_json(row) for row in await list_tokens(store)]
 
 
-@router.post("/tokens", status_code=201, dependencies=[ADMIN], responses=errors(400, 429))
+@router.post("/tokens", status_code=201, dependencies=[ADMIN], responses=errors(429))
 async def new_token(body: TokenIn, store: StoreDep) -> dict[str, Any]:
     """The only answer that carries the token: store it now."""
     token = await create_token(store, body.name, list(body.scopes))

@@ -44,7 +44,7 @@ class BacktestIn(BaseModel):
     )
 
 
-@router.post("/backtest", dependencies=[READ], responses=errors(400, 404, 429))
+@router.post("/backtest", dependencies=[READ], responses=errors(404, 429))
 async def backtest(body: BacktestIn, store: StoreDep, hazard_model: HazardModelDep) -> dict[str, Any]:
     """Replay stored runs through rules with the engine's detectors and hazard model; no alert is written."""
     if body.rules is not None and body.rule_ids is not None:

@@ -65,7 +65,7 @@ class CommandIn(BaseModel):
 
 
 @router.post(
-    "/runs/{run_id}/commands", status_code=202, response_model=CommandOut, dependencies=[ADMIN], responses=errors(400, 404, 409, 429)
+    "/runs/{run_id}/commands", status_code=202, response_model=CommandOut, dependencies=[ADMIN], responses=errors(404, 409, 429)
 )
 async def send_command(run_id: RunId, body: CommandIn, request: Request, store: StoreDep, hub: HubDep, settings: SettingsDep) -> dict[str, Any]:
     """Ask the run's trainer to do something: `pending` until a writer of the run that listens

@@ -335,7 +335,7 @@ async def run_details(
     "/runs/{run_id}/points",
     response_model=PointsWritten,
     dependencies=[INGEST],
-    responses=errors(400, 404, 413, 429),
+    responses=errors(404, 413, 429),
     openapi_extra={"requestBody": POINTS_BODY},
 )
 async def post_points(
@@ -377,7 +377,7 @@ async def _may_write(request: Request, store: Store, run_id: str) -> None:
     "/runs/{run_id}",
     response_model=RunDetail,
     dependencies=[INGEST],
-    responses=errors(400, 404, 413, 429),
+    responses=errors(404, 413, 429),
     openapi_extra={"requestBody": CONFIG_BODY},
 )
 async def update_run(run_id: RunId, request: Request, store: StoreDep, settings: SettingsDep) -> RunDetail:
