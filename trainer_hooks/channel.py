@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainer_hooks.sender import SenderConfig
+from wire.signals import Signal
 
 __all__ = [
     "Answer", "Batch", "Decoder", "Done", "Drop", "FieldSpec", "Finish", "Inbox", "Listen", "Log", "LogLine",
@@ -174,9 +175,9 @@ class LogLine:
 
 @dataclass(frozen=True)
 class Relay:
-    """An alert, hazard or command from the server (signals.py)."""
+    """An alert, hazard or command from the server, decoded (wire/signals.py)."""
 
-    message: Any
+    signal: Signal
 
 
 @dataclass(frozen=True)

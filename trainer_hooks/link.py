@@ -33,7 +33,6 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from trainer_hooks.capture import HostCopy
 from trainer_hooks.channel import (
@@ -50,6 +49,7 @@ from trainer_hooks.channel import (
     encode,
     read_message,
 )
+from wire.signals import Signal
 
 __all__ = ["Done", "Feed", "Link", "Pending"]
 
@@ -295,7 +295,7 @@ class Link:
         *,
         on_drop: Callable[[str, int, str], None],
         name: str,
-        on_signal: Callable[[dict[str, Any]], None] = lambda message: None,
+        on_signal: Callable[[Signal], None] = lambda signal: None,
     ) -> None:
         self.worker_start = worker_start
         """Sent to each worker started; `Monitor` updates it (the decoder) for restarts."""
@@ -419,8 +419,8 @@ class Link:
                 self._on_drop(kind, count, detail)
             case LogLine(level, message):
                 logger.log(level, "%s", message)
-            case Relay(message):
-                self._on_signal(message)
+            case Relay(signal):
+                self._on_signal(signal)
             case Ready():
                 self.ready.set()
             case Done():

@@ -52,12 +52,13 @@ from wire import (
     ErrorMessage,
     Finish,
     Hello,
+    ProtocolError,
     Reject,
     Welcome,
     points_frame,
     read_reply,
 )
-from wire.signals import SIGNAL_TYPES, CommandResult, Listen
+from wire.signals import CommandResult, Listen, Signal, read_signal
 from wire.urls import ingest_url
 
 __all__ = ["ConnState", "Sender", "SenderConfig", "ingest_url", "upload"]
@@ -135,7 +136,7 @@ class Sender:
         rng: random.Random | None = None,
         listen: frozenset[str] = frozenset(),
         actions: dict[str, str] | None = None,
-        on_signal: Callable[[dict[str, Any]], None] | None = None,
+        on_signal: Callable[[Signal], None] | None = None,
     ) -> None:
         self.url = ingest_url(server_url)
         self.state = ConnState.DISCONNECTED
@@ -363,7 +364,8 @@ class Sender:
 
     def _handle(self, message: dict[str, Any]) -> None:
         """One message from the server: a reply (wire/replies.py) read by its type, a signal
-        handed on as it came (the training process reads it, trainer_hooks/signals.py)."""
+        (wire/signals.py) decoded and handed on (the training process acts on it,
+        trainer_hooks/signals.py); a malformed signal says nothing to the trainer."""
         reply = read_reply(message)
         if isinstance(reply, Ack):
             self._on_ack(reply.seq)
@@ -378,9 +380,14 @@ class Sender:
             self._server_error = str(reply)
             self._server_code = reply.code
             logger.error("keel: server error: %s", self._server_error)
-        elif reply is None and message["type"] in SIGNAL_TYPES:
-            if self._on_signal is not None:
-                self._on_signal(message)
+        elif reply is None and self._on_signal is not None:
+            try:
+                signal = read_signal(message)
+            except ProtocolError as exc:
+                logger.debug("keel: signal not understood: %s", exc)
+                return
+            if signal is not None:
+                self._on_signal(signal)
 
     def _on_reject(self, seq: int, reason: str) -> None:
         base = self._spool.seq_base

@@ -1,7 +1,8 @@
 """What the server tells the trainer, as the Monitor holds it (docs/integrate.md, "Acting on alerts").
 
 The Monitor's worker receives the run's signals on its ingest socket (docs/protocol.md,
-"Signals") and hands each to the training process (`channel.py`: ("signal", message)),
+"Signals"), decodes each (wire/signals.py) and hands it to the training process (`channel.py`:
+`Relay`),
 where `Signals` keeps the run's firing alerts and latest hazard, and calls the command
 handlers the trainer registered, one command after another, on a thread of its own. Each
 answer goes back to the worker, which sends it to the server (and again after a reconnect
@@ -32,8 +33,8 @@ from wire.signals import (
     Command,
     CommandMessage,
     HazardMessage,
+    Signal,
     parse_action,
-    read_signal,
 )
 
 __all__ = ["Alert", "Command", "Signals"]
@@ -108,14 +109,8 @@ class Signals:
 
     # -- what the worker hands over (the replies thread) -------------------------------
 
-    def receive(self, message: dict[str, Any]) -> None:
-        try:
-            self._receive(message)
-        except Exception as exc:  # a malformed signal: it says nothing to the trainer
-            logger.debug("keel: signal not understood (%r): %s", exc, str(message)[:200])
-
-    def _receive(self, message: dict[str, Any]) -> None:
-        signal = read_signal(message)  # wire/signals.py: a malformed one raises
+    def receive(self, signal: Signal) -> None:
+        """One signal, as the worker decoded it (a malformed one never gets here)."""
         if isinstance(signal, AlertsMessage):
             with self._lock:
                 self._alerts = {alert.id: alert for alert in signal.firing}

@@ -160,7 +160,7 @@ class Worker:
             config=start.sender_config,
             listen=frozenset(self._listen[0] if self._listen is not None else start.listen),
             actions=self._listen[1] if self._listen is not None else start.actions,
-            on_signal=lambda message: self.reply(Relay(message)),
+            on_signal=lambda signal: self.reply(Relay(signal)),
         )
         for answer in self._answers:
             self._sender.answer(*answer)
