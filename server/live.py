@@ -24,11 +24,13 @@ from typing import Any
 
 import orjson
 
+from wire import LIVE_TYPES
+
 __all__ = ["Listener", "LiveHub", "Subscription"]
 
 ALL_RUNS = "*"
-FOR_BROWSERS = frozenset({"points", "alert", "status"})
-"""The message types a browser subscriber is sent."""
+FOR_BROWSERS = frozenset(LIVE_TYPES)
+"""The message types a browser subscriber is sent (wire.live: points, alert, status)."""
 SIGNAL_OF = {"alert": "alerts", "command": "commands", "hazard": "hazard"}
 """The signal (docs/protocol.md) a trainer listens to for each message type."""
 

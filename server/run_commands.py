@@ -95,18 +95,18 @@ def command_json(command: Command) -> dict[str, Any]:
     ).to_json()  # fmt: skip
 
 
-def signal_message(command: Command) -> dict[str, Any]:
+def signal_message(command: Command) -> CommandMessage:
     """What a listening trainer is sent (docs/protocol.md, "Signals")."""
     return CommandMessage(command.run_id, WireCommand(
         command.id, command.action, dict(command.payload), command.requested_by, command.created_at
-    )).to_json()
+    ))
 
 
 def publish(hub: LiveHub, commands: list[Command]) -> None:
     """To the run's listening sockets, on every replica (after the commit)."""
     for command in commands:
         if command.state == "pending":
-            hub.publish(command.run_id, signal_message(command))
+            hub.publish(command.run_id, signal_message(command).to_json())
 
 
 async def replace_pending(session: AsyncSession, command: Command, now: float) -> int:

@@ -27,7 +27,8 @@ from server.alerts.hazard import HazardCache
 from server.jsonview import wire_alert
 from server.live import Listener, LiveHub
 from server.storage import Store
-from wire.signals import AlertsMessage, HazardMessage
+from wire import ProtocolError
+from wire.signals import AlertMessage, AlertsMessage, CommandMessage, HazardMessage, Signal, read_signal
 
 __all__ = ["SignalSources", "TrainerSignals"]
 
@@ -59,7 +60,7 @@ class TrainerSignals:
         self.signals: frozenset[str] = frozenset()
         self._send = send
         self._listener: Listener | None = None
-        self._outbox: deque[dict[str, Any]] = deque(maxlen=OUTBOX)
+        self._outbox: deque[Signal] = deque(maxlen=OUTBOX)
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._snapshot = False  # the open alerts are to be sent
@@ -101,7 +102,16 @@ class TrainerSignals:
             self._task = None
 
     def _deliver(self, message: dict[str, Any]) -> None:
-        self._outbox.append(message)
+        """The hub hands over the JSON it publishes (and relays between replicas): it is read
+        here, once, into its wire message; what is held and sent from now on is typed."""
+        try:
+            signal = read_signal(message)
+        except ProtocolError as exc:
+            log.warning("not sending run %s's trainer a malformed signal: %s", self.run_id, exc)
+            return
+        if signal is None:
+            return
+        self._outbox.append(signal)
         self._wake.set()
 
     async def _serve(self) -> None:
@@ -121,18 +131,19 @@ class TrainerSignals:
                 # failed: nothing of the run's data depends on a signal.
                 log.debug("signals for run %s stopped a turn", self.run_id, exc_info=True)
 
-    async def _send_commands(self, messages: list[dict[str, Any]]) -> None:
+    async def _send_commands(self, messages: list[CommandMessage]) -> None:
         """Send commands and mark them delivered. One that cannot be encoded (a payload no
         JSON encoder takes) is marked `failed` with the reason, and the others still go."""
         store, sent = self.sources.store, []
         for message in messages:
+            encoded = message.to_json()
             try:
-                orjson.dumps(message)
+                orjson.dumps(encoded)
             except TypeError as exc:
-                await run_commands.undeliverable(store, message["command"]["id"], str(exc), time.time())
+                await run_commands.undeliverable(store, message.command.id, str(exc), time.time())
                 continue
-            await self._send(message)
-            sent.append(message["command"]["id"])
+            await self._send(encoded)
+            sent.append(message.command.id)
         await run_commands.delivered(store, sent, time.time())
 
     async def _turn(self) -> None:
@@ -140,7 +151,7 @@ class TrainerSignals:
         if self._snapshot:
             self._snapshot = False
             # The snapshot supersedes alert changes queued before it is read.
-            kept = [m for m in self._outbox if m.get("type") != "alert"]
+            kept = [m for m in self._outbox if not isinstance(m, AlertMessage)]
             self._outbox.clear()
             self._outbox.extend(kept)
             firing = await history.list_alerts(
@@ -157,13 +168,13 @@ class TrainerSignals:
             while page := await run_commands.unanswered(store, self.run_id, after=after):
                 await self._send_commands([run_commands.signal_message(command) for command in page])
                 after = (page[-1].created_at, page[-1].id)
-        sent: list[dict[str, Any]] = []
+        sent: list[CommandMessage] = []
         while self._outbox:
             message = self._outbox.popleft()
-            if message.get("type") == "command":
+            if isinstance(message, CommandMessage):
                 sent.append(message)
             else:
-                await self._send(message)
+                await self._send(message.to_json())
         await self._send_commands(sent)
         if self._hazard_of is not None and time.monotonic() >= self._hazard_at + HAZARD_PERIOD_S:
             started_at, self._hazard_of = self._hazard_of, None

@@ -5,7 +5,9 @@ hooks and into the server alike, and neither of them imports the other.
 Where each message lives: what a client sends on the ingest socket (hello, points, finish)
 and the rows' encoding in `wire.messages`; what the server answers (welcome, ack, reject,
 bye, error) in `wire.replies` (error in `wire.errors`, beside ProtocolError); the signals
-(listen, alerts, alert, hazard, command, command_result) and the alert in `wire.signals`.
+(listen, alerts, alert, hazard, command, command_result) and the alert in `wire.signals`;
+what the server pushes to browsers on the live socket (points, status; alert is the signal's)
+in `wire.live`.
 
     from wire import Hello, Row, RunInfo, parse_rows, ProtocolError
 """
@@ -25,6 +27,7 @@ from wire.errors import (
     KeelError,
     ProtocolError,
 )
+from wire.live import LIVE_TYPES, Live, LivePoints, LiveStatus, read_live
 from wire.messages import (
     ACCEPTS,
     FINISH_STATUSES,
@@ -65,6 +68,7 @@ __all__ = [
     "CLOSE_SERVER_FAULT",
     "CLOSE_TOO_LARGE",
     "FINISH_STATUSES",
+    "LIVE_TYPES",
     "Finish",
     "Hello",
     "MAX_CONFIG_DEPTH",
@@ -80,6 +84,9 @@ __all__ = [
     "Points",
     "KeelError",
     "Limits",
+    "Live",
+    "LivePoints",
+    "LiveStatus",
     "ProtocolError",
     "Reject",
     "Reply",
@@ -96,6 +103,7 @@ __all__ = [
     "parse_rows",
     "parse_seq",
     "points_frame",
+    "read_live",
     "read_reply",
     "read_value",
 ]

@@ -396,3 +396,34 @@ def test_the_answers_length_against_its_cap() -> None:
     assert [row["response/length_max"] for row in each] == [5, 6]
     with pytest.raises(ValueError, match="max_length"):
         stability_metrics(logprobs, logprobs, mask, max_length=0)
+
+
+def test_every_front_takes_exactly_the_batch_inputs_with_their_defaults() -> None:
+    """`BatchInputs` is the one list of a step's inputs: `stability_metrics`,
+    `stability_partials` and `Monitor.log_batch` are keyword fronts to it, and a field added
+    there and not to a front (or a front's default drifting from the field's) fails here."""
+    import dataclasses
+    import inspect
+
+    from trainer_hooks.metrics import BatchInputs, stability_partials
+    from trainer_hooks.monitor import Monitor
+
+    fields = {f.name: f.default for f in dataclasses.fields(BatchInputs)}
+    not_metrics = {"token_ids", "seq_ids"}  # the step details' inputs: no metric reads them
+    fronts = {
+        stability_metrics: ({"quantile"}, not_metrics),
+        stability_partials: ({"quantile"}, not_metrics),
+        Monitor.log_batch: ({"self", "step", "metrics", "decode"}, set()),
+    }
+    for front, (own, left_out) in fronts.items():
+        params = inspect.signature(front).parameters
+        taken = {name: p.default for name, p in params.items() if name not in own}
+        expected = {name: default for name, default in fields.items() if name not in left_out}
+        assert taken.keys() == expected.keys(), front.__name__
+        for name, default in taken.items():
+            if name == "mask":  # a front asks for it (None: every token), the object defaults it
+                assert default is inspect.Parameter.empty, front.__name__
+            elif expected[name] is dataclasses.MISSING:
+                assert default is inspect.Parameter.empty, (front.__name__, name)
+            else:
+                assert default == expected[name], (front.__name__, name)

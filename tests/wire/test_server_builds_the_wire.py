@@ -9,12 +9,14 @@ import math
 import pytest
 
 from server.errors import TooLarge
+from server.live import FOR_BROWSERS
+from server.live_messages import live_points_message, live_status_message
 from server.jsonview import alert_json, wire_alert
 from server.models import Alert as StoredAlert
 from server.models import Command as StoredCommand
 from server.ratelimit import RateLimited
 from server.run_commands import signal_message
-from wire import ErrorMessage, read_reply
+from wire import LIVE_TYPES, ErrorMessage, Histogram, LivePoints, LiveStatus, Row, read_live, read_reply
 from wire.signals import Alert, Command, CommandMessage, read_signal
 
 
@@ -44,7 +46,21 @@ def test_a_command_signal_is_the_wire_command_message() -> None:
         id="c1", run_id="r", action="stop", payload={"why": "kl"}, state="pending", requested_by="ops",
         created_at=1.5, delivered_at=None, finished_at=None, message="", answered_by=None,
     )
-    assert read_signal(signal_message(stored)) == CommandMessage("r", Command("c1", "stop", {"why": "kl"}, "ops", 1.5))
+    assert signal_message(stored) == CommandMessage("r", Command("c1", "stop", {"why": "kl"}, "ops", 1.5))
+    assert read_signal(signal_message(stored).to_json()) == signal_message(stored)
+
+
+def test_the_servers_live_pushes_are_the_wire_live_messages() -> None:
+    detailed = Row(4, 1.5, {"a": math.nan, "b": 2.0}, histograms={"h": Histogram([0.0, 1.0], [3])})
+    points = live_points_message("r", [detailed, Row(5, None, {"a": -math.inf})])
+    assert points == LivePoints("r", [detailed, Row(5, None, {"a": -math.inf})]).to_json()
+    assert points["rows"] == [{"step": 4, "time": 1.5, "values": {"a": "nan", "b": 2.0}}, {"step": 5, "values": {"a": "-inf"}}]
+    read = read_live(points)
+    assert isinstance(read, LivePoints) and read.run_id == "r" and [row.step for row in read.rows] == [4, 5]
+    assert math.isnan(read.rows[0].values["a"]) and read.rows[0].histograms is None
+    assert live_status_message("r", "killed") == {"type": "status", "run_id": "r", "status": "killed"}
+    assert read_live(live_status_message("r", "killed")) == LiveStatus("r", "killed")
+    assert FOR_BROWSERS == frozenset(LIVE_TYPES)
 
 
 def test_the_servers_protocol_errors_are_wire_error_messages() -> None:
