@@ -7,6 +7,7 @@ is the contract with the browser's live updater (see figures.py).
 from __future__ import annotations
 
 import math
+from decimal import Decimal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -162,8 +163,24 @@ def _line_floor(series: Series) -> float | None:
 
 
 def zero_label(value: float) -> str:
-    """The hover text of a value ≤ 0 marked on a log chart's edge (the live updater's too)."""
-    return "0" if value == 0 else f"{value!r} (≤ 0)"
+    """The hover text of a value ≤ 0 marked on a log chart's edge (the live updater's too:
+    written as JavaScript writes the number, so a point drawn here and one painted live read
+    the same)."""
+    return "0" if value == 0 else f"{_js_number(value)} (≤ 0)"
+
+
+def _js_number(value: float) -> str:
+    """A finite float as JavaScript's `String(value)` writes it: the shortest digits that read
+    back as it (Python's repr has the same digits), in plain notation from 1e-6 up to 1e21 and
+    as `1.5e-8` / `1e+21` outside it (repr: `1e-05`, `2.0`, `1e+16`)."""
+    if value == 0:
+        return "0"
+    text = repr(value)
+    if 1e-6 <= abs(value) < 1e21:
+        plain = format(Decimal(text), "f")
+        return plain.rstrip("0").rstrip(".") if "." in plain else plain
+    mantissa, _, exponent = text.partition("e")
+    return f"{mantissa}e{'+' if int(exponent) > 0 else '-'}{abs(int(exponent))}"
 
 
 ENVELOPE_POINTS = 250

@@ -4,9 +4,9 @@
  * The live updater (dashboard/assets/live/) appends pushed points to the charts the
  * server drew. Its parts, in the order the page loads them (declared once, as
  * dashboard/app.py LIVE_PARTS; Dash leaves this folder out of its own asset loading):
- *   math.js       values, smoothing and the y range, as dashboard/series.py and
- *                 dashboard/figures.py compute them (tests/dashboard check both on
- *                 the same vectors)
+ *   math.js       values, smoothing and the y range, as dashboard/series.py,
+ *                 traces.py and figures.py compute them: both sides are held to one
+ *                 table of cases, tests/dashboard/drawing_spec.json
  *   charts.js     what a chart is waiting to draw, and drawing it into the figure
  *   overlay.js       the points not drawn into the figure yet, painted over it at once
  *   scheduler.js  when each chart draws: a share of the main thread, visible charts only

@@ -1,0 +1,74 @@
+"""The server's side of the drawing arithmetic against the one table of cases that the page's
+side (assets/live/math.js, tests/dashboard/test_browser_math.py) is held to as well:
+tests/dashboard/drawing_spec.json."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dashboard.figures import FLAT_PAD, FLAT_SPAN, flat_range, x_axis_end
+from dashboard.series import NonFinite, Series, ema, nonfinite_points
+from dashboard.traces import _smoothed_drawn, drawable, log_floor, zero_label
+from wire import decode_value
+
+SPEC: dict[str, Any] = json.loads((Path(__file__).parent / "drawing_spec.json").read_text())
+SMOOTHED_REL = 1e-12
+"""How close a smoothed value must be (the rest is exact: see the table's "about")."""
+
+
+def _value(raw: Any) -> float:
+    return decode_value(raw)
+
+
+def close(got: float | None, want: float | None) -> bool:
+    if got is None or want is None:
+        return got is want
+    return got == want or abs(got - want) <= SMOOTHED_REL * max(abs(got), abs(want))
+
+
+def test_the_table_covers_every_function_of_the_page_side() -> None:
+    """Every function of math.js that computes something the server also computes has cases
+    (parseValue through the wire's values, nonFiniteKind through "kind")."""
+    assert {k: len(v) > 0 for k, v in SPEC.items() if isinstance(v, list)} == dict.fromkeys(
+        ["ema", "drawable", "log_floor", "above_floor", "zero_label", "flat_range", "x_axis_end", "kind"], True
+    )
+    assert SPEC["flat"] == {"span": FLAT_SPAN, "pad": FLAT_PAD}
+
+
+@pytest.mark.parametrize("case", SPEC["ema"], ids=lambda c: f"{c['name']}-{c['weight']}")
+def test_smoothing(case: dict[str, Any]) -> None:
+    smoothed, state = ema([_value(v) for v in case["values"]], case["weight"])
+    assert len(smoothed) == len(case["smoothed"])
+    assert all(close(g, w) for g, w in zip(smoothed, case["smoothed"], strict=True))
+    assert state.count == case["state"]["count"] and close(state.value, case["state"]["value"])
+
+
+def test_what_a_log_axis_can_draw_and_where_a_smoothed_line_stops() -> None:
+    for case in SPEC["drawable"]:
+        assert drawable(_value(case["value"]), case["log"]) is case["drawable"], case
+    for case in SPEC["log_floor"]:
+        assert log_floor([_value(v) for v in case["values"]]) == case["floor"], case["name"]
+    for case in SPEC["above_floor"]:
+        drawn = _smoothed_drawn([_value(case["value"])], case["log"], case["floor"])[0] is not None
+        assert drawn is case["above"], case
+
+
+def test_the_words_and_kinds_of_values_no_axis_can_place() -> None:
+    for case in SPEC["zero_label"]:
+        assert zero_label(case["value"]) == case["label"], case
+    for case in SPEC["kind"]:
+        value = _value(case["value"])
+        assert not math.isfinite(value)
+        assert nonfinite_points(Series([7], [value])) == [NonFinite(7, case["kind"])], case
+
+
+def test_the_flat_range_and_where_the_step_axis_ends() -> None:
+    for case in SPEC["flat_range"]:
+        assert flat_range(tuple(case["extent"]), case["log"]) == case["range"], case
+    for case in SPEC["x_axis_end"]:
+        assert x_axis_end(case["first"], case["newest"]) == case["end"], case
