@@ -7,9 +7,9 @@ is the contract with the browser's live updater (see figures.py).
 from __future__ import annotations
 
 import math
-from decimal import Decimal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any, Literal
 
 from dashboard.series import Alert, Series, ema, group_band, nonfinite_points

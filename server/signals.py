@@ -28,7 +28,14 @@ from server.jsonview import wire_alert
 from server.live import Listener, LiveHub
 from server.storage import Store
 from wire import ProtocolError
-from wire.signals import AlertMessage, AlertsMessage, CommandMessage, HazardMessage, Signal, read_signal
+from wire.signals import (
+    AlertMessage,
+    AlertsMessage,
+    CommandMessage,
+    HazardMessage,
+    Signal,
+    read_signal,
+)
 
 __all__ = ["SignalSources", "TrainerSignals"]
 

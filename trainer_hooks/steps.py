@@ -262,14 +262,19 @@ class StepMerger:
         self._sent[step] = self._key_sets.setdefault(keys, keys)
         if len(self._sent) > _SENT_STEPS:
             del self._sent[next(iter(self._sent))]
-        row = Row(step=step, time=wall_time, values=values)
-        if details is not None:
-            row.histograms = {
-                key: Histogram(h["edges"], h["counts"], h.get("nan", 0))
-                for key, h in details.histograms.items()
-            } or None
-            row.samples = details.samples or None
+        if details is None:
+            row = Row(step=step, time=wall_time, values=values)
+        else:
             pairs = details.sequences
-            row.sequences = Sequences(pairs["length"], pairs["log_ratio"]) if pairs["length"] else None
+            row = Row(
+                step=step,
+                time=wall_time,
+                values=values,
+                histograms={
+                    key: Histogram(h["edges"], h["counts"], h.get("nan", 0)) for key, h in details.histograms.items()
+                } or None,
+                samples=details.samples or None,
+                sequences=Sequences(pairs["length"], pairs["log_ratio"]) if pairs["length"] else None,
+            )
         self.rows.append(row)
         self.rows_values += len(values)

@@ -117,7 +117,7 @@ class Limits:
     """(length, log ratio) pairs in one row's `sequences`."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunInfo:
     id: str
     name: str
@@ -137,7 +137,7 @@ class RunInfo:
         }
 
 
-@dataclass
+@dataclass(frozen=True)
 class Histogram:
     """Counts of a quantity over a step's tokens: `counts[i]` in [edges[i], edges[i + 1])
     (the last bin closed; values outside the edges in the end bins), `nan` tokens in none."""
@@ -151,7 +151,7 @@ class Histogram:
         return _histogram_json(self)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Sequences:
     """(length, Σ log ratio) of some of a step's sequences: aligned lists."""
 
@@ -188,7 +188,7 @@ _TOKEN_NUMBERS = ("log_ratio", "sampler_logprob", "learner_logprob")
 _TOKEN_LISTS = ("tokens", "token_ids", *_TOKEN_NUMBERS)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Row:
     step: int
     time: float | None
@@ -387,11 +387,11 @@ def parse_rows(rows: Any, limits: Limits = Limits()) -> list[Row]:
                 decoded[key] = decode_value(raw)
             except ProtocolError as exc:
                 raise ProtocolError(f"rows[{index}].values[{key!r}]: {exc}") from None
-        parsed_row = Row(step, wall_time, decoded)
         # Step details are looked for only in a row with keys beyond step, time and values.
         if len(row) > 2 and (len(row) > 3 or "time" not in row):
-            _parse_details(row, parsed_row, index, limits)
-        parsed.append(parsed_row)
+            parsed.append(Row(step, wall_time, decoded, *_parse_details(row, index, limits)))
+        else:
+            parsed.append(Row(step, wall_time, decoded))
     return parsed
 
 
@@ -402,17 +402,17 @@ def _too_large(message: str) -> ProtocolError:
     return ProtocolError(message, code="too_large", close_code=CLOSE_TOO_LARGE)
 
 
-def _parse_details(row: dict[str, Any], parsed: Row, index: int, limits: Limits) -> None:
-    """Validate the row's step details into `parsed`; raise ProtocolError naming the field."""
-    histograms = row.get("histograms")
-    if histograms is not None:
-        parsed.histograms = _parse_histograms(histograms, f"rows[{index}].histograms", limits) or None
-    samples = row.get("samples")
-    if samples is not None:
-        parsed.samples = _parse_samples(samples, f"rows[{index}].samples", limits) or None
-    sequences = row.get("sequences")
-    if sequences is not None:
-        parsed.sequences = _parse_sequences(sequences, f"rows[{index}].sequences", limits)
+def _parse_details(
+    row: dict[str, Any], index: int, limits: Limits
+) -> tuple[dict[str, Histogram] | None, list[dict[str, Any]] | None, Sequences | None]:
+    """The row's step details (histograms, samples, sequences), validated; raise
+    ProtocolError naming the field."""
+    histograms, samples, sequences = row.get("histograms"), row.get("samples"), row.get("sequences")
+    return (
+        None if histograms is None else _parse_histograms(histograms, f"rows[{index}].histograms", limits) or None,
+        None if samples is None else _parse_samples(samples, f"rows[{index}].samples", limits) or None,
+        None if sequences is None else _parse_sequences(sequences, f"rows[{index}].sequences", limits),
+    )
 
 
 def _count(raw: Any, what: str) -> int:

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from tests.dashboard.test_drawing_spec import SPEC, close
 from tests.support.browser import wait_until
+from tests.support.drawing import SPEC, close
 
 pytestmark = pytest.mark.browser
 

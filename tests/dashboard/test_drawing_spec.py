@@ -4,9 +4,7 @@ tests/dashboard/drawing_spec.json."""
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,21 +12,12 @@ import pytest
 from dashboard.figures import FLAT_PAD, FLAT_SPAN, flat_range, x_axis_end
 from dashboard.series import NonFinite, Series, ema, nonfinite_points
 from dashboard.traces import _smoothed_drawn, drawable, log_floor, zero_label
+from tests.support.drawing import SPEC, close
 from wire import decode_value
-
-SPEC: dict[str, Any] = json.loads((Path(__file__).parent / "drawing_spec.json").read_text())
-SMOOTHED_REL = 1e-12
-"""How close a smoothed value must be (the rest is exact: see the table's "about")."""
 
 
 def _value(raw: Any) -> float:
     return decode_value(raw)
-
-
-def close(got: float | None, want: float | None) -> bool:
-    if got is None or want is None:
-        return got is want
-    return got == want or abs(got - want) <= SMOOTHED_REL * max(abs(got), abs(want))
 
 
 def test_the_table_covers_every_function_of_the_page_side() -> None:

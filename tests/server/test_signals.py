@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from typing import Any
 
@@ -414,3 +415,23 @@ def test_a_finish_with_frames_it_never_got_ends_the_run_and_counts_them(server) 
         _until(ws, "bye")
     shown = httpx.get(f"{server.url}/api/v1/runs/{run['id']}").json()
     assert (shown["status"], shown["unsent"], shown["last_step"]) == ("finished", None, 7)
+
+
+def test_the_outbox_holds_each_signal_as_its_wire_message() -> None:
+    """What the hub hands a listening socket is read once into its wire message: a malformed
+    one is dropped, a type no trainer reads is left out; sending is the tests above (real
+    sockets), this is what is held in between."""
+    from server.live import LiveHub
+    from server.signals import SignalSources, TrainerSignals
+    from wire.signals import Alert, AlertMessage, Command, CommandMessage
+
+    alert = AlertMessage("r", Alert(1, "r", "m high", "m", "critical", "firing", 3, None, value=math.inf))
+    command = CommandMessage("r", Command("c1", "stop", {"why": "kl"}, "ops", 1.5))
+
+    async def send(message: dict[str, Any]) -> None:
+        raise AssertionError("nothing is sent before the socket's turn")
+
+    signals = TrainerSignals(SignalSources(None, LiveHub(), None), "r", send)  # type: ignore[arg-type]  # no store read
+    for message in (alert.to_json(), {"type": "alert", "run_id": "r"}, command.to_json(), {"type": "later"}):
+        signals._deliver(message)
+    assert list(signals._outbox) == [alert, command]

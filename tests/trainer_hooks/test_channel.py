@@ -5,21 +5,34 @@ from __future__ import annotations
 import os
 import threading
 import time
+import typing
 
 import pytest
 import torch
 
-from trainer_hooks.capture import HostCopy, ship_inputs
-import typing
-
 from trainer_hooks import channel
+from trainer_hooks.capture import HostCopy, ship_inputs
 from trainer_hooks.channel import (
-    Answer, Batch, Decoder, Done, Drop, Finish, Listen, Log, LogLine, Packed, Reader, Ready, Relay, Start, WorkerStart,
+    Answer,
+    Batch,
+    Decoder,
+    Done,
+    Drop,
+    Finish,
+    Listen,
+    Log,
+    LogLine,
+    Packed,
+    Reader,
+    Ready,
+    Relay,
+    Start,
+    WorkerStart,
     encode,
 )  # fmt: skip
-from trainer_hooks.sender import SenderConfig
 from trainer_hooks.link import Feed, Pending
 from trainer_hooks.metrics import BatchInputs
+from trainer_hooks.sender import SenderConfig
 from trainer_hooks.worker import _inputs
 from wire.signals import Command, CommandMessage, HazardMessage
 

@@ -9,14 +9,23 @@ import math
 import pytest
 
 from server.errors import TooLarge
+from server.jsonview import alert_json, wire_alert
 from server.live import FOR_BROWSERS
 from server.live_messages import live_points_message, live_status_message
-from server.jsonview import alert_json, wire_alert
 from server.models import Alert as StoredAlert
 from server.models import Command as StoredCommand
 from server.ratelimit import RateLimited
 from server.run_commands import signal_message
-from wire import LIVE_TYPES, ErrorMessage, Histogram, LivePoints, LiveStatus, Row, read_live, read_reply
+from wire import (
+    LIVE_TYPES,
+    ErrorMessage,
+    Histogram,
+    LivePoints,
+    LiveStatus,
+    Row,
+    read_live,
+    read_reply,
+)
 from wire.signals import Alert, Command, CommandMessage, read_signal
 
 
