@@ -83,3 +83,10 @@ def test_every_module_the_architecture_names_exists() -> None:
     assert len(named) > 30, named  # the glossary and the map name dozens
     missing = sorted(path for path in named if not (ROOT / path).exists())
     assert missing == []
+    # A module named alone ("channel.py", beside the package it was just said to be in) is a
+    # file of that name somewhere in the tree.
+    alone = set(re.findall(r"(?<![\w/.-])([\w-]+\.(?:py|js))\b", text))
+    assert len(alone) > 20, alone
+    packages = ("wire", "trainer_hooks", "learners", "server", "dashboard", "keel", "migrations", "bench", "tests")
+    in_tree = {path.name for package in packages for path in (ROOT / package).rglob("*.[pj][ys]")}
+    assert sorted(alone - in_tree) == []

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from wire.loss_constants import LOG_RATIO_CLAMP, PROB_CLAMP
+from wire.loss_constants import LOG_RATIO_CLAMP, PPO_CLIP_EPS, PROB_CLAMP
 
 __all__ = [
     "LOG_RATIO_CLAMP",
@@ -49,9 +49,9 @@ __all__ = [
     "topk_disagreement",
 ]
 
-UNBOUNDED_EPS = 0.2
+UNBOUNDED_EPS = PPO_CLIP_EPS
 """`mismatch/unbounded_frac` counts tokens with A < 0 and r > 1 + UNBOUNDED_EPS: there PPO's
-clipped objective (ε = 0.2, its usual value) takes the unclipped r·A, and importance
+clipped objective (ε = PPO_CLIP_EPS, 0.2, its usual value) takes the unclipped r·A, and importance
 sampling never clips, so the token's step grows with r without bound."""
 TAILS = (1.0, 2.0)
 """`mismatch/tail_frac` counts the tokens with |ℓ| ≥ 1, `mismatch/tail_frac_2` those with
