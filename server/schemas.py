@@ -10,7 +10,7 @@ whether a type check or the handler refused the request (`unprocessable`); every
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import HTTPException, Path, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -43,6 +43,9 @@ Text = Annotated[str, AfterValidator(_no_nul)]
 NUL, and SQLite would store what PostgreSQL refuses."""
 Name = Annotated[Text, Field(max_length=MAX_NAME_LENGTH)]
 RowId = Annotated[int, Path(ge=1, le=MAX_INT, description="the id the create call returned")]
+Scope = Literal["ingest", "read", "admin"]
+"""A token's scope (server.api_tokens.SCOPES, in its order: a test holds them equal); admin
+implies the others."""
 
 
 # -- errors ------------------------------------------------------------------------------
@@ -105,6 +108,9 @@ class ApiRoute(APIRoute):
 
 
 class LatestPoint(BaseModel):
+    """A key's last point (`GET /runs?latest=k1,k2`, `GET /runs/{id}/latest`): wire.api.LatestPoint's
+    fields, in its order (a test holds them equal)."""
+
     step: int
     value: WireValue
 

@@ -44,8 +44,55 @@ class BacktestIn(BaseModel):
     )
 
 
-@router.post("/backtest", dependencies=[READ], responses=errors(404, 429))
-async def backtest(body: BacktestIn, store: StoreDep, hazard_model: HazardModelDep) -> dict[str, Any]:
+class ReplayedRuleOut(BaseModel):
+    """A rule as replayed: server.alerts.catalog.RuleSpec's fields, in its order (a test holds
+    them equal)."""
+
+    name: str
+    metric: str
+    detector: str
+    severity: str
+    for_steps: int
+    keep_firing_for: int
+    params: dict[str, Any] = Field(description="the detector's parameters as given (its defaults not filled in)")
+
+
+class EpisodeOut(BaseModel):
+    """One alert of a rule on a run, as the alerts table would have held it
+    (server.alerts.backtest.Episode's fields, in its order)."""
+
+    started_step: int = Field(description="the first step its condition held (pending from here)")
+    fired_step: int
+    resolved_step: int | None = Field(description="null: still firing at the last row")
+    value: float | None = Field(description="the watched metric's value at the firing step; null when not finite")
+    message: str
+
+
+class RuleBacktestOut(BaseModel):
+    """A rule replayed on one run (server.alerts.backtest.RuleBacktest's JSON)."""
+
+    rule: ReplayedRuleOut
+    episodes: list[EpisodeOut]
+    cancelled: int = Field(description="pending alerts that cleared before `for_steps`: never notified")
+    evaluated_steps: int = Field(description="rows that carried a metric the rule watches")
+    skipped: str | None = Field(description="why the rule was not replayed (a clock-based detector); null when it was")
+
+
+class RunBacktestOut(BaseModel):
+    """One stored run replayed (server.alerts.backtest.RunBacktest's JSON)."""
+
+    run_id: str
+    run_name: str
+    steps: int = Field(description="rows replayed")
+    rules: list[RuleBacktestOut] = Field(description="one per rule, in the order given")
+
+
+class BacktestOut(BaseModel):
+    runs: list[RunBacktestOut] = Field(description="one per run id, in the order given")
+
+
+@router.post("/backtest", response_model=BacktestOut, dependencies=[READ], responses=errors(404, 429))
+async def backtest(body: BacktestIn, store: StoreDep, hazard_model: HazardModelDep) -> BacktestOut:
     """Replay stored runs through rules with the engine's detectors and hazard model; no alert is written."""
     if body.rules is not None and body.rule_ids is not None:
         raise unprocessable("give rules or rule_ids, not both", "rule_ids")
@@ -59,4 +106,4 @@ async def backtest(body: BacktestIn, store: StoreDep, hazard_model: HazardModelD
     except ValueError as exc:
         raise unprocessable(str(exc), "rules") from None
     results = await backtest_runs(store, rules, body.run_ids, hazard_model)
-    return {"runs": [result.to_json() for result in results]}
+    return BacktestOut.model_validate({"runs": [result.to_json() for result in results]})

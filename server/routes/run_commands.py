@@ -13,7 +13,7 @@ from server.api_tokens import SCOPES, token_name, token_scopes
 from server.auth import ADMIN, READ, presented_token
 from server.deps import HubDep, SettingsDep, StoreDep
 from server.errors import NotTaken, TooManyPending
-from server.schemas import ApiRoute, RunId, Text, errors
+from server.schemas import ApiRoute, RunId, Scope, Text, errors
 from wire import ProtocolError
 from wire.messages import parse_config
 from wire.signals import ACTION
@@ -39,6 +39,14 @@ class CommandOut(BaseModel):
     finished_at: float | None
     message: str = Field(description="the handler's answer, or why the command failed without one")
     answered_by: str | None = Field(description="the writer whose trainer answered")
+
+
+class WhoamiOut(BaseModel):
+    """Who a request is (GET /whoami)."""
+
+    auth: bool = Field(description="whether the server checks tokens (false: everyone is admin)")
+    name: str | None = Field(description='the token\'s name, "local" with auth off; null for no token or one not live')
+    scopes: list[Scope] = Field(description="what it may do, admin's implied ones included; [] for no live token")
 
 
 class CommandIn(BaseModel):
@@ -91,13 +99,13 @@ async def list_commands(run_id: RunId, store: StoreDep) -> list[dict[str, Any]]:
     return [run_commands.command_json(c) for c in await run_commands.list_commands(store, run_id)]
 
 
-@router.get("/whoami")
-async def whoami(request: Request, store: StoreDep, settings: SettingsDep) -> dict[str, Any]:
+@router.get("/whoami", response_model=WhoamiOut)
+async def whoami(request: Request, store: StoreDep, settings: SettingsDep) -> WhoamiOut:
     """Who the request's token (or login cookie) is and what it may do: the run page shows its
     command buttons to an admin only. With auth off, everyone is admin."""
     if not settings.auth_enabled:
-        return {"auth": False, "name": "local", "scopes": list(SCOPES)}
+        return WhoamiOut.model_validate({"auth": False, "name": "local", "scopes": list(SCOPES)})
     token = presented_token(request)
     scopes = await token_scopes(store, token) if token else None
     name = await token_name(store, token) if token and scopes is not None else None
-    return {"auth": True, "name": name, "scopes": sorted(scopes or ())}
+    return WhoamiOut.model_validate({"auth": True, "name": name, "scopes": sorted(scopes or ())})

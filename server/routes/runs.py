@@ -144,13 +144,13 @@ async def run_keys(run_id: RunId, store: StoreDep) -> list[KeyOut]:
     return [KeyOut.from_info(info) for info in await store.keys(run_id)]
 
 
-@router.get("/runs/{run_id}/latest", dependencies=[READ], responses=errors(404))
+@router.get("/runs/{run_id}/latest", response_model=dict[str, LatestPoint], dependencies=[READ], responses=errors(404))
 async def run_latest(
     run_id: RunId, store: StoreDep, keys: Annotated[Text, Query(description="comma-separated metric keys")]
-) -> dict[str, dict[str, int | float | str]]:
+) -> dict[str, LatestPoint]:
     """The last logged point of each key: `{key: {"step", "value"}}` (keys without points are left out)."""
     latest = await store.latest(run_id, [key for key in keys.split(",") if key][:MAX_KEYS_PER_READ])
-    return {key: {"step": step, "value": encode_value(value)} for key, (step, value) in latest.items()}
+    return {key: LatestPoint(step=step, value=encode_value(value)) for key, (step, value) in latest.items()}
 
 
 @router.get(

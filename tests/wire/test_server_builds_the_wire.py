@@ -23,6 +23,7 @@ from wire import (
     LivePoints,
     LiveStatus,
     Row,
+    encode_value,
     read_live,
     read_reply,
 )
@@ -168,3 +169,17 @@ def test_a_malformed_run_is_a_protocol_error_naming_the_field(change: dict[str, 
     assert ApiRun.from_json(good).to_json() == good
     with pytest.raises(ProtocolError, match=field.replace(".", r"\.")):
         ApiRun.from_json({**good, **change})
+
+
+def test_the_latest_points_api_declares_the_wire_latest_point() -> None:
+    """GET /runs/{id}/latest (and each run's `latest` in GET /runs) answers with LatestPoint:
+    exactly wire.api.LatestPoint's fields, in its order; what it writes decodes and back."""
+    from server.schemas import LatestPoint
+    from wire.api import LatestPoint as WireLatestPoint
+
+    assert list(LatestPoint.model_fields) == [field.name for field in dataclasses.fields(WireLatestPoint)]
+    for value in (0.5, math.nan, -math.inf):
+        written = LatestPoint(step=40, value=encode_value(value)).model_dump(mode="json")
+        decoded = WireLatestPoint.from_json(written)
+        assert decoded.step == 40 and decoded.to_json() == written
+    assert written == {"step": 40, "value": "-inf"}
