@@ -63,15 +63,20 @@ class KeelApi:
         limit: int | None = None,
         project: str | None = None,
         group: str | None = None,
+        run_ids: Iterable[str] | None = None,
     ) -> list[dict[str, Any]]:
-        """Every run (the `limit` newest; of `project` and `group` where given), newest first;
-        with `latest` keys, each run's last point of each under "latest" (`{key: {"step",
-        "value"}}`); with `hazard`, each running run's current collapse hazard under "hazard"
-        (None while it warms up; absent on other runs)."""
+        """Every run (the `limit` newest; of `project` and `group`, or only `run_ids`, where
+        given), newest first; with `latest` keys, each run's last point of each under "latest"
+        (`{key: {"step", "value"}}`); with `hazard`, each running run's current collapse hazard
+        under "hazard" (None while it warms up; absent on other runs)."""
         keys = ",".join(latest)
+        ids = None if run_ids is None else list(dict.fromkeys(run_ids))
+        if ids == []:
+            return []  # no run_id would mean every run
         response = await self._get(
-            "/runs", latest=keys or None, hazard="true" if hazard else None, limit=limit, project=project, group=group
-        )
+            "/runs", latest=keys or None, hazard="true" if hazard else None, limit=limit, project=project, group=group,
+            run_id=ids,
+        )  # fmt: skip
         response.raise_for_status()
         runs: list[dict[str, Any]] = as_read(ApiRun, response.json(), many=True)
         return runs

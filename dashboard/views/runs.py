@@ -3,16 +3,24 @@ select, compare."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 from urllib.parse import quote
 
 import dash_ag_grid as dag
 import httpx
-from dash import ClientsideFunction, Dash, Input, Output, dcc, html, no_update
+from dash import ClientsideFunction, Dash, Input, Output, State, ctx, dcc, html, no_update
 
 from dashboard.data import KeelApi
-from dashboard.layout import GRID_COLUMN_DEFAULTS, display_status, live_target, whole_name
+from dashboard.layout import (
+    GRID_COLUMN_DEFAULTS,
+    display_status,
+    live_target,
+    tick_reasons,
+    whole_name,
+)
 from dashboard.series import Alert, Series
 from dashboard.summary import wire
 from dashboard.text import markdown_text
@@ -193,6 +201,7 @@ def layout() -> html.Div:
                 className="toolbar panel",
             ),
             dcc.Store(id="runs-first"),
+            dcc.Store(id="runs-read-at"),  # when every run was last read (time.time())
             # Says when a read fails (the runs, or their alerts): never "Loading…" forever.
             html.Div(id="runs-error", className="notice", role="alert", hidden=True),
             dag.AgGrid(
@@ -224,6 +233,10 @@ FIRST_ROWS = 100
 """The newest runs the page shows first, before it has read them all (10,000 runs take
 seconds to read; their first rows should not wait for them)."""
 FILTERS = ("project", "group", "tag", "status")
+FULL_READ_S = 60.0
+"""While runs stream, a data tick names the runs whose points came (assets/live/socket.js) and
+the table reads those alone; it reads every run again on any other tick (a status, an alert,
+a reconnect, a filter) and at least this often (a run gone silent, one retagged)."""
 
 
 async def _table(api: KeelApi, chosen: Mapping[str, Sequence[str] | None], limit: int | None) -> tuple[Any, ...]:
@@ -239,13 +252,6 @@ async def _table(api: KeelApi, chosen: Mapping[str, Sequence[str] | None], limit
     shown = filter_runs(runs, chosen)
     # One read of every firing alert, joined here: never one run_id per shown run in the URL.
     firing = await api.firing_alerts()
-    latest = {
-        run["id"]: {
-            key: Series.from_json({"steps": [point["step"]], "values": [point["value"]]})
-            for key, point in (run.get("latest") or {}).items()
-        }
-        for run in shown
-    }
     by_run = None if firing is None else _group_alerts(firing)
     options = {
         "project": sorted({r["project"] for r in runs}),
@@ -257,7 +263,40 @@ async def _table(api: KeelApi, chosen: Mapping[str, Sequence[str] | None], limit
     if limit is not None and len(runs) == limit:
         count = f"the newest {len(shown)}, reading the rest…"
     error = "Could not read the alerts: health shows n/a." if firing is None else ""
-    return (run_rows(shown, latest, by_run), count, *(options[name] for name in FILTERS), error, not error, GRID_STYLE)
+    return (run_rows(shown, _latest(shown), by_run), count, *(options[name] for name in FILTERS), error, not error, GRID_STYLE)
+
+
+def _latest(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Series]]:
+    return {
+        run["id"]: {
+            key: Series.from_json({"steps": [point["step"]], "values": [point["value"]]})
+            for key, point in (run.get("latest") or {}).items()
+        }
+        for run in runs
+    }
+
+
+async def _streamed_rows(
+    api: KeelApi, chosen: Mapping[str, Sequence[str] | None], tick: Mapping[str, Any] | None, read_at: float | None
+) -> list[dict[str, Any]] | None:
+    """The rows of the runs a points tick names, read alone (their status, last step, hazard,
+    headline values and firing alerts); None when every run is to be read again: another
+    reason in the tick, no runs named (too many), no full read in FULL_READ_S, a run started
+    since that read (not in the table yet), a read that failed (the full read says why)."""
+    ids = (tick or {}).get("runs")
+    if tick_reasons(dict(tick or {})) != {"points"} or not isinstance(ids, list) or read_at is None:
+        return None
+    if time.time() - read_at >= FULL_READ_S:
+        return None
+    try:
+        runs = await api.runs(run_ids=[str(run_id) for run_id in ids], latest=HEADLINE_KEYS, hazard=True)
+        if any(datetime.fromisoformat(run["started_at"]).timestamp() >= read_at - 1.0 for run in runs):
+            return None
+        firing = await api.alerts([run["id"] for run in runs], state="firing")
+    except Exception:  # noqa: BLE001 - the full read that follows says what went wrong
+        return None
+    shown = filter_runs(runs, chosen)
+    return run_rows(shown, _latest(shown), None if firing is None else _group_alerts(firing))
 
 
 def register(dash_app: Dash, api: KeelApi) -> None:
@@ -283,13 +322,23 @@ def register(dash_app: Dash, api: KeelApi) -> None:
 
     @dash_app.callback(
         *outputs,
+        Output("runs-grid", "rowTransaction"),
+        Output("runs-read-at", "data"),
         *(Input(f"filter-{name}", "value") for name in FILTERS),
         Input("live-data-tick", "data"),
         Input("runs-first", "data"),
+        State("runs-read-at", "data"),
         prevent_initial_call=True,
     )
     async def table(*args: Any) -> tuple[Any, ...]:
-        return await _table(api, dict(zip(FILTERS, args[: len(FILTERS)], strict=True)), None)
+        chosen = dict(zip(FILTERS, args[: len(FILTERS)], strict=True))
+        tick, _first, read_at = args[len(FILTERS) :]
+        if ctx.triggered_id == "live-data-tick":
+            rows = await _streamed_rows(api, chosen, tick, read_at)
+            if rows is not None:  # those rows changed in place, by id; the rest as they were
+                return (*(no_update for _ in outputs), {"update": rows} if rows else no_update, no_update)
+        started = time.time()
+        return (*await _table(api, chosen, None), no_update, started)
 
     dash_app.clientside_callback(
         ClientsideFunction("keel_runs", "compare_link"),

@@ -388,6 +388,65 @@ def test_runs_page_lists_runs_and_opens_a_comparison(server, browser, artifacts)
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_the_runs_table_reads_again_only_the_runs_whose_points_came(server, browser, monkeypatch) -> None:
+    """While runs stream, the runs table's data tick names the runs whose points came, and the
+    table reads those runs alone and changes their rows in place; a run's finish (a status
+    tick) reads every run again, as the page's first reads did."""
+    reads: list[list[str] | None] = []  # each read of runs: the ids asked for, None for all
+    read = KeelApi.runs
+
+    async def counted(self, **options):  # type: ignore[no-untyped-def]
+        ids = options.get("run_ids")
+        reads.append(None if ids is None else sorted(ids))
+        return await read(self, **options)
+
+    monkeypatch.setattr(KeelApi, "runs", counted)
+    streams, waits = LiveRun(server, "streams", "cispo"), LiveRun(server, "waits", "cispo", seed=1)
+    streams.history(30)
+    waits.history(30)
+    browser.get(f"{server.url}/")
+    table = wait_until(
+        lambda: (lambda found: found if len(found) == 2 else None)(_grid_cells(browser, "runs-grid", "status", "reward/mean")),
+        message="two rows",
+    )
+    wait_until(lambda: live_state(browser) == "live", message="live websocket")
+    # The page's own first reads (the newest rows, then all of them, and its socket's first
+    # tick) are over once no read came for a while.
+    def settled() -> bool:
+        seen = len(reads)
+        time.sleep(3)  # longer than a tick's wait (socket.js REFRESH_MS)
+        return len(reads) == seen
+
+    wait_until(settled, timeout=60, message="the page's first reads")
+    assert None in reads
+    reads.clear()
+
+    streams.send([{"step": 30, "values": {"reward/mean": 0.123}}])
+    row = wait_until(
+        lambda: (lambda r: r if r and r["reward/mean"]["text"] == "0.123" else None)(
+            _grid_cells(browser, "runs-grid", "status").get(streams.id)
+        ),
+        timeout=30,
+        message="the streaming run's row took its new reward",
+    )
+    assert row["last_step"]["text"] == "30"
+    assert reads and all(ids == [streams.id] for ids in reads), reads  # that run alone
+    assert _grid_cells(browser, "runs-grid", "status")[waits.id] == table[waits.id]
+
+    waits.ws.send(json.dumps({"type": "finish", "status": "finished"}))
+    assert json.loads(waits.ws.recv(timeout=10)) == {"type": "bye"}
+    wait_until(
+        lambda: _grid_cells(browser, "runs-grid", "status").get(waits.id, {}).get("status", {}).get("text") == "finished",
+        timeout=30,
+        message="the finished run's status",
+    )
+    assert None in reads  # every run read again
+    assert console_errors(browser) == []
+    for run in (streams, waits):
+        run.close()
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_run_page_shows_every_metric_its_config_and_alerts(server, browser, artifacts) -> None:
     run = LiveRun(server, "detail", "cispo", seed=3)
     run.history(120)

@@ -7,7 +7,8 @@
  * the charts, what a reconnect missed) is redrawn by the server: asked for by bumping
  * the "live-tick" (charts) or "live-data-tick" (tables, the hazard) store, at most once
  * per REFRESH_MS / DATA_REFRESH_MS, and not at all while the tab is hidden (once when it
- * is shown again).
+ * is shown again). On the every-run socket (the runs table) a data tick names the runs whose
+ * points came since the last one, and the table reads those alone (views/runs.py).
  *
  * A tab hidden for PAUSE_HIDDEN_MS closes its socket: a background tab then costs nothing,
  * however much streams. Shown again, it reconnects and, as after any reconnect, asks the
@@ -19,6 +20,7 @@
   var scheduler = live.scheduler;
   var REFRESH_MS = 2000;
   var DATA_REFRESH_MS = 5000; // tables beside charts (summary, run header, hazard)
+  var MAX_STREAMED = 500; // runs named in a data tick of the runs table; more: it reads them all
   var PAUSE_HIDDEN_MS = 3000; // a tab switch shorter than this keeps the socket
 
   var socket = null;
@@ -27,6 +29,7 @@
   var timers = {}; // store -> pending refresh timer
   var reasons = {}; // store -> the reasons of its pending refresh
   var deferred = {}; // store -> reason, asked for while the tab was hidden
+  var streamed = {}; // run id -> true: points came since the last data tick (every-run socket)
   var pauseTimer = null;
   var paused = false; // the socket was closed because the tab is hidden
 
@@ -59,6 +62,12 @@
         // The compare page's summary merges what the pushed points added (tally.js).
         var tally = store === "live-data-tick" ? live.tally.all() : null;
         if (tally) data.tally = tally;
+        if (store === "live-data-tick" && target === "*") {
+          // The runs table reads again only the runs whose points came (views/runs.py).
+          var ids = Object.keys(streamed);
+          streamed = {};
+          data.runs = ids.length <= MAX_STREAMED ? ids : null;
+        }
         window.dash_clientside.set_props(store, { data: data });
       }
     }, delay);
@@ -104,6 +113,7 @@
       var rows = message.rows || [];
       scheduler.remember(message.run_id, rows);
       live.tally.take(message.run_id, rows);
+      if (target === "*") streamed[message.run_id] = true;
       scheduler.push(message.run_id, rows, Date.now());
       refresh("live-data-tick", "points", target === "*" ? REFRESH_MS : DATA_REFRESH_MS);
     } else if (message.type === "status") {
@@ -125,6 +135,7 @@
     if (runs !== target) {
       scheduler.forget();
       live.tally.forget();
+      streamed = {};
     }
     target = runs;
     retry = attempt || 0;
