@@ -135,17 +135,30 @@ class Threshold(Detector):
         return Signal(active, value, f"{self.metric} = {value:.4g} {'>' if above else '<'} {limit:.4g}" if active else "within bounds")
 
 
+LEVEL_SHARE = 0.25
+"""The share of a size's warm-up values above its floor from which those values alone are its level."""
+
+
 class RobustBaseline:
     """Median/MAD of the first `warmup` finite values, then frozen. State lives in the caller's dict."""
 
     @staticmethod
-    def z(state: dict[str, Any], x: float, warmup: int, min_scale: float) -> float | None:
-        """Standardised x, or None while still warming up (x is then added to the warm-up sample)."""
+    def z(state: dict[str, Any], x: float, warmup: int, min_scale: float, floor: float | None = None) -> float | None:
+        """Standardised x, or None while still warming up (x is then added to the warm-up sample).
+        With `floor` (a size's floor: values at it stand for "about 0"), when at least
+        LEVEL_SHARE of the sample is above it, the level is that of those values alone: a loss
+        that is about 0 on some steps and of some size on the others has that size as its level
+        (its steps about 0 would otherwise pull the median to the floor and the scale to
+        nothing, and every step of its usual size would read as growth)."""
         if "median" not in state:
             sample = state.setdefault("warmup", [])
             sample.append(x)
             if len(sample) < warmup:
                 return None
+            if floor is not None:
+                sized = [v for v in sample if v > floor]
+                if len(sized) >= LEVEL_SHARE * len(sample):
+                    sample = sized
             median = statistics.median(sample)
             mad = statistics.median(abs(v - median) for v in sample)
             state["median"], state["scale"] = median, max(MAD_TO_SIGMA * mad, min_scale)
@@ -283,7 +296,9 @@ class Climb(Detector):
     The metric may be alternatives separated by `|`: the climb watches the first one a run
     logs. `direction` "down" watches a fall instead (z taken with its sign flipped); `of`
     "magnitude" watches |x| (a loss, whose sign means nothing to its size; a step whose loss
-    is exactly 0, every advantage zero, carries no level and is skipped). `adapt` lets the
+    is exactly 0, every advantage zero, carries no level and is skipped; a loss about 0 on some
+    steps and of some size on the others has that size as its level: RobustBaseline's
+    `floor`). `adapt` lets the
     baseline's median follow the run the other way from the one watched: while the CUSUM is at
     0 (nothing accumulating) and log x is below the median (above, for "down"), the median
     moves `adapt` of the way towards it, by at most one baseline sigma per step. An entropy
@@ -419,7 +434,7 @@ class Climb(Detector):
             else:
                 state.pop("rewards", None)  # kept for a fallback that is not needed now
                 state.pop("spreads", None)
-        z = RobustBaseline.z(state, x, p["warmup"], p["min_scale"])
+        z = RobustBaseline.z(state, x, p["warmup"], p["min_scale"], math.log(p["floor"]) if p["of"] == "magnitude" else None)
         if z is None:
             if p["settle"] and "median" in state:
                 state["settled"] = 0  # the baseline was just taken: the run settles from here

@@ -86,6 +86,26 @@ def test_a_loss_growing_into_the_thousands_is_paged_and_a_loss_near_zero_is_not(
         assert _fired(_run(seed, {"loss/pg": lambda r, s: _loss(r, s, grows=False)}, falls=False)) == {}
 
 
+def test_a_loss_about_zero_on_some_steps_and_of_its_size_on_the_others_has_that_size_as_its_level() -> None:
+    """Importance sampling or PPO at lag 0 with group-normalised advantages: the surrogate is
+    0 up to rounding (1e-5) wherever every ratio is 1 and the advantages cancel, and of its
+    size (about 1) on the other steps. Its level is that size, not the floor: the steps of its
+    usual size are not growth (they were paged as 2 decades over a level at the floor), and a
+    loss that grows from that size into the thousands still is."""
+
+    def bimodal(grows: bool) -> object:
+        def make(rng: random.Random, step: int) -> float:
+            size = 1.0 * math.exp(rng.gauss(0, 0.4)) * (math.exp((step - 165) / 4) if grows and step >= 165 else 1.0)
+            return rng.gauss(0, 1e-5) if rng.random() < 0.6 else size
+
+        return make
+
+    for seed in range(4):
+        assert _fired(_run(seed, {"loss/pg": bimodal(False)}, falls=False)) == {}, seed
+        fired = _fired(_run(seed, {"loss/pg": bimodal(True)}, falls=True))
+        assert set(fired) == {"loss growing"} and 165 < fired["loss growing"][0] < FALL - 5, (seed, fired)
+
+
 def _resumed(seed: int, *, runaway: bool, falls: bool) -> list[Row]:
     """A run resumed from a trained checkpoint: its reward starts at 0.7 and never rises (no
     learned level by the reward's gain), its entropy sits at 0.4 nats; a runaway climbs from step
