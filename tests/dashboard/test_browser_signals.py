@@ -156,11 +156,11 @@ def test_the_run_page_draws_the_signals_a_run_logs_beside_the_headline_charts(se
         found = chart(browser, key)
         return found if found and trace(found, role, run.id)["x"][-1] == 209 else None
 
-    loss = wait_until(lambda: appended("|loss|"), timeout=15)
+    loss = wait_until(lambda: appended("|loss|"), timeout=30)
     assert trace(loss, "raw", run.id)["y"][-10:] == pytest.approx([0.01 * (1 + s / 10) for s in range(200, 210)], rel=1e-9)
-    entropy = wait_until(lambda: appended("policy/entropy"), timeout=15)
+    entropy = wait_until(lambda: appended("policy/entropy"), timeout=30)
     assert trace(entropy, "raw", run.id)["y"][-10:] == [0.2] * 10
-    length = wait_until(lambda: appended("response/length_mean", "companion"), timeout=15)
+    length = wait_until(lambda: appended("response/length_mean", "companion"), timeout=30)
     assert trace(length, "companion", run.id)["y"][-10:] == [CAP] * 10
     # Appended by the browser, not redrawn by the server.
     assert {key: chart(browser, key)["render"] for key in SIGNALS} == renders  # type: ignore[index]
