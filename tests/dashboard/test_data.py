@@ -70,6 +70,12 @@ def test_reads_the_runs_of_one_group_of_one_project(server) -> None:
         assert sorted(r["name"] for r in group) == ["a0", "a1"]
         assert sorted(r["name"] for r in await api.runs(group="arm-a")) == ["a-elsewhere", "a0", "a1"]
         assert len(await api.runs()) >= 4
+        # The runs table's read of the runs that streamed: those alone, each as the list has it.
+        chosen = await api.runs(run_ids=[runs[2].id, runs[0].id, runs[2].id, "missing"], latest=["reward/mean"])
+        assert sorted(r["name"] for r in chosen) == ["a0", "b0"]
+        listed = {r["id"]: r for r in await api.runs(latest=["reward/mean"])}
+        assert all(r == listed[r["id"]] for r in chosen)
+        assert await api.runs(run_ids=[]) == []  # none asked: none read (not every run)
 
     asyncio.run(read())
 
