@@ -27,8 +27,8 @@ import orjson
 from sqlalchemy.engine import make_url
 
 from server.live import LiveHub
-from server.live_messages import live_points_message
 from server.storage import Store
+from wire import LivePoints
 
 if TYPE_CHECKING:
     import psycopg
@@ -162,7 +162,7 @@ class Fanout:
                 if note["t"] == "points":
                     rows = await self.store.rows(run_id, after=int(note["a"]) - 1, before=int(note["b"]) + 1)
                     if rows:
-                        hub.publish(run_id, live_points_message(run_id, rows), relay=False)
+                        hub.publish(run_id, LivePoints(run_id, rows).to_json(), relay=False)
                 else:
                     hub.publish(run_id, note["m"], relay=False)
             except Exception:

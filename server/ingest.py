@@ -29,7 +29,6 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from server.errors import Conflict, Forbidden, TooLarge
 from server.live import LiveHub
-from server.live_messages import live_points_message, live_status_message
 from server.run_commands import answer
 from server.signals import SignalSources, TrainerSignals
 from server.storage import FrameRef, Speaker, Store
@@ -48,6 +47,8 @@ from wire import (
     Finish,
     Hello,
     Limits,
+    LivePoints,
+    LiveStatus,
     ProtocolError,
     Reject,
     Row,
@@ -86,7 +87,7 @@ class AfterCommit:
 
     async def points(self, run_id: str, started_at: float, rows: list[Row]) -> None:
         if self.hub.watching(run_id):
-            self.hub.publish(run_id, live_points_message(run_id, rows), relay=False)
+            self.hub.publish(run_id, LivePoints(run_id, rows).to_json(), relay=False)
         self.hub.points_committed(run_id, (row.step for row in rows))
         for listener in self.listeners:
             try:
@@ -96,7 +97,7 @@ class AfterCommit:
                 log.exception("points listener failed for run %s", run_id)
 
     def status(self, run_id: str, status: str) -> None:
-        self.hub.publish(run_id, live_status_message(run_id, status))
+        self.hub.publish(run_id, LiveStatus(run_id, status).to_json())
 
 
 class SocketSlots:

@@ -262,19 +262,11 @@ class StepMerger:
         self._sent[step] = self._key_sets.setdefault(keys, keys)
         if len(self._sent) > _SENT_STEPS:
             del self._sent[next(iter(self._sent))]
-        if details is None:
-            row = Row(step=step, time=wall_time, values=values)
-        else:
+        histograms, samples, sequences = None, None, None
+        if details is not None:
+            histograms = {key: Histogram(h["edges"], h["counts"], h.get("nan", 0)) for key, h in details.histograms.items()} or None
+            samples = details.samples or None
             pairs = details.sequences
-            row = Row(
-                step=step,
-                time=wall_time,
-                values=values,
-                histograms={
-                    key: Histogram(h["edges"], h["counts"], h.get("nan", 0)) for key, h in details.histograms.items()
-                } or None,
-                samples=details.samples or None,
-                sequences=Sequences(pairs["length"], pairs["log_ratio"]) if pairs["length"] else None,
-            )
-        self.rows.append(row)
+            sequences = Sequences(pairs["length"], pairs["log_ratio"]) if pairs["length"] else None
+        self.rows.append(Row(step, wall_time, values, histograms, samples, sequences))
         self.rows_values += len(values)

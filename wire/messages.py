@@ -388,10 +388,8 @@ def parse_rows(rows: Any, limits: Limits = Limits()) -> list[Row]:
             except ProtocolError as exc:
                 raise ProtocolError(f"rows[{index}].values[{key!r}]: {exc}") from None
         # Step details are looked for only in a row with keys beyond step, time and values.
-        if len(row) > 2 and (len(row) > 3 or "time" not in row):
-            parsed.append(Row(step, wall_time, decoded, *_parse_details(row, index, limits)))
-        else:
-            parsed.append(Row(step, wall_time, decoded))
+        details = _parse_details(row, index, limits) if len(row) > 2 and (len(row) > 3 or "time" not in row) else _NO_DETAILS
+        parsed.append(Row(step, wall_time, decoded, *details))
     return parsed
 
 
@@ -402,9 +400,11 @@ def _too_large(message: str) -> ProtocolError:
     return ProtocolError(message, code="too_large", close_code=CLOSE_TOO_LARGE)
 
 
-def _parse_details(
-    row: dict[str, Any], index: int, limits: Limits
-) -> tuple[dict[str, Histogram] | None, list[dict[str, Any]] | None, Sequences | None]:
+_Details = tuple[dict[str, Histogram] | None, list[dict[str, Any]] | None, Sequences | None]
+_NO_DETAILS: _Details = (None, None, None)
+
+
+def _parse_details(row: dict[str, Any], index: int, limits: Limits) -> _Details:
     """The row's step details (histograms, samples, sequences), validated; raise
     ProtocolError naming the field."""
     histograms, samples, sequences = row.get("histograms"), row.get("samples"), row.get("sequences")

@@ -277,14 +277,14 @@ def _latest(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Series]]:
 
 
 async def _streamed_rows(
-    api: KeelApi, chosen: Mapping[str, Sequence[str] | None], tick: Mapping[str, Any] | None, read_at: float | None
+    api: KeelApi, chosen: Mapping[str, Sequence[str] | None], tick: dict[str, Any] | None, read_at: float | None
 ) -> list[dict[str, Any]] | None:
     """The rows of the runs a points tick names, read alone (their status, last step, hazard,
     headline values and firing alerts); None when every run is to be read again: another
     reason in the tick, no runs named (too many), no full read in FULL_READ_S, a run started
     since that read (not in the table yet), a read that failed (the full read says why)."""
     ids = (tick or {}).get("runs")
-    if tick_reasons(dict(tick or {})) != {"points"} or not isinstance(ids, list) or read_at is None:
+    if tick_reasons(tick) != {"points"} or not isinstance(ids, list) or read_at is None:
         return None
     if time.time() - read_at >= FULL_READ_S:
         return None

@@ -11,7 +11,6 @@ import pytest
 from server.errors import TooLarge
 from server.jsonview import alert_json, wire_alert
 from server.live import FOR_BROWSERS
-from server.live_messages import live_points_message, live_status_message
 from server.models import Alert as StoredAlert
 from server.models import Command as StoredCommand
 from server.ratelimit import RateLimited
@@ -19,12 +18,7 @@ from server.run_commands import signal_message
 from wire import (
     LIVE_TYPES,
     ErrorMessage,
-    Histogram,
-    LivePoints,
-    LiveStatus,
-    Row,
     encode_value,
-    read_live,
     read_reply,
 )
 from wire.signals import Alert, Command, CommandMessage, read_signal
@@ -60,16 +54,7 @@ def test_a_command_signal_is_the_wire_command_message() -> None:
     assert read_signal(signal_message(stored).to_json()) == signal_message(stored)
 
 
-def test_the_servers_live_pushes_are_the_wire_live_messages() -> None:
-    detailed = Row(4, 1.5, {"a": math.nan, "b": 2.0}, histograms={"h": Histogram([0.0, 1.0], [3])})
-    points = live_points_message("r", [detailed, Row(5, None, {"a": -math.inf})])
-    assert points == LivePoints("r", [detailed, Row(5, None, {"a": -math.inf})]).to_json()
-    assert points["rows"] == [{"step": 4, "time": 1.5, "values": {"a": "nan", "b": 2.0}}, {"step": 5, "values": {"a": "-inf"}}]
-    read = read_live(points)
-    assert isinstance(read, LivePoints) and read.run_id == "r" and [row.step for row in read.rows] == [4, 5]
-    assert math.isnan(read.rows[0].values["a"]) and read.rows[0].histograms is None
-    assert live_status_message("r", "killed") == {"type": "status", "run_id": "r", "status": "killed"}
-    assert read_live(live_status_message("r", "killed")) == LiveStatus("r", "killed")
+def test_the_hub_sends_browsers_the_live_types_of_the_wire() -> None:
     assert FOR_BROWSERS == frozenset(LIVE_TYPES)
 
 
