@@ -8,7 +8,10 @@ Conventions the browser relies on (assets/live/ appends live points):
 - each trace's `meta` = {"run", "role", "last_step", ...} with role one of
   "raw" (the line as logged), "smooth" (its EMA; meta.ema carries the state),
   "nonfinite" (NaN/±Inf markers on the edge axis y2), "envelope" (min/max of
-  downsampled buckets), "member"/"mean"/"band" (group aggregation), "alerts",
+  downsampled buckets), "member"/"mean"/"band" (group aggregation; while a member is
+  live the page extends them from their meta: a member's "ema", "first_step", "asof" and
+  "tail", a mean's "members", "running", "spread", "last_step" and "floor", a band's
+  "points", traces.group_traces), "alerts",
   "companion" (a metric drawn beside the run's line: its length cap); meta.key when
   the trace draws another metric than the chart's key.
 Non-finite values never vanish: they are gaps in the line and markers at the
@@ -24,7 +27,7 @@ with nothing positive to show is drawn on a linear axis with a note instead.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -269,15 +272,16 @@ def metric_figure(
     *,
     companions: Sequence[RunLine] = (),
     levels: Mapping[str, float | None] | None = None,
-    growing: bool = False,
+    running: Collection[str] = (),
     unused: Mapping[str, str | None] | None = None,
     rollbacks: Mapping[str, Sequence[int]] | None = None,
 ) -> Figure:
     """One chart of one metric across runs (or across groups when aggregating), with the
     runs' alerts and a backtest's firings. `companions`: a metric drawn beside the runs'
     lines (theme.MetricInfo.companion, their `key`); `levels`: each run's learned level
-    (None: not yet), drawn as a dashed line across the chart; `growing`: a run is live, so
-    the step axis leaves room for its next points (x_axis_end); `unused`: the runs whose loss
+    (None: not yet), drawn as a dashed line across the chart; `running`: the runs that are
+    live (the step axis leaves room for their next points, x_axis_end; a group's band ends at
+    its slowest live member, and the page extends it); `unused`: the runs whose loss
     does not use the metric (run id -> the loss's name, None when unnamed), said in a note
     instead of drawn as a flat line (theme.MetricInfo.of_loss); `rollbacks`: each guarded run's
     rollback steps, a dotted line across the chart at each."""
@@ -308,7 +312,7 @@ def metric_figure(
             members = groups[name]
             spread: Literal["std", "stderr"] = "stderr" if options.aggregate == "stderr" else "std"
             traces.extend(
-                group_traces(members, styles[members[0].run_id], options.smoothing, spread, log_y)
+                group_traces(members, styles[members[0].run_id], options.smoothing, spread, log_y, running)
             )
     else:
         for line in lines:
@@ -374,13 +378,12 @@ def metric_figure(
         "y_extent": list(extent) if extent is not None else None,
         "flat": {"span": FLAT_SPAN, "pad": FLAT_PAD, "range": y_range},
         "log_fallback": log_note is not None,
-        "last_steps": {line.run_id: line.series.last_step for line in lines},
         "band": None if options.band is None else list(options.band),
         "edge": {kind: [EDGE_Y[kind], EDGE_SYMBOL[kind], EDGE_LABEL[kind]] for kind in EDGE_Y},
         **level_meta,
     }
     layout["meta"]["unused"] = sorted(unused or {})
-    if growing and options.x_range is None and lines:
+    if running and options.x_range is None and lines:
         _follow_data(layout, [line.series.steps for line in lines])
     return {"data": traces, "layout": layout}
 

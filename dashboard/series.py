@@ -269,8 +269,8 @@ class Band:
     """How many runs had a finite value at each step."""
 
 
-def _grid(all_steps: Iterable[Sequence[int]], max_points: int) -> list[int]:
-    union = sorted({s for steps in all_steps for s in steps})
+def _grid(all_steps: Iterable[Sequence[int]], max_points: int, end: int | None = None) -> list[int]:
+    union = sorted({s for steps in all_steps for s in steps if end is None or s <= end})
     if len(union) <= max_points:
         return union
     stride = len(union) / max_points
@@ -280,49 +280,57 @@ def _grid(all_steps: Iterable[Sequence[int]], max_points: int) -> list[int]:
     return picked
 
 
-def _as_of(steps: Sequence[int], values: Sequence[float | None], at: int) -> float | None:
+def as_of(steps: Sequence[int], values: Sequence[float | None], at: int) -> float | None:
     """The value last reported at or before `at`, only inside the run's own step range."""
     if not steps or at < steps[0] or at > steps[-1]:
         return None
     return values[bisect_right(steps, at) - 1]
 
 
+def band_at(
+    present: Iterable[float | None], spread: Literal["std", "stderr"]
+) -> tuple[float, float, float, int] | None:
+    """(mean, lower, upper, n) of the runs' values at one step: non-finite and missing values
+    left out, the sample std (ddof=1) as the half-width, or std/√n for `stderr`; None when no
+    value is finite. The page extends a live band with the same arithmetic (math.js `band`)."""
+    finite = [v for v in present if v is not None and math.isfinite(v)]
+    n = len(finite)
+    if n == 0:
+        return None
+    if min(finite) == max(finite):
+        # fsum(v, v, v) / 3 need not give v back; equal runs must give a line, not a band.
+        mu, std = finite[0], 0.0
+    else:
+        mu = math.fsum(finite) / n
+        std = math.sqrt(math.fsum((v - mu) ** 2 for v in finite) / (n - 1))
+    half = std / math.sqrt(n) if spread == "stderr" else std
+    return mu, mu - half, mu + half, n
+
+
 def group_band(
     runs: Sequence[tuple[Sequence[int], Sequence[float | None]]],
     spread: Literal["std", "stderr"] = "std",
     max_points: int = 1000,
+    end: int | None = None,
 ) -> Band:
-    """Mean ± spread across runs (seeds of one arm), each given as (steps, values).
+    """Mean ± spread across runs (seeds of one arm), each given as (steps, values), at the
+    steps up to `end` (None: every step).
 
     Runs rarely report the same steps (different downsampling buckets, crashes),
     so each is read "as of" every step of a shared grid, and only inside its own
-    range: a run that died at step 500 stops counting after 500. Non-finite and
-    missing values are left out of the mean; the sample std (ddof=1) gives the band,
-    or std/√n for `stderr`. With one run the band is the line itself.
+    range: a run that died at step 500 stops counting after 500 (`band_at` at each step).
+    With one run the band is the line itself.
     """
-    grid = _grid((steps for steps, _ in runs), max_points)
+    grid = _grid((steps for steps, _ in runs), max_points, end)
     mean: list[float | None] = []
     lower: list[float | None] = []
     upper: list[float | None] = []
     count: list[int] = []
     for step in grid:
-        present = [_as_of(steps, values, step) for steps, values in runs]
-        finite = [v for v in present if v is not None and math.isfinite(v)]
-        n = len(finite)
-        count.append(n)
-        if n == 0:
-            mean.append(None)
-            lower.append(None)
-            upper.append(None)
-            continue
-        if min(finite) == max(finite):
-            # fsum(v, v, v) / 3 need not give v back; equal runs must give a line, not a band.
-            mu, std = finite[0], 0.0
-        else:
-            mu = math.fsum(finite) / n
-            std = math.sqrt(math.fsum((v - mu) ** 2 for v in finite) / (n - 1))
-        half = std / math.sqrt(n) if spread == "stderr" else std
+        at = band_at((as_of(steps, values, step) for steps, values in runs), spread)
+        mu, lo, hi, n = at if at is not None else (None, None, None, 0)
         mean.append(mu)
-        lower.append(mu - half)
-        upper.append(mu + half)
+        lower.append(lo)
+        upper.append(hi)
+        count.append(n)
     return Band(steps=grid, mean=mean, lower=lower, upper=upper, count=count)

@@ -7,12 +7,12 @@ is the contract with the browser's live updater (see figures.py).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Literal
 
-from dashboard.series import Alert, Series, ema, group_band, nonfinite_points
+from dashboard.series import Alert, Series, as_of, ema, group_band, nonfinite_points
 from dashboard.text import plot_text
 from dashboard.theme import DASHES, GROUP_PALETTE, INK, SEVERITY_COLOURS
 
@@ -320,23 +320,55 @@ def run_traces(line: RunLine, style: Style, smoothing: float, log_y: bool) -> li
     return traces
 
 
+def _json_value(value: float | None) -> float | None:
+    """A value the page reads from a figure's meta: a non-finite one, which no band counts, as None."""
+    return value if value is not None and math.isfinite(value) else None
+
+
 def group_traces(
     members: Sequence[RunLine],
     style: Style,
     smoothing: float,
     spread: Literal["std", "stderr"],
     log_y: bool,
+    running: Collection[str] = (),
 ) -> list[Figure]:
+    """A group's members (thin), its mean ± spread band and its mean. While members are
+    `running`, the band ends at the slowest of them: at every step up to there each running
+    member has said its value, and the page extends the band from there as their points come
+    (assets/live/charts.js), with what each member's meta carries (its smoothing state, its
+    value as of the band's end, its points after it)."""
     group = members[0].group or members[0].name
     curves = []
     traces: list[Figure] = []
     floors = [f for f in (_line_floor(line.series) for line in members) if f is not None] if log_y else []
     floor = min(floors) if floors else None
+    live = [line.series.last_step for line in members if line.run_id in running and line.series.steps]
+    end = min(live) if live else None  # type: ignore[type-var]
     for line in members:
-        values = (
-            ema(line.series.values, smoothing)[0] if smoothing > 0 else list(line.series.values)
-        )
+        state = None
+        if smoothing > 0:
+            values, state = ema(line.series.values, smoothing)
+        else:
+            values = list(line.series.values)
         curves.append((line.series.steps, values))
+        band_end = end if end is not None else line.series.last_step
+        meta: Figure = {"run": line.run_id, "role": "member", "last_step": line.series.last_step}
+        if running:
+            steps = line.series.steps
+            meta.update(
+                first_step=steps[0] if steps else None,
+                asof=None if band_end is None else _json_value(as_of(steps, values, band_end)),
+                tail=[
+                    [step, _json_value(value)]
+                    for step, value in zip(steps, values, strict=True)
+                    if band_end is None or step > band_end
+                ],
+            )
+            if state is not None:
+                meta["ema"] = {"value": state.value, "count": state.count}
+            if log_y:
+                meta["floor"] = _line_floor(line.series)
         if smoothing > 0:
             values = _smoothed_drawn(values, log_y, _line_floor(line.series) if log_y else None)
         traces.append(
@@ -351,10 +383,10 @@ def group_traces(
                 "opacity": 0.25,
                 "line": {"color": style.colour, "width": 1},
                 "hoverinfo": "skip",
-                "meta": {"run": line.run_id, "role": "member"},
+                "meta": meta,
             }
         )
-    band = group_band(curves, spread=spread)
+    band = group_band(curves, spread=spread, end=end)
     mean = _smoothed_drawn(band.mean, log_y, floor)
     upper = _smoothed_drawn(band.upper, log_y, floor)
     # On a log axis a band reaching 0 or below is cut at the mean (its lower half cannot show).
@@ -373,7 +405,7 @@ def group_traces(
             "showlegend": False,
             "legendgroup": f"group:{group}",
             "name": f"{label} ± {spread}",
-            "meta": {"group": group, "role": "band"},
+            "meta": {"group": group, "role": "band", "points": len(band.steps)},
         }
     )
     traces.append(
@@ -387,7 +419,11 @@ def group_traces(
             "legendgroup": f"group:{group}",
             "line": {"color": style.colour, "width": 2.2},
             "hovertemplate": "%{y:.4~g} (n=%{customdata})",
-            "meta": {"group": group, "role": "mean"},
+            "meta": {
+                "group": group, "role": "mean", "members": [line.run_id for line in members], "spread": spread,
+                "running": [line.run_id for line in members if line.run_id in running],
+                "last_step": band.steps[-1] if band.steps else None, "floor": floor,
+            },  # fmt: skip
         }
     )
     traces.extend(_nonfinite_trace(line, style.colour) for line in members)

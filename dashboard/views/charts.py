@@ -218,7 +218,7 @@ async def chart_figure(
     unused = await unused_by_loss(api, key, lines) if options.x_range is None else {}
     figure = metric_figure(
         key, lines, alerts, options, render_id=uuid.uuid4().hex, backtest=backtest, companions=companions, levels=levels,
-        growing=growing(infos), unused=unused, rollbacks=await rollbacks(api, [line.run_id for line in lines]),
+        running=running(infos), unused=unused, rollbacks=await rollbacks(api, [line.run_id for line in lines]),
     )
     # When its alerts were read: alert marks read later replace its own (assets/live/charts.js).
     figure["layout"]["meta"]["alerts_read"] = read
@@ -254,9 +254,10 @@ async def unused_by_loss(api: KeelApi, key: str, lines: Sequence[RunLine]) -> di
     return {run_id: loss_name((run or {}).get("config") or {}) for run_id, run in zip(zero, runs, strict=True)}
 
 
-def growing(infos: dict[str, dict[str, Any] | None]) -> bool:
-    """Whether a run of these is live: its charts leave room on the right for its next points."""
-    return any((info or {}).get("status") == "running" for info in infos.values())
+def running(infos: dict[str, dict[str, Any] | None]) -> set[str]:
+    """The runs of these that are live: their charts leave room on the right for their next
+    points, and a group's band is extended by the page as they come."""
+    return {run_id for run_id, info in infos.items() if (info or {}).get("status") == "running"}
 
 
 async def load_hazard(api: KeelApi, run_ids: list[str]) -> tuple[list[RunLine], dict[str, HazardRead], int | None, bool]:
@@ -269,7 +270,7 @@ async def load_hazard(api: KeelApi, run_ids: list[str]) -> tuple[list[RunLine], 
     for run_id in known:
         info = infos[run_id] or {}
         lines.append(RunLine(run_id, str(info.get("name", run_id)), info.get("group"), series[run_id]))
-    return lines, reads, horizon, growing(infos)
+    return lines, reads, horizon, bool(running(infos))
 
 
 async def hazards(api: KeelApi, run_ids: list[str]) -> tuple[dict[str, Series], dict[str, HazardRead], int | None]:

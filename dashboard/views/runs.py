@@ -237,6 +237,10 @@ FULL_READ_S = 60.0
 """While runs stream, a data tick names the runs whose points came (assets/live/socket.js) and
 the table reads those alone; it reads every run again on any other tick (a status, an alert,
 a reconnect, a filter) and at least this often (a run gone silent, one retagged)."""
+NEW_RUN_SLACK_S = 0.2
+"""A run named in a tick that started this long before the last full read began, or later,
+is read with every run again: it may have been stored while that read ran, and not be in the
+table (a run starts some milliseconds before its row is committed)."""
 
 
 async def _table(api: KeelApi, chosen: Mapping[str, Sequence[str] | None], limit: int | None) -> tuple[Any, ...]:
@@ -290,7 +294,7 @@ async def _streamed_rows(
         return None
     try:
         runs = await api.runs(run_ids=[str(run_id) for run_id in ids], latest=HEADLINE_KEYS, hazard=True)
-        if any(datetime.fromisoformat(run["started_at"]).timestamp() >= read_at - 1.0 for run in runs):
+        if any(datetime.fromisoformat(run["started_at"]).timestamp() >= read_at - NEW_RUN_SLACK_S for run in runs):
             return None
         firing = await api.alerts([run["id"] for run in runs], state="firing")
     except Exception:  # noqa: BLE001 - the full read that follows says what went wrong

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import time
 
+import httpx
 import pytest
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.keys import Keys
@@ -14,6 +16,8 @@ from bench.support import percentile
 from dashboard.data import KeelApi
 from dashboard.series import ema
 from dashboard.summary import SUMMARY_KEYS
+from dashboard.traces import Style, group_of, group_traces
+from dashboard.views import charts as chart_views
 from server.alerts.hazard import HORIZON, WARMUP, hazard_series
 from tests.support.browser import (
     chart_order,
@@ -30,6 +34,7 @@ from tests.support.browser import (
     text_of,
     wait_until,
 )
+from tests.support.drawing import close
 from tests.support.hazard import RISING, collapsing_values, rising_model_file, stable_values
 from tests.support.toy_runs import HEADLINE, LiveRun, open_runs, toy_values
 
@@ -340,6 +345,85 @@ def test_group_aggregation_toggle(server, browser, artifacts) -> None:
     assert by_name["is (mean of 1)"]["peak_hazard"]["text"] == by_name["is-lag8-s0"]["peak_hazard"]["text"]
     assert console_errors(browser) == []
     screenshot(browser, artifacts / "compare-groups.png")
+    for run in runs:
+        run.close()
+
+
+GROUPS_JS = """
+var key = arguments[0];
+var gd = Array.from(document.querySelectorAll('.keel-graph .js-plotly-plot')).find(function (g) {
+  return g.layout && g.layout.meta && g.layout.meta.key === key;
+});
+return gd.data.filter(function (t) { return t.meta && ['member', 'mean', 'band'].indexOf(t.meta.role) >= 0; }).map(function (t) {
+  return {role: t.meta.role, run: t.meta.run || null, group: t.meta.group || null, x: Array.from(t.x),
+          y: Array.from(t.y), n: t.customdata ? Array.from(t.customdata) : null};
+});
+"""
+"""The group lines of the chart of arguments[0]: each member's, mean's and band's points."""
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_group_band_grows_in_the_page_as_the_server_draws_it(server, browser) -> None:
+    """Group means while the runs stream: the page extends each member's line and its group's
+    mean and band from the pushed points, with no redraw from the server, to the newest step
+    every member of the group has reached (a member that lags holds its group back), and what
+    it drew is what the server draws from the stored points (traces.group_traces, unrounded)."""
+    runs = open_runs(server, ARMS, steps=100)
+    browser.get(_compare_url(server, runs))
+    first = drawn_charts(browser, 6)
+    browser.find_element("xpath", "//label[contains(., 'group mean ± std')]").click()
+    wait_until(lambda: all(c["render"] != f["render"] for c, f in zip(charts(browser), first, strict=True)), message="aggregated charts")
+    wait_until(lambda: live_state(browser) == "live", message="live websocket")
+    renders = {c["key"]: c["render"] for c in charts(browser)}
+    key = "reward/mean"
+
+    def ends() -> dict[str, int]:
+        return {t["group"]: t["x"][-1] for t in browser.execute_script(GROUPS_JS, key) if t["role"] == "mean"}
+
+    assert ends() == {"cispo": 99, "is": 99}
+    lagging = runs[1]  # the second cispo seed
+    for step in range(100, 120):
+        for run in runs:
+            if run is not lagging or step < 110:
+                run.send([{"step": step, "values": toy_values(step, run.seed)}])
+    # The "is" group's one member is at 119; cispo's band waits at its slower member's 109.
+    wait_until(lambda: ends() == {"cispo": 109, "is": 119}, timeout=30, message="bands to 109 and 119")
+    for step in range(110, 120):
+        lagging.send([{"step": step, "values": toy_values(step, lagging.seed)}])
+    wait_until(lambda: ends() == {"cispo": 119, "is": 119}, timeout=30, message="both bands to 119")
+    assert {c["key"]: c["render"] for c in charts(browser)}[key] == renders[key]  # drawn by the page alone
+    drawn = browser.execute_script(GROUPS_JS, key)
+    smoothing = browser.execute_script(
+        "return Array.from(document.querySelectorAll('.keel-graph .js-plotly-plot'))"
+        ".find(g => g.layout.meta.key === arguments[0]).layout.meta.smoothing",
+        key,
+    )
+
+    async def server_side() -> list[dict]:
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            api = KeelApi(client)
+            infos = await api.runs_by_id([run.id for run in runs])
+            lines, _, _ = await chart_views.load_lines(api, infos, key, None)
+        ids = {run.id for run in runs}
+        traces = []
+        for group in ("cispo", "is"):
+            members = [line for line in lines if group_of(line) == group]
+            traces += group_traces(members, Style("#336699", "solid"), smoothing, "std", False, ids)
+        return [t for t in traces if t["meta"]["role"] in ("member", "mean", "band")]
+
+    expected = asyncio.run(server_side())
+    assert [(t["role"], t["run"], t["group"]) for t in drawn] == [
+        (t["meta"]["role"], t["meta"].get("run"), t["meta"].get("group")) for t in expected
+    ]
+    for got, want in zip(drawn, expected, strict=True):
+        assert got["x"] == want["x"], got["role"]
+        # The steps the page drew (the server's figure rounded the ones it drew: figures.DRAWN_PRECISION).
+        live = [i for i, step in enumerate(got["x"]) if step >= 100]
+        assert len(live) == (40 if got["role"] == "band" else 20), got["role"]
+        assert all(close(got["y"][i], want["y"][i]) for i in live), (got["role"], [(got["y"][i], want["y"][i]) for i in live])
+        if got["role"] == "mean":
+            assert got["n"] == want["customdata"]
+    assert console_errors(browser) == []
     for run in runs:
         run.close()
 

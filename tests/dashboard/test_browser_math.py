@@ -27,6 +27,7 @@ return {
   flat_range: spec.flat_range.map(function (c) { return m.flatRange(c.extent, c.log, spec.flat); }),
   x_axis_end: spec.x_axis_end.map(function (c) { return m.xAxisEnd(c.first, c.newest); }),
   kind: spec.kind.map(function (c) { return m.nonFiniteKind(v(c.value)); }),
+  band: spec.band.map(function (c) { return m.band(c.values.map(v), c.spread); }),
 };
 """
 
@@ -44,6 +45,11 @@ def test_the_page_computes_every_case_of_the_drawing_table(server, browser) -> N
         assert len(result["smoothed"]) == len(case["smoothed"]), name
         assert all(close(g, w) for g, w in zip(result["smoothed"], case["smoothed"], strict=True)), name
         assert result["state"]["count"] == case["state"]["count"] and close(result["state"]["value"], case["state"]["value"]), name
+    for case, result in zip(SPEC["band"], got["band"], strict=True):
+        want = case["band"]
+        assert (result is None) is (want is None), case
+        if want is not None:
+            assert result["n"] == want["n"] and all(close(result[k], want[k]) for k in ("mean", "lower", "upper")), (case, result)
     for part, field in EXPECTED.items():
         assert len(got[part]) == len(SPEC[part])
         for case, result in zip(SPEC[part], got[part], strict=True):

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from dashboard.figures import FLAT_PAD, FLAT_SPAN, flat_range, x_axis_end
-from dashboard.series import NonFinite, Series, ema, nonfinite_points
+from dashboard.series import NonFinite, Series, band_at, ema, nonfinite_points
 from dashboard.traces import _smoothed_drawn, drawable, log_floor, zero_label
 from tests.support.drawing import SPEC, close
 from wire import decode_value
@@ -24,7 +24,7 @@ def test_the_table_covers_every_function_of_the_page_side() -> None:
     """Every function of math.js that computes something the server also computes has cases
     (parseValue through the wire's values, nonFiniteKind through "kind")."""
     assert {k: len(v) > 0 for k, v in SPEC.items() if isinstance(v, list)} == dict.fromkeys(
-        ["ema", "drawable", "log_floor", "above_floor", "zero_label", "flat_range", "x_axis_end", "kind"], True
+        ["ema", "drawable", "log_floor", "above_floor", "zero_label", "flat_range", "x_axis_end", "kind", "band"], True
     )
     assert SPEC["flat"] == {"span": FLAT_SPAN, "pad": FLAT_PAD}
 
@@ -61,3 +61,15 @@ def test_the_flat_range_and_where_the_step_axis_ends() -> None:
         assert flat_range(tuple(case["extent"]), case["log"]) == case["range"], case
     for case in SPEC["x_axis_end"]:
         assert x_axis_end(case["first"], case["newest"]) == case["end"], case
+
+
+def test_a_group_band_at_one_step() -> None:
+    """The mean, band and count of a group at one step, as series.band_at computes them for the
+    server's group_band and math.js `band` for the page extending a live band."""
+    assert SPEC["band"][0] == {"values": [1.0, 2.0, 3.0], "spread": "std", "band": {"mean": 2.0, "lower": 1.0, "upper": 3.0, "n": 3}}
+    for case in SPEC["band"]:
+        got = band_at([None if v is None else _value(v) for v in case["values"]], case["spread"])
+        want = case["band"]
+        assert (got is None) is (want is None), case
+        if got is not None:
+            assert got == (want["mean"], want["lower"], want["upper"], want["n"]), case

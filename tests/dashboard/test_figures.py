@@ -144,6 +144,31 @@ def test_aggregate_draws_group_mean_with_band_and_keeps_markers() -> None:
     assert figure["layout"]["meta"]["aggregate"] is True
 
 
+def test_a_live_group_band_ends_at_its_slowest_running_member_with_what_the_page_extends_it_from() -> None:
+    """While members run, a group's band ends where the slowest running one is (every running
+    member has said its value at each step up to there); each member's meta carries its value
+    as of that end and its points after it, and the mean says which members run. A member that
+    stopped neither holds the band back nor counts after its last step."""
+    ahead = _line("a", "g", [1.0, 2.0, 3.0, 4.0, 5.0])
+    behind = _line("b", "g", [3.0, 4.0, 5.0])
+    stopped = _line("c", "g", [2.0, 2.0])
+    options = ChartOptions(smoothing=0.0, aggregate="std")
+    figure = metric_figure("reward/mean", [ahead, behind, stopped], options=options, running={"a", "b"})
+    (mean,) = _roles(figure, "mean")
+    assert mean["x"] == [0, 1, 2] and mean["customdata"] == [3, 3, 2]
+    assert mean["y"] == pytest.approx([2.0, 8 / 3, 4.0], rel=1e-4)  # drawn to the digits a pixel shows
+    assert mean["meta"]["last_step"] == 2 and mean["meta"]["running"] == ["a", "b"] and mean["meta"]["members"] == ["a", "b", "c"]
+    members = {t["meta"]["run"]: t["meta"] for t in _roles(figure, "member")}
+    assert members["a"]["asof"] == 3.0 and members["a"]["tail"] == [[3, 4.0], [4, 5.0]] and members["a"]["first_step"] == 0
+    assert members["b"]["asof"] == 5.0 and members["b"]["tail"] == []
+    assert members["c"]["asof"] is None and members["c"]["tail"] == []  # out of its range at step 2
+    (band,) = _roles(figure, "band")
+    assert band["meta"]["points"] == 3 and band["x"] == [0, 1, 2, 2, 1, 0]
+    # Nothing live: the band spans every step, and no member carries what the page would need.
+    done = metric_figure("reward/mean", [ahead, behind, stopped], options=options)
+    assert _roles(done, "mean")[0]["x"] == [0, 1, 2, 3, 4] and "tail" not in _roles(done, "member")[0]["meta"]
+
+
 def test_downsampled_series_get_a_min_max_envelope() -> None:
     line = RunLine("a", "a", None, Series([10, 20], [1.0, 2.0], mins=[0.5, 1.5], maxs=[9.0, INF]))
     figure = metric_figure("grad/norm", [line], options=ChartOptions(smoothing=0.0))
@@ -430,12 +455,12 @@ def test_a_growing_chart_leaves_round_room_on_the_right() -> None:
     for newest in range(0, 2000, 7):
         end = x_axis_end(0, newest)
         assert newest + max(10, newest / 10) <= end < newest + 2 * max(10, newest / 10)
-    layout = metric_figure("reward/mean", THREE, growing=True)["layout"]
+    layout = metric_figure("reward/mean", THREE, running={line.run_id for line in THREE})["layout"]
     newest = max(line.series.steps[-1] for line in THREE)
     assert layout["xaxis"]["autorangeoptions"] == {"include": [x_axis_end(0, newest)]}
     assert layout["meta"]["x_end"] == x_axis_end(0, newest)
     assert "autorangeoptions" not in metric_figure("reward/mean", THREE)["layout"]["xaxis"]  # a finished run
-    zoomed = metric_figure("reward/mean", THREE, options=ChartOptions(x_range=(1.0, 2.0)), growing=True)["layout"]
+    zoomed = metric_figure("reward/mean", THREE, options=ChartOptions(x_range=(1.0, 2.0)), running={line.run_id for line in THREE})["layout"]
     assert "autorangeoptions" not in zoomed["xaxis"]
 
 

@@ -46,7 +46,7 @@
   /*
    * Take the rows of one run into one chart's pending appends. Returns the steps that
    * will be drawn on its raw lines; calls `ask(reason)` when only a server redraw can
-   * show them (group means, a log axis that must change), `ask(reason, gd)` when only this
+   * show them (a log axis that must change), `ask(reason, gd)` when only this
    * chart's can (a learned level the run does not have yet).
    */
   function take(gd, runId, rows, ask) {
@@ -77,17 +77,6 @@
     }
     // A learned level still to come for this run: only the server can say when it is set.
     if (meta.pending && meta.pending.indexOf(runId) >= 0) ask("level", gd);
-    if (meta.aggregate) {
-      // Group means cannot be appended to; ask for a redraw when a run got past its drawn end.
-      var drawnTo = meta.last_steps || (meta.last_steps = {});
-      var newest = relevant.reduce(function (m, row) { return Math.max(m, row.step); }, -Infinity);
-      var known = drawnTo[runId] === null || drawnTo[runId] === undefined ? -Infinity : drawnTo[runId];
-      if (newest > known) {
-        drawnTo[runId] = newest;
-        ask("aggregate");
-      }
-      return [];
-    }
     relevant.sort(byStep);
     var weight = meta.smoothing || 0;
     var logAxis = !!(gd.layout.yaxis && gd.layout.yaxis.type === "log");
@@ -168,9 +157,10 @@
         lines.y.push(ys);
       }
     }
+    if (meta.aggregate) takeMember(gd, runId, relevant, lines, ask);
     if (axisChange) ask("log-axis");
     if (lines.idx.length || lines.marks.length) {
-      s.pending = s.pending || { render: meta.render_id, idx: [], x: [], y: [], marks: {} };
+      s.pending = s.pending || { render: meta.render_id, idx: [], x: [], y: [], marks: {}, groups: {} };
       s.fresh = true;
       var p = s.pending;
       lines.marks.forEach(function (mark) {
@@ -179,6 +169,14 @@
         m.y = m.y.concat(mark[2]);
         m.symbol = m.symbol.concat(mark[3]);
         m.text = m.text.concat(mark[4]);
+      });
+      Object.keys(lines.groups || {}).forEach(function (i) {
+        var g = p.groups[i] || (p.groups[i] = { n: [], band: lines.groups[i].band, x: [], upper: [], lower: [] });
+        var add = lines.groups[i];
+        g.n = g.n.concat(add.n);
+        g.x = g.x.concat(add.x);
+        g.upper = g.upper.concat(add.upper);
+        g.lower = g.lower.concat(add.lower);
       });
       for (var j = 0; j < lines.idx.length; j++) {
         var at = p.idx.indexOf(lines.idx[j]);
@@ -193,6 +191,127 @@
       }
     }
     return drawnSteps;
+  }
+
+  /*
+   * An aggregated chart (figures: group means): the run's member line takes its points,
+   * smoothed as the server smooths them, and its group's mean and band are extended to the
+   * newest step every running member has reached (traces.group_traces cut them there), each
+   * step's mean and spread as series.band_at computes them from each member's value as of
+   * that step (series.group_band). Adds to `lines` (the pending appends): the member's and the
+   * mean's points, and under `lines.groups[mean index]` the mean's counts and the band's new
+   * upper and lower edges (their trace is a closed outline: `draw` splices them in).
+   */
+  function takeMember(gd, runId, rows, lines, ask) {
+    var meta = gd.layout.meta;
+    var weight = meta.smoothing || 0;
+    var logAxis = !!(gd.layout.yaxis && gd.layout.yaxis.type === "log");
+    var members = {}, mean = -1, band = -1;
+    for (var i = 0; i < gd.data.length; i++) {
+      var tm = gd.data[i].meta || {};
+      if (tm.role === "member") members[tm.run] = i;
+    }
+    var at = members[runId];
+    if (at === undefined) return;
+    var member = gd.data[at].meta;
+    if (!member.tail) return; // drawn with no run live: nothing to extend
+    for (var k = 0; k < gd.data.length; k++) {
+      var gm = gd.data[k].meta || {};
+      if (gm.role === "mean" && gm.members && gm.members.indexOf(runId) >= 0) mean = k;
+    }
+    if (mean < 0) return;
+    var group = gd.data[mean].meta;
+    for (var b = 0; b < gd.data.length; b++) {
+      var bm = gd.data[b].meta || {};
+      if (bm.role === "band" && bm.group === group.group) band = b;
+    }
+    var key = meta.key, magnitude = meta.of === "magnitude";
+    var last = member.last_step === null || member.last_step === undefined ? -Infinity : member.last_step;
+    var xs = [], ys = [];
+    rows.forEach(function (row) {
+      if (row.step <= last || !Object.prototype.hasOwnProperty.call(row.values, key)) return;
+      last = row.step;
+      var value = math.parseValue(row.values[key]);
+      if (magnitude) value = Math.abs(value);
+      var curve = null; // what the band reads of this member at this step (null: not counted)
+      if (Number.isFinite(value)) {
+        if (logAxis) {
+          member.floor = math.logFloor(member.floor, value);
+          group.floor = math.logFloor(group.floor, value);
+        }
+        curve = weight > 0 ? math.emaStep(member.ema || (member.ema = { value: 0, count: 0 }), value, weight) : value;
+      }
+      if (member.first_step === null || member.first_step === undefined) member.first_step = row.step;
+      member.tail.push([row.step, curve]);
+      xs.push(row.step);
+      var shown = curve !== null && (weight > 0 ? math.aboveFloor(curve, member.floor, logAxis) : math.drawable(curve, logAxis));
+      ys.push(shown ? curve : null);
+    });
+    if (last !== -Infinity) member.last_step = last;
+    if (!xs.length) return;
+    member.appended = (member.appended || 0) + xs.length;
+    if (member.appended > COMPACT_AFTER && !meta.compacting) {
+      meta.compacting = true;
+      ask("compact");
+    }
+    lines.idx.push(at);
+    lines.x.push(xs);
+    lines.y.push(ys);
+    var grown = extendGroup(gd, group, members, logAxis);
+    if (!grown) return;
+    lines.idx.push(mean);
+    lines.x.push(grown.x);
+    lines.y.push(grown.mean);
+    lines.groups = lines.groups || {};
+    lines.groups[mean] = { n: grown.n, band: band, x: grown.x, upper: grown.upper, lower: grown.lower };
+  }
+
+  /* The group's mean and band at the steps after its drawn end up to the newest every running
+     member has reached ({x, mean, upper, lower, n} as drawn), or null while one lags. */
+  function extendGroup(gd, group, members, logAxis) {
+    if (!group.running || !group.running.length) return null;
+    var metas = group.members.map(function (id) { return gd.data[members[id]].meta; });
+    var reached = Infinity;
+    group.running.forEach(function (id) {
+      var m = gd.data[members[id]].meta;
+      reached = Math.min(reached, m.last_step === null || m.last_step === undefined ? -Infinity : m.last_step);
+    });
+    var from = group.last_step === null || group.last_step === undefined ? -Infinity : group.last_step;
+    if (!(reached > from)) return null;
+    var grid = {};
+    metas.forEach(function (m) {
+      m.tail.forEach(function (point) { if (point[0] > from && point[0] <= reached) grid[point[0]] = true; });
+    });
+    var steps = Object.keys(grid).map(Number).sort(function (a, b) { return a - b; });
+    var running = {};
+    group.running.forEach(function (id) { running[id] = true; });
+    /* A member's value as of `step`, only inside its own range (series.as_of). */
+    function asOf(m, step) {
+      if (m.first_step === null || m.first_step === undefined || step < m.first_step) return null;
+      if (!running[m.run] && step > m.last_step) return null;
+      var value = m.asof === undefined ? null : m.asof;
+      for (var i = 0; i < m.tail.length && m.tail[i][0] <= step; i++) value = m.tail[i][1];
+      return value;
+    }
+    var out = { x: [], mean: [], upper: [], lower: [], n: [] };
+    steps.forEach(function (step) {
+      var at = math.band(metas.map(function (m) { return asOf(m, step); }), group.spread);
+      // As traces.group_traces draws them: the mean and upper edge drawable and above the
+      // group's floor on a log axis, the lower edge at the mean where it is not drawable.
+      var mu = at && math.aboveFloor(at.mean, group.floor, logAxis) ? at.mean : null;
+      var hi = at && math.aboveFloor(at.upper, group.floor, logAxis) ? at.upper : null;
+      out.x.push(step);
+      out.mean.push(mu);
+      out.upper.push(hi);
+      out.lower.push(at && math.drawable(at.lower, logAxis) ? at.lower : mu);
+      out.n.push(at ? at.n : 0);
+    });
+    metas.forEach(function (m) {
+      m.asof = asOf(m, reached);
+      m.tail = m.tail.filter(function (point) { return point[0] > reached; });
+    });
+    group.last_step = reached;
+    return out;
   }
 
   /* The relayout that stretches each still-firing alert range to its run's newest appended step. */
@@ -223,9 +342,11 @@
   function keepFlatAxis(gd, p) {
     var meta = gd.layout.meta;
     var extent = meta.y_extent ? meta.y_extent.slice() : null;
-    for (var i = 0; i < p.y.length; i++) {
-      for (var j = 0; j < p.y[i].length; j++) {
-        var y = p.y[i][j];
+    var ys = p.y.slice();
+    Object.keys(p.groups || {}).forEach(function (i) { ys.push(p.groups[i].upper, p.groups[i].lower); });
+    for (var i = 0; i < ys.length; i++) {
+      for (var j = 0; j < ys[i].length; j++) {
+        var y = ys[i][j];
         if (y === null || y === undefined) continue;
         if (!extent) extent = [y, y];
         else if (y < extent[0]) extent[0] = y;
@@ -392,6 +513,21 @@
     }
   }
 
+  /* A group's new steps into its mean's counts and its band's outline (upper edge left to
+     right, then the lower edge back): in place, for the extendTraces that follows to draw. */
+  function spliceGroups(gd, p) {
+    Object.keys(p.groups || {}).forEach(function (i) {
+      var g = p.groups[i], mean = gd.data[i];
+      mean.customdata = (mean.customdata || []).concat(g.n);
+      if (g.band < 0 || !gd.data[g.band]) return;
+      var outline = gd.data[g.band], half = outline.meta.points;
+      var back = function (values) { return values.slice().reverse(); };
+      outline.x = outline.x.slice(0, half).concat(g.x, back(g.x), outline.x.slice(half));
+      outline.y = outline.y.slice(0, half).concat(g.upper, back(g.lower), outline.y.slice(half));
+      outline.meta.points = half + g.x.length;
+    });
+  }
+
   /*
    * Draw what is pending on one chart: one extendTraces for all its traces (and a relayout
    * when an alert range or the y axis must follow). Returns the appends drawn, as
@@ -423,6 +559,7 @@
     gd.layout.meta.empty = false;
     var layout = Object.assign(stretchFiring(gd, p), keepFlatAxis(gd, p));
     roomOnTheRight(gd, p);
+    spliceGroups(gd, p);
     var done = window.Plotly.extendTraces(gd, { x: p.x, y: p.y }, p.idx);
     if (wasEmpty) layout.annotations = [];
     if (Object.keys(layout).length) window.Plotly.relayout(gd, layout);
@@ -434,5 +571,13 @@
     };
   }
 
-  live.charts = { state: state, take: take, draw: draw, serverDrawn: serverDrawn, markAll: markAll };
+  /* Whether a chart of the page draws group means (a run's status change redraws it: a member
+     that stopped no longer holds its group's band back). */
+  function aggregated() {
+    return Array.prototype.some.call(document.querySelectorAll(".keel-graph .js-plotly-plot"), function (gd) {
+      return !!(gd.layout && gd.layout.meta && gd.layout.meta.aggregate);
+    });
+  }
+
+  live.charts = { state: state, take: take, draw: draw, serverDrawn: serverDrawn, markAll: markAll, aggregated: aggregated };
 })(window.keelLive = window.keelLive || {});

@@ -101,7 +101,40 @@
     return { values: out, state: state };
   }
 
+  /* A sum that keeps the bits a plain one drops (Neumaier): series.band_at sums with math.fsum. */
+  function sum(values) {
+    var total = 0, lost = 0;
+    for (var i = 0; i < values.length; i++) {
+      var v = values[i], t = total + v;
+      lost += Math.abs(total) >= Math.abs(v) ? (total - t) + v : (v - t) + total;
+      total = t;
+    }
+    return total + lost;
+  }
+
+  /*
+   * A group's mean and band at one step from its members' values there (series.band_at):
+   * non-finite and missing (null) values left out, the sample std as the half-width, or
+   * std/√n for "stderr"; null when no value is finite.
+   */
+  function band(values, spread) {
+    var finite = values.filter(function (v) { return v !== null && v !== undefined && Number.isFinite(v); });
+    var n = finite.length;
+    if (!n) return null;
+    var mu, std;
+    if (Math.min.apply(null, finite) === Math.max.apply(null, finite)) {
+      mu = finite[0]; // equal runs give a line, not a band
+      std = 0;
+    } else {
+      mu = sum(finite) / n;
+      std = Math.sqrt(sum(finite.map(function (v) { return (v - mu) * (v - mu); })) / (n - 1));
+    }
+    var half = spread === "stderr" ? std / Math.sqrt(n) : std;
+    return { mean: mu, lower: mu - half, upper: mu + half, n: n };
+  }
+
   live.math = {
+    band: band,
     parseValue: parseValue,
     nonFiniteKind: nonFiniteKind,
     drawable: drawable,

@@ -118,6 +118,7 @@
       refresh("live-data-tick", "points", target === "*" ? REFRESH_MS : DATA_REFRESH_MS);
     } else if (message.type === "status") {
       refresh("live-data-tick", "status", REFRESH_MS);
+      if (live.charts.aggregated()) askRedraw("aggregate");
     } else if (message.type === "alert") {
       refresh("live-tick", "alert", REFRESH_MS);
       refresh("live-data-tick", "alert", REFRESH_MS);
