@@ -109,10 +109,13 @@ class NonFinite(Detector):
 
 
 class Threshold(Detector):
-    """value > threshold (or < with op "<"); once active it clears only past `resolve_at` (hysteresis)."""
+    """value > threshold (or < with op "<"); once active it clears only past `resolve_at`
+    (hysteresis). With `window` > 1 the value is the mean of the metric's last `window` values,
+    and nothing fires before there are that many: a share over a few samples a step (7 of 8
+    answers, then 8 of 8) is judged over several steps."""
 
     kind = "threshold"
-    defaults: ClassVar[dict[str, Any]] = {"op": ">", "threshold": 0.0, "resolve_at": None}
+    defaults: ClassVar[dict[str, Any]] = {"op": ">", "threshold": 0.0, "resolve_at": None, "window": 1}
 
     def validate(self) -> None:
         if self.params["op"] not in (">", "<"):
@@ -121,18 +124,31 @@ class Threshold(Detector):
             value = self.params[name]
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
                 raise ValueError(f"parameter {name!r} must be a number")
+        window = self.params["window"]
+        if isinstance(window, bool) or not isinstance(window, int) or not 1 <= window <= MAX_WARMUP:
+            raise ValueError(f"parameter 'window' must be a whole number from 1 to {MAX_WARMUP}")
 
     def update(self, state: dict[str, Any], step: int, values: Mapping[str, float]) -> Signal | None:
         value = values.get(self.metric)
         if value is None or math.isnan(value):
             return None
+        window = self.params["window"]
+        what = self.metric
+        if window > 1:
+            recent = state.setdefault("recent", [])
+            recent.append(value)
+            del recent[:-window]
+            if len(recent) < window:
+                return Signal(False, value, f"{len(recent)} of the {window} values its mean is taken over")
+            value = statistics.fmean(recent)
+            what = f"the mean of {self.metric}'s last {window} values"
         above = self.params["op"] == ">"
         limit = self.params["threshold"]
         if state.get("active") and self.params["resolve_at"] is not None:
             limit = self.params["resolve_at"]
         active = value > limit if above else value < limit
         state["active"] = active
-        return Signal(active, value, f"{self.metric} = {value:.4g} {'>' if above else '<'} {limit:.4g}" if active else "within bounds")
+        return Signal(active, value, f"{what} = {value:.4g} {'>' if above else '<'} {limit:.4g}" if active else "within bounds")
 
 
 LEVEL_SHARE = 0.25

@@ -110,10 +110,12 @@ def test_projects_from_before_the_signature_rules_get_each_once(database_url: st
     floor = importlib.import_module("migrations.versions.0015_entropy_floor")
     fallback = importlib.import_module("migrations.versions.0016_signature_fallback")
     since = dict(fallback.AFTER)  # parameters later migrations moved the built-in rules to
-    later = importlib.import_module("migrations.versions.0017_loss_gated_out_rule").RULE["name"]  # added by 0017
+    later = {  # added by later migrations
+        importlib.import_module(f"migrations.versions.{name}").RULE["name"] for name in ("0017_loss_gated_out_rule", "0018_answers_cut_rule")
+    }
     assert fallback.BEFORE[floor.NAME] == floor.AFTER
     assert [(r["name"], r["metric"], r["detector"], since.get(r["name"], r["params"]), r["severity"], r["for_steps"], r["keep_firing_for"]) for r in frozen] == [
-        (s.name, s.metric, s.detector, s.params, s.severity, s.for_steps, s.keep_firing_for) for s in SIGNATURE_RULES if s.name != later
+        (s.name, s.metric, s.detector, s.params, s.severity, s.for_steps, s.keep_firing_for) for s in SIGNATURE_RULES if s.name not in later
     ]
     assert next(r["params"] for r in frozen if r["name"] == floor.NAME) == floor.BEFORE
     upgrade(database_url, "0009")
@@ -149,7 +151,7 @@ def test_projects_from_before_the_signature_rules_get_each_once(database_url: st
                     "SELECT project, name, detector, severity, builtin FROM rules WHERE name <> 'mismatch climbing' ORDER BY project, name"
                 )]
 
-        names = sorted(spec.name for spec in SIGNATURE_RULES if spec.name != later)
+        names = sorted(spec.name for spec in SIGNATURE_RULES if spec.name not in later)
         expected_old = [("old", name, spec.detector, spec.severity, True) for name in names for spec in SIGNATURE_RULES if spec.name == name]
         expected_custom = [
             ("custom", name, spec.detector, spec.severity, True) if name != "loss growing" else ("custom", name, "threshold", "warning", False)
@@ -372,5 +374,50 @@ def test_projects_from_before_the_loss_gated_out_rule_get_it_once(database_url: 
         assert gated() == [("custom", "gate/frac", "threshold", "critical", 5, False), ("old", "gate/frac", "threshold", "warning", 20, True)]
         command.downgrade(alembic_config(database_url), "0016")
         assert gated() == [("custom", "gate/frac", "threshold", "critical", 5, False)]
+    finally:
+        engine.dispose()
+
+
+def test_projects_from_before_the_answers_cut_rule_get_it_once(database_url: str) -> None:
+    """0018 adds "answers cut at the cap", as the catalog defines it, to every project that has no rule
+    of that name (a project's own rule of that name is kept, not doubled); a second upgrade adds
+    nothing; a downgrade removes only the built-in one."""
+    import importlib
+
+    from alembic import command
+
+    from server.alerts.catalog import SIGNATURE_RULES
+
+    frozen = importlib.import_module("migrations.versions.0018_answers_cut_rule").RULE
+    spec = next(rule for rule in SIGNATURE_RULES if rule.name == frozen["name"])
+    assert (frozen["metric"], frozen["detector"], frozen["params"], frozen["severity"], frozen["for_steps"], frozen["keep_firing_for"]) == (
+        spec.metric, spec.detector, spec.params, spec.severity, spec.for_steps, spec.keep_firing_for
+    )
+    upgrade(database_url, "0017")
+    engine = create_engine(_sync_url(database_url))
+    rule_columns = "name, project, metric, detector, params, severity, for_steps, keep_firing_for, enabled, builtin, created_at"
+
+    def cut() -> list[tuple]:
+        with engine.connect() as conn:
+            return [tuple(row) for row in conn.exec_driver_sql(
+                "SELECT project, metric, detector, severity, for_steps, builtin FROM rules WHERE name = 'answers cut at the cap' ORDER BY project"
+            )]
+
+    try:
+        with engine.begin() as conn:
+            for project in ("old", "custom"):
+                conn.exec_driver_sql(f"INSERT INTO projects (name, created_at) VALUES ('{project}', 0)")
+            conn.exec_driver_sql(
+                f"INSERT INTO rules ({rule_columns}) VALUES ('answers cut at the cap', 'custom', 'response/truncated_frac', 'threshold', "
+                "'{\"threshold\": 0.5}', 'critical', 5, 30, true, false, 0)"
+            )
+        upgrade(database_url, "0018")
+        upgrade(database_url, "0018")
+        assert cut() == [
+            ("custom", "response/truncated_frac", "threshold", "critical", 5, False),
+            ("old", "response/truncated_frac", "threshold", "critical", 1, True),
+        ]
+        command.downgrade(alembic_config(database_url), "0017")
+        assert cut() == [("custom", "response/truncated_frac", "threshold", "critical", 5, False)]
     finally:
         engine.dispose()

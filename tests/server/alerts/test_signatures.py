@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
+from collections.abc import Callable
 
 import pytest
 
@@ -184,8 +186,9 @@ def test_answers_running_to_the_length_cap_warn_and_a_low_truncated_share_does_n
         return share
 
     fired = _fired(_run(4, {"response/truncated_frac": lambda r, s: truncated(r, s, runs=True)}, falls=True))
-    assert set(fired) == {"answers at the length cap"}, fired
-    assert 150 < fired["answers at the length cap"][0] < FALL, fired
+    assert set(fired) == {"answers at the length cap", "answers cut at the cap"}, fired
+    # The warning as the share climbs; the page once 9 answers in 10 are cut, still before the fall.
+    assert 150 < fired["answers at the length cap"][0] < fired["answers cut at the cap"][0] < FALL, fired
     assert _fired(_run(4, {"response/truncated_frac": lambda r, s: truncated(r, s, runs=False)}, falls=False)) == {}
     low = {"response/truncated_frac": lambda r, s: r.choice([0.0, 0.01, 0.02, 0.05, 0.08])}
     assert _fired(_run(5, low, falls=False)) == {}  # a share under the floor (0.1) is not a climb
@@ -293,6 +296,52 @@ def test_a_framework_that_logs_its_mismatch_and_no_ratio_tail_gets_mismatch_drif
     message = results["mismatch drift"].episodes[0].message
     assert "mismatch/log_ratio_abs_seq_mean climbing" in message and "mismatch/ratio_max not logged by this run" in message
     assert not results["ratio tail climbing"].fired_steps
+
+
+def test_answers_cut_at_the_cap_page_a_run_whose_answers_stop_finishing_and_no_run_that_finishes_most() -> None:
+    """A mismatch A/B with slime's names, 8 answers a step (the shape of the one issue 44
+    describes): in the mismatch arm, which never learned, the truncated share climbs from about
+    0.55 to nearly 1 while the reward slides from 0.46 towards 0; "answers cut at the cap" pages
+    it once the share's 10-step mean passes 0.9, before the reward's 20-step mean has halved.
+    The exact arm, and an arm whose share hovers at 0.7 (its noise over 8 answers included), are
+    never paged: what pages is that 9 answers in 10 stop before they finish."""
+    from trainer_hooks.integrations.names import MAPS
+
+    slime = MAPS["slime"]
+
+    def arm(truncated: Callable[[int], float], reward: Callable[[int], float], seed: int) -> list[Row]:
+        rng = random.Random(seed)
+        out = []
+        for step in range(200):
+            rewards = [1.0 if rng.random() < reward(step) else 0.0 for _ in range(8)]
+            spread = len(set(rewards)) > 1
+            logged = {
+                "rollout/raw_reward": sum(rewards) / 8,
+                "rollout/truncated_ratio": sum(rng.random() < truncated(step) for _ in range(8)) / 8,
+                "train/grad_norm": math.exp(rng.gauss(0, 0.3)) * (1.0 if spread else 0.001),
+                "train/pg_loss": rng.gauss(0, 0.1) if spread else 0.0,
+            }
+            out.append(Row(step=step, time=None, values={slime.keel_name(name): value for name, value in logged.items()}))
+        return out
+
+    def sliding(step: int) -> float:
+        return max(0.03, 0.46 - 0.43 * max(0, step - 30) / 60)
+
+    def to_the_cap(step: int) -> float:
+        return min(0.99, 0.55 + 0.13 * min(1.0, step / 40) + 0.31 * min(1.0, max(0, step - 40) / 15))
+
+    for seed in range(5):
+        mismatch = arm(to_the_cap, sliding, seed)
+        fired = _fired(mismatch)
+        assert list(fired) == ["answers cut at the cap"], fired
+        paged = fired["answers cut at the cap"][0]
+        shares = [row.values["response/truncated_frac"] for row in mismatch]
+        rewards = [row.values["reward/mean"] for row in mismatch]
+        assert statistics.fmean(shares[paged - 9 : paged + 1]) > 0.9 >= statistics.fmean(shares[paged - 10 : paged]), seed
+        halved = next(step for step in range(20, 200) if statistics.fmean(rewards[step - 19 : step + 1]) < 0.23)
+        assert paged < halved, (seed, paged, halved)
+        assert _fired(arm(lambda step: 0.55 - 0.2 * min(1.0, step / 100), lambda step: 0.46 + 0.1 * min(1.0, step / 100), seed)) == {}
+        assert _fired(arm(lambda step: 0.7, lambda step: 0.4, seed)) == {}
 
 
 def test_a_mismatch_surge_while_the_run_still_learns_fast_is_no_drift_but_the_same_later_is() -> None:

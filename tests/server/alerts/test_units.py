@@ -79,6 +79,23 @@ def test_threshold_detector_hysteresis() -> None:
         Threshold("x", {"treshold": 1})
 
 
+def test_threshold_over_a_window_judges_the_mean_of_the_last_values() -> None:
+    """With `window`, the mean of the metric's last `window` values is what crosses the
+    threshold (a share over 8 answers a step: 7/8 on one step and 8/8 on the next), and nothing
+    fires before there are that many; NaN is skipped, not counted."""
+    det = Threshold("response/truncated_frac", {"op": ">", "threshold": 0.9, "resolve_at": 0.7, "window": 4})
+    state = det.initial_state()
+    signals = [det.update(state, i, {"response/truncated_frac": v}) for i, v in enumerate([1.0, 1.0, 1.0, 0.875, math.nan, 0.875, 0.5, 0.5, 0.5])]
+    assert [None if s is None else s.active for s in signals] == [False, False, False, True, None, True, True, False, False]
+    assert signals[3].value == pytest.approx(0.96875) and signals[3].message.startswith(
+        "the mean of response/truncated_frac's last 4 values = 0.9688 > 0.9"
+    )
+    assert signals[0].message == "1 of the 4 values its mean is taken over"
+    for bad in (0, 1.5, True, 10_001):
+        with pytest.raises(ValueError, match="window"):
+            Threshold("x", {"window": bad})
+
+
 def test_climb_detector_stays_quiet_on_noise_and_fires_on_a_climb() -> None:
     rng = random.Random(0)
     det = Climb("mismatch/kl", {"warmup": 50})
