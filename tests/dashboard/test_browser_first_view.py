@@ -78,3 +78,24 @@ def test_the_headline_charts_are_in_the_first_view_at_1500_by_1000(server, brows
     wait_until(lambda: '"lr": 1e-06' in text_of(browser, "run-config"), message="the config")
     assert console_errors(browser) == []
     run.close()
+
+
+def test_plotly_is_fetched_from_the_start_and_once(server, browser) -> None:
+    """The page asks for plotly.js as it starts (a preload in its head), not once its first
+    chart mounts after Dash's scripts, layout and first callbacks; the chart then takes that very
+    fetch: one request for the bundle, made by the preload."""
+    run = LiveRun(server, "plotly-once", "cispo")
+    run.send(_rows(50))
+    browser.get(f"{server.url}/runs/{run.id}")
+    wait_until(lambda: set(HEADLINE) <= {c["key"] for c in charts(browser) if c["render"]}, 30, message="the headline charts drawn")
+    fetched = browser.execute_script(
+        "return performance.getEntriesByType('resource').filter(e => e.name.endsWith('/plotly/package_data/plotly.min.js'))"
+        ".map(e => [e.initiatorType, e.startTime])"
+    )
+    first_script = browser.execute_script(
+        "return Math.min.apply(null, performance.getEntriesByType('resource').filter(e => e.name.indexOf('/_dash-layout') >= 0).map(e => e.startTime))"
+    )
+    assert [kind for kind, _ in fetched] == ["link"], fetched
+    assert fetched[0][1] < first_script  # asked for before Dash asked for its layout
+    assert console_errors(browser) == []
+    run.close()
