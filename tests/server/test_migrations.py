@@ -10,7 +10,7 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import create_engine, inspect
+from sqlalchemy import create_engine, inspect, text
 
 from server.db import alembic_config, async_url, upgrade
 from server.models import Base
@@ -336,88 +336,50 @@ def test_the_builtin_entropy_and_loss_rules_take_the_fallback_of_0016_and_keep_t
         engine.dispose()
 
 
-def test_projects_from_before_the_loss_gated_out_rule_get_it_once(database_url: str) -> None:
-    """0017 adds "loss gated out", as the catalog defines it, to every project that has no rule
-    of that name (a project's own rule of that name is kept, not doubled); a second upgrade adds
-    nothing; a downgrade removes only the built-in one."""
+@pytest.mark.parametrize(
+    ("module", "before"), [("0017_loss_gated_out_rule", "0016"), ("0018_answers_cut_rule", "0017")], ids=["0017", "0018"]
+)
+def test_projects_from_before_a_later_default_rule_get_it_once(database_url: str, module: str, before: str) -> None:
+    """0017 adds "loss gated out", 0018 "answers cut at the cap", each as the catalog defines
+    it, to every project that has no rule of that name (a project's own rule of that name is
+    kept, not doubled); a second upgrade adds nothing; a downgrade removes only the built-in one."""
     import importlib
 
     from alembic import command
 
     from server.alerts.catalog import SIGNATURE_RULES
 
-    frozen = importlib.import_module("migrations.versions.0017_loss_gated_out_rule").RULE
+    frozen = importlib.import_module(f"migrations.versions.{module}").RULE
+    revision = module[:4]
     spec = next(rule for rule in SIGNATURE_RULES if rule.name == frozen["name"])
     assert (frozen["metric"], frozen["detector"], frozen["params"], frozen["severity"], frozen["for_steps"], frozen["keep_firing_for"]) == (
         spec.metric, spec.detector, spec.params, spec.severity, spec.for_steps, spec.keep_firing_for
     )
-    upgrade(database_url, "0016")
+    upgrade(database_url, before)
     engine = create_engine(_sync_url(database_url))
     rule_columns = "name, project, metric, detector, params, severity, for_steps, keep_firing_for, enabled, builtin, created_at"
 
-    def gated() -> list[tuple]:
+    def installed() -> list[tuple]:
         with engine.connect() as conn:
-            return [tuple(row) for row in conn.exec_driver_sql(
-                "SELECT project, metric, detector, severity, for_steps, builtin FROM rules WHERE name = 'loss gated out' ORDER BY project"
+            return [tuple(row) for row in conn.execute(
+                text("SELECT project, metric, detector, severity, for_steps, builtin FROM rules WHERE name = :name ORDER BY project"),
+                {"name": spec.name},
             )]
 
+    own = ("custom", spec.metric, "threshold", "critical", 5, False)
     try:
         with engine.begin() as conn:
             for project in ("old", "custom"):
                 conn.exec_driver_sql(f"INSERT INTO projects (name, created_at) VALUES ('{project}', 0)")
-            conn.exec_driver_sql(
-                f"INSERT INTO rules ({rule_columns}) VALUES ('loss gated out', 'custom', 'gate/frac', 'threshold', "
-                "'{\"threshold\": 0.5}', 'critical', 5, 30, true, false, 0)"
+            conn.execute(
+                text(f"INSERT INTO rules ({rule_columns}) VALUES (:name, 'custom', :metric, 'threshold', "
+                     "'{\"threshold\": 0.5}', 'critical', 5, 30, true, false, 0)"),
+                {"name": spec.name, "metric": spec.metric},
             )
-        upgrade(database_url, "0017")
-        upgrade(database_url, "0017")
-        assert gated() == [("custom", "gate/frac", "threshold", "critical", 5, False), ("old", "gate/frac", "threshold", "warning", 20, True)]
-        command.downgrade(alembic_config(database_url), "0016")
-        assert gated() == [("custom", "gate/frac", "threshold", "critical", 5, False)]
-    finally:
-        engine.dispose()
-
-
-def test_projects_from_before_the_answers_cut_rule_get_it_once(database_url: str) -> None:
-    """0018 adds "answers cut at the cap", as the catalog defines it, to every project that has no rule
-    of that name (a project's own rule of that name is kept, not doubled); a second upgrade adds
-    nothing; a downgrade removes only the built-in one."""
-    import importlib
-
-    from alembic import command
-
-    from server.alerts.catalog import SIGNATURE_RULES
-
-    frozen = importlib.import_module("migrations.versions.0018_answers_cut_rule").RULE
-    spec = next(rule for rule in SIGNATURE_RULES if rule.name == frozen["name"])
-    assert (frozen["metric"], frozen["detector"], frozen["params"], frozen["severity"], frozen["for_steps"], frozen["keep_firing_for"]) == (
-        spec.metric, spec.detector, spec.params, spec.severity, spec.for_steps, spec.keep_firing_for
-    )
-    upgrade(database_url, "0017")
-    engine = create_engine(_sync_url(database_url))
-    rule_columns = "name, project, metric, detector, params, severity, for_steps, keep_firing_for, enabled, builtin, created_at"
-
-    def cut() -> list[tuple]:
-        with engine.connect() as conn:
-            return [tuple(row) for row in conn.exec_driver_sql(
-                "SELECT project, metric, detector, severity, for_steps, builtin FROM rules WHERE name = 'answers cut at the cap' ORDER BY project"
-            )]
-
-    try:
-        with engine.begin() as conn:
-            for project in ("old", "custom"):
-                conn.exec_driver_sql(f"INSERT INTO projects (name, created_at) VALUES ('{project}', 0)")
-            conn.exec_driver_sql(
-                f"INSERT INTO rules ({rule_columns}) VALUES ('answers cut at the cap', 'custom', 'response/truncated_frac', 'threshold', "
-                "'{\"threshold\": 0.5}', 'critical', 5, 30, true, false, 0)"
-            )
-        upgrade(database_url, "0018")
-        upgrade(database_url, "0018")
-        assert cut() == [
-            ("custom", "response/truncated_frac", "threshold", "critical", 5, False),
-            ("old", "response/truncated_frac", "threshold", "critical", 1, True),
-        ]
-        command.downgrade(alembic_config(database_url), "0017")
-        assert cut() == [("custom", "response/truncated_frac", "threshold", "critical", 5, False)]
+        upgrade(database_url, revision)
+        upgrade(database_url, revision)
+        assert installed() == [own, ("old", spec.metric, spec.detector, spec.severity, spec.for_steps, True)]
+        command.downgrade(alembic_config(database_url), before)
+        assert installed() == [own]
     finally:
         engine.dispose()
