@@ -5,8 +5,9 @@ every answer is cut, the reward sees unfinished answers and groups whose answers
 score alike. The mismatch arm of a public slime A/B went from about half its answers cut to 97 %
 while its reward slid to 0, and no default rule paged it (the warning "answers at the length
 cap" waits for a learned level this run never had). "answers cut at the cap" pages when the mean
-of `response/truncated_frac` over the last 10 steps is above 0.9 (docs/alerts.md, "Every signal a
-run logs"); the threshold detector gains its `window` for it. Default rules are installed when a
+of `response/truncated_frac` over the last 10 steps is above 0.9, up at least 0.2 from the lowest
+it had (a run cut at the cap from its first steps is not paged; docs/alerts.md, "Every signal a
+run logs"); the threshold detector gains its `window` and `rise` for it. Default rules are installed when a
 project is first seen, so this adds the rule to every project that has no rule of that name,
 once; a user who deletes it later keeps it deleted.
 
@@ -29,7 +30,7 @@ depends_on: str | Sequence[str] | None = None
 # Frozen here as the rule was introduced (server/alerts/catalog.py holds the current defaults).
 RULE: dict[str, Any] = {
     "name": "answers cut at the cap", "metric": "response/truncated_frac", "detector": "threshold",
-    "params": {"op": ">", "threshold": 0.9, "resolve_at": 0.7, "window": 10}, "severity": "critical", "for_steps": 1,
+    "params": {"op": ">", "threshold": 0.9, "resolve_at": 0.7, "window": 10, "rise": 0.2}, "severity": "critical", "for_steps": 1,
     "keep_firing_for": 10, "group_name": None, "run_id": None, "enabled": True, "builtin": True, "action": None,
 }
 

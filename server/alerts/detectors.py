@@ -112,18 +112,22 @@ class Threshold(Detector):
     """value > threshold (or < with op "<"); once active it clears only past `resolve_at`
     (hysteresis). With `window` > 1 the value is the mean of the metric's last `window` values,
     and nothing fires before there are that many: a share over a few samples a step (7 of 8
-    answers, then 8 of 8) is judged over several steps."""
+    answers, then 8 of 8) is judged over several steps. With `rise` (None: off) it fires only
+    once the value has come at least that far from the lowest it had (the highest, with "<"):
+    a run that went there, not one that started there."""
 
     kind = "threshold"
-    defaults: ClassVar[dict[str, Any]] = {"op": ">", "threshold": 0.0, "resolve_at": None, "window": 1}
+    defaults: ClassVar[dict[str, Any]] = {"op": ">", "threshold": 0.0, "resolve_at": None, "window": 1, "rise": None}
 
     def validate(self) -> None:
         if self.params["op"] not in (">", "<"):
             raise ValueError("parameter 'op' must be '>' or '<'")
-        for name in ("threshold", "resolve_at"):
+        for name in ("threshold", "resolve_at", "rise"):
             value = self.params[name]
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
                 raise ValueError(f"parameter {name!r} must be a number")
+        if self.params["rise"] is not None and not self.params["rise"] > 0:
+            raise ValueError("parameter 'rise' must be a number > 0 (or null: off)")
         window = self.params["window"]
         if isinstance(window, bool) or not isinstance(window, int) or not 1 <= window <= MAX_WARMUP:
             raise ValueError(f"parameter 'window' must be a whole number from 1 to {MAX_WARMUP}")
@@ -132,7 +136,7 @@ class Threshold(Detector):
         value = values.get(self.metric)
         if value is None or math.isnan(value):
             return None
-        window = self.params["window"]
+        window, rise = self.params["window"], self.params["rise"]
         what = self.metric
         if window > 1:
             recent = state.setdefault("recent", [])
@@ -147,8 +151,16 @@ class Threshold(Detector):
         if state.get("active") and self.params["resolve_at"] is not None:
             limit = self.params["resolve_at"]
         active = value > limit if above else value < limit
+        since = ""
+        if rise is not None and math.isfinite(value):
+            extreme = state.get("extreme", value)
+            extreme = min(extreme, value) if above else max(extreme, value)
+            state["extreme"] = extreme
+            came = abs(value - extreme) >= rise
+            active = active and (came or bool(state.get("active")))
+            since = f", {'up' if above else 'down'} from {extreme:.4g}"
         state["active"] = active
-        return Signal(active, value, f"{what} = {value:.4g} {'>' if above else '<'} {limit:.4g}" if active else "within bounds")
+        return Signal(active, value, f"{what} = {value:.4g} {'>' if above else '<'} {limit:.4g}{since}" if active else "within bounds")
 
 
 LEVEL_SHARE = 0.25

@@ -303,8 +303,9 @@ def test_answers_cut_at_the_cap_page_a_run_whose_answers_stop_finishing_and_no_r
     describes): in the mismatch arm, which never learned, the truncated share climbs from about
     0.55 to nearly 1 while the reward slides from 0.46 towards 0; "answers cut at the cap" pages
     it once the share's 10-step mean passes 0.9, before the reward's 20-step mean has halved.
-    The exact arm, and an arm whose share hovers at 0.7 (its noise over 8 answers included), are
-    never paged: what pages is that 9 answers in 10 stop before they finish."""
+    The exact arm, an arm whose share hovers at 0.7 (its noise over 8 answers included), and one
+    whose answers were nearly all cut from its first step and that learns to finish them, are
+    never paged: what pages is a run whose answers stopped finishing, 9 in 10 of them."""
     from trainer_hooks.integrations.names import MAPS
 
     slime = MAPS["slime"]
@@ -342,6 +343,9 @@ def test_answers_cut_at_the_cap_page_a_run_whose_answers_stop_finishing_and_no_r
         assert paged < halved, (seed, paged, halved)
         assert _fired(arm(lambda step: 0.55 - 0.2 * min(1.0, step / 100), lambda step: 0.46 + 0.1 * min(1.0, step / 100), seed)) == {}
         assert _fired(arm(lambda step: 0.7, lambda step: 0.4, seed)) == {}
+        # A thinking model under too short a cap: nearly every answer cut from the start, and
+        # the run learns to finish them (its reward rising): it started there, it is not paged.
+        assert _fired(arm(lambda step: 0.97 - 0.6 * min(1.0, step / 120), lambda step: 0.1 + 0.5 * min(1.0, step / 120), seed)) == {}
 
 
 def test_a_mismatch_surge_while_the_run_still_learns_fast_is_no_drift_but_the_same_later_is() -> None:

@@ -96,6 +96,23 @@ def test_threshold_over_a_window_judges_the_mean_of_the_last_values() -> None:
             Threshold("x", {"window": bad})
 
 
+def test_threshold_with_a_rise_fires_for_a_run_that_went_there_not_one_that_started_there() -> None:
+    """`rise`: the (windowed) value must have come at least that far from the lowest it had: a
+    share that climbed from 0.5 to 0.95 fires (its message says from where); one that was 0.95
+    from the start does not, nor when it climbs from there to 0.99."""
+    params = {"op": ">", "threshold": 0.9, "resolve_at": 0.7, "window": 2, "rise": 0.2}
+    climbed = Threshold("s", params)
+    state = climbed.initial_state()
+    signals = [climbed.update(state, i, {"s": v}) for i, v in enumerate([0.5, 0.5, 0.7, 0.95, 0.95, 0.95, 0.8, 0.5])]
+    assert [s.active for s in signals] == [False, False, False, False, True, True, True, False]
+    assert signals[4].message == "the mean of s's last 2 values = 0.95 > 0.9, up from 0.5"
+    started = Threshold("s", params)
+    state = started.initial_state()
+    assert not any(started.update(state, i, {"s": v}).active for i, v in enumerate([0.95] * 5 + [0.99] * 10))
+    with pytest.raises(ValueError, match="rise"):
+        Threshold("s", {"rise": 0})
+
+
 def test_climb_detector_stays_quiet_on_noise_and_fires_on_a_climb() -> None:
     rng = random.Random(0)
     det = Climb("mismatch/kl", {"warmup": 50})
