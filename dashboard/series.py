@@ -302,7 +302,7 @@ def band_at(
         mu, std = finite[0], 0.0
     else:
         mu = math.fsum(finite) / n
-        std = math.sqrt(math.fsum((v - mu) ** 2 for v in finite) / (n - 1))
+        std = math.sqrt(math.fsum((v - mu) * (v - mu) for v in finite) / (n - 1))  # as math.js squares
     half = std / math.sqrt(n) if spread == "stderr" else std
     return mu, mu - half, mu + half, n
 

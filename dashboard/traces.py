@@ -334,10 +334,14 @@ def group_traces(
     running: Collection[str] = (),
 ) -> list[Figure]:
     """A group's members (thin), its mean ± spread band and its mean. While members are
-    `running`, the band ends at the slowest of them: at every step up to there each running
-    member has said its value, and the page extends the band from there as their points come
-    (assets/live/charts.js), with what each member's meta carries (its smoothing state, its
-    value as of the band's end, its points after it)."""
+    `running` and ahead of every other member, the band ends at the slowest of them: at every
+    step up to there each running member has said its value, and the page extends the band
+    from there as their points come (assets/live/charts.js), with what each member's meta
+    carries (its smoothing state, its value as of the band's end, its points after it); the
+    mean's meta names those running members ("running"). Otherwise (nothing running, or a
+    member that stopped ahead of a running one: a seed restarted beside finished ones) the
+    band spans every step, "running" is empty, and the page asks the server to draw it again
+    when a member's points come."""
     group = members[0].group or members[0].name
     curves = []
     traces: list[Figure] = []
@@ -345,6 +349,10 @@ def group_traces(
     floor = min(floors) if floors else None
     live = [line.series.last_step for line in members if line.run_id in running and line.series.steps]
     end = min(live) if live else None  # type: ignore[type-var]
+    stopped = [line.series.last_step for line in members if line.run_id not in running and line.series.steps]
+    if end is not None and any(last > end for last in stopped):  # type: ignore[operator]
+        end = None
+    extending = [line.run_id for line in members if line.run_id in running] if end is not None else []
     for line in members:
         state = None
         if smoothing > 0:
@@ -353,22 +361,17 @@ def group_traces(
             values = list(line.series.values)
         curves.append((line.series.steps, values))
         band_end = end if end is not None else line.series.last_step
-        meta: Figure = {"run": line.run_id, "role": "member", "last_step": line.series.last_step}
-        if running:
-            steps = line.series.steps
-            meta.update(
-                first_step=steps[0] if steps else None,
-                asof=None if band_end is None else _json_value(as_of(steps, values, band_end)),
-                tail=[
-                    [step, _json_value(value)]
-                    for step, value in zip(steps, values, strict=True)
-                    if band_end is None or step > band_end
-                ],
-            )
-            if state is not None:
-                meta["ema"] = {"value": state.value, "count": state.count}
-            if log_y:
-                meta["floor"] = _line_floor(line.series)
+        steps = line.series.steps
+        meta: Figure = {
+            "run": line.run_id, "role": "member", "last_step": line.series.last_step, **_key_meta(line),
+            "first_step": steps[0] if steps else None,
+            "asof": None if band_end is None else _json_value(as_of(steps, values, band_end)),
+            "tail": [[step, _json_value(value)] for step, value in zip(steps, values, strict=True) if band_end is None or step > band_end],
+        }  # fmt: skip
+        if state is not None:
+            meta["ema"] = {"value": state.value, "count": state.count}
+        if log_y:
+            meta["floor"] = _line_floor(line.series)
         if smoothing > 0:
             values = _smoothed_drawn(values, log_y, _line_floor(line.series) if log_y else None)
         traces.append(
@@ -421,12 +424,12 @@ def group_traces(
             "hovertemplate": "%{y:.4~g} (n=%{customdata})",
             "meta": {
                 "group": group, "role": "mean", "members": [line.run_id for line in members], "spread": spread,
-                "running": [line.run_id for line in members if line.run_id in running],
+                "running": extending,
                 "last_step": band.steps[-1] if band.steps else None, "floor": floor,
             },  # fmt: skip
         }
     )
-    traces.extend(_nonfinite_trace(line, style.colour) for line in members)
+    traces.extend(_nonfinite_trace(line, style.colour, log_y) for line in members)
     return traces
 
 

@@ -237,10 +237,11 @@ FULL_READ_S = 60.0
 """While runs stream, a data tick names the runs whose points came (assets/live/socket.js) and
 the table reads those alone; it reads every run again on any other tick (a status, an alert,
 a reconnect, a filter) and at least this often (a run gone silent, one retagged)."""
-NEW_RUN_SLACK_S = 0.2
+NEW_RUN_SLACK_S = 1.0
 """A run named in a tick that started this long before the last full read began, or later,
 is read with every run again: it may have been stored while that read ran, and not be in the
-table (a run starts some milliseconds before its row is committed)."""
+table (a run's start time is taken before its row waits its turn to be written, which under
+load can take a good part of a second)."""
 
 
 async def _table(api: KeelApi, chosen: Mapping[str, Sequence[str] | None], limit: int | None) -> tuple[Any, ...]:

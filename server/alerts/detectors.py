@@ -114,7 +114,8 @@ class Threshold(Detector):
     and nothing fires before there are that many: a share over a few samples a step (7 of 8
     answers, then 8 of 8) is judged over several steps. With `rise` (None: off) it fires only
     once the value has come at least that far from the lowest it had (the highest, with "<"):
-    a run that went there, not one that started there."""
+    a run that went there, not one that started there. With either, a non-finite value is left
+    out (the "non-finite value" rule reports it)."""
 
     kind = "threshold"
     defaults: ClassVar[dict[str, Any]] = {"op": ">", "threshold": 0.0, "resolve_at": None, "window": 1, "rise": None}
@@ -137,6 +138,8 @@ class Threshold(Detector):
         if value is None or math.isnan(value):
             return None
         window, rise = self.params["window"], self.params["rise"]
+        if (window > 1 or rise is not None) and not math.isfinite(value):
+            return None  # no share or level to average or rise from ("non-finite value" says it)
         what = self.metric
         if window > 1:
             recent = state.setdefault("recent", [])
@@ -152,7 +155,7 @@ class Threshold(Detector):
             limit = self.params["resolve_at"]
         active = value > limit if above else value < limit
         since = ""
-        if rise is not None and math.isfinite(value):
+        if rise is not None:
             extreme = state.get("extreme", value)
             extreme = min(extreme, value) if above else max(extreme, value)
             state["extreme"] = extreme

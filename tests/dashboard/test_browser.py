@@ -18,6 +18,7 @@ from dashboard.series import ema
 from dashboard.summary import SUMMARY_KEYS
 from dashboard.traces import Style, group_of, group_traces
 from dashboard.views import charts as chart_views
+from dashboard.views import runs as runs_view
 from server.alerts.hazard import HORIZON, WARMUP, hazard_series
 from tests.support.browser import (
     chart_order,
@@ -307,6 +308,7 @@ def test_zoom_refetches_the_visible_range_at_full_resolution(server, browser) ->
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_group_aggregation_toggle(server, browser, artifacts) -> None:
+    set_viewport(browser, 1280, 2400)  # every chart in view: a chart out of view draws nothing meanwhile
     runs = open_runs(server, ARMS, steps=100)
     browser.get(_compare_url(server, runs))
     first = drawn_charts(browser, 6)
@@ -368,6 +370,7 @@ def test_a_group_band_grows_in_the_page_as_the_server_draws_it(server, browser) 
     mean and band from the pushed points, with no redraw from the server, to the newest step
     every member of the group has reached (a member that lags holds its group back), and what
     it drew is what the server draws from the stored points (traces.group_traces, unrounded)."""
+    set_viewport(browser, 1280, 2400)  # every chart in view: a chart out of view draws nothing meanwhile
     runs = open_runs(server, ARMS, steps=100)
     browser.get(_compare_url(server, runs))
     first = drawn_charts(browser, 6)
@@ -391,38 +394,41 @@ def test_a_group_band_grows_in_the_page_as_the_server_draws_it(server, browser) 
     for step in range(110, 120):
         lagging.send([{"step": step, "values": toy_values(step, lagging.seed)}])
     wait_until(lambda: ends() == {"cispo": 119, "is": 119}, timeout=30, message="both bands to 119")
-    assert {c["key"]: c["render"] for c in charts(browser)}[key] == renders[key]  # drawn by the page alone
-    drawn = browser.execute_script(GROUPS_JS, key)
-    smoothing = browser.execute_script(
-        "return Array.from(document.querySelectorAll('.keel-graph .js-plotly-plot'))"
-        ".find(g => g.layout.meta.key === arguments[0]).layout.meta.smoothing",
-        key,
-    )
+    ids = {run.id for run in runs}
+    for key in ("reward/mean", "mismatch/kl"):  # a linear axis, and a log one (its floors)
+        wait_until(lambda key=key: {t["group"]: t["x"][-1] for t in browser.execute_script(GROUPS_JS, key) if t["role"] == "mean"} == {"cispo": 119, "is": 119}, timeout=30, message=f"{key}: both bands to 119")
+        assert {c["key"]: c["render"] for c in charts(browser)}[key] == renders[key]  # drawn by the page alone
+        drawn = browser.execute_script(GROUPS_JS, key)
+        meta = browser.execute_script(
+            "var gd = Array.from(document.querySelectorAll('.keel-graph .js-plotly-plot')).find(g => g.layout.meta.key === arguments[0]);"
+            "return {smoothing: gd.layout.meta.smoothing, log: gd.layout.yaxis.type === 'log'}",
+            key,
+        )
+        assert meta["log"] is (key == "mismatch/kl")
 
-    async def server_side() -> list[dict]:
-        async with httpx.AsyncClient(base_url=server.url) as client:
-            api = KeelApi(client)
-            infos = await api.runs_by_id([run.id for run in runs])
-            lines, _, _ = await chart_views.load_lines(api, infos, key, None)
-        ids = {run.id for run in runs}
-        traces = []
-        for group in ("cispo", "is"):
-            members = [line for line in lines if group_of(line) == group]
-            traces += group_traces(members, Style("#336699", "solid"), smoothing, "std", False, ids)
-        return [t for t in traces if t["meta"]["role"] in ("member", "mean", "band")]
+        async def server_side(key: str = key, smoothing: float = meta["smoothing"], log_y: bool = meta["log"]) -> list[dict]:
+            async with httpx.AsyncClient(base_url=server.url) as client:
+                api = KeelApi(client)
+                infos = await api.runs_by_id([run.id for run in runs])
+                lines, _, _ = await chart_views.load_lines(api, infos, key, None)
+            traces = []
+            for group in ("cispo", "is"):
+                members = [line for line in lines if group_of(line) == group]
+                traces += group_traces(members, Style("#336699", "solid"), smoothing, "std", log_y, ids)
+            return [t for t in traces if t["meta"]["role"] in ("member", "mean", "band")]
 
-    expected = asyncio.run(server_side())
-    assert [(t["role"], t["run"], t["group"]) for t in drawn] == [
-        (t["meta"]["role"], t["meta"].get("run"), t["meta"].get("group")) for t in expected
-    ]
-    for got, want in zip(drawn, expected, strict=True):
-        assert got["x"] == want["x"], got["role"]
-        # The steps the page drew (the server's figure rounded the ones it drew: figures.DRAWN_PRECISION).
-        live = [i for i, step in enumerate(got["x"]) if step >= 100]
-        assert len(live) == (40 if got["role"] == "band" else 20), got["role"]
-        assert all(close(got["y"][i], want["y"][i]) for i in live), (got["role"], [(got["y"][i], want["y"][i]) for i in live])
-        if got["role"] == "mean":
-            assert got["n"] == want["customdata"]
+        expected = asyncio.run(server_side())
+        assert [(t["role"], t["run"], t["group"]) for t in drawn] == [
+            (t["meta"]["role"], t["meta"].get("run"), t["meta"].get("group")) for t in expected
+        ]
+        for got, want in zip(drawn, expected, strict=True):
+            assert got["x"] == want["x"], (key, got["role"])
+            # The steps the page drew (the server's figure rounded the ones it drew: figures.DRAWN_PRECISION).
+            live = [i for i, step in enumerate(got["x"]) if step >= 100]
+            assert len(live) == (40 if got["role"] == "band" else 20), (key, got["role"])
+            assert all(close(got["y"][i], want["y"][i]) for i in live), (key, got["role"], [(got["y"][i], want["y"][i]) for i in live])
+            if got["role"] == "mean":
+                assert got["n"] == want["customdata"]
     assert console_errors(browser) == []
     for run in runs:
         run.close()
@@ -488,6 +494,9 @@ def test_the_runs_table_reads_again_only_the_runs_whose_points_came(server, brow
     streams, waits = LiveRun(server, "streams", "cispo"), LiveRun(server, "waits", "cispo", seed=1)
     streams.history(30)
     waits.history(30)
+    # A run that started within the slack of the page's read is read with every run again
+    # (it may have been stored while that read ran): nothing happens to these runs meanwhile.
+    time.sleep(runs_view.NEW_RUN_SLACK_S)
     browser.get(f"{server.url}/")
     table = wait_until(
         lambda: (lambda found: found if len(found) == 2 else None)(_grid_cells(browser, "runs-grid", "status", "reward/mean")),

@@ -164,9 +164,13 @@ def test_a_live_group_band_ends_at_its_slowest_running_member_with_what_the_page
     assert members["c"]["asof"] is None and members["c"]["tail"] == []  # out of its range at step 2
     (band,) = _roles(figure, "band")
     assert band["meta"]["points"] == 3 and band["x"] == [0, 1, 2, 2, 1, 0]
-    # Nothing live: the band spans every step, and no member carries what the page would need.
+    # Nothing live: the band spans every step, and the page extends nothing (it asks the server).
     done = metric_figure("reward/mean", [ahead, behind, stopped], options=options)
-    assert _roles(done, "mean")[0]["x"] == [0, 1, 2, 3, 4] and "tail" not in _roles(done, "member")[0]["meta"]
+    assert _roles(done, "mean")[0]["x"] == [0, 1, 2, 3, 4] and _roles(done, "mean")[0]["meta"]["running"] == []
+    # A seed restarted beside one that finished ahead of it: the band spans every step as before,
+    # and the page leaves it to the server.
+    restarted = metric_figure("reward/mean", [ahead, behind], options=options, running={"b"})
+    assert _roles(restarted, "mean")[0]["x"] == [0, 1, 2, 3, 4] and _roles(restarted, "mean")[0]["meta"]["running"] == []
 
 
 def test_downsampled_series_get_a_min_max_envelope() -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 SPEC: dict[str, Any] = json.loads((Path(__file__).parents[1] / "dashboard" / "drawing_spec.json").read_text())
 SMOOTHED_REL = 1e-12
-"""How close a smoothed value must be to the table's (the rest is exact: its "about" says why)."""
+"""How close a smoothed value, or a band's mean or edge, must be to the table's (the rest is exact: its "about" says why)."""
 
 
 def close(got: float | None, want: float | None) -> bool:

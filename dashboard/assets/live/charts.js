@@ -214,27 +214,39 @@
     var at = members[runId];
     if (at === undefined) return;
     var member = gd.data[at].meta;
-    if (!member.tail) return; // drawn with no run live: nothing to extend
     for (var k = 0; k < gd.data.length; k++) {
       var gm = gd.data[k].meta || {};
       if (gm.role === "mean" && gm.members && gm.members.indexOf(runId) >= 0) mean = k;
     }
     if (mean < 0) return;
     var group = gd.data[mean].meta;
+    if (!group.running || group.running.indexOf(runId) < 0) {
+      // The server drew this group's band over every step (the run was not live then, or a
+      // member that stopped is ahead of it): only it can draw the band again.
+      ask("aggregate");
+      return;
+    }
     for (var b = 0; b < gd.data.length; b++) {
       var bm = gd.data[b].meta || {};
       if (bm.role === "band" && bm.group === group.group) band = b;
     }
-    var key = meta.key, magnitude = meta.of === "magnitude";
+    var key = member.key || meta.key, magnitude = meta.of === "magnitude"; // the metric its line draws
     var last = member.last_step === null || member.last_step === undefined ? -Infinity : member.last_step;
+    var drawnTo = group.last_step === null || group.last_step === undefined ? -Infinity : group.last_step;
     var xs = [], ys = [];
     rows.forEach(function (row) {
       if (row.step <= last || !Object.prototype.hasOwnProperty.call(row.values, key)) return;
       last = row.step;
       var value = math.parseValue(row.values[key]);
       if (magnitude) value = Math.abs(value);
+      var finite = Number.isFinite(value);
+      // As on a run's own lines: a first positive value on a chart drawn linear for want of
+      // one, or a first value <= 0 on an empty log chart, needs the server's axis.
+      if ((meta.log_fallback && finite && value > 0) || (logAxis && !meta.y_extent && finite && value <= 0)) ask("log-axis");
+      // A member's first point inside the band already drawn: the server's band counts it there.
+      if ((member.first_step === null || member.first_step === undefined) && row.step <= drawnTo) ask("aggregate");
       var curve = null; // what the band reads of this member at this step (null: not counted)
-      if (Number.isFinite(value)) {
+      if (finite) {
         if (logAxis) {
           member.floor = math.logFloor(member.floor, value);
           group.floor = math.logFloor(group.floor, value);
@@ -242,7 +254,7 @@
         curve = weight > 0 ? math.emaStep(member.ema || (member.ema = { value: 0, count: 0 }), value, weight) : value;
       }
       if (member.first_step === null || member.first_step === undefined) member.first_step = row.step;
-      member.tail.push([row.step, curve]);
+      (member.tail || (member.tail = [])).push([row.step, curve]);
       xs.push(row.step);
       var shown = curve !== null && (weight > 0 ? math.aboveFloor(curve, member.floor, logAxis) : math.drawable(curve, logAxis));
       ys.push(shown ? curve : null);
@@ -267,17 +279,18 @@
   }
 
   /* The group's mean and band at the steps after its drawn end up to the newest every running
-     member has reached ({x, mean, upper, lower, n} as drawn), or null while one lags. */
+     member has reached ({x, mean, upper, lower, n} as drawn), or null while one lags (a
+     running member with no point yet holds nothing back, as on the server). */
   function extendGroup(gd, group, members, logAxis) {
     if (!group.running || !group.running.length) return null;
     var metas = group.members.map(function (id) { return gd.data[members[id]].meta; });
-    var reached = Infinity;
+    var reached = Infinity; // the newest step every running member with a point has reached
     group.running.forEach(function (id) {
       var m = gd.data[members[id]].meta;
-      reached = Math.min(reached, m.last_step === null || m.last_step === undefined ? -Infinity : m.last_step);
+      if (m.last_step !== null && m.last_step !== undefined) reached = Math.min(reached, m.last_step);
     });
     var from = group.last_step === null || group.last_step === undefined ? -Infinity : group.last_step;
-    if (!(reached > from)) return null;
+    if (reached === Infinity || !(reached > from)) return null;
     var grid = {};
     metas.forEach(function (m) {
       m.tail.forEach(function (point) { if (point[0] > from && point[0] <= reached) grid[point[0]] = true; });

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import random
 
@@ -111,6 +112,15 @@ def test_threshold_with_a_rise_fires_for_a_run_that_went_there_not_one_that_star
     assert not any(started.update(state, i, {"s": v}).active for i, v in enumerate([0.95] * 5 + [0.99] * 10))
     with pytest.raises(ValueError, match="rise"):
         Threshold("s", {"rise": 0})
+    # A non-finite value is left out: no mean of inf and -inf, no rise through inf, and the
+    # state stays JSON a database keeps (finite numbers only).
+    for values in ([0.95] * 5 + [math.inf, -math.inf] + [0.95] * 5, [0.5] * 5 + [math.inf] + [0.5] * 5):
+        detector = Threshold("s", params)
+        state = detector.initial_state()
+        signals = [detector.update(state, i, {"s": v}) for i, v in enumerate(values)]
+        assert [s for s, v in zip(signals, values, strict=True) if not math.isfinite(v)] == [None] * sum(not math.isfinite(v) for v in values)
+        assert not any(s is not None and s.active for s in signals)
+        assert json.loads(json.dumps(state, allow_nan=False)) == state
 
 
 def test_climb_detector_stays_quiet_on_noise_and_fires_on_a_climb() -> None:
