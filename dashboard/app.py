@@ -71,6 +71,22 @@ def live_scripts() -> list[dict[str, str]]:
 
 PLOTLY_BUNDLE = "_dash-component-suites/plotly/package_data/plotly.min.js"
 """Where Dash serves plotly.js from (dcc.Graph asks for it when the first chart mounts)."""
+PRELOAD_PLOTLY = """<script>
+(function () {
+  // A page of charts (a run, a comparison) fetches plotly.js (4.8 MB) from its start:
+  // dcc.Graph asks for it only once its first chart mounts, after Dash's scripts, its layout
+  // and its first callbacks (bench/page: a page of charts' cold load). The runs list has none.
+  var path = location.pathname.replace(/\\/+$/, "");
+  if (path === "/compare" || /^\\/runs\\/[^\\/]+$/.test(path)) {
+    var link = document.createElement("link");
+    link.rel = "preload";
+    link.as = "script";
+    link.href = "HREF";
+    document.head.appendChild(link);
+  }
+})();
+</script>"""
+"""Put in each page's head (Dash's index): the preload of PLOTLY_BUNDLE on the pages that draw charts."""
 
 
 def build_dash(server: FastAPI, api: KeelApi) -> Dash:
@@ -87,11 +103,8 @@ def build_dash(server: FastAPI, api: KeelApi) -> Dash:
         compress=False,
         meta_tags=[{"name": "viewport", "content": "width=device-width, initial-scale=1"}],
     )
-    # Plotly's bundle (4.8 MB) is fetched only once the first chart mounts, after Dash's own
-    # scripts, the layout and the first callbacks: fetched from the start instead, it is in
-    # the cache by then (bench/page: the cold load of a page of charts).
-    dash_app.config.external_stylesheets.append(
-        {"rel": "preload", "as": "script", "href": f"{dash_app.config.requests_pathname_prefix}{PLOTLY_BUNDLE}"}
+    dash_app.index_string = dash_app.index_string.replace(
+        "{%css%}", "{%css%}\n" + PRELOAD_PLOTLY.replace("HREF", dash_app.config.requests_pathname_prefix + PLOTLY_BUNDLE)
     )
     dash_app.layout = first_layout
 

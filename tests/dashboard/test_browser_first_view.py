@@ -81,9 +81,10 @@ def test_the_headline_charts_are_in_the_first_view_at_1500_by_1000(server, brows
 
 
 def test_plotly_is_fetched_from_the_start_and_once(server, browser) -> None:
-    """The page asks for plotly.js as it starts (a preload in its head), not once its first
-    chart mounts after Dash's scripts, layout and first callbacks; the chart then takes that very
-    fetch: one request for the bundle, made by the preload."""
+    """A page of charts asks for plotly.js as it starts (a preload its head adds), not once its
+    first chart mounts after Dash's scripts, layout and first callbacks; the chart then takes
+    that very fetch: one request for the bundle, made by the preload. The runs list, which draws
+    no chart, asks for none."""
     run = LiveRun(server, "plotly-once", "cispo")
     run.send(_rows(50))
     browser.get(f"{server.url}/runs/{run.id}")
@@ -98,4 +99,10 @@ def test_plotly_is_fetched_from_the_start_and_once(server, browser) -> None:
     assert [kind for kind, _ in fetched] == ["link"], fetched
     assert fetched[0][1] < first_script  # asked for before Dash asked for its layout
     assert console_errors(browser) == []
+    # The runs list draws no chart: it does not fetch plotly.js at all.
+    browser.get(f"{server.url}/")
+    wait_until(lambda: browser.execute_script("return document.querySelectorAll('#runs-grid .ag-row').length") > 0, 30, message="the runs table")
+    assert browser.execute_script(
+        "return performance.getEntriesByType('resource').filter(e => e.name.endsWith('/plotly/package_data/plotly.min.js')).length"
+    ) == 0
     run.close()
