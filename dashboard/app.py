@@ -71,22 +71,9 @@ def live_scripts() -> list[dict[str, str]]:
 
 PLOTLY_BUNDLE = "_dash-component-suites/plotly/package_data/plotly.min.js"
 """Where Dash serves plotly.js from (dcc.Graph asks for it when the first chart mounts)."""
-PRELOAD_PLOTLY = """<script>
-(function () {
-  // A page of charts (a run, a comparison) fetches plotly.js (4.8 MB) from its start:
-  // dcc.Graph asks for it only once its first chart mounts, after Dash's scripts, its layout
-  // and its first callbacks (bench/page: a page of charts' cold load). The runs list has none.
-  var path = location.pathname.replace(/\\/+$/, "");
-  if (path === "/compare" || /^\\/runs\\/[^\\/]+$/.test(path)) {
-    var link = document.createElement("link");
-    link.rel = "preload";
-    link.as = "script";
-    link.href = "HREF";
-    document.head.appendChild(link);
-  }
-})();
-</script>"""
-"""Put in each page's head (Dash's index): the preload of PLOTLY_BUNDLE on the pages that draw charts."""
+PRELOAD = "head/preload.js"
+"""The script in every page's head that preloads PLOTLY_BUNDLE on the pages that draw charts
+(assets/head/, which Dash does not load by itself: it must run before Dash's scripts)."""
 
 
 def build_dash(server: FastAPI, api: KeelApi) -> Dash:
@@ -97,15 +84,16 @@ def build_dash(server: FastAPI, api: KeelApi) -> Dash:
         title="Keel",
         update_title="",
         assets_folder=str(ASSETS),
-        assets_path_ignore=["^live$"],  # loaded in LIVE_PARTS' order instead, below
+        assets_path_ignore=["^live$", "^head$"],  # live: loaded in LIVE_PARTS' order instead, below; head: in the head
         external_scripts=live_scripts(),
         suppress_callback_exceptions=True,
         compress=False,
         meta_tags=[{"name": "viewport", "content": "width=device-width, initial-scale=1"}],
     )
-    dash_app.index_string = dash_app.index_string.replace(
-        "{%css%}", "{%css%}\n" + PRELOAD_PLOTLY.replace("HREF", dash_app.config.requests_pathname_prefix + PLOTLY_BUNDLE)
-    )
+    prefix = dash_app.config.requests_pathname_prefix
+    modified = (ASSETS / PRELOAD).stat().st_mtime
+    head_script = f'<script async src="{prefix}assets/{PRELOAD}?m={modified}" data-bundle="{prefix}{PLOTLY_BUNDLE}"></script>'
+    dash_app.index_string = dash_app.index_string.replace("{%css%}", "{%css%}\n        " + head_script)
     dash_app.layout = first_layout
 
     @dash_app.callback(
