@@ -394,6 +394,9 @@ def test_a_group_band_grows_in_the_page_as_the_server_draws_it(server, browser) 
     for step in range(110, 120):
         lagging.send([{"step": step, "values": toy_values(step, lagging.seed)}])
     wait_until(lambda: ends() == {"cispo": 119, "is": 119}, timeout=30, message="both bands to 119")
+    # Each point counts as drawn for the live latency's instrumentation, as on a run's own line.
+    shown = wait_until(lambda: (lambda d: d if all((run.id, 119) in d for run in runs) else None)(drawn_at(browser, "reward/mean")), message="the members' points drawn")
+    assert all((run.id, step) in shown for run in runs for step in range(100, 120))
     ids = {run.id for run in runs}
     for key in ("reward/mean", "mismatch/kl"):  # a linear axis, and a log one (its floors)
         wait_until(lambda key=key: {t["group"]: t["x"][-1] for t in browser.execute_script(GROUPS_JS, key) if t["role"] == "mean"} == {"cispo": 119, "is": 119}, timeout=30, message=f"{key}: both bands to 119")

@@ -45,7 +45,7 @@
 
   /*
    * Take the rows of one run into one chart's pending appends. Returns the steps that
-   * will be drawn on its raw lines; calls `ask(reason)` when only a server redraw can
+   * will be drawn on its raw lines (its member line, on a chart of group means); calls `ask(reason)` when only a server redraw can
    * show them (a log axis that must change), `ask(reason, gd)` when only this
    * chart's can (a learned level the run does not have yet).
    */
@@ -157,7 +157,7 @@
         lines.y.push(ys);
       }
     }
-    if (meta.aggregate) takeMember(gd, runId, relevant, lines, ask);
+    if (meta.aggregate) drawnSteps = drawnSteps.concat(takeMember(gd, runId, relevant, lines, ask));
     if (axisChange) ask("log-axis");
     if (lines.idx.length || lines.marks.length) {
       s.pending = s.pending || { render: meta.render_id, idx: [], x: [], y: [], marks: {}, groups: {} };
@@ -212,19 +212,19 @@
       if (tm.role === "member") members[tm.run] = i;
     }
     var at = members[runId];
-    if (at === undefined) return;
+    if (at === undefined) return [];
     var member = gd.data[at].meta;
     for (var k = 0; k < gd.data.length; k++) {
       var gm = gd.data[k].meta || {};
       if (gm.role === "mean" && gm.members && gm.members.indexOf(runId) >= 0) mean = k;
     }
-    if (mean < 0) return;
+    if (mean < 0) return [];
     var group = gd.data[mean].meta;
     if (!group.running || group.running.indexOf(runId) < 0) {
       // The server drew this group's band over every step (the run was not live then, or a
       // member that stopped is ahead of it): only it can draw the band again.
       ask("aggregate");
-      return;
+      return [];
     }
     for (var b = 0; b < gd.data.length; b++) {
       var bm = gd.data[b].meta || {};
@@ -260,7 +260,7 @@
       ys.push(shown ? curve : null);
     });
     if (last !== -Infinity) member.last_step = last;
-    if (!xs.length) return;
+    if (!xs.length) return [];
     member.appended = (member.appended || 0) + xs.length;
     if (member.appended > COMPACT_AFTER && !meta.compacting) {
       meta.compacting = true;
@@ -270,12 +270,13 @@
     lines.x.push(xs);
     lines.y.push(ys);
     var grown = extendGroup(gd, group, members, logAxis);
-    if (!grown) return;
+    if (!grown) return xs;
     lines.idx.push(mean);
     lines.x.push(grown.x);
     lines.y.push(grown.mean);
     lines.groups = lines.groups || {};
     lines.groups[mean] = { n: grown.n, band: band, x: grown.x, upper: grown.upper, lower: grown.lower };
+    return xs;
   }
 
   /* The group's mean and band at the steps after its drawn end up to the newest every running

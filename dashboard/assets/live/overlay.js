@@ -103,7 +103,7 @@
       var i = p.idx[j];
       var trace = gd._fullData[i];
       if (!trace || trace.index !== i || trace.visible !== true) continue;
-      var raw = gd.data[i].meta.role === "raw";
+      var raw = gd.data[i].meta.role === "raw" || gd.data[i].meta.role === "member"; // a run's own line
       var steps = raw ? placed[gd.data[i].meta.run] || (placed[gd.data[i].meta.run] = {}) : null;
       context.globalAlpha = trace.opacity === undefined ? 1 : trace.opacity;
       context.strokeStyle = trace.line.color;
