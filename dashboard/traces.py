@@ -320,11 +320,6 @@ def run_traces(line: RunLine, style: Style, smoothing: float, log_y: bool) -> li
     return traces
 
 
-def _json_value(value: float | None) -> float | None:
-    """A value the page reads from a figure's meta: a non-finite one, which no band counts, as None."""
-    return value if value is not None and math.isfinite(value) else None
-
-
 def group_traces(
     members: Sequence[RunLine],
     style: Style,
@@ -345,35 +340,35 @@ def group_traces(
     group = members[0].group or members[0].name
     curves = []
     traces: list[Figure] = []
-    floors = [f for f in (_line_floor(line.series) for line in members) if f is not None] if log_y else []
-    floor = min(floors) if floors else None
-    live = [line.series.last_step for line in members if line.run_id in running and line.series.steps]
-    end = min(live) if live else None  # type: ignore[type-var]
-    stopped = [line.series.last_step for line in members if line.run_id not in running and line.series.steps]
-    if end is not None and any(last > end for last in stopped):  # type: ignore[operator]
+    live = [line.series.steps[-1] for line in members if line.run_id in running and line.series.steps]
+    end = min(live) if live else None
+    if end is not None and any(line.series.steps[-1] > end for line in members if line.run_id not in running and line.series.steps):
         end = None
     extending = [line.run_id for line in members if line.run_id in running] if end is not None else []
+    floors = []
     for line in members:
-        state = None
+        steps, state = line.series.steps, None
         if smoothing > 0:
             values, state = ema(line.series.values, smoothing)
         else:
             values = list(line.series.values)
-        curves.append((line.series.steps, values))
-        band_end = end if end is not None else line.series.last_step
-        steps = line.series.steps
+        curves.append((steps, values))
+        band_end = end if end is not None else steps[-1] if steps else 0  # no steps: nothing as of it, no tail
+        counted = _drawable_or_none(values, False)  # what a band counts: the finite values
         meta: Figure = {
             "run": line.run_id, "role": "member", "last_step": line.series.last_step, **_key_meta(line),
             "first_step": steps[0] if steps else None,
-            "asof": None if band_end is None else _json_value(as_of(steps, values, band_end)),
-            "tail": [[step, _json_value(value)] for step, value in zip(steps, values, strict=True) if band_end is None or step > band_end],
+            "asof": as_of(steps, counted, band_end),
+            "tail": [[step, value] for step, value in zip(steps, counted, strict=True) if step > band_end],
         }  # fmt: skip
         if state is not None:
             meta["ema"] = {"value": state.value, "count": state.count}
+        line_floor = _line_floor(line.series) if log_y else None
         if log_y:
-            meta["floor"] = _line_floor(line.series)
+            meta["floor"] = line_floor
+            floors.append(line_floor)
         if smoothing > 0:
-            values = _smoothed_drawn(values, log_y, _line_floor(line.series) if log_y else None)
+            values = _smoothed_drawn(values, log_y, line_floor)
         traces.append(
             {
                 "type": "scatter",
@@ -389,6 +384,7 @@ def group_traces(
                 "meta": meta,
             }
         )
+    floor = min((f for f in floors if f is not None), default=None)
     band = group_band(curves, spread=spread, end=end)
     mean = _smoothed_drawn(band.mean, log_y, floor)
     upper = _smoothed_drawn(band.upper, log_y, floor)

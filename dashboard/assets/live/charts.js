@@ -43,11 +43,29 @@
     return a.step - b.step;
   }
 
+  /* The server chose the axis from the values it had: a first positive value on a chart drawn
+     linear for want of one, or a first value ≤ 0 on a log chart with nothing drawn yet, needs
+     its redraw (log axis again / the note and linear axis). */
+  function needsServerAxis(meta, logAxis, value) {
+    if (!Number.isFinite(value)) return false;
+    return (meta.log_fallback && value > 0) || (logAxis && !meta.y_extent && value <= 0);
+  }
+
+  /* A run's own line took `count` points: past COMPACT_AFTER the chart asks to be drawn again
+     from buckets, once per figure (the new one starts from zero). */
+  function countAppended(meta, line, count, ask) {
+    line.appended = (line.appended || 0) + count;
+    if (line.appended > COMPACT_AFTER && !meta.compacting) {
+      meta.compacting = true;
+      ask("compact");
+    }
+  }
+
   /*
-   * Take the rows of one run into one chart's pending appends. Returns the steps that
-   * will be drawn on its raw lines (its member line, on a chart of group means); calls `ask(reason)` when only a server redraw can
-   * show them (a log axis that must change), `ask(reason, gd)` when only this
-   * chart's can (a learned level the run does not have yet).
+   * Take the rows of one run into one chart's pending appends. Returns the steps that will
+   * be drawn on its raw line (its member line, on a chart of group means); calls
+   * `ask(reason)` when only a server redraw can show them (a log axis that must change),
+   * `ask(reason, gd)` when only this chart's can (a learned level the run does not have yet).
    */
   function take(gd, runId, rows, ask) {
     var meta = gd.layout && gd.layout.meta;
@@ -109,11 +127,7 @@
           // null is a gap; on a log axis 0 and negatives would plunge off the bottom edge.
           ys.push(math.drawable(value, logAxis) ? value : null);
           drawnSteps.push(row.step);
-          // The server chose the axis from the values it had: a first positive value on a
-          // chart drawn linear for want of one, or a first value ≤ 0 on a log chart with
-          // nothing drawn yet, needs its redraw (log axis again / the note and linear axis).
-          if (meta.log_fallback && finite && value > 0) axisChange = true;
-          if (logAxis && !meta.y_extent && finite && value <= 0) axisChange = true;
+          if (needsServerAxis(meta, logAxis, value)) axisChange = true;
         } else if (role === "smooth") {
           var ema = tm.ema || (tm.ema = { value: 0, count: 0 });
           xs.push(row.step);
@@ -142,13 +156,7 @@
       }
       if (last !== -Infinity) tm.last_step = last;
       if (!xs.length) continue;
-      if (role === "raw") {
-        tm.appended = (tm.appended || 0) + xs.length;
-        if (tm.appended > COMPACT_AFTER && !meta.compacting) {
-          meta.compacting = true; // once per figure: the new one starts from zero
-          ask("compact");
-        }
-      }
+      if (role === "raw") countAppended(meta, tm, xs.length, ask);
       if (role === "nonfinite") {
         lines.marks.push([i, xs, ys, symbols, texts]);
       } else {
@@ -206,29 +214,22 @@
     var meta = gd.layout.meta;
     var weight = meta.smoothing || 0;
     var logAxis = !!(gd.layout.yaxis && gd.layout.yaxis.type === "log");
-    var members = {}, mean = -1, band = -1;
+    var members = {}, bands = {}, mean; // run -> its member line, group -> its band, the run's group mean
     for (var i = 0; i < gd.data.length; i++) {
       var tm = gd.data[i].meta || {};
       if (tm.role === "member") members[tm.run] = i;
+      else if (tm.role === "band") bands[tm.group] = i;
+      else if (tm.role === "mean" && tm.members.indexOf(runId) >= 0) mean = i;
     }
     var at = members[runId];
-    if (at === undefined) return [];
-    var member = gd.data[at].meta;
-    for (var k = 0; k < gd.data.length; k++) {
-      var gm = gd.data[k].meta || {};
-      if (gm.role === "mean" && gm.members && gm.members.indexOf(runId) >= 0) mean = k;
-    }
-    if (mean < 0) return [];
-    var group = gd.data[mean].meta;
+    if (at === undefined || mean === undefined) return [];
+    var member = gd.data[at].meta, group = gd.data[mean].meta;
+    var band = bands[group.group] === undefined ? -1 : bands[group.group];
     if (!group.running || group.running.indexOf(runId) < 0) {
       // The server drew this group's band over every step (the run was not live then, or a
       // member that stopped is ahead of it): only it can draw the band again.
       ask("aggregate");
       return [];
-    }
-    for (var b = 0; b < gd.data.length; b++) {
-      var bm = gd.data[b].meta || {};
-      if (bm.role === "band" && bm.group === group.group) band = b;
     }
     var key = member.key || meta.key, magnitude = meta.of === "magnitude"; // the metric its line draws
     var last = member.last_step === null || member.last_step === undefined ? -Infinity : member.last_step;
@@ -240,9 +241,7 @@
       var value = math.parseValue(row.values[key]);
       if (magnitude) value = Math.abs(value);
       var finite = Number.isFinite(value);
-      // As on a run's own lines: a first positive value on a chart drawn linear for want of
-      // one, or a first value <= 0 on an empty log chart, needs the server's axis.
-      if ((meta.log_fallback && finite && value > 0) || (logAxis && !meta.y_extent && finite && value <= 0)) ask("log-axis");
+      if (needsServerAxis(meta, logAxis, value)) ask("log-axis");
       // A member's first point inside the band already drawn: the server's band counts it there.
       if ((member.first_step === null || member.first_step === undefined) && row.step <= drawnTo) ask("aggregate");
       var curve = null; // what the band reads of this member at this step (null: not counted)
@@ -254,18 +253,14 @@
         curve = weight > 0 ? math.emaStep(member.ema || (member.ema = { value: 0, count: 0 }), value, weight) : value;
       }
       if (member.first_step === null || member.first_step === undefined) member.first_step = row.step;
-      (member.tail || (member.tail = [])).push([row.step, curve]);
+      member.tail.push([row.step, curve]);
       xs.push(row.step);
       var shown = curve !== null && (weight > 0 ? math.aboveFloor(curve, member.floor, logAxis) : math.drawable(curve, logAxis));
       ys.push(shown ? curve : null);
     });
     if (last !== -Infinity) member.last_step = last;
     if (!xs.length) return [];
-    member.appended = (member.appended || 0) + xs.length;
-    if (member.appended > COMPACT_AFTER && !meta.compacting) {
-      meta.compacting = true;
-      ask("compact");
-    }
+    countAppended(meta, member, xs.length, ask);
     lines.idx.push(at);
     lines.x.push(xs);
     lines.y.push(ys);
