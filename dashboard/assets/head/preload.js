@@ -1,5 +1,5 @@
 /*
- * In the head of every page, before Dash's own scripts (dashboard/app.py PRELOAD_PLOTLY): a
+ * In the head of every page, before Dash's own scripts (dashboard/app.py PRELOAD, PLOTLY_BUNDLE): a
  * page of charts (a run's, a comparison's) fetches plotly.js (4.8 MB) from its start.
  * dcc.Graph asks for it only once its first chart mounts, after Dash's scripts, its layout and
  * its first callbacks (bench/page: a page of charts' cold load); the runs list draws none.
