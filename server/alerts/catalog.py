@@ -7,7 +7,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from server.alerts.collapse import CollapseRisk
-from server.alerts.detectors import Climb, CoClimb, Detector, Jump, NonFinite, Silent, Threshold
+from server.alerts.detectors import (
+    AboveStart,
+    Climb,
+    CoClimb,
+    Detector,
+    Jump,
+    NonFinite,
+    Silent,
+    Threshold,
+)
 from server.alerts.gate_gap import GateAgainstGap
 from server.alerts.hazard import Hazard, HazardModel
 
@@ -16,7 +25,7 @@ __all__ = ["DETECTORS", "DEFAULT_RULES", "SIGNATURE_RULES", "RuleSpec", "build_d
 SEVERITIES = ("info", "warning", "critical")
 
 DETECTORS: dict[str, type[Detector]] = {
-    cls.kind: cls for cls in (NonFinite, Threshold, Climb, CoClimb, Jump, GateAgainstGap, CollapseRisk, Hazard, Silent)
+    cls.kind: cls for cls in (NonFinite, Threshold, AboveStart, Climb, CoClimb, Jump, GateAgainstGap, CollapseRisk, Hazard, Silent)
 }
 
 HEADLINE_AND_LOSS = "reward/mean,mismatch/kl,gate/frac,mismatch/ratio_max,grad/norm,loss/*"
@@ -61,6 +70,10 @@ SIGNATURE_RULES = (
     RuleSpec(
         "entropy running away", "policy/entropy", "climb", "critical", for_steps=1, keep_firing_for=50,
         params={"min_scale": 0.35, "k": 2.0, "h": 10.0, "adapt": 0.02, "floor": 0.2, "fallback": 100},
+    ),
+    RuleSpec(
+        "entropy far above its start", "policy/entropy", "above_start", "critical", for_steps=1, keep_firing_for=50,
+        params={"start": 10, "window": 20, "factor": 3.0, "floor": 0.2},
     ),
     RuleSpec(
         "loss growing", LOSS_KEYS, "climb", "critical", for_steps=1, keep_firing_for=50,

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-__all__ = ["Signal", "Detector", "NonFinite", "Threshold", "Climb", "CoClimb", "Jump", "Silent", "LogLevel", "RobustBaseline", "RewardGain", "watched"]
+__all__ = ["Signal", "Detector", "NonFinite", "Threshold", "AboveStart", "Climb", "CoClimb", "Jump", "Silent", "LogLevel", "RobustBaseline", "RewardGain", "watched"]
 
 MAD_TO_SIGMA = 1.4826
 MAX_PARAM_MAGNITUDE = 1e15
@@ -164,6 +164,64 @@ class Threshold(Detector):
             since = f", {'up' if above else 'down'} from {extreme:.4g}"
         state["active"] = active
         return Signal(active, value, f"{what} = {value:.4g} {'>' if above else '<'} {limit:.4g}{since}" if active else "within bounds")
+
+
+class AboveStart(Detector):
+    """The median of the metric's last `window` values at least `factor` times its start: the
+    median of its first `start` values, then frozen (values under `floor` count as `floor`).
+
+    A run fine-tuned from a trained model starts where that model is: a policy's entropy of
+    0.2–0.9 nats a token. An entropy that goes on to several times that has left what the model
+    knew for a flatter output, whatever the reward did, and nothing needs to be learned first
+    for that level to mean something (the climbs wait for the reward to rise; a run that falls
+    before it rises is theirs to miss). Medians, so a few steps' burst does not count. A run
+    that starts from scratch starts at its highest entropy, and this never fires on it.
+    Non-finite values are left out (the "non-finite value" rule reports them)."""
+
+    kind = "above_start"
+    defaults: ClassVar[dict[str, Any]] = {"start": 10, "window": 20, "factor": 3.0, "floor": 0.0}
+
+    def validate(self) -> None:
+        for name in ("start", "window"):
+            value = self.params[name]
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_WARMUP:
+                raise ValueError(f"parameter {name!r} must be a whole number from 1 to {MAX_WARMUP}")
+        _positive(self.params, "factor")
+        floor = self.params["floor"]
+        if isinstance(floor, bool) or not isinstance(floor, (int, float)) or floor < 0:
+            raise ValueError(f"parameter 'floor' must be a number ≥ 0, got {floor!r}")
+
+    def update(self, state: dict[str, Any], step: int, values: Mapping[str, float]) -> Signal | None:
+        value = values.get(self.metric)
+        if value is None or not math.isfinite(value):
+            return None
+        value = max(value, self.params["floor"])
+        start, window = self.params["start"], self.params["window"]
+        if "level" not in state:
+            first = state.setdefault("first", [])
+            first.append(value)
+            if len(first) == start:
+                state["level"] = statistics.median(first)
+                del state["first"]
+        recent = state.setdefault("recent", [])
+        recent.append(value)
+        del recent[:-window]
+        level = state.get("level")
+        if level is None:
+            return Signal(False, value, f"{len(state['first'])} of the first {start} values its start is taken from")
+        if len(recent) < window:
+            return Signal(False, value, f"{len(recent)} of the {window} values its median is taken over")
+        if level <= 0:
+            return Signal(False, value, f"its start ({level:.4g}) is not above 0: nothing to be a multiple of")
+        median = statistics.median(recent)
+        times = median / level
+        if times < self.params["factor"]:
+            return Signal(False, median, "within bounds")
+        message = (
+            f"the median of {self.metric}'s last {window} values = {median:.4g}, {times:.1f}× its start "
+            f"{level:.4g} (the median of its first {start})"
+        )
+        return Signal(True, median, message)
 
 
 LEVEL_SHARE = 0.25

@@ -111,7 +111,7 @@ def test_projects_from_before_the_signature_rules_get_each_once(database_url: st
     fallback = importlib.import_module("migrations.versions.0016_signature_fallback")
     since = dict(fallback.AFTER)  # parameters later migrations moved the built-in rules to
     later = {  # added by later migrations
-        importlib.import_module(f"migrations.versions.{name}").RULE["name"] for name in ("0017_loss_gated_out_rule", "0018_answers_cut_rule")
+        importlib.import_module(f"migrations.versions.{name}").RULE["name"] for name in ("0017_loss_gated_out_rule", "0018_answers_cut_rule", "0019_entropy_start_rule")
     }
     assert fallback.BEFORE[floor.NAME] == floor.AFTER
     assert [(r["name"], r["metric"], r["detector"], since.get(r["name"], r["params"]), r["severity"], r["for_steps"], r["keep_firing_for"]) for r in frozen] == [
@@ -337,10 +337,13 @@ def test_the_builtin_entropy_and_loss_rules_take_the_fallback_of_0016_and_keep_t
 
 
 @pytest.mark.parametrize(
-    ("module", "before"), [("0017_loss_gated_out_rule", "0016"), ("0018_answers_cut_rule", "0017")], ids=["0017", "0018"]
+    ("module", "before"),
+    [("0017_loss_gated_out_rule", "0016"), ("0018_answers_cut_rule", "0017"), ("0019_entropy_start_rule", "0018")],
+    ids=["0017", "0018", "0019"],
 )
 def test_projects_from_before_a_later_default_rule_get_it_once(database_url: str, module: str, before: str) -> None:
-    """0017 adds "loss gated out", 0018 "answers cut at the cap", each as the catalog defines
+    """0017 adds "loss gated out", 0018 "answers cut at the cap", 0019 "entropy far above its
+    start", each as the catalog defines
     it, to every project that has no rule of that name (a project's own rule of that name is
     kept, not doubled); a second upgrade adds nothing; a downgrade removes only the built-in one."""
     import importlib

@@ -140,7 +140,7 @@ def test_default_rules_are_installed_per_project_and_rules_are_editable(server) 
     rules = _wait(lambda: httpx.get(f"{server.url}/api/v1/rules", params={"project": "alpha"}).json())
     assert {r["name"] for r in rules} == {
         "non-finite value", "mismatch climbing", "ratio tail climbing", "collapse risk", "mismatch drift", "run went silent",
-        "entropy running away", "loss growing", "policy ratio jumping", "answers at the length cap", "answers cut at the cap",
+        "entropy running away", "entropy far above its start", "loss growing", "policy ratio jumping", "answers at the length cap", "answers cut at the cap",
         "no learning signal", "loss gated out",
     }
     assert all(r["builtin"] and r["project"] == "alpha" for r in rules)

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from server.alerts.catalog import DEFAULT_RULES, build_detector
-from server.alerts.detectors import Climb, CoClimb, NonFinite, Threshold
+from server.alerts.detectors import AboveStart, Climb, CoClimb, NonFinite, Threshold
 from server.alerts.lifecycle import Lifecycle, Phase, Transition
 
 
@@ -121,6 +121,40 @@ def test_threshold_with_a_rise_fires_for_a_run_that_went_there_not_one_that_star
         assert [s for s, v in zip(signals, values, strict=True) if not math.isfinite(v)] == [None] * sum(not math.isfinite(v) for v in values)
         assert not any(s is not None and s.active for s in signals)
         assert json.loads(json.dumps(state, allow_nan=False)) == state
+
+
+def test_above_start_compares_a_recent_median_with_the_median_of_the_first_values() -> None:
+    """The level is the median of the first `start` values (floored), then frozen; the rule is
+    active while the median of the last `window` values is at least `factor` times it. A burst
+    shorter than half the window moves no median; values under the floor count as the floor;
+    a non-finite value is left out; the state stays JSON a database keeps."""
+    params = {"start": 4, "window": 5, "factor": 3.0, "floor": 0.2}
+    det = AboveStart("policy/entropy", params)
+    state = det.initial_state()
+    values = [0.3, 0.1, 0.3, 0.3, 0.3, 9.0, 9.0, 0.3, 0.3, 0.3, math.nan, math.inf, 0.9, 0.9, 0.9, 0.3, 0.3, 0.3]
+    signals = [det.update(state, i, {"policy/entropy": v}) for i, v in enumerate(values)]
+    assert [s.active if s else None for s in signals] == [False] * 10 + [None, None] + [False, False, True, True, True, False]
+    assert state["level"] == 0.3  # median of 0.3, 0.2 (0.1 floored), 0.3, 0.3
+    assert signals[14].value == 0.9
+    assert signals[14].message == "the median of policy/entropy's last 5 values = 0.9, 3.0× its start 0.3 (the median of its first 4)"
+    assert signals[0].message == "1 of the first 4 values its start is taken from"
+    assert signals[3].message == "4 of the 5 values its median is taken over"
+    assert json.loads(json.dumps(state, allow_nan=False)) == state
+    # The level does not move once taken: a run that drifts up slowly is measured against its start.
+    slow = AboveStart("e", {"start": 3, "window": 3, "factor": 2.0})
+    state = slow.initial_state()
+    fired = [slow.update(state, i, {"e": 10.0 + i}).active for i in range(20)]
+    assert fired.index(True) == 13  # the median of 21, 22, 23 is 2x the median of 10, 11, 12
+    assert all(fired[13:])
+    # A start at 0 (no floor) is nothing to be a multiple of; parameters that make no sense are refused.
+    zero = AboveStart("e", {"start": 2, "window": 2})
+    state = zero.initial_state()
+    assert [zero.update(state, i, {"e": v}).active for i, v in enumerate([0.0, 0.0, 5.0, 5.0])] == [False] * 4
+    assert "not above 0" in zero.update(state, 4, {"e": 5.0}).message
+    for bad, match in (({"start": 0}, "start"), ({"window": 2.5}, "window"), ({"factor": 0}, "factor"), ({"floor": -1}, "floor"), ({"level": 1}, "unknown")):
+        with pytest.raises(ValueError, match=match):
+            AboveStart("e", bad)
+
 
 
 def test_climb_detector_stays_quiet_on_noise_and_fires_on_a_climb() -> None:
