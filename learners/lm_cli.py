@@ -76,6 +76,9 @@ def _add_training(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--agg", choices=("token_sum", "token_mean", "seq_mean_token_mean"), default="",
                         help="the loss's aggregation over tokens (default: the loss's own, docs/losses.md)")  # fmt: skip
     parser.add_argument("--clip", type=float, default=1.0, help="max grad norm, 0: off (default 1)")
+    parser.add_argument("--sft-steps", type=int, default=0, metavar="N",
+                        help="supervised steps on the right answers before RL, so that RL starts from a "
+                             "trained policy as it starts from a fine-tuned model (default 0: none)")  # fmt: skip
     parser.add_argument("--project", default="default", help="Keel project of the runs")
     parser.add_argument("--token", default=None, help="API token (default: $KEEL_TOKEN)")
 
@@ -89,7 +92,7 @@ def _config(args: argparse.Namespace, **fields: Any) -> Any:
         device=args.device, size=size, steps=args.steps, lr=args.lr, digits=digits,
         prompts=args.prompts, group=args.samples, clip=args.clip, task=args.task,
         max_new_tokens=args.max_new_tokens, truncation_penalty=args.truncation_penalty, adv=args.adv,
-        agg=args.agg, **fields,
+        agg=args.agg, sft_steps=args.sft_steps, **fields,
     )  # fmt: skip
 
 

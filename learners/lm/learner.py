@@ -49,6 +49,7 @@ __all__ = [
     "learner_step",
     "run_config",
     "train",
+    "warm_start",
 ]
 
 
@@ -91,6 +92,10 @@ class LMConfig:
     (batch for flash_reinforce, group otherwise)."""
     agg: str = ""
     """Aggregation of the loss over tokens (trainer_hooks.losses.AGGREGATIONS); "": the loss's."""
+    sft_steps: int = 0
+    """Supervised steps on the task's right answers before RL (0: none), at `SFT_LR`: RL then
+    starts from a trained policy, sharp and partly right, as it starts from a fine-tuned model
+    (the uniform output otherwise, or the copy task's format prior)."""
     logit_noise: float = 0.0
     """A planted engine change of known size: the sampler adds Gaussian noise of this standard
     deviation (nats) to every logit it samples from (0: none). Calibrates `keel parity`'s power
@@ -139,6 +144,8 @@ class LMConfig:
             parts.append(f"tp{self.truncation_penalty:g}")
         if self.logit_noise:
             parts.append(f"noise{self.logit_noise:g}")
+        if self.sft_steps:
+            parts.append(f"sft{self.sft_steps}")
         return "-".join([*parts, f"s{self.seed}"])
 
     def check(self) -> None:
@@ -175,6 +182,8 @@ class LMConfig:
                 problems.append("truncation_penalty must be finite and >= 0")
         if not (self.lr > 0 and self.clip >= 0):
             problems.append("need lr > 0 and clip >= 0")
+        if self.sft_steps < 0:
+            problems.append("sft_steps must be >= 0")
         if not (math.isfinite(self.logit_noise) and self.logit_noise >= 0):
             problems.append("logit_noise must be finite and >= 0")
         if problems:
@@ -287,6 +296,7 @@ def train(
         with torch.no_grad():
             model.head.bias.copy_(prior)
     model = model.to(device)
+    warm_start(model, task, config, device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.0)
 
     board = WeightBoard(DTYPES[config.sampler_dtype])
@@ -375,6 +385,30 @@ def train(
         learner_tokens_per_s=batch_tokens / _median(step_s),
         sampler_tokens_per_s=batch_tokens / _median(sample_s),
     )
+
+
+SFT_LR = 1e-3
+"""The learning rate of the supervised warm start (`LMConfig.sft_steps`)."""
+
+
+def warm_start(model: GPT, task: Task, config: LMConfig, device: torch.device) -> None:
+    """`config.sft_steps` supervised steps (AdamW at SFT_LR, its own optimizer) on the right
+    answers to fresh prompts, `prompts · group` a step: the mean cross-entropy of the answer's
+    tokens (the copy task's up to and including its <eos>) under teacher forcing."""
+    if not config.sft_steps:
+        return
+    generator = torch.Generator(device).manual_seed(config.seed + 2)  # the sampler's is seed + 1
+    optimizer = torch.optim.AdamW(model.parameters(), lr=SFT_LR, weight_decay=0.0)
+    for _ in range(config.sft_steps):
+        prompts_B_P = task.prompts(config.prompts * config.group, generator, device)
+        answer_B_T, mask_B_T = task.answers(prompts_B_P)
+        tokens_B_L = torch.cat([prompts_B_P, answer_B_T], dim=1)
+        logits_B_T_V = model(tokens_B_L[:, :-1])[:, task.prompt_len - 1 :]
+        nll_B_T = torch.nn.functional.cross_entropy(logits_B_T_V.transpose(1, 2), answer_B_T, reduction="none")
+        loss = (nll_B_T * mask_B_T).sum() / mask_B_T.sum()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
 
 
 def _take(batches: queue.Queue[Rollout | BaseException], device: torch.device) -> Rollout:

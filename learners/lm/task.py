@@ -137,6 +137,11 @@ class SortTask:
         equals_P_1 = torch.full((count, 1), EQUALS, dtype=digits_P_D.dtype, device=device)
         return torch.cat([digits_P_D, equals_P_1], dim=1)
 
+    def answers(self, prompts_B_P: Tensor) -> tuple[Tensor, Tensor]:
+        """The right answers [B, digits] (the prompt's digits sorted) and where they are, [B, digits]."""
+        answer_B_D = prompts_B_P[:, : self.digits].sort(dim=1).values
+        return answer_B_D, torch.ones_like(answer_B_D, dtype=torch.bool)
+
     def reward(self, tokens_B_L: Tensor) -> Tensor:
         """[B] fraction of answer positions equal to the sorted prompt digits."""
         prompt_B_D = tokens_B_L[:, : self.digits]
@@ -199,6 +204,18 @@ class CopyTask:
         body_B_D = prompts_B_P[:, : self.digits]  # the digits come first
         is_digit_B_D = body_B_D < 10
         return torch.where(is_digit_B_D, body_B_D, EOS), is_digit_B_D.sum(1)
+
+    def answers(self, prompts_B_P: Tensor) -> tuple[Tensor, Tensor]:
+        """The right answers at the cap's width, [B, T] (the k digits, then <eos>, then <eos>
+        as padding), and their places up to and including the first <eos>, [B, T]; an answer
+        longer than the cap is cut there."""
+        target_B_D, wanted_B = self.targets(prompts_B_P)
+        width = self.max_new_tokens
+        answer_B_T = torch.full((prompts_B_P.shape[0], width), EOS, dtype=prompts_B_P.dtype, device=prompts_B_P.device)
+        kept = min(width, self.digits)
+        answer_B_T[:, :kept] = target_B_D[:, :kept]
+        places_T = torch.arange(width, device=prompts_B_P.device)
+        return answer_B_T, places_T <= wanted_B[:, None]
 
     def answer_lengths(self, answer_B_T: Tensor) -> tuple[Tensor, Tensor]:
         """[B] tokens up to and including the first <eos> (all T when there is none), and [B]

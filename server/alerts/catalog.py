@@ -86,7 +86,7 @@ SIGNATURE_RULES = (
     ),
     RuleSpec(
         "answers cut at the cap", "response/truncated_frac", "threshold", "critical", for_steps=1, keep_firing_for=10,
-        params={"op": ">", "threshold": 0.9, "resolve_at": 0.7, "window": 10, "rise": 0.2},
+        params={"op": ">", "threshold": 0.9, "resolve_at": 0.7, "window": 10, "rise": 0.2, "reward_fall": 0.3},
     ),
     RuleSpec(
         "no learning signal", "reward/zero_std_frac", "threshold", "warning", for_steps=20, keep_firing_for=10,

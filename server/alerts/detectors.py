@@ -115,10 +115,13 @@ class Threshold(Detector):
     answers, then 8 of 8) is judged over several steps. With `rise` (None: off) it fires only
     once the value has come at least that far from the lowest it had (the highest, with "<"):
     a run that went there, not one that started there. With either, a non-finite value is left
-    out (the "non-finite value" rule reports it)."""
+    out (the "non-finite value" rule reports it). With `reward_fall` (None: off) it fires only
+    while the run's reward (`reward/mean`) has fallen too: the mean of its last REWARD_RECENT
+    values at least `reward_fall`·|peak| below the highest such mean it had (a run that logs
+    no reward is judged on the metric alone)."""
 
     kind = "threshold"
-    defaults: ClassVar[dict[str, Any]] = {"op": ">", "threshold": 0.0, "resolve_at": None, "window": 1, "rise": None}
+    defaults: ClassVar[dict[str, Any]] = {"op": ">", "threshold": 0.0, "resolve_at": None, "window": 1, "rise": None, "reward_fall": None}
 
     def validate(self) -> None:
         if self.params["op"] not in (">", "<"):
@@ -129,11 +132,16 @@ class Threshold(Detector):
                 raise ValueError(f"parameter {name!r} must be a number")
         if self.params["rise"] is not None and not self.params["rise"] > 0:
             raise ValueError("parameter 'rise' must be a number > 0 (or null: off)")
+        fall = self.params["reward_fall"]
+        if fall is not None and (isinstance(fall, bool) or not isinstance(fall, (int, float)) or not 0 < fall <= 1):
+            raise ValueError("parameter 'reward_fall' must be a number in (0, 1] (or null: off)")
         window = self.params["window"]
         if isinstance(window, bool) or not isinstance(window, int) or not 1 <= window <= MAX_WARMUP:
             raise ValueError(f"parameter 'window' must be a whole number from 1 to {MAX_WARMUP}")
 
     def update(self, state: dict[str, Any], step: int, values: Mapping[str, float]) -> Signal | None:
+        if self.params["reward_fall"] is not None:
+            _track_reward(state, values.get(REWARD_KEY))
         value = values.get(self.metric)
         if value is None or math.isnan(value):
             return None
@@ -162,8 +170,30 @@ class Threshold(Detector):
             came = abs(value - extreme) >= rise
             active = active and (came or bool(state.get("active")))
             since = f", {'up' if above else 'down'} from {extreme:.4g}"
+        if active and self.params["reward_fall"] is not None and "rewards" in state:  # a run that logs a reward
+            now, peak = state.get("reward_now"), state.get("reward_peak")
+            active = now is not None and peak is not None and peak - now >= self.params["reward_fall"] * abs(peak)
+            since += f"; the reward's last {REWARD_RECENT} average {now:.4g}, down from {peak:.4g}" if active else ""
         state["active"] = active
         return Signal(active, value, f"{what} = {value:.4g} {'>' if above else '<'} {limit:.4g}{since}" if active else "within bounds")
+
+
+REWARD_KEY = "reward/mean"
+REWARD_RECENT = 10
+"""A threshold with `reward_fall` compares the mean of the reward's last REWARD_RECENT values with the highest it had."""
+
+
+def _track_reward(state: dict[str, Any], reward: float | None) -> None:
+    """Keep the mean of the reward's last REWARD_RECENT finite values and the highest it had."""
+    if reward is None or not math.isfinite(reward):
+        return
+    recent = state.setdefault("rewards", [])
+    recent.append(reward)
+    del recent[:-REWARD_RECENT]
+    if len(recent) == REWARD_RECENT:
+        now = statistics.fmean(recent)
+        state["reward_now"] = now
+        state["reward_peak"] = max(state.get("reward_peak", now), now)
 
 
 class AboveStart(Detector):

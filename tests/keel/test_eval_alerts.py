@@ -198,3 +198,25 @@ def test_without_scores_every_run_as_if_it_did_not_log_the_metric(tmp_path: Path
         drift[len(without)] = {s["detector"]: s for s in result["scores"]}["  mismatch drift"]
     assert drift[0]["hits"] == 0 and drift[2]["hits"] == 2 and drift[2]["false_alarms_unbounded"] == 0
     assert "mismatch/ratio_max" in json.loads(path.read_text())["runs"][0]["series"]
+
+
+def test_the_default_critical_rules_page_no_stable_real_run_at_any_step_and_most_falls_before_them() -> None:
+    """docs/alerts.md, "Real runs": with the default rules, no run of corpora/real its manifest
+    calls stable is paged at any step, its last 150 included; of the falls with history (at
+    row 50 or later), at least 6 have a critical page in the 150 rows before the fall."""
+    from keel.eval_alerts import rule_firings
+    from server.alerts.catalog import DEFAULT_RULES
+
+    folder = Path(__file__).resolve().parents[2] / "corpora" / "real"
+    corpus = load_real_runs(str(folder))
+    critical = [rule for rule in DEFAULT_RULES if rule.severity == "critical"]
+    firings = rule_firings(corpus, critical)
+    paged = {
+        run.name: {name: steps[index][0] for name, steps in firings.items() if steps[index]}
+        for index, run in enumerate(corpus)
+        if run.collapse_step is None and any(steps[index] for steps in firings.values())
+    }
+    assert paged == {}
+    falls = [(index, run.collapse_step) for index, run in enumerate(corpus) if run.collapse_step is not None and run.collapse_step >= 50]
+    ahead = [index for index, fall in falls if any(fall - 150 <= step < fall for steps in firings.values() for step in steps[index])]
+    assert len(falls) == 7 and len(ahead) >= 6, (len(falls), [corpus[index].name for index, _ in falls if index not in ahead])

@@ -291,3 +291,48 @@ def test_keel_lm_task_copy_streams_the_length_metrics(server_factory, sqlite_url
     samples = httpx.get(f"{server.url}/api/v1/runs/{run['id']}/samples", params={"step": 5}, timeout=30).json()
     texts = {t for s in samples["samples"] for t in s["tokens"]}
     assert texts <= set(copy_texts(list(range(64)))) and texts  # decoded with the copy vocabulary
+
+
+def test_the_right_answers_score_one_and_their_mask_ends_at_the_first_eos() -> None:
+    """What the warm start trains on: each task's right answers, whose reward is 1, and (copy)
+    the places up to and including the answer's first <eos>; an answer longer than the cap is
+    cut there, and scored as cut."""
+    generator = torch.Generator().manual_seed(0)
+    for task in (SortTask(4), CopyTask(3), CopyTask(3, cap=5)):
+        prompts = task.prompts(64, generator, torch.device("cpu"))
+        answers, mask = task.answers(prompts)
+        assert answers.shape == mask.shape == (64, task.max_new_tokens)
+        reward = task.reward(torch.cat([prompts, answers], dim=1))
+        if isinstance(task, SortTask):
+            assert reward.tolist() == [1.0] * 64 and mask.all()
+            continue
+        _, wanted = task.targets(prompts)
+        assert mask.sum(1).tolist() == [min(k + 1, task.max_new_tokens) for k in wanted.tolist()]
+        assert (answers[mask.logical_not()] == EOS).all()
+        fits = wanted + 1 <= task.max_new_tokens
+        assert reward[fits].tolist() == [1.0] * int(fits.sum())
+    cut = CopyTask(3, cap=2)
+    prompts = torch.tensor([[1, 2, 3, 20, 20, 20, EQUALS]])
+    answers, mask = cut.answers(prompts)
+    assert answers.tolist() == [[1, 2]] and mask.tolist() == [[True, True]]
+    assert cut.reward(torch.cat([prompts, answers], dim=1)).tolist() == [0.0]  # no <eos> within the cap
+
+
+def test_a_warm_start_begins_rl_from_a_trained_sharper_policy() -> None:
+    """`sft_steps`: RL starts where supervised steps on the right answers left the policy, its
+    reward above and its entropy below those of a run that starts from the format prior; the
+    step count is in the run's name, and a negative one is refused."""
+    torch.set_num_threads(1)
+    base = LMConfig(task="copy", digits=2, steps=5, prompts=8, group=4, seed=3)
+    cold, warm = Recorder(), Recorder()
+    train(base, cold)
+    train(replace(base, sft_steps=150), warm)
+
+    def mean(series: list[float]) -> float:
+        return sum(series) / len(series)
+
+    assert mean(warm.series["reward/mean"]) > mean(cold.series["reward/mean"]) + 0.3
+    assert mean(warm.series["policy/entropy"]) < 0.5 * mean(cold.series["policy/entropy"])
+    assert replace(base, sft_steps=150).name == "importance_sampling-lag0-bf16-copy-d2-b8x4-sft150-s3".replace("importance_sampling", base.loss)
+    with pytest.raises(ValueError, match="sft_steps"):
+        replace(base, sft_steps=-1).check()

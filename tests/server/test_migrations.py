@@ -355,7 +355,9 @@ def test_projects_from_before_a_later_default_rule_get_it_once(database_url: str
     frozen = importlib.import_module(f"migrations.versions.{module}").RULE
     revision = module[:4]
     spec = next(rule for rule in SIGNATURE_RULES if rule.name == frozen["name"])
-    assert (frozen["metric"], frozen["detector"], frozen["params"], frozen["severity"], frozen["for_steps"], frozen["keep_firing_for"]) == (
+    moved = importlib.import_module("migrations.versions.0020_answers_cut_reward_fall")  # parameters moved since
+    since = moved.AFTER if frozen["name"] == moved.NAME and frozen["params"] == moved.BEFORE else frozen["params"]
+    assert (frozen["metric"], frozen["detector"], since, frozen["severity"], frozen["for_steps"], frozen["keep_firing_for"]) == (
         spec.metric, spec.detector, spec.params, spec.severity, spec.for_steps, spec.keep_firing_for
     )
     upgrade(database_url, before)
@@ -384,5 +386,45 @@ def test_projects_from_before_a_later_default_rule_get_it_once(database_url: str
         assert installed() == [own, ("old", spec.metric, spec.detector, spec.severity, spec.for_steps, True)]
         command.downgrade(alembic_config(database_url), before)
         assert installed() == [own]
+    finally:
+        engine.dispose()
+
+
+def test_the_builtin_answers_cut_rule_takes_the_reward_fall_of_0020_and_an_edited_one_is_left(database_url: str) -> None:
+    """0020 gives the built-in "answers cut at the cap" rules still on their 0018 parameters the
+    catalog's `reward_fall`; a rule its user edited, or one that is not built in, is left alone;
+    a downgrade takes the parameter off."""
+    import importlib
+    import json
+
+    from alembic import command
+
+    from server.alerts.catalog import SIGNATURE_RULES
+
+    frozen = importlib.import_module("migrations.versions.0020_answers_cut_reward_fall")
+    spec = next(rule for rule in SIGNATURE_RULES if rule.name == frozen.NAME)
+    assert spec.params == frozen.AFTER
+    upgrade(database_url, "0019")
+    engine = create_engine(_sync_url(database_url))
+    rule_columns = "id, name, project, metric, detector, params, severity, for_steps, keep_firing_for, enabled, builtin, created_at"
+    rows = [(1, frozen.BEFORE, True), (2, {**frozen.BEFORE, "threshold": 0.95}, True), (3, frozen.BEFORE, False)]
+
+    def params() -> dict[int, Any]:
+        with engine.connect() as conn:
+            found = conn.execute(text("SELECT id, params FROM rules ORDER BY id")).all()
+        return {rule_id: value if isinstance(value, dict) else json.loads(value) for rule_id, value in found}
+
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql("INSERT INTO projects (name, created_at) VALUES ('p', 0)")
+            for rule_id, values, builtin in rows:
+                conn.exec_driver_sql(
+                    f"INSERT INTO rules ({rule_columns}) VALUES ({rule_id}, '{frozen.NAME}', 'p', '{spec.metric}', 'threshold', "
+                    f"'{json.dumps(values)}', 'critical', 1, 10, true, {str(builtin).lower()}, 0)"
+                )
+        upgrade(database_url, "0020")
+        assert params() == {1: frozen.AFTER, 2: rows[1][1], 3: frozen.BEFORE}
+        command.downgrade(alembic_config(database_url), "0019")
+        assert params() == {1: frozen.BEFORE, 2: rows[1][1], 3: frozen.BEFORE}
     finally:
         engine.dispose()

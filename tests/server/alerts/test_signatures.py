@@ -242,8 +242,13 @@ def test_answers_running_to_the_length_cap_warn_and_a_low_truncated_share_does_n
 
     fired = _fired(_run(4, {"response/truncated_frac": lambda r, s: truncated(r, s, runs=True)}, falls=True))
     assert set(fired) == {"answers at the length cap", "answers cut at the cap"}, fired
-    # The warning as the share climbs; the page once 9 answers in 10 are cut, still before the fall.
-    assert 150 < fired["answers at the length cap"][0] < fired["answers cut at the cap"][0] < FALL, fired
+    # The warning as the share climbs; the page once 9 answers in 10 are cut and the reward's
+    # 10-step mean has lost 30 % of its best: here within a few steps of its sudden fall.
+    assert 150 < fired["answers at the length cap"][0] < FALL <= fired["answers cut at the cap"][0] < FALL + 10, fired
+    # Every answer cut while the reward holds (a reward that reads the answer before the
+    # rambling that runs to the cap, as a public TRL sweep shows): the warning, no page.
+    held = _fired(_run(4, {"response/truncated_frac": lambda r, s: truncated(r, s, runs=True)}, falls=False))
+    assert list(held) == ["answers at the length cap"], held
     assert _fired(_run(4, {"response/truncated_frac": lambda r, s: truncated(r, s, runs=False)}, falls=False)) == {}
     low = {"response/truncated_frac": lambda r, s: r.choice([0.0, 0.01, 0.02, 0.05, 0.08])}
     assert _fired(_run(5, low, falls=False)) == {}  # a share under the floor (0.1) is not a climb

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import statistics
 
 import pytest
 
@@ -122,6 +123,29 @@ def test_threshold_with_a_rise_fires_for_a_run_that_went_there_not_one_that_star
         assert not any(s is not None and s.active for s in signals)
         assert json.loads(json.dumps(state, allow_nan=False)) == state
 
+
+def test_threshold_with_a_reward_fall_fires_only_while_the_reward_has_fallen_from_its_best() -> None:
+    """`reward_fall`: the metric over its threshold is active only while the mean of the
+    reward's last 10 values is at least that share of its best such mean below it; the
+    message says from where. A run whose reward holds is never active; one that logs no reward
+    is judged on the metric alone; the parameter must be in (0, 1]."""
+    params = {"op": ">", "threshold": 0.9, "reward_fall": 0.3}
+    det = Threshold("s", params)
+    state = det.initial_state()
+    rewards = [0.8] * 20 + [0.6] * 5 + [0.4] * 10
+    signals = [det.update(state, i, {"s": 1.0, "reward/mean": r}) for i, r in enumerate(rewards)]
+    first = next(i for i, s in enumerate(signals) if s.active)
+    assert first == 28 and statistics.fmean(rewards[first - 9 : first + 1]) <= 0.56 < statistics.fmean(rewards[first - 10 : first])
+    assert signals[first].message == "s = 1 > 0.9; the reward's last 10 average 0.54, down from 0.8"
+    held = Threshold("s", params)
+    state = held.initial_state()
+    assert not any(held.update(state, i, {"s": 1.0, "reward/mean": 0.8 + 0.05 * (i % 2)}).active for i in range(40))
+    rewardless = Threshold("s", params)
+    state = rewardless.initial_state()
+    assert [rewardless.update(state, i, {"s": v}).active for i, v in enumerate([0.5, 1.0])] == [False, True]
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="reward_fall"):
+            Threshold("s", {"reward_fall": bad})
 
 def test_above_start_compares_a_recent_median_with_the_median_of_the_first_values() -> None:
     """The level is the median of the first `start` values (floored), then frozen; the rule is
