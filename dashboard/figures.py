@@ -272,6 +272,7 @@ def metric_figure(
     *,
     companions: Sequence[RunLine] = (),
     levels: Mapping[str, float | None] | None = None,
+    starts: Mapping[str, float | None] | None = None,
     running: Collection[str] = (),
     unused: Mapping[str, str | None] | None = None,
     rollbacks: Mapping[str, Sequence[int]] | None = None,
@@ -279,7 +280,8 @@ def metric_figure(
     """One chart of one metric across runs (or across groups when aggregating), with the
     runs' alerts and a backtest's firings. `companions`: a metric drawn beside the runs'
     lines (theme.MetricInfo.companion, their `key`); `levels`: each run's learned level
-    (None: not yet), drawn as a dashed line across the chart; `running`: the runs that are
+    (None: not yet), drawn as a dashed line across the chart; `starts`: each run's start, the
+    level "entropy far above its start" measures from (None: not yet), a dotted line; `running`: the runs that are
     live (the step axis leaves room for their next points, x_axis_end; a group's band ends at
     its slowest live member, and the page extends it); `unused`: the runs whose loss
     does not use the metric (run id -> the loss's name, None when unnamed), said in a note
@@ -323,6 +325,8 @@ def metric_figure(
     layout["shapes"] = shapes if options.band is None else [_band_shape(options.band), *shapes]
     traces.extend(alert_traces)
     level_meta = _draw_levels(layout, lines, levels, styles, log_y) if levels is not None else {}
+    if starts is not None:
+        level_meta.update(_draw_starts(layout, lines, starts, styles, log_y))
 
     empty = not any(line.series.steps for line in lines)
     if unused:
@@ -450,6 +454,28 @@ def _draw_levels(
             }
         )
     return {"levels": known, "pending": [line.run_id for line in pending]}
+
+
+START_LABEL = "start"
+
+
+def _draw_starts(
+    layout: Figure, lines: Sequence[RunLine], starts: Mapping[str, float | None], styles: Mapping[str, Style], log_y: bool
+) -> Figure:
+    """Each run's start (the median of its first entropy values: "entropy far above its
+    start" pages at 3× it) as a dotted line across the chart (a shape named `start:<run id>`);
+    returns what goes in `layout.meta`: "starts" (run id -> start or None) and
+    "pending_start" (the runs without one: the live updater asks for the chart again when
+    their points arrive)."""
+    known = {line.run_id: starts.get(line.run_id) for line in lines if line.run_id in starts}
+    several = len(lines) > 1
+    for line in lines:
+        start = known.get(line.run_id)
+        if start is None or not math.isfinite(start) or (log_y and start <= 0):
+            continue
+        label = f"{START_LABEL} {start:.3g}" + (f" ({line.name})" if several else "")
+        layout["shapes"].append(level_shape(start, f"start:{line.run_id}", styles[line.run_id], label, dash="dot", at="start"))
+    return {"starts": known, "pending_start": [run_id for run_id, start in known.items() if start is None]}
 
 
 def _band_shape(band: tuple[str, float, float]) -> Figure:

@@ -447,9 +447,9 @@ def companion_trace(line: RunLine, style: Style, log_y: bool) -> Figure:
     }
 
 
-def level_shape(level: float, name: str, style: Style, label: str) -> Figure:
-    """A run's reference level across the whole chart (its learned entropy): dashed, in the
-    run's colour, labelled at its right end."""
+def level_shape(level: float, name: str, style: Style, label: str, dash: str = "dash", at: str = "end") -> Figure:
+    """A run's reference level across the whole chart (its learned entropy: dashed, labelled at
+    its right end; its start: dotted, labelled at its left, `at` "start"), in the run's colour."""
     return {
         "name": name,
         "type": "line",
@@ -459,11 +459,11 @@ def level_shape(level: float, name: str, style: Style, label: str) -> Figure:
         "x1": 1,
         "y0": level,
         "y1": level,
-        "line": {"color": style.colour, "dash": "dash", "width": 1.5},
+        "line": {"color": style.colour, "dash": dash, "width": 1.5},
         "layer": "below",
         "label": {
             "text": plot_text(label),
-            "textposition": "end",
+            "textposition": at,
             "yanchor": "bottom",
             "font": {"size": 10, "color": style.colour},
         },

@@ -37,12 +37,12 @@ from dashboard.layout import (
     ZOOM_TYPE,
     tick_reasons,
 )
-from dashboard.learned_level import ENTROPY_KEY, LEVEL_KEYS, learned_level
+from dashboard.learned_level import ENTROPY_KEY, LEVEL_KEYS, learned_level, start_level
 from dashboard.series import Alert, Series, all_zero, magnitude
 from dashboard.theme import KL_BANDS, KL_KEY, loss_name, metric_info
 from dashboard.traces import HazardRead
 
-__all__ = ["register", "zoom_range", "chart_figure", "learned_levels", "load_hazard", "hazards", "HISTORY_POINTS", "HAZARD_POINTS", "ZOOM_POINTS", "UNCHANGED"]
+__all__ = ["register", "zoom_range", "chart_figure", "learned_levels", "start_levels", "load_hazard", "hazards", "HISTORY_POINTS", "HAZARD_POINTS", "ZOOM_POINTS", "UNCHANGED"]
 
 HISTORY_POINTS = 500
 """Buckets per series for the first draw, about one per horizontal pixel of a chart (the
@@ -139,7 +139,9 @@ def register(dash_app: Dash, api: KeelApi) -> None:
             # Asked for because points came for runs without a learned level: nothing to draw
             # again until one of them has one (the points themselves are appended in the browser).
             waiting = [run_id for run_id in asked.get("pending") or [] if run_id in state.get("runs", [])]
-            if not any(level is not None for level in (await learned_levels(api, waiting)).values()):
+            starting = [run_id for run_id in asked.get("pending_start") or [] if run_id in state.get("runs", [])]
+            levels, starts = await asyncio.gather(learned_levels(api, waiting), start_levels(api, starting))
+            if not any(level is not None for level in (*levels.values(), *starts.values())):
                 raise PreventUpdate
         zoom = zoom_range(relayout)  # the store only ever holds x-axis relayouts (X_AXIS_ONLY)
         if triggers == {"live-tick.data"}:
@@ -214,11 +216,14 @@ async def chart_figure(
     read = time.time()
     infos = await api.runs_by_id(run_ids)
     lines, alerts, companions = await load_lines(api, infos, key, options.x_range)
-    levels = await learned_levels(api, [line.run_id for line in lines]) if metric_info(key).learned_level else None
+    levels = starts = None
+    if metric_info(key).learned_level:
+        ids = [line.run_id for line in lines]
+        levels, starts = await asyncio.gather(learned_levels(api, ids), start_levels(api, ids))
     unused = await unused_by_loss(api, key, lines) if options.x_range is None else {}
     figure = metric_figure(
         key, lines, alerts, options, render_id=uuid.uuid4().hex, backtest=backtest, companions=companions, levels=levels,
-        running=running(infos), unused=unused, rollbacks=await rollbacks(api, [line.run_id for line in lines]),
+        starts=starts, running=running(infos), unused=unused, rollbacks=await rollbacks(api, [line.run_id for line in lines]),
     )
     # When its alerts were read: alert marks read later replace its own (assets/live/charts.js).
     figure["layout"]["meta"]["alerts_read"] = read
@@ -427,6 +432,40 @@ async def learned_level_of(api: KeelApi, run_id: str) -> float | None:
                     return level
         start, size = end + 1, min(2 * size, LEVEL_READ_MAX)
     _remember(run_id, _Level(state, min(start, complete + 1)))
+    return None
+
+
+_STARTS: OrderedDict[str, float] = OrderedDict()
+"""Run id -> its entropy's start, once known (it never changes; a run without one is read again)."""
+
+
+async def start_levels(api: KeelApi, run_ids: list[str]) -> dict[str, float | None]:
+    """Each run's entropy start (dashboard/learned_level.py `start_level`; None until it has
+    logged START_VALUES entropy values)."""
+    ids = list(dict.fromkeys(run_ids))
+    return dict(zip(ids, await asyncio.gather(*(start_level_of(api, run_id) for run_id in ids)), strict=True))
+
+
+async def start_level_of(api: KeelApi, run_id: str) -> float | None:
+    """The run's entropy start, from its first points (never buckets), read from step 0 in
+    ranges that double until it has START_VALUES of them or its points end."""
+    known = _STARTS.get(run_id)
+    if known is not None:
+        _STARTS.move_to_end(run_id)
+        return known
+    last = (await api.last_steps(run_id)).get(ENTROPY_KEY)
+    values: list[float] = []
+    start, size = 0, LEVEL_READ
+    while last is not None and start <= last:
+        found = (await api.series_of_runs([run_id], ENTROPY_KEY, max_points=size, start=start, end=start + size - 1))[run_id]
+        values.extend(found.values)
+        level = start_level(values)
+        if level is not None:
+            _STARTS[run_id] = level
+            while len(_STARTS) > LEVEL_CACHE_RUNS:
+                _STARTS.popitem(last=False)
+            return level
+        start, size = start + size, min(2 * size, LEVEL_READ_MAX)
     return None
 
 

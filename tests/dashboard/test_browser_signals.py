@@ -1,5 +1,5 @@
 """The signals beside the headline charts in headless Chromium: the entropy with each run's
-learned level, the loss's magnitude, the length against its cap and the share of answers cut
+learned level and start, the loss's magnitude, the length against its cap and the share of answers cut
 at it; drawn when a run logs them (and appended live), absent when it does not."""
 
 from __future__ import annotations
@@ -70,8 +70,9 @@ def trace(found: dict[str, Any], role: str, run_id: str) -> dict[str, Any]:
     return next(t for t in found["traces"] if t["role"] == role and t["run"] == run_id)
 
 
-def level_lines(found: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {s["name"][len("level:") :]: s for s in found["shapes"] if (s["name"] or "").startswith("level:")}
+def level_lines(found: dict[str, Any], kind: str = "level") -> dict[str, dict[str, Any]]:
+    """Run id -> its learned level's line (`kind` "start": its start's)."""
+    return {s["name"][len(kind) + 1 :]: s for s in found["shapes"] if (s["name"] or "").startswith(f"{kind}:")}
 
 
 def signal_values(step: int, *, learned_at: int | None = LEARNED_AT, loss_key: str = "loss/total") -> dict[str, Any]:
@@ -122,6 +123,10 @@ def test_the_run_page_draws_the_signals_a_run_logs_beside_the_headline_charts(se
     assert level["y0"] == level["y1"] == pytest.approx(1.5, rel=1e-12)
     assert level["dash"] == "dash" and level["label"] == "learned level 1.5"
     assert entropy["meta"]["levels"] == {run.id: pytest.approx(1.5, rel=1e-12)} and entropy["meta"]["pending"] == []
+    # And its start, dotted: the median of its first 10 values ("entropy far above its start").
+    (start,) = level_lines(entropy, "start").values()
+    assert start["y0"] == start["y1"] == 3.0 and start["dash"] == "dot" and start["label"] == "start 3"
+    assert entropy["meta"]["starts"] == {run.id: 3.0} and entropy["meta"]["pending_start"] == []
     low, high = entropy["yrange"]  # the axis holds the line and the lines (log10 units)
     assert low < math.log10(0.2) and high > math.log10(3.0)
 
@@ -214,6 +219,12 @@ def test_the_compare_page_draws_each_runs_learned_level_in_its_colour(server, br
     assert levels[learning.id]["colour"] != levels[rewardless.id]["colour"]
     assert entropy["meta"]["pending"] == [plain.id]  # logs no entropy: no level, and no note
     assert not any("not yet" in note for note in entropy["notes"])
+    starts = level_lines(entropy, "start")
+    assert set(starts) == {learning.id, rewardless.id} and entropy["meta"]["pending_start"] == [plain.id]
+    assert starts[learning.id]["y0"] == 3.0 and starts[rewardless.id]["y0"] == pytest.approx(statistics.median(0.5 + s / 100 for s in range(10)))
+    for run in (learning, rewardless):
+        assert starts[run.id]["colour"] == styles[run.id][0] and starts[run.id]["dash"] == "dot"
+        assert starts[run.id]["label"] == f"start {starts[run.id]['y0']:.3g} ({run.run['name']})"
 
     loss = chart(browser, "|loss|")
     assert loss is not None and "|loss/total|, |loss/pg|" in loss["title"]
@@ -242,19 +253,36 @@ def test_the_compare_page_draws_each_runs_learned_level_in_its_colour(server, br
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_the_learned_level_appears_once_the_run_learns_while_it_streams(server, browser) -> None:
     run = LiveRun(server, "learning-live", "grpo")
-    send(run, range(80), learned_at=10_000)  # the reward has not risen yet
+    send(run, range(6), learned_at=10_000)  # the reward has not risen yet
     set_viewport(browser, 1280, 2000)
     browser.get(f"{server.url}/runs/{run.id}")
     entropy = wait_until(lambda: chart(browser, "policy/entropy"), timeout=30, message="entropy chart")
     assert level_lines(entropy) == {} and entropy["meta"]["pending"] == [run.id]
+    assert level_lines(entropy, "start") == {} and entropy["meta"]["pending_start"] == [run.id]
     assert "learned level: not yet" in entropy["notes"]
     wait_until(lambda: live_state(browser) == "live", message="live websocket")
+    # Its tenth point sets its start: the server draws the chart again, with the start's line.
+    send(run, range(6, 80), learned_at=10_000)
+
+    def with_start() -> dict[str, Any] | None:
+        found = chart(browser, "policy/entropy")
+        return found if found and level_lines(found, "start") else None
+
+    entropy = wait_until(with_start, timeout=30, message="the start drawn")
+    assert level_lines(entropy, "start")[run.id]["y0"] == 3.0 and entropy["meta"]["pending_start"] == []
+    assert level_lines(entropy) == {} and entropy["meta"]["pending"] == [run.id]
+    wait_until(lambda: (lambda found: found and trace(found, "raw", run.id)["x"][-1] == 79)(chart(browser, "policy/entropy")),
+               timeout=30, message="points to step 79")  # fmt: skip
+    time.sleep(6)  # a redraw asked for with the last points settles
+    entropy = chart(browser, "policy/entropy")
+    asks = live_stats(browser)["chartAsks"]
+    assert entropy is not None and asks >= 1
     # Points before it learns: appended in the browser; the chart asks the server once whether
     # a level came, and with none it is not drawn again.
     send(run, range(80, 95))
     wait_until(lambda: (lambda found: found and trace(found, "raw", run.id)["x"][-1] == 94)(chart(browser, "policy/entropy")),
                timeout=30, message="points appended")  # fmt: skip
-    wait_until(lambda: live_stats(browser)["chartAsks"] >= 1, timeout=30, message="the level asked for")
+    wait_until(lambda: live_stats(browser)["chartAsks"] > asks, timeout=30, message="the level asked for")
     time.sleep(2)  # the server's answer: no change
     assert chart(browser, "policy/entropy")["render"] == entropy["render"]
     send(run, range(95, 140))  # learns at LEARNED_AT: the chart is drawn again, with its level

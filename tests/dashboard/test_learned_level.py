@@ -1,5 +1,5 @@
-"""The learned level of a run's entropy: the alert detector's baseline, from the points as
-logged, and read from a real server in pieces."""
+"""The learned level of a run's entropy and its start: the alert detectors' baselines, from the
+points as logged, and read from a real server in pieces."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from dashboard.data import KeelApi
-from dashboard.learned_level import learned_level
+from dashboard.learned_level import START_VALUES, learned_level, start_level
 from dashboard.views import charts as chart_views
 from tests.support.toy_runs import LiveRun
 
@@ -118,3 +118,47 @@ def test_the_steps_read_stay_read_and_a_set_level_is_not_read_again(server, monk
     reads.clear()
     assert level() == pytest.approx(1.5, rel=1e-12) and reads == []  # set: never read again
     run.close()
+
+
+def test_the_start_is_the_median_of_the_first_ten_values_floored_as_the_rule_floors_them() -> None:
+    """The level "entropy far above its start" measures from: its own detector's (the rule's
+    `start` values, values under its floor of 0.2 counted as 0.2, non-finite ones left out)."""
+    assert START_VALUES == 10
+    assert start_level([0.3, 0.1, 0.5, 0.3, 0.4, 0.05, 0.3, 0.2, 0.35, 0.3, 9.0]) == pytest.approx(0.3)
+    assert start_level([0.05] * 10) == pytest.approx(0.2)  # a sharp model's start is the floor
+    assert start_level([math.nan, math.inf, *[0.5] * 10]) == pytest.approx(0.5)
+    assert start_level([0.5] * 9) is None
+
+
+def test_the_start_is_read_from_the_first_points_and_once_known_never_again(server, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Read in pieces of 7 steps (a run that logs every third step needs several), the start is
+    the one of its first ten points; a run with fewer has none and is read again, one that logs
+    no entropy has none; once known a start is not read again."""
+    monkeypatch.setattr(chart_views, "LEVEL_READ", 7)
+    reads: list[str] = []
+    series_of_runs = KeelApi.series_of_runs
+
+    async def counted(self, run_ids, key, **options):  # type: ignore[no-untyped-def]
+        reads.append(key)
+        return await series_of_runs(self, run_ids, key, **options)
+
+    monkeypatch.setattr(KeelApi, "series_of_runs", counted)
+    sparse = LiveRun(server, "sparse", "g")
+    sparse.send([{"step": 3 * i, "values": {"policy/entropy": 0.1 * (i + 1)}} for i in range(30)])
+    young = LiveRun(server, "young", "g")
+    young.send([{"step": i, "values": {"policy/entropy": 0.5}} for i in range(4)])
+    plain = LiveRun(server, "plain", "g")
+    plain.send([{"step": s, "values": {"reward/mean": 0.5}} for s in range(20)])
+
+    def starts() -> dict:
+        return asyncio.run(chart_views.start_levels(KeelApi(httpx.AsyncClient(base_url=server.url)), [sparse.id, young.id, plain.id]))
+
+    assert starts() == {sparse.id: pytest.approx(statistics.median(0.1 * (i + 1) for i in range(10))), young.id: None, plain.id: None}
+    assert reads.count("policy/entropy") >= 3  # steps 0-6, 7-20, 21-48 for the sparse run
+    reads.clear()
+    found = starts()
+    assert found[sparse.id] == pytest.approx(0.55) and reads == ["policy/entropy"]  # the young run alone
+    young.send([{"step": i, "values": {"policy/entropy": 0.8}} for i in range(4, 12)])
+    assert starts()[young.id] == pytest.approx(0.8)  # its first ten: four 0.5s and six 0.8s
+    for run in (sparse, young, plain):
+        run.close()

@@ -93,8 +93,9 @@
       if (used) ask("unused");
       return [];
     }
-    // A learned level still to come for this run: only the server can say when it is set.
-    if (meta.pending && meta.pending.indexOf(runId) >= 0) ask("level", gd);
+    // A learned level or a start still to come for this run: only the server can say when it is set.
+    var waits = function (list) { return !!list && list.indexOf(runId) >= 0; };
+    if (waits(meta.pending) || waits(meta.pending_start)) ask("level", gd);
     relevant.sort(byStep);
     var weight = meta.smoothing || 0;
     var logAxis = !!(gd.layout.yaxis && gd.layout.yaxis.type === "log");

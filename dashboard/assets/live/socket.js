@@ -84,9 +84,13 @@
   /*
    * Ask the server to draw the charts again (`gd` given: that chart alone, through its
    * "metric-seen" store, layout.SEEN_TYPE, at most once per DATA_REFRESH_MS: the entropy
-   * chart of a run whose learned level is still to come, which only the server computes).
+   * chart of a run whose learned level or start is still to come, which only the server computes).
    */
   var chartAsked = new WeakSet(); // charts with a redraw of their own asked for and not sent yet
+  function metaList(gd, name) {
+    var meta = gd.layout && gd.layout.meta;
+    return (meta && meta[name]) || [];
+  }
   function askRedraw(reason, gd) {
     if (!gd) {
       refresh("live-tick", reason, reason === "log-axis" ? 0 : REFRESH_MS);
@@ -102,8 +106,8 @@
       live.note("chartAsks", 1);
       window.dash_clientside.set_props(
         { type: "metric-seen", key: card.getAttribute("data-key") },
-        // The runs still without a level: the server draws again only once one of them has it.
-        { data: { reason: reason, t: Date.now(), pending: (gd.layout && gd.layout.meta && gd.layout.meta.pending) || [] } });
+        // The runs still without a level or a start: the server draws again only once one of them has it.
+        { data: { reason: reason, t: Date.now(), pending: metaList(gd, "pending"), pending_start: metaList(gd, "pending_start") } });
     }, DATA_REFRESH_MS);
   }
 
