@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-__all__ = ["Signal", "Detector", "NonFinite", "Threshold", "AboveStart", "Climb", "CoClimb", "Jump", "Silent", "LogLevel", "RobustBaseline", "RewardGain", "watched"]
+__all__ = ["JOINED", "Signal", "Detector", "NonFinite", "Threshold", "AboveStart", "Climb", "CoClimb", "Jump", "Silent", "LogLevel", "RobustBaseline", "RewardGain", "watched"]
 
 MAD_TO_SIGMA = 1.4826
 MAX_PARAM_MAGNITUDE = 1e15
@@ -25,6 +25,15 @@ REWARD_ALPHA = 0.3
 """EWMA weight of the reward when a detector asks how much a run has learned (RewardGain)."""
 MAX_WARMUP = 10_000
 """Values a climb baseline keeps while warming up; they are saved with the rule's state."""
+JOINED = "joined"
+"""Set by the engine in the state of a detector that starts on a run already evaluated (a rule
+added or edited while the run streamed): it has not seen the run's first values."""
+
+
+def bounded(x: float) -> float:
+    """x within ±MAX_PARAM_MAGNITUDE: a finite value a mean or median over a few of them keeps
+    finite (ten values of 1e308 overflow a sum, two a midpoint)."""
+    return min(max(x, -MAX_PARAM_MAGNITUDE), MAX_PARAM_MAGNITUDE)
 
 
 @dataclass(frozen=True)
@@ -151,7 +160,7 @@ class Threshold(Detector):
         what = self.metric
         if window > 1:
             recent = state.setdefault("recent", [])
-            recent.append(value)
+            recent.append(bounded(value))
             del recent[:-window]
             if len(recent) < window:
                 return Signal(False, value, f"{len(recent)} of the {window} values its mean is taken over")
@@ -172,7 +181,7 @@ class Threshold(Detector):
             since = f", {'up' if above else 'down'} from {extreme:.4g}"
         if active and self.params["reward_fall"] is not None and "rewards" in state:  # a run that logs a reward
             now, peak = state.get("reward_now"), state.get("reward_peak")
-            active = now is not None and peak is not None and peak - now >= self.params["reward_fall"] * abs(peak)
+            active = now is not None and peak is not None and peak - now > 0 and peak - now >= self.params["reward_fall"] * abs(peak)
             since += f"; the reward's last {REWARD_RECENT} average {now:.4g}, down from {peak:.4g}" if active else ""
         state["active"] = active
         return Signal(active, value, f"{what} = {value:.4g} {'>' if above else '<'} {limit:.4g}{since}" if active else "within bounds")
@@ -188,7 +197,7 @@ def _track_reward(state: dict[str, Any], reward: float | None) -> None:
     if reward is None or not math.isfinite(reward):
         return
     recent = state.setdefault("rewards", [])
-    recent.append(reward)
+    recent.append(bounded(reward))
     del recent[:-REWARD_RECENT]
     if len(recent) == REWARD_RECENT:
         now = statistics.fmean(recent)
@@ -206,7 +215,10 @@ class AboveStart(Detector):
     for that level to mean something (the climbs wait for the reward to rise; a run that falls
     before it rises is theirs to miss). Medians, so a few steps' burst does not count. A run
     that starts from scratch starts at its highest entropy, and this never fires on it.
-    Non-finite values are left out (the "non-finite value" rule reports them)."""
+    Non-finite values are left out (the "non-finite value" rule reports them). A detector that
+    joined a run after its first steps (JOINED: the rule was added or edited while the run
+    streamed) has no start to measure from and stays silent on that run. The metric may be
+    alternatives separated by `|`, as a climb's."""
 
     kind = "above_start"
     defaults: ClassVar[dict[str, Any]] = {"start": 10, "window": 20, "factor": 3.0, "floor": 0.0}
@@ -216,16 +228,21 @@ class AboveStart(Detector):
             value = self.params[name]
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_WARMUP:
                 raise ValueError(f"parameter {name!r} must be a whole number from 1 to {MAX_WARMUP}")
-        _positive(self.params, "factor")
+        factor = self.params["factor"]
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 1:
+            raise ValueError(f"parameter 'factor' must be a number > 1, got {factor!r}")
         floor = self.params["floor"]
         if isinstance(floor, bool) or not isinstance(floor, (int, float)) or floor < 0:
             raise ValueError(f"parameter 'floor' must be a number ≥ 0, got {floor!r}")
 
     def update(self, state: dict[str, Any], step: int, values: Mapping[str, float]) -> Signal | None:
-        value = values.get(self.metric)
+        key = watched(state, self.metric, values)
+        value = values.get(key) if key is not None else None
         if value is None or not math.isfinite(value):
             return None
-        value = max(value, self.params["floor"])
+        if state.get(JOINED):
+            return Signal(False, value, "the rule joined this run after its first steps: it has no start to measure from")
+        value = bounded(max(value, self.params["floor"]))
         start, window = self.params["start"], self.params["window"]
         if "level" not in state:
             first = state.setdefault("first", [])
@@ -248,7 +265,7 @@ class AboveStart(Detector):
         if times < self.params["factor"]:
             return Signal(False, median, "within bounds")
         message = (
-            f"the median of {self.metric}'s last {window} values = {median:.4g}, {times:.1f}× its start "
+            f"the median of {key}'s last {window} values = {median:.4g}, {times:.1f}× its start "
             f"{level:.4g} (the median of its first {start})"
         )
         return Signal(True, median, message)
@@ -498,7 +515,7 @@ class Climb(Detector):
         rewards, spreads = state.setdefault("rewards", []), state.setdefault("spreads", [])
         for kept, item in ((rewards, values.get(p["reward_key"])), (spreads, values.get(p["reward_std_key"]))):
             if item is not None and math.isfinite(item):
-                kept.append(item)
+                kept.append(bounded(item))
                 del kept[: -int(p["warmup"])]
         state["waited"] = state.get("waited", 0) + 1
         if state["waited"] < max(p["fallback"], p["warmup"]):
@@ -525,7 +542,7 @@ class Climb(Detector):
         for name, item, keep in (("recent", x, self.params["warmup"]), ("rewards", values.get(self.params["reward_key"]), FALLBACK_RECENT)):
             if item is not None and math.isfinite(item):
                 kept = state[name]
-                kept.append(item)
+                kept.append(bounded(item))
                 del kept[: -int(keep)]
 
     def observe(self, state: dict[str, Any], reward: dict[str, Any], values: Mapping[str, float]) -> Signal | None:

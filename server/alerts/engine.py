@@ -27,7 +27,7 @@ from server import run_commands
 from server.alerts import repository, transitions
 from server.alerts.catalog import build_detector
 from server.alerts.coordination import Coordination, RuleToLoad, Stale
-from server.alerts.detectors import Detector
+from server.alerts.detectors import JOINED, Detector
 from server.alerts.hazard import HazardModel
 from server.alerts.lifecycle import Phase
 from server.alerts.notify import Notifier
@@ -199,6 +199,10 @@ class AlertEngine:
             return  # no rule applies, or the rows' incarnation of the run was deleted since
         async with self.coordination.evaluation(run_id, locked=locked) as evaluation:
             tracked, after = await evaluation.states(run_id, _to_load(context), self._tracked)
+            if after >= 0:  # the run was evaluated before: a rule that has seen none of it joins it now
+                for t in tracked.values():
+                    if t.last_step is None:
+                        t.detector_state.setdefault(JOINED, True)
             if after < 0 and rows:  # nobody has evaluated the run: its first frames, not a long history
                 after = max(after, rows[0].step - 1 - FIRST_REPLAY_STEPS)
             changes: list[Change] = []

@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from server.alerts.detectors import JOINED
 from server.alerts.lifecycle import Lifecycle, Transition
 from server.models import Rule
 
@@ -67,7 +68,8 @@ class Tracked:
         if row is None:
             return cls(initial, Lifecycle(), None, definition=definition)
         data, last_step = row
-        detector = data["detector"] if data.get("definition", definition) == definition else initial
+        # Edited since: the detector starts again, on a run it has already seen part of (JOINED).
+        detector = data["detector"] if data.get("definition", definition) == definition else {**initial, JOINED: True}
         lifecycle = Lifecycle.from_json(data["lifecycle"])
         return cls(detector, lifecycle, last_step, data.get("alert_id"), definition=definition, stored_step=last_step)
 

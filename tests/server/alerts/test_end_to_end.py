@@ -249,3 +249,44 @@ def test_run_gone_silent_fires_a_warning_and_resolves_when_data_returns(server_f
     _stream(server, run, [{"reward/mean": 0.5}] * 2, seq0=1)
     resolved = _wait(lambda: _alerts(server, run_id=run["id"], state="resolved"))
     assert resolved[0]["id"] == firing[0]["id"]
+
+
+def test_a_start_rule_that_joins_a_streaming_run_stays_silent_there_and_pages_a_run_it_saw_begin(server_factory, database_url) -> None:
+    """"entropy far above its start" measures from a run's first values: a rule edited (or
+    added) while a run streams has not seen them, and must not take a start from the middle
+    of the run (an entropy that sharpened, then burst). The edited rule and a new one are both
+    silent on the run that streamed before them, and both page a run they saw from step 0."""
+    server = server_factory(database_url, **FAST)
+    sharp = [{"reward/mean": 0.5, "policy/entropy": 0.25}] * 30
+    runaway = [{"reward/mean": 0.5, "policy/entropy": 1.0}] * 30
+
+    def evaluated_to(run: dict, step: int) -> bool:  # a non-finite grad norm logged there was paged
+        return any(a["rule"] == "non-finite value" and a["started_step"] == step for a in _alerts(server, run_id=run["id"]))
+
+    seen = new_run("seen-from-its-start")
+    _stream(server, seen, sharp + runaway)
+    alert = _wait(lambda: [a for a in _alerts(server, run_id=seen["id"]) if a["rule"] == "entropy far above its start"])[0]
+    # 11 of the last 20 entropies at 1.0: their median is 4x the start 0.25.
+    assert alert["severity"] == "critical" and alert["started_step"] == 40 and "4.0× its start 0.25" in alert["message"]
+
+    # A run that starts at 1 nat, sharpens to 0.25 and comes back to 1: never 3x its start.
+    joined = new_run("joined-mid-way")
+    _stream(server, joined, [*runaway[:-1], {**runaway[-1], "grad/norm": "nan"}])
+    _wait(lambda: evaluated_to(joined, 29))
+    rules = {r["name"]: r for r in httpx.get(f"{server.url}/api/v1/rules", params={"project": "default"}).json()}
+    builtin = rules["entropy far above its start"]
+    edited = httpx.patch(f"{server.url}/api/v1/rules/{builtin['id']}", json={"params": {**builtin["params"], "factor": 2.9}})
+    assert edited.status_code == 200, edited.text
+    mine = httpx.post(f"{server.url}/api/v1/rules", json={
+        "name": "entropy above start (mine)", "metric": "policy/entropy", "detector": "above_start",
+        "params": {"factor": 3.0, "floor": 0.2}, "severity": "warning",
+    })
+    assert mine.status_code == 201, mine.text
+    # Had the rules taken their start where they joined it (0.25), its return to 1 would page.
+    _stream(server, joined, sharp[:20] + [*runaway[:-1], {**runaway[-1], "grad/norm": "nan"}], seq0=3, step0=30)
+    _wait(lambda: evaluated_to(joined, 79))
+    assert not [a for a in _alerts(server, run_id=joined["id"]) if "start" in a["rule"]]
+
+    fresh = new_run("seen-after-the-edit")
+    _stream(server, fresh, sharp + runaway)
+    _wait(lambda: {a["rule"] for a in _alerts(server, run_id=fresh["id"])} >= {"entropy far above its start", "entropy above start (mine)"})

@@ -171,6 +171,7 @@ def test_a_stored_state_of_another_rule_definition_is_not_fed_to_the_new_one() -
     the same definition is kept."""
     from types import SimpleNamespace
 
+    from server.alerts.detectors import JOINED
     from server.alerts.lifecycle import Lifecycle
     from server.alerts.state import Tracked, definition
 
@@ -182,7 +183,8 @@ def test_a_stored_state_of_another_rule_definition_is_not_fed_to_the_new_one() -
     same = Tracked.load(row, {"fresh": True}, definition(rule))  # type: ignore[arg-type]
     assert (same.detector_state, same.last_step, same.alert_id) == ({"cusum": 3.0}, 41, 7)
     other = Tracked.load(row, {"fresh": True}, definition(edited))  # type: ignore[arg-type]
-    assert (other.detector_state, other.last_step, other.alert_id) == ({"fresh": True}, 41, 7)
+    # Started again on a run it has seen part of: told so (JOINED), for a detector that needs the run's first values.
+    assert (other.detector_state, other.last_step, other.alert_id) == ({"fresh": True, JOINED: True}, 41, 7)
     assert other.to_json()["definition"] == definition(edited)  # type: ignore[arg-type]
 
 

@@ -10,7 +10,7 @@ import statistics
 import pytest
 
 from server.alerts.catalog import DEFAULT_RULES, build_detector
-from server.alerts.detectors import AboveStart, Climb, CoClimb, NonFinite, Threshold
+from server.alerts.detectors import JOINED, AboveStart, Climb, CoClimb, NonFinite, Threshold
 from server.alerts.lifecycle import Lifecycle, Phase, Transition
 
 
@@ -175,9 +175,31 @@ def test_above_start_compares_a_recent_median_with_the_median_of_the_first_value
     state = zero.initial_state()
     assert [zero.update(state, i, {"e": v}).active for i, v in enumerate([0.0, 0.0, 5.0, 5.0])] == [False] * 4
     assert "not above 0" in zero.update(state, 4, {"e": 5.0}).message
-    for bad, match in (({"start": 0}, "start"), ({"window": 2.5}, "window"), ({"factor": 0}, "factor"), ({"floor": -1}, "floor"), ({"level": 1}, "unknown")):
+    for bad, match in (({"start": 0}, "start"), ({"window": 2.5}, "window"), ({"factor": 1}, "factor"), ({"floor": -1}, "floor"), ({"level": 1}, "unknown")):
         with pytest.raises(ValueError, match=match):
             AboveStart("e", bad)
+    # A detector that joined the run mid-way (the engine's JOINED) takes no start: silent there.
+    joined = AboveStart("e", {"start": 2, "window": 2})
+    state = {JOINED: True}
+    assert not any(joined.update(state, i, {"e": v}).active for i, v in enumerate([0.1, 0.1, 5.0, 5.0, 5.0]))
+    assert state == {JOINED: True, "key": "e"}
+    # `|` alternatives, the first the run logs; values far beyond any scale stay finite (JSON).
+    either = AboveStart("a|b", {"start": 2, "window": 2})
+    state = either.initial_state()
+    signals = [either.update(state, i, {"b": v}) for i, v in enumerate([1.7e308, 1.7e308, 1.7e308])]
+    assert state["key"] == "b" and not signals[-1].active and json.loads(json.dumps(state, allow_nan=False)) == state
+
+
+def test_a_threshold_over_huge_values_and_a_reward_stuck_at_zero_stay_sane() -> None:
+    """A mean over values near the float maximum does not overflow (it would stop the run's
+    evaluation); a reward at 0 from the start has not fallen."""
+    det = Threshold("s", {"op": ">", "threshold": 0.9, "window": 10, "reward_fall": 0.3})
+    state = det.initial_state()
+    signals = [det.update(state, i, {"s": 1.7e308, "reward/mean": 1.7e308}) for i in range(12)]
+    assert signals[-1].value == pytest.approx(1e15) and json.loads(json.dumps(state, allow_nan=False)) == state
+    stuck = Threshold("s", {"op": ">", "threshold": 0.9, "reward_fall": 0.3})
+    state = stuck.initial_state()
+    assert not any(stuck.update(state, i, {"s": 1.0, "reward/mean": 0.0}).active for i in range(30))
 
 
 
