@@ -275,6 +275,8 @@ def _add_regimes(parser: argparse.ArgumentParser) -> None:
                         help="runs at a time (default: idle cores / 2)")  # fmt: skip
     parser.add_argument("--limit", type=int, default=None, metavar="N",
                         help="run at most N of the missing runs, then stop")  # fmt: skip
+    parser.add_argument("--sft-steps", type=int, default=0, metavar="N",
+                        help="start every run from N supervised steps on the right answers (default 0: none)")  # fmt: skip
 
 
 def _regimes(args: argparse.Namespace) -> int:
@@ -283,7 +285,7 @@ def _regimes(args: argparse.Namespace) -> int:
     from learners.lm.learner import LMConfig
     from learners.lm.runfiles import done_names, write_run
 
-    base = LMConfig(device=args.device, steps=args.steps or REGIME_STEPS)
+    base = LMConfig(device=args.device, steps=args.steps or REGIME_STEPS, sft_steps=args.sft_steps)
     configs = regime_configs(base, args.seeds)
     done = done_names(args.dir)
     missing = [config for config in configs if config.name not in done]

@@ -97,6 +97,11 @@ def test_lm_regimes_resumes_where_it_stopped(tmp_path) -> None:
     corpus = load_corpus(str(folder))
     assert len(corpus) == 10 and all(len(run.series["reward/mean"]) == 8 for run in corpus)
     assert all("mismatch/low_tail_frac" in run.series for run in corpus)
+    # Warm-started: the same settings from a trained policy, runs of their own names.
+    warm = subprocess.run([*args, "--sft-steps", "5", "--limit", "1"], capture_output=True, text=True, timeout=240, check=True)
+    assert "0 already in" in warm.stderr
+    (added,) = done_names(folder) - {c.name for c in regime_configs(LMConfig(steps=8), [3])}
+    assert added == regime_configs(LMConfig(steps=8, sft_steps=5), [3])[0].name and "-sft5-" in added
     # Ten runs spread over the axes leave no value with 10 runs to hold out: said, exit 2.
     held = subprocess.run([sys.executable, "-m", "keel", "eval-alerts", "--corpus", str(folder), "--regimes", "--no-rlwatch"],
                           capture_output=True, text=True, timeout=240)  # fmt: skip
