@@ -424,6 +424,24 @@ def _say_unused(
 LEVEL_LABEL = "learned level"
 
 
+def _level_lines(
+    layout: Figure, lines: Sequence[RunLine], values: Mapping[str, float | None], styles: Mapping[str, Style], log_y: bool,
+    kind: str, label: str, **shape: str,
+) -> dict[str, float | None]:
+    """Each drawn run's level of `values` as a line across the chart (a shape named
+    `<kind>:<run id>`, labelled "<label> <value>", with the run's name when several are
+    drawn); returns run id -> its value (None: not yet) for the runs `values` knows."""
+    known = {line.run_id: values.get(line.run_id) for line in lines if line.run_id in values}
+    several = len(lines) > 1
+    for line in lines:
+        level = known.get(line.run_id)
+        if level is None or not math.isfinite(level) or (log_y and level <= 0):
+            continue
+        text = f"{label} {level:.3g}" + (f" ({line.name})" if several else "")
+        layout["shapes"].append(level_shape(level, f"{kind}:{line.run_id}", styles[line.run_id], text, **shape))
+    return known
+
+
 def _draw_levels(
     layout: Figure, lines: Sequence[RunLine], levels: Mapping[str, float | None], styles: Mapping[str, Style], log_y: bool
 ) -> Figure:
@@ -431,14 +449,8 @@ def _draw_levels(
     `level:<run id>`) and a note for the runs that have none yet; returns what goes in
     `layout.meta`: "levels" (run id -> level or None) and "pending" (the runs without one:
     the live updater asks for the chart again when their points arrive)."""
-    known = {line.run_id: levels.get(line.run_id) for line in lines if line.run_id in levels}
+    known = _level_lines(layout, lines, levels, styles, log_y, "level", LEVEL_LABEL)
     several = len(lines) > 1
-    for line in lines:
-        level = known.get(line.run_id)
-        if level is None or not math.isfinite(level) or (log_y and level <= 0):
-            continue
-        label = f"{LEVEL_LABEL} {level:.3g}" + (f" ({line.name})" if several else "")
-        layout["shapes"].append(level_shape(level, f"level:{line.run_id}", styles[line.run_id], label))
     pending = [line for line in lines if line.run_id in known and known[line.run_id] is None]
     waiting = [line for line in pending if line.series.steps]
     if waiting:
@@ -467,14 +479,7 @@ def _draw_starts(
     returns what goes in `layout.meta`: "starts" (run id -> start or None) and
     "pending_start" (the runs without one: the live updater asks for the chart again when
     their points arrive)."""
-    known = {line.run_id: starts.get(line.run_id) for line in lines if line.run_id in starts}
-    several = len(lines) > 1
-    for line in lines:
-        start = known.get(line.run_id)
-        if start is None or not math.isfinite(start) or (log_y and start <= 0):
-            continue
-        label = f"{START_LABEL} {start:.3g}" + (f" ({line.name})" if several else "")
-        layout["shapes"].append(level_shape(start, f"start:{line.run_id}", styles[line.run_id], label, dash="dot", at="start"))
+    known = _level_lines(layout, lines, starts, styles, log_y, "start", START_LABEL, dash="dot", at="start")
     return {"starts": known, "pending_start": [run_id for run_id, start in known.items() if start is None]}
 
 
